@@ -1,0 +1,12 @@
+"""cct: a Caffe-compatible CNN training engine. ``import cct as caffe`` runs pycaffe code.
+
+The names here follow pycaffe: ``Net``, ``TRAIN``/``TEST``, ``set_mode_cpu``, ``layers``/``params``
+(NetSpec), ``io``, ``proto.caffe_pb2``.
+"""
+from .api import (TEST, TRAIN, Net, get_solver_mode, layer_type_list,  # noqa: F401
+                  set_device, set_mode_cpu, set_random_seed, init_log, log)
+from .errors import CCTError  # noqa: F401
+from .proto import caffe_pb2  # noqa: F401
+from . import proto  # noqa: F401
+
+__version__ = "0.1.0"

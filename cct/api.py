@@ -1,0 +1,80 @@
+"""The pycaffe-compatible entry points: ``caffe.Net(...)`` in both of its signatures, modes."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from . import log as _log
+from .errors import CCTError
+from .io.prototxt import read_net
+from .layers import layer_type_list  # noqa: F401  (re-exported)
+from .net import TEST, TRAIN
+from .net import Net as _CoreNet
+from .rng import set_random_seed  # noqa: F401
+
+_mode = "cpu"
+_device = 0
+
+
+def set_mode_cpu() -> None:
+    global _mode
+    _mode = "cpu"
+
+
+def set_device(device_id: int) -> None:
+    """Remember the device id for GPU mode (pycaffe's set_device)."""
+    global _device
+    _device = int(device_id)
+
+
+def get_solver_mode() -> str:
+    return _mode
+
+
+def init_log(level: int = 0, *_args) -> None:
+    """pycaffe's init_log: level 0 logs INFO, higher levels only warnings and errors."""
+    _log.set_quiet(level > 0)
+
+
+def log(message: str) -> None:
+    _log.info("_caffe.cpp:0", message)
+
+
+class Net(_CoreNet):
+    """pycaffe's ``caffe.Net``.
+
+    ``Net(network_file, phase, level=0, stages=None, weights=None)`` or the old form
+    ``Net(network_file, weights_file, phase)``. ``network_file`` is a prototxt path (or a
+    NetParameter message).
+    """
+
+    def __init__(self, network_file, *args, level: int = 0,
+                 stages: Optional[Sequence[str]] = None, weights: Optional[str] = None,
+                 phase: Optional[int] = None, dtype=np.float32):
+        args = list(args)
+        if args and isinstance(args[0], str):  # Net(model, weights, phase)
+            if weights is not None:
+                raise CCTError("Net(): weights given twice (positionally and as weights=)")
+            weights = args.pop(0)
+        if args:
+            if phase is not None:
+                raise CCTError("Net(): phase given twice")
+            phase = args.pop(0)
+        if args:
+            raise CCTError("Net() takes (network_file, phase) or (network_file, weights, phase);"
+                           f" got {len(args)} extra positional argument(s)")
+        if phase not in (TRAIN, TEST):
+            raise CCTError(f"Net(): phase must be caffe.TRAIN or caffe.TEST, got {phase!r}")
+        if isinstance(network_file, (str, bytes)) or hasattr(network_file, "__fspath__"):
+            import os
+            source = os.fsdecode(network_file)
+            param = read_net(source)
+        else:
+            from .io.upgrade import upgrade_net
+            source = "<NetParameter>"
+            param = upgrade_net(network_file)
+        super().__init__(param, phase=phase, level=level, stages=list(stages or []),
+                         dtype=dtype, source=source)
+        if weights is not None:
+            self.copy_from(weights)

@@ -1,0 +1,208 @@
+"""CPU kernels. NumPy reference implementations, vectorised over the whole mini-batch.
+
+Convolution is lowered to GEMM for the whole batch at once (Caffe con Troll): the input is
+expanded into a (group, K, N*P) matrix with K = C/group*kh*kw and P = Ho*Wo, and each group runs
+one large GEMM, instead of Caffe's one small GEMM per image.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+xp = np
+name = "cpu"
+
+
+# --------------------------------------------------------------------------------------------
+# Convolution geometry helpers
+# --------------------------------------------------------------------------------------------
+def conv_out_size(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
+    """Caffe's ``(in + 2 pad - (dilation (k - 1) + 1)) / stride + 1`` (floor)."""
+    extent = dilation * (kernel - 1) + 1
+    return (size + 2 * pad - extent) // stride + 1
+
+
+def _lower(x, kernel, stride, pad, dilation, group):
+    """Expand x (N, C, H, W) into columns (group, C/group*kh*kw, N*Ho*Wo), a contiguous copy."""
+    n, c, h, w = x.shape
+    kh, kw = kernel
+    sh, sw = stride
+    ph, pw = pad
+    dh, dw = dilation
+    ho = conv_out_size(h, kh, sh, ph, dh)
+    wo = conv_out_size(w, kw, sw, pw, dw)
+    if ph or pw:
+        xpad = np.zeros((n, c, h + 2 * ph, w + 2 * pw), x.dtype)
+        xpad[:, :, ph:ph + h, pw:pw + w] = x
+    else:
+        xpad = np.ascontiguousarray(x)
+    s = xpad.strides
+    view = as_strided(xpad, (n, c, kh, kw, ho, wo),
+                      (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw), writeable=False)
+    cg = c // group
+    cols = view.reshape(n, group, cg, kh, kw, ho, wo).transpose(1, 2, 3, 4, 0, 5, 6)
+    return np.ascontiguousarray(cols).reshape(group, cg * kh * kw, n * ho * wo), ho, wo
+
+
+def _unlower(cols, x_shape, kernel, stride, pad, dilation, group, ho, wo):
+    """Adjoint of :func:`_lower`: sum columns back into an (N, C, H, W) array."""
+    n, c, h, w = x_shape
+    kh, kw = kernel
+    sh, sw = stride
+    ph, pw = pad
+    dh, dw = dilation
+    cg = c // group
+    cols = cols.reshape(group, cg, kh, kw, n, ho, wo)
+    xpad = np.zeros((n, c, h + 2 * ph, w + 2 * pw), cols.dtype)
+    xg = xpad.reshape(n, group, cg, h + 2 * ph, w + 2 * pw)
+    for i in range(kh):
+        for j in range(kw):
+            hs, ws = i * dh, j * dw
+            xg[:, :, :, hs:hs + sh * (ho - 1) + 1:sh, ws:ws + sw * (wo - 1) + 1:sw] += \
+                cols[:, :, i, j].transpose(2, 0, 1, 3, 4)
+    return xpad[:, :, ph:ph + h, pw:pw + w]
+
+
+def conv_forward(x, weight, bias, kernel, stride, pad, dilation, group):
+    """y = conv(x, weight) + bias. weight: (O, C/group, kh, kw); returns (N, O, Ho, Wo)."""
+    n = x.shape[0]
+    o = weight.shape[0]
+    cols, ho, wo = _lower(x, kernel, stride, pad, dilation, group)
+    wmat = weight.reshape(group, o // group, -1)
+    y = np.matmul(wmat, cols)  # (group, O/group, N*P)
+    y = y.reshape(o, n, ho, wo).transpose(1, 0, 2, 3)
+    y = np.ascontiguousarray(y)
+    if bias is not None:
+        y += bias.reshape(1, o, 1, 1)
+    return y
+
+
+def conv_backward(x, weight, dy, kernel, stride, pad, dilation, group,
+                  need_dx: bool, need_dw: bool):
+    """Gradients of :func:`conv_forward`: returns (dx or None, dweight or None)."""
+    n, o, ho, wo = dy.shape
+    dymat = np.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(group, o // group, n * ho * wo)
+    dx = dw = None
+    if need_dw:
+        cols, _, _ = _lower(x, kernel, stride, pad, dilation, group)
+        dw = np.matmul(dymat, cols.transpose(0, 2, 1)).reshape(weight.shape)
+    if need_dx:
+        wmat = weight.reshape(group, o // group, -1)
+        dcols = np.matmul(wmat.transpose(0, 2, 1), dymat)
+        dx = _unlower(dcols, x.shape, kernel, stride, pad, dilation, group, ho, wo)
+    return dx, dw
+
+
+def bias_backward(dy):
+    """Sum of dy over every axis but 1: the bias gradient of convolution-like layers."""
+    axes = (0,) + tuple(range(2, dy.ndim))
+    return dy.sum(axis=axes)
+
+
+# --------------------------------------------------------------------------------------------
+# Pooling
+# --------------------------------------------------------------------------------------------
+def pool_out_size(size: int, kernel: int, stride: int, pad: int, ceil_mode: bool) -> int:
+    """Caffe's pooled size: ceil (or floor) rounding, then drop a last window that would start
+    inside the bottom/right padding."""
+    span = size + 2 * pad - kernel
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if pad and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+def _pool_windows(x, kernel, stride, pad, out, fill):
+    """Padded copy of x with ``fill`` and a read-only (N, C, Ho, Wo, kh, kw) window view."""
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (ho, wo) = kernel, stride, pad, out
+    need_h = max((ho - 1) * sh + kh, h + ph)
+    need_w = max((wo - 1) * sw + kw, w + pw)
+    xpad = np.full((n, c, need_h, need_w), fill, x.dtype)
+    xpad[:, :, ph:ph + h, pw:pw + w] = x
+    s = xpad.strides
+    view = as_strided(xpad, (n, c, ho, wo, kh, kw),
+                      (s[0], s[1], s[2] * sh, s[3] * sw, s[2], s[3]), writeable=False)
+    return xpad, view
+
+
+def max_pool_forward(x, kernel, stride, pad, out):
+    """Max over each window of the unpadded bottom. Ties go to the first element in row-major
+    window order, as Caffe's strict ``>`` scan does. Returns (top, argmax as flat bottom index)."""
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (ho, wo) = kernel, stride, pad, out
+    _, view = _pool_windows(x, kernel, stride, pad, out, -np.inf)
+    flat = view.reshape(n, c, ho, wo, kh * kw)
+    arg = flat.argmax(axis=-1)
+    y = np.take_along_axis(flat, arg[..., None], axis=-1)[..., 0]
+    hh = (np.arange(ho) * sh - ph)[:, None] + arg // kw
+    ww = (np.arange(wo) * sw - pw)[None, :] + arg % kw
+    mask = hh * w + ww
+    return np.ascontiguousarray(y), mask
+
+
+def max_pool_backward(dy, mask, x_shape):
+    """Route each top diff to the bottom element that won its window (sums where windows
+    overlap)."""
+    n, c, h, w = x_shape
+    plane = h * w
+    offs = (np.arange(n * c) * plane).reshape(n, c, 1, 1)
+    dx = np.bincount((mask + offs).ravel(), weights=dy.ravel(), minlength=n * c * plane)
+    return dx.reshape(x_shape).astype(dy.dtype, copy=False)
+
+
+def _ave_divisors(size, kernel, stride, pad, out):
+    starts = np.arange(out) * stride - pad
+    ends = np.minimum(starts + kernel, size + pad)
+    return ends - starts
+
+
+def ave_pool_forward(x, kernel, stride, pad, out):
+    """Mean over each window; the divisor counts padding but not what lies beyond it (Caffe)."""
+    n, c, h, w = x.shape
+    _, view = _pool_windows(x, kernel, stride, pad, out, 0)
+    div = np.outer(_ave_divisors(h, kernel[0], stride[0], pad[0], out[0]),
+                   _ave_divisors(w, kernel[1], stride[1], pad[1], out[1])).astype(x.dtype)
+    return view.sum(axis=(4, 5)) / div
+
+
+def ave_pool_backward(dy, x_shape, kernel, stride, pad, out):
+    n, c, h, w = x_shape
+    (kh, kw), (sh, sw), (ph, pw), (ho, wo) = kernel, stride, pad, out
+    div = np.outer(_ave_divisors(h, kh, sh, ph, ho),
+                   _ave_divisors(w, kw, sw, pw, wo)).astype(dy.dtype)
+    g = dy / div
+    need_h = max((ho - 1) * sh + kh, h + ph)
+    need_w = max((wo - 1) * sw + kw, w + pw)
+    dpad = np.zeros((n, c, need_h, need_w), dy.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            dpad[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw] += g
+    return np.ascontiguousarray(dpad[:, :, ph:ph + h, pw:pw + w])
+
+
+# --------------------------------------------------------------------------------------------
+# Local response normalisation across channels
+# --------------------------------------------------------------------------------------------
+def _channel_window_sum(a, size):
+    """Sum over a window of ``size`` channels centred on each channel (zero outside)."""
+    n, c = a.shape[:2]
+    pre = (size - 1) // 2
+    padded = np.zeros((n, c + size - 1) + a.shape[2:], a.dtype)
+    padded[:, pre:pre + c] = a
+    csum = np.cumsum(padded, axis=1)
+    out = csum[:, size - 1:size - 1 + c].copy()
+    out[:, 1:] -= csum[:, :c - 1]
+    return out
+
+
+def lrn_across_forward(x, size, alpha, beta, k):
+    """y = x * scale^-beta, scale = k + alpha/size * sum of x^2 over ``size`` neighbouring
+    channels. Returns (y, scale); scale is kept for the backward pass."""
+    scale = k + (alpha / size) * _channel_window_sum(x * x, size)
+    return x * scale ** -beta, scale
+
+
+def lrn_across_backward(x, y, scale, dy, size, alpha, beta):
+    ratio = _channel_window_sum(dy * y / scale, size)
+    return dy * scale ** -beta - (2.0 * alpha * beta / size) * x * ratio

@@ -1,0 +1,37 @@
+"""Errors a user can cause, reported as one clear paragraph instead of a traceback.
+
+Every user mistake (a bad prototxt, a missing file, a shape that does not fit) raises a
+subclass of :class:`CCTError`; the CLI prints its message and exits non-zero, the Python API
+lets it propagate so scripts can catch it.
+"""
+
+
+class CCTError(Exception):
+    """Base class of every error cct reports to a user."""
+
+
+class ProtoError(CCTError):
+    """A prototxt or binary protobuf file could not be read (syntax, unknown field, truncated)."""
+
+
+class NetError(CCTError):
+    """The net graph is inconsistent: missing bottom, a top produced twice, bad include/exclude."""
+
+
+class LayerError(CCTError):
+    """A layer's parameters or blob shapes do not fit; the message names the layer."""
+
+
+class WeightsError(CCTError):
+    """A weights file is unreadable or its blobs do not fit the net."""
+
+
+def close_matches(word: str, choices, n: int = 3) -> str:
+    """Phrase like "did you mean 'ReLU', 'PReLU'?" for an unknown name, or ''."""
+    import difflib
+
+    by_lower = {c.lower(): c for c in choices}
+    found = difflib.get_close_matches(word.lower(), list(by_lower), n=n, cutoff=0.5)
+    if not found:
+        return ""
+    return " Did you mean " + ", ".join(repr(by_lower[f]) for f in found) + "?"

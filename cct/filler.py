@@ -1,0 +1,69 @@
+"""Caffe's fillers (``filler.hpp``): constant, uniform, gaussian, positive_unitball, xavier,
+msra, bilinear.
+
+fan_in = count / shape[0], fan_out = count / shape[1] (Caffe's definition, also for
+InnerProduct weights); ``variance_norm`` picks fan_in (default), fan_out or their average.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import LayerError
+from .rng import get_rng
+
+
+def _fan(shape, variance_norm: int) -> float:
+    count = int(np.prod(shape))
+    fan_in = count / shape[0] if len(shape) > 0 and shape[0] else 1.0
+    fan_out = count / shape[1] if len(shape) > 1 and shape[1] else 1.0
+    from .proto import caffe_pb2
+    if variance_norm == caffe_pb2.FillerParameter.FAN_OUT:
+        return fan_out
+    if variance_norm == caffe_pb2.FillerParameter.AVERAGE:
+        return (fan_in + fan_out) / 2.0
+    return fan_in
+
+
+def fill(array, filler_param, where: str = "") -> None:
+    """Fill ``array`` in place according to a FillerParameter."""
+    rng = get_rng()
+    shape = array.shape
+    t = filler_param.type
+    if t == "constant":
+        array[...] = filler_param.value
+    elif t == "uniform":
+        array[...] = rng.uniform(filler_param.min, filler_param.max, shape)
+    elif t == "gaussian":
+        array[...] = rng.normal(filler_param.mean, filler_param.std, shape)
+        sparse = filler_param.sparse
+        if sparse >= 0:
+            # Each output unit keeps on average `sparse` non-zero inputs (Caffe's sparse gaussian).
+            if len(shape) < 2:
+                raise LayerError(f"{where}sparse gaussian filler needs a blob with 2+ axes")
+            num_outputs = shape[0]
+            keep = rng.random(shape) < sparse / num_outputs
+            array *= keep
+    elif t == "positive_unitball":
+        v = rng.uniform(0.0, 1.0, shape)
+        n = shape[0] if shape else 1
+        v = v.reshape(n, -1)
+        v /= v.sum(axis=1, keepdims=True)
+        array[...] = v.reshape(shape)
+    elif t == "xavier":
+        scale = np.sqrt(3.0 / _fan(shape, filler_param.variance_norm))
+        array[...] = rng.uniform(-scale, scale, shape)
+    elif t == "msra":
+        std = np.sqrt(2.0 / _fan(shape, filler_param.variance_norm))
+        array[...] = rng.normal(0.0, std, shape)
+    elif t == "bilinear":
+        if len(shape) != 4 or shape[2] != shape[3]:
+            raise LayerError(f"{where}bilinear filler needs a 4-axis blob with square kernels, "
+                             f"got shape {tuple(shape)}")
+        k = shape[3]
+        f = np.ceil(k / 2.0)
+        c = (2 * f - 1 - f % 2) / (2.0 * f)
+        ax = 1 - np.abs(np.arange(k) / f - c)
+        array[...] = np.outer(ax, ax)[None, None]
+    else:
+        known = "constant, uniform, gaussian, positive_unitball, xavier, msra, bilinear"
+        raise LayerError(f"{where}unknown filler type '{t}'; known: {known}")

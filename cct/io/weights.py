@@ -1,0 +1,179 @@
+"""Weights: ``.caffemodel`` (binary NetParameter) and Caffe's HDF5 layout, read and written
+without per-element Python loops (blob data moves as whole NumPy arrays)."""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Union
+
+import numpy as np
+
+from ..errors import CCTError, WeightsError
+from ..log import info
+from ..proto import caffe_pb2
+
+if TYPE_CHECKING:
+    from ..net import Net
+
+
+def blob_shape_of(bp: caffe_pb2.BlobProto) -> tuple:
+    """A BlobProto's shape: ``shape.dim`` or, in old files, num/channels/height/width."""
+    if bp.HasField("shape"):
+        return tuple(int(d) for d in bp.shape.dim)
+    if bp.HasField("num") or bp.HasField("channels") or bp.HasField("height") \
+            or bp.HasField("width"):
+        return (bp.num, bp.channels, bp.height, bp.width)
+    return (len(bp.data) or len(bp.double_data),)
+
+
+def blob_from_proto(bp: caffe_pb2.BlobProto, diff: bool = False) -> np.ndarray:
+    """The data (or diff) of a BlobProto as an array of its shape (float32, or float64 when the
+    file stores double_data)."""
+    shape = blob_shape_of(bp)
+    if diff:
+        values = bp.double_diff if len(bp.double_diff) else bp.diff
+        dtype = np.float64 if len(bp.double_diff) else np.float32
+    else:
+        values = bp.double_data if len(bp.double_data) else bp.data
+        dtype = np.float64 if len(bp.double_data) else np.float32
+    arr = np.array(values, dtype=dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    if arr.size != count:
+        raise WeightsError(f"a blob of shape {shape} holds {arr.size} values, expected {count}")
+    return arr.reshape(shape)
+
+
+def blob_to_proto(array: np.ndarray, bp: caffe_pb2.BlobProto, diff=None) -> caffe_pb2.BlobProto:
+    """Fill ``bp`` with ``array`` (float32 in ``data``, as Caffe's float nets write)."""
+    bp.Clear()
+    bp.shape.dim.extend(array.shape)
+    bp.data.extend(np.ascontiguousarray(array, dtype=np.float32).ravel())
+    if diff is not None:
+        bp.diff.extend(np.ascontiguousarray(diff, dtype=np.float32).ravel())
+    return bp
+
+
+def net_to_proto(net: "Net", write_diff: bool = False) -> caffe_pb2.NetParameter:
+    """Caffe's Net::ToProto: the (split-free) layer params with their blobs."""
+    out = caffe_pb2.NetParameter(name=net.name)
+    for layer in net.layers:
+        lp = out.layer.add()
+        lp.CopyFrom(layer.layer_param)
+        del lp.blobs[:]
+        for b in layer.blobs:
+            blob_to_proto(b.data, lp.blobs.add(), b.diff if write_diff else None)
+    return out
+
+
+def _atomic_write(path: str, write) -> None:
+    """Write via a temporary name in the same folder, then rename: a crash or a full disk
+    never leaves a half-written file under ``path``."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise CCTError(f"cannot write '{path}': {e.strerror or e}") from None
+
+
+def save_caffemodel(net: "Net", path: str, write_diff: bool = False) -> None:
+    data = net_to_proto(net, write_diff).SerializeToString()
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(data)
+    _atomic_write(path, write)
+
+
+def save_hdf5(net: "Net", path: str, write_diff: bool = False) -> None:
+    """Caffe's Net::ToHDF5: group ``data`` (and ``diff``) with one group per layer holding
+    datasets ``0``, ``1``, ... of the layer's params."""
+    import h5py
+
+    def write(tmp):
+        with h5py.File(tmp, "w") as f:
+            groups = [f.create_group("data")] + ([f.create_group("diff")] if write_diff else [])
+            for name, layer in zip(net.layer_names, net.layers):
+                g_data = groups[0].create_group(name)
+                g_diff = groups[1].create_group(name) if write_diff else None
+                for i, b in enumerate(layer.blobs):
+                    g_data.create_dataset(str(i), data=np.asarray(b.data, np.float32))
+                    if g_diff is not None:
+                        g_diff.create_dataset(str(i), data=np.asarray(b.diff, np.float32))
+    _atomic_write(path, write)
+
+
+def _is_hdf5(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(8) == b"\x89HDF\r\n\x1a\n"
+
+
+def load_weights(path: str) -> "dict[str, list[np.ndarray]]":
+    """{layer name: [param arrays]} from a .caffemodel or Caffe HDF5 weights file."""
+    if not os.path.isfile(path):
+        raise WeightsError(f"weights file '{path}' does not exist")
+    if _is_hdf5(path):
+        import h5py
+        out = {}
+        with h5py.File(path, "r") as f:
+            if "data" not in f:
+                raise WeightsError(f"weights file '{path}' is HDF5 but has no 'data' group; "
+                                   f"expected Caffe's layout data/<layer>/<index>")
+            for name, group in f["data"].items():
+                keys = sorted(group.keys(), key=int)
+                out[name] = [np.asarray(group[k], dtype=np.float32) for k in keys]
+        return out
+    from .prototxt import read_net_binary
+    param = read_net_binary(path)
+    if not len(param.layer):
+        raise WeightsError(f"weights file '{path}' holds no layers: not a .caffemodel "
+                           f"(a binary NetParameter with trained blobs)")
+    return {lp.name: [blob_from_proto(bp) for bp in lp.blobs] for lp in param.layer}
+
+
+def copy_trained_layers(net: "Net", source: Union[str, caffe_pb2.NetParameter]) -> None:
+    """Caffe's CopyTrainedLayersFrom: copy each source layer's blobs into the net's layer of the
+    same name; source layers the net lacks are ignored."""
+    if isinstance(source, caffe_pb2.NetParameter):
+        from .upgrade import upgrade_net
+        source = upgrade_net(source)
+        layers = {lp.name: [blob_from_proto(bp) for bp in lp.blobs] for lp in source.layer}
+        where = "the given NetParameter"
+    else:
+        layers = load_weights(source)
+        where = f"'{source}'"
+    for name, arrays in layers.items():
+        if name not in net.layer_names_index:
+            info("net.cpp:811", f"Ignoring source layer {name}")
+            continue
+        info("net.cpp:819", f"Copying source layer {name}")
+        target = net.layers[net.layer_names_index[name]].blobs
+        if len(arrays) != len(target):
+            raise WeightsError(f"Incompatible number of blobs for layer '{name}': {where} has "
+                               f"{len(arrays)}, the net's layer has {len(target)}.")
+        for i, (arr, blob) in enumerate(zip(arrays, target)):
+            if arr.shape != blob.shape:
+                if arr.size == blob.count and not _strict_shape(arr, blob):
+                    arr = arr.reshape(blob.shape)
+                else:
+                    raise WeightsError(
+                        f"Cannot copy param {i} weights from layer '{name}'; shape mismatch. "
+                        f"Source param shape is {_shape_str(arr.shape)}; target param shape is "
+                        f"{blob.shape_string()}. To learn this layer's parameters from scratch "
+                        f"rather than copying from a saved net, rename the layer.")
+            blob.data[...] = arr
+
+
+def _strict_shape(arr: np.ndarray, blob) -> bool:
+    """Legacy (num, channels, height, width) blobs match a shaped blob by count (Caffe's
+    ShapeEquals on legacy 4-D protos); anything else must match exactly."""
+    legacy = len(arr.shape) == 4 and len(blob.shape) <= 4
+    if not legacy:
+        return True
+    padded = (1,) * (4 - len(blob.shape)) + tuple(blob.shape)
+    return tuple(arr.shape) != padded
+
+
+def _shape_str(shape) -> str:
+    return " ".join(str(s) for s in shape) + " (" + str(int(np.prod(shape))) + ")"

@@ -1,0 +1,147 @@
+"""The Layer contract and the registry keyed by Caffe's ``type`` string.
+
+Lifecycle, as in Caffe: ``layer_setup`` once (parse parameters, create param blobs), ``reshape``
+whenever bottom shapes may have changed, then ``forward`` and ``backward``. Blob counts are
+declared as class attributes and checked by :meth:`Layer.check_blob_counts`, so every layer fails
+the same way.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Sequence, Type
+
+import numpy as np
+
+from ..blob import Blob
+from ..errors import LayerError, NetError, close_matches
+
+LAYER_REGISTRY: Dict[str, Type["Layer"]] = {}
+
+
+def register(*type_names: str) -> Callable[[Type["Layer"]], Type["Layer"]]:
+    """Class decorator: make the class the implementation of the given Caffe layer types."""
+    def deco(cls):
+        for t in type_names:
+            if t in LAYER_REGISTRY:
+                raise RuntimeError(f"layer type {t!r} registered twice")
+            LAYER_REGISTRY[t] = cls
+        cls.type = type_names[0]
+        return cls
+    return deco
+
+
+def layer_type_list() -> List[str]:
+    return sorted(LAYER_REGISTRY)
+
+
+def create_layer(layer_param, backend, dtype=np.float32) -> "Layer":
+    """Instantiate the layer for ``layer_param.type`` (Caffe's LayerRegistry::CreateLayer)."""
+    cls = LAYER_REGISTRY.get(layer_param.type)
+    if cls is None:
+        raise NetError(
+            f"Layer '{layer_param.name}' has unknown type '{layer_param.type}'."
+            + close_matches(layer_param.type, LAYER_REGISTRY)
+            + " Run `cct layer_types` (or cct.layer_type_list()) for the supported types.")
+    return cls(layer_param, backend, dtype)
+
+
+class Layer:
+    """Base of every layer. Subclasses set the blob-count attributes and override the hooks."""
+
+    type: str = ""
+    exact_num_bottom_blobs: int = -1
+    min_bottom_blobs: int = -1
+    max_bottom_blobs: int = -1
+    exact_num_top_blobs: int = -1
+    min_top_blobs: int = -1
+    max_top_blobs: int = -1
+    equal_num_bottom_top_blobs: bool = False
+    #: Layers whose top may be omitted in the prototxt get anonymous tops (Caffe's AutoTopBlobs).
+    auto_top_blobs: bool = False
+    #: Loss layers: default loss_weight 1 on top 0 (Caffe's LossLayer).
+    is_loss: bool = False
+
+    def __init__(self, layer_param, backend, dtype=np.float32):
+        self.layer_param = layer_param
+        self.backend = backend
+        self.xp = backend.xp
+        self.dtype = np.dtype(dtype)
+        self.phase = layer_param.phase
+        self.blobs: List[Blob] = []
+        self.param_propagate_down: List[bool] = []
+        self.loss_weights: List[float] = []
+        # Caffe copies blobs stored in the LayerParameter (e.g. a V0 net with weights).
+        for bp in layer_param.blobs:
+            from ..io.weights import blob_from_proto
+            arr = blob_from_proto(bp)
+            b = Blob(arr.shape, self.dtype, self.xp)
+            b.data[...] = arr
+            self.blobs.append(b)
+
+    # -- helpers for subclasses ----------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.layer_param.name
+
+    def error(self, msg: str) -> LayerError:
+        return LayerError(f"{self.type} layer '{self.name}': {msg}")
+
+    def new_blob(self, shape: Sequence[int]) -> Blob:
+        return Blob(shape, self.dtype, self.xp)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def setup(self, bottom: List[Blob], top: List[Blob]) -> None:
+        self.check_blob_counts(bottom, top)
+        self.layer_setup(bottom, top)
+        # Every param learns unless the net says otherwise (lr_mult 0), as in Caffe.
+        self.param_propagate_down = [True] * len(self.blobs)
+        self.reshape(bottom, top)
+        self.set_loss_weights(top)
+
+    def layer_setup(self, bottom: List[Blob], top: List[Blob]) -> None:
+        """One-time setup: read parameters, create and fill param blobs."""
+
+    def reshape(self, bottom: List[Blob], top: List[Blob]) -> None:
+        raise NotImplementedError
+
+    def forward(self, bottom: List[Blob], top: List[Blob]) -> None:
+        raise NotImplementedError
+
+    def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob]) -> None:
+        """Write bottom diffs (overwrite) where propagate_down; accumulate param diffs."""
+
+    def allow_force_backward(self, bottom_index: int) -> bool:
+        return True
+
+    # -- checks --------------------------------------------------------------------------------
+    def check_blob_counts(self, bottom: List[Blob], top: List[Blob]) -> None:
+        nb, nt = len(bottom), len(top)
+
+        def fail(what, rule, n):
+            raise self.error(f"takes {rule} {what} blob(s), but the prototxt gives {n}.")
+
+        if self.exact_num_bottom_blobs >= 0 and nb != self.exact_num_bottom_blobs:
+            fail("bottom", f"exactly {self.exact_num_bottom_blobs}", nb)
+        if self.min_bottom_blobs >= 0 and nb < self.min_bottom_blobs:
+            fail("bottom", f"at least {self.min_bottom_blobs}", nb)
+        if self.max_bottom_blobs >= 0 and nb > self.max_bottom_blobs:
+            fail("bottom", f"at most {self.max_bottom_blobs}", nb)
+        if self.exact_num_top_blobs >= 0 and nt != self.exact_num_top_blobs:
+            fail("top", f"exactly {self.exact_num_top_blobs}", nt)
+        if self.min_top_blobs >= 0 and nt < self.min_top_blobs:
+            fail("top", f"at least {self.min_top_blobs}", nt)
+        if self.max_top_blobs >= 0 and nt > self.max_top_blobs:
+            fail("top", f"at most {self.max_top_blobs}", nt)
+        if self.equal_num_bottom_top_blobs and nb != nt:
+            raise self.error(f"needs as many tops as bottoms, got {nb} bottoms and {nt} tops.")
+
+    def set_loss_weights(self, top: List[Blob]) -> None:
+        """Caffe's SetLossWeights: top diffs hold the loss weight, used to start backward."""
+        lw = list(self.layer_param.loss_weight)
+        if self.is_loss and not lw:
+            lw = [1.0] + [0.0] * (len(top) - 1)
+        if lw and len(lw) != len(top):
+            raise self.error(f"has {len(lw)} loss_weight value(s) but {len(top)} top(s).")
+        self.loss_weights = [float(w) for w in lw] + [0.0] * (len(top) - len(lw))
+        for t, w in zip(top, self.loss_weights):
+            if w:
+                t.diff[...] = w

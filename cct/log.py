@@ -1,0 +1,49 @@
+"""glog-style logging, so that Caffe's log parsers read cct's logs.
+
+Caffe prints ``I1122 04:17:58.385668 27700 net.cpp:86] Creating Layer conv1``: severity letter,
+month and day, time with microseconds, thread id, ``source:line]``. cct writes the same prefix
+and, where a line corresponds to one of Caffe's, the same source location, because tools like
+``extract_seconds.py`` split on these tokens.
+"""
+import logging
+import sys
+import threading
+import time
+
+_LEVEL_LETTER = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W",
+                 logging.ERROR: "E", logging.CRITICAL: "F"}
+
+
+class GlogFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        t = record.created
+        lt = time.localtime(t)
+        usec = int((t - int(t)) * 1e6)
+        where = getattr(record, "caffe_src", None) or f"{record.module}.py:{record.lineno}"
+        prefix = "%s%02d%02d %02d:%02d:%02d.%06d %5d %s] " % (
+            _LEVEL_LETTER.get(record.levelno, "I"), lt.tm_mon, lt.tm_mday, lt.tm_hour,
+            lt.tm_min, lt.tm_sec, usec, threading.get_native_id() % 100000, where)
+        return prefix + record.getMessage()
+
+
+logger = logging.getLogger("cct")
+if not logger.handlers:
+    _handler = logging.StreamHandler(sys.stderr)
+    _handler.setFormatter(GlogFormatter())
+    logger.addHandler(_handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def info(src: str, msg: str) -> None:
+    """Log ``msg`` at INFO as if from Caffe's ``src`` (e.g. ``"net.cpp:86"``)."""
+    logger.info(msg, extra={"caffe_src": src})
+
+
+def warning(src: str, msg: str) -> None:
+    logger.warning(msg, extra={"caffe_src": src})
+
+
+def set_quiet(quiet: bool = True) -> None:
+    """Silence INFO lines (pycaffe users often build many nets; Caffe's GLOG_minloglevel=1)."""
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)

@@ -1,0 +1,603 @@
+"""The net graph (Caffe's ``net.cpp``): filtering by NetState, Split insertion, blob wiring,
+shared params, the backward-need analysis, and forward/backward over a range of layers."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from google.protobuf import text_format
+
+from . import backend as backends
+from .blob import Blob
+from .errors import CCTError, NetError
+from .layers.base import Layer, create_layer
+from .log import info
+from .proto import caffe_pb2
+
+TRAIN = caffe_pb2.TRAIN
+TEST = caffe_pb2.TEST
+
+
+# ------------------------------------------------------------------------------------------------
+# NetState filtering
+# ------------------------------------------------------------------------------------------------
+def state_meets_rule(state: caffe_pb2.NetState, rule: caffe_pb2.NetStateRule,
+                     layer_name: str) -> bool:
+    """Caffe's Net::StateMeetsRule, with its log lines."""
+    if rule.HasField("phase") and rule.phase != state.phase:
+        info("net.cpp:296", f"The NetState phase ({state.phase}) differed from the phase "
+             f"({rule.phase}) specified by a rule in layer {layer_name}")
+        return False
+    if rule.HasField("min_level") and state.level < rule.min_level:
+        info("net.cpp:303", f"The NetState level ({state.level}) is above the min_level "
+             f"({rule.min_level}) specified by a rule in layer {layer_name}")
+        return False
+    if rule.HasField("max_level") and state.level > rule.max_level:
+        info("net.cpp:311", f"The NetState level ({state.level}) is above the max_level "
+             f"({rule.max_level}) specified by a rule in layer {layer_name}")
+        return False
+    for stage in rule.stage:
+        if stage not in state.stage:
+            info("net.cpp:325", f"The NetState did not contain stage '{stage}' specified by "
+                 f"a rule in layer {layer_name}")
+            return False
+    for stage in rule.not_stage:
+        if stage in state.stage:
+            info("net.cpp:340", f"The NetState contained a not_stage '{stage}' specified by "
+                 f"a rule in layer {layer_name}")
+            return False
+    return True
+
+
+def filter_net(param: caffe_pb2.NetParameter) -> caffe_pb2.NetParameter:
+    """Keep the layers whose include/exclude rules admit ``param.state`` (Caffe's FilterNet)."""
+    out = caffe_pb2.NetParameter()
+    out.CopyFrom(param)
+    del out.layer[:]
+    for lp in param.layer:
+        if len(lp.include) and len(lp.exclude):
+            raise NetError(f"Layer '{lp.name}' has both include and exclude rules; specify "
+                           f"either include rules or exclude rules, not both.")
+        included = len(lp.include) == 0
+        for rule in lp.exclude:
+            if state_meets_rule(param.state, rule, lp.name):
+                included = False
+        for rule in lp.include:
+            if state_meets_rule(param.state, rule, lp.name):
+                included = True
+        if included:
+            out.layer.add().CopyFrom(lp)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Split insertion (Caffe's insert_splits.cpp)
+# ------------------------------------------------------------------------------------------------
+def split_layer_name(layer_name: str, blob_name: str, top_idx: int) -> str:
+    return f"{blob_name}_{layer_name}_{top_idx}_split"
+
+
+def split_blob_name(layer_name: str, blob_name: str, top_idx: int, split_idx: int) -> str:
+    return f"{blob_name}_{layer_name}_{top_idx}_split_{split_idx}"
+
+
+def insert_splits(param: caffe_pb2.NetParameter) -> caffe_pb2.NetParameter:
+    """Give every top consumed by more than one bottom its own Split layer, so that each
+    consumer gets its own diff and the gradients are summed."""
+    last_top: Dict[str, Tuple[int, int]] = {}
+    source_of: Dict[Tuple[int, int], Tuple[int, int]] = {}
+    consumers: Dict[Tuple[int, int], int] = {}
+    loss_weight: Dict[Tuple[int, int], float] = {}
+    for i, lp in enumerate(param.layer):
+        for j, name in enumerate(lp.bottom):
+            if name not in last_top:
+                raise NetError(f"Unknown bottom blob '{name}' (layer '{lp.name}', bottom index "
+                               f"{j}): no earlier layer produces it.")
+            src = last_top[name]
+            source_of[(i, j)] = src
+            consumers[src] = consumers.get(src, 0) + 1
+        for j, name in enumerate(lp.top):
+            last_top[name] = (i, j)
+            if j < len(lp.loss_weight):
+                loss_weight[(i, j)] = lp.loss_weight[j]
+
+    out = caffe_pb2.NetParameter()
+    out.CopyFrom(param)
+    del out.layer[:]
+    next_split: Dict[Tuple[int, int], int] = {}
+    for i, lp in enumerate(param.layer):
+        new = out.layer.add()
+        new.CopyFrom(lp)
+        for j, name in enumerate(lp.bottom):
+            src = source_of[(i, j)]
+            if consumers[src] > 1:
+                k = next_split.get(src, 0)
+                new.bottom[j] = split_blob_name(param.layer[src[0]].name, name, src[1], k)
+                next_split[src] = k + 1
+        for j, name in enumerate(lp.top):
+            n = consumers.get((i, j), 0)
+            if n > 1:
+                lw = loss_weight.get((i, j), 0.0)
+                split = out.layer.add(name=split_layer_name(lp.name, name, j), type="Split")
+                split.bottom.append(name)
+                for k in range(n):
+                    split.top.append(split_blob_name(lp.name, name, j, k))
+                    if lw:
+                        split.loss_weight.append(lw if k == 0 else 0.0)
+                if lw:
+                    # The first split top carries the loss; consumers take the others.
+                    del new.loss_weight[:]
+                    next_split[(i, j)] = 1
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# The net
+# ------------------------------------------------------------------------------------------------
+class Net:
+    """A net built from a NetParameter for one NetState (phase, level, stages).
+
+    The attributes mirror Caffe's Net (layers, blobs, bottom/top vectors, learnable params with
+    their lr_mult/decay_mult) and pycaffe's (``blobs``, ``params``, ``forward``, ``backward``).
+    """
+
+    def __init__(self, param: caffe_pb2.NetParameter, phase: Optional[int] = None,
+                 level: Optional[int] = None, stages: Optional[Sequence[str]] = None,
+                 backend: str = "cpu", dtype=np.float32, source: str = "<net>"):
+        param = _copy(param)
+        if phase is not None:
+            param.state.phase = phase
+        if level is not None:
+            param.state.level = level
+        if stages is not None:
+            del param.state.stage[:]
+            param.state.stage.extend(stages)
+        self.backend = backends.get(backend)
+        self.dtype = np.dtype(dtype)
+        self.source = source
+        self.phase = param.state.phase
+        filtered = filter_net(param)
+        info("net.cpp:53", "Initializing net from parameters: \n"
+             + text_format.MessageToString(filtered))
+        self.param = insert_splits(filtered)
+        self.name = self.param.name
+        self._init()
+
+    # -- construction ------------------------------------------------------------------------
+    def _init(self) -> None:
+        p = self.param
+        self.layers: List[Layer] = []
+        self.layer_names: List[str] = []
+        self.blobs_list: List[Blob] = []
+        self.blob_names: List[str] = []
+        self.blob_need_backward: List[bool] = []
+        self.bottom_vecs: List[List[Blob]] = []
+        self.bottom_id_vecs: List[List[int]] = []
+        self.bottom_need_backward: List[List[bool]] = []
+        self.top_vecs: List[List[Blob]] = []
+        self.top_id_vecs: List[List[int]] = []
+        self.layer_need_backward: List[bool] = []
+        self.blob_loss_weights: List[float] = []
+        self.input_blob_indices: List[int] = []
+        # params
+        self.params_list: List[Blob] = []
+        self.param_owners: List[int] = []
+        self.param_display_names: List[str] = []
+        self.param_layer_indices: List[Tuple[int, int]] = []
+        self.param_names_index: Dict[str, int] = {}
+        self.learnable_params: List[Blob] = []
+        self.learnable_param_ids: List[int] = []
+        self.params_lr: List[float] = []
+        self.params_weight_decay: List[float] = []
+        self.has_params_lr: List[bool] = []
+        self.has_params_decay: List[bool] = []
+
+        name_to_idx: Dict[str, int] = {}
+        available: set = set()
+        memory_used = 0
+        for layer_id, lp in enumerate(p.layer):
+            if not lp.HasField("phase"):
+                lp.phase = self.phase
+            if len(lp.propagate_down) and len(lp.propagate_down) != len(lp.bottom):
+                raise NetError(f"Layer '{lp.name}': propagate_down must be given 0 or "
+                               f"{len(lp.bottom)} times (once per bottom), got "
+                               f"{len(lp.propagate_down)}.")
+            info("layer_factory.hpp:77", f"Creating layer {lp.name}")
+            layer = create_layer(lp, self.backend, self.dtype)
+            self.layers.append(layer)
+            self.layer_names.append(lp.name)
+            info("net.cpp:86", f"Creating Layer {lp.name}")
+            need_backward = False
+            self.bottom_vecs.append([])
+            self.bottom_id_vecs.append([])
+            self.bottom_need_backward.append([])
+            self.top_vecs.append([])
+            self.top_id_vecs.append([])
+            for bottom_id, bname in enumerate(lp.bottom):
+                if bname not in available:
+                    produced = bname in name_to_idx
+                    why = ("it was already consumed by an earlier layer; a blob feeds one "
+                           "in-place chain" if produced else "no earlier layer produces it")
+                    raise NetError(f"Unknown bottom blob '{bname}' (layer '{lp.name}', bottom "
+                                   f"index {bottom_id}): {why}.")
+                blob_id = name_to_idx[bname]
+                info("net.cpp:408", f"{lp.name} <- {bname}")
+                self.bottom_vecs[-1].append(self.blobs_list[blob_id])
+                self.bottom_id_vecs[-1].append(blob_id)
+                available.discard(bname)
+                nb = self.blob_need_backward[blob_id]
+                if len(lp.propagate_down):
+                    nb = bool(lp.propagate_down[bottom_id])
+                self.bottom_need_backward[-1].append(nb)
+                need_backward |= self.blob_need_backward[blob_id]
+            for top_id, tname in enumerate(lp.top):
+                self._append_top(lp, layer_id, top_id, tname, available, name_to_idx)
+                if lp.type == "Input":
+                    self.input_blob_indices.append(len(self.blobs_list) - 1)
+            if layer.auto_top_blobs:
+                needed = max(layer.min_top_blobs, layer.exact_num_top_blobs)
+                for top_id in range(len(lp.top), needed):
+                    self._append_top(lp, layer_id, top_id, "(automatic)", None, None)
+            try:
+                layer.setup(self.bottom_vecs[-1], self.top_vecs[-1])
+            except CCTError:
+                raise
+            except (ValueError, IndexError, ZeroDivisionError) as e:
+                shapes = ", ".join(str(b.shape) for b in self.bottom_vecs[-1])
+                raise NetError(f"{lp.type} layer '{lp.name}' cannot be set up with bottom "
+                               f"shape(s) {shapes}: {e}") from None
+            info("net.cpp:124", f"Setting up {lp.name}")
+            for top_id, top in enumerate(self.top_vecs[-1]):
+                blob_id = self.top_id_vecs[-1][top_id]
+                while len(self.blob_loss_weights) <= blob_id:
+                    self.blob_loss_weights.append(0.0)
+                lw = layer.loss_weights[top_id]
+                self.blob_loss_weights[blob_id] = lw
+                info("net.cpp:131", f"Top shape: {top.shape_string()}")
+                if lw:
+                    info("net.cpp:134", f"    with loss weight {_g(lw)}")
+                memory_used += top.count
+            info("net.cpp:139", f"Memory required for data: {memory_used * self.dtype.itemsize}")
+            if len(lp.param) > len(layer.blobs):
+                raise NetError(f"Too many params specified for layer '{lp.name}': "
+                               f"{len(lp.param)} param {{}} blocks for {len(layer.blobs)} "
+                               f"parameter blob(s).")
+            layer.param_propagate_down = []
+            for param_id in range(len(layer.blobs)):
+                spec = lp.param[param_id] if param_id < len(lp.param) else caffe_pb2.ParamSpec()
+                pnb = spec.lr_mult != 0
+                need_backward |= pnb
+                layer.param_propagate_down.append(pnb)
+            for param_id in range(len(layer.blobs)):
+                self._append_param(layer_id, param_id)
+            self.layer_need_backward.append(need_backward)
+            if need_backward:
+                for blob_id in self.top_id_vecs[-1]:
+                    self.blob_need_backward[blob_id] = True
+
+        self._analyse_backward(p.force_backward)
+        self.output_blob_indices = []
+        for name in sorted(available):
+            info("net.cpp:244", f"This network produces output {name}")
+            self.output_blob_indices.append(name_to_idx[name])
+        self.blob_names_index = {n: i for i, n in enumerate(self.blob_names)}
+        self.layer_names_index = {n: i for i, n in enumerate(self.layer_names)}
+        self._share_weights()
+        info("net.cpp:257", "Network initialization done.")
+
+    def _append_top(self, lp, layer_id, top_id, tname, available, name_to_idx) -> None:
+        if name_to_idx is not None and top_id < len(lp.bottom) and tname == lp.bottom[top_id]:
+            info("net.cpp:369", f"{lp.name} -> {tname} (in-place)")
+            blob_id = name_to_idx[tname]
+            self.top_vecs[layer_id].append(self.blobs_list[blob_id])
+            self.top_id_vecs[layer_id].append(blob_id)
+        elif name_to_idx is not None and tname in name_to_idx:
+            raise NetError(f"Top blob '{tname}' produced by multiple sources: layer "
+                           f"'{lp.name}' and an earlier layer both write it (only in-place "
+                           f"layers, with top = bottom at the same index, may reuse a name).")
+        else:
+            info("net.cpp:382", f"{lp.name} -> {tname}")
+            blob = Blob((), self.dtype, self.backend.xp)
+            blob_id = len(self.blobs_list)
+            self.blobs_list.append(blob)
+            self.blob_names.append(tname)
+            self.blob_need_backward.append(False)
+            if name_to_idx is not None:
+                name_to_idx[tname] = blob_id
+            self.top_vecs[layer_id].append(blob)
+            self.top_id_vecs[layer_id].append(blob_id)
+        if available is not None:
+            available.add(tname)
+
+    def _append_param(self, layer_id: int, param_id: int) -> None:
+        layer = self.layers[layer_id]
+        lp = layer.layer_param
+        has_spec = param_id < len(lp.param)
+        spec = lp.param[param_id] if has_spec else caffe_pb2.ParamSpec()
+        pname = spec.name
+        self.param_display_names.append(pname or str(param_id))
+        net_param_id = len(self.params_list)
+        self.params_list.append(layer.blobs[param_id])
+        self.param_layer_indices.append((layer_id, param_id))
+        if not pname or pname not in self.param_names_index:
+            self.param_owners.append(-1)
+            if pname:
+                self.param_names_index[pname] = net_param_id
+            self.learnable_param_ids.append(len(self.learnable_params))
+            self.learnable_params.append(layer.blobs[param_id])
+            self.has_params_lr.append(spec.HasField("lr_mult"))
+            self.has_params_decay.append(spec.HasField("decay_mult"))
+            self.params_lr.append(spec.lr_mult)
+            self.params_weight_decay.append(spec.decay_mult)
+            return
+        owner_id = self.param_names_index[pname]
+        self.param_owners.append(owner_id)
+        owner_layer, owner_param = self.param_layer_indices[owner_id]
+        info("net.cpp:497", f"Sharing parameters '{pname}' owned by layer "
+             f"'{self.layer_names[owner_layer]}', param index {owner_param}")
+        this_blob = layer.blobs[param_id]
+        owner_blob = self.layers[owner_layer].blobs[owner_param]
+        if spec.share_mode == caffe_pb2.ParamSpec.PERMISSIVE:
+            ok = this_blob.count == owner_blob.count
+            rule = "count"
+        else:
+            ok = this_blob.shape == owner_blob.shape
+            rule = "shape"
+        if not ok:
+            raise NetError(f"Cannot share param '{pname}' owned by layer "
+                           f"'{self.layer_names[owner_layer]}' with layer '{lp.name}'; {rule} "
+                           f"mismatch. Owner layer param shape is {owner_blob.shape_string()}; "
+                           f"sharing layer shape is {this_blob.shape_string()}")
+        lid = self.learnable_param_ids[owner_id]
+        self.learnable_param_ids.append(lid)
+        for has, values, field, what in (
+                (self.has_params_lr, self.params_lr, "lr_mult", "lr_mult"),
+                (self.has_params_decay, self.params_weight_decay, "decay_mult", "decay_mult")):
+            if spec.HasField(field):
+                v = getattr(spec, field)
+                if has[lid] and values[lid] != v:
+                    raise NetError(f"Shared param '{pname}' has mismatched {what}: "
+                                   f"{_g(values[lid])} in layer '{self.layer_names[owner_layer]}'"
+                                   f", {_g(v)} in layer '{lp.name}'.")
+                has[lid] = True
+                values[lid] = v
+
+    def _analyse_backward(self, force_backward: bool) -> None:
+        under_loss: set = set()
+        skip_backp: set = set()
+        for layer_id in range(len(self.layers) - 1, -1, -1):
+            layer = self.layers[layer_id]
+            contributes = False
+            skip_propagate = True
+            for top_id, blob_id in enumerate(self.top_id_vecs[layer_id]):
+                bname = self.blob_names[blob_id]
+                if layer.loss_weights[top_id] or bname in under_loss:
+                    contributes = True
+                if bname not in skip_backp:
+                    skip_propagate = False
+                if contributes and not skip_propagate:
+                    break
+            if self.layer_need_backward[layer_id] and skip_propagate:
+                self.layer_need_backward[layer_id] = False
+                self.bottom_need_backward[layer_id] = [False] * len(self.bottom_vecs[layer_id])
+            if not contributes:
+                self.layer_need_backward[layer_id] = False
+            name = self.layer_names[layer_id]
+            if self.layer_need_backward[layer_id]:
+                info("net.cpp:200", f"{name} needs backward computation.")
+            else:
+                info("net.cpp:202", f"{name} does not need backward computation.")
+            for bottom_id, blob_id in enumerate(self.bottom_id_vecs[layer_id]):
+                bname = self.blob_names[blob_id]
+                if contributes:
+                    under_loss.add(bname)
+                else:
+                    self.bottom_need_backward[layer_id][bottom_id] = False
+                if not self.bottom_need_backward[layer_id][bottom_id]:
+                    skip_backp.add(bname)
+        if force_backward:
+            for layer_id, layer in enumerate(self.layers):
+                self.layer_need_backward[layer_id] = True
+                for bottom_id, blob_id in enumerate(self.bottom_id_vecs[layer_id]):
+                    nb = (self.bottom_need_backward[layer_id][bottom_id]
+                          or layer.allow_force_backward(bottom_id))
+                    self.bottom_need_backward[layer_id][bottom_id] = nb
+                    self.blob_need_backward[blob_id] = self.blob_need_backward[blob_id] or nb
+                layer.param_propagate_down = [True] * len(layer.blobs)
+
+    def _share_weights(self) -> None:
+        for i, owner in enumerate(self.param_owners):
+            if owner >= 0:
+                self.params_list[i].share_data(self.params_list[owner])
+                self.params_list[i].share_diff(self.params_list[owner])
+
+    # -- running -----------------------------------------------------------------------------
+    def forward_from_to(self, start: int, end: int) -> float:
+        """Run layers start..end inclusive; returns the weighted loss (Caffe's ForwardFromTo)."""
+        loss = 0.0
+        for i in range(start, end + 1):
+            layer = self.layers[i]
+            bottom, top = self.bottom_vecs[i], self.top_vecs[i]
+            layer.reshape(bottom, top)
+            layer.forward(bottom, top)
+            for t, w in zip(top, layer.loss_weights):
+                if w:
+                    loss += w * float(t.data.sum())
+        return loss
+
+    def backward_from_to(self, start: int, end: int) -> None:
+        """Run backward from layer ``start`` down to ``end`` inclusive."""
+        for i in range(start, end - 1, -1):
+            if self.layer_need_backward[i]:
+                self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i],
+                                        self.bottom_vecs[i])
+
+    def forward_prefilled(self) -> float:
+        return self.forward_from_to(0, len(self.layers) - 1)
+
+    def backward_all(self) -> None:
+        self.backward_from_to(len(self.layers) - 1, 0)
+
+    def forward_backward(self) -> float:
+        loss = self.forward_prefilled()
+        self.backward_all()
+        return loss
+
+    def clear_param_diffs(self) -> None:
+        for p in self.learnable_params:
+            p.diff[...] = 0
+
+    def reshape(self) -> None:
+        """Propagate changed input shapes through every layer (Caffe's Net::Reshape)."""
+        for i, layer in enumerate(self.layers):
+            layer.reshape(self.bottom_vecs[i], self.top_vecs[i])
+
+    def share_trained_layers_with(self, other: "Net") -> None:
+        """Make this net's params the same arrays as ``other``'s layers of the same name (Caffe's
+        ShareTrainedLayersWith, used by the solver's test nets)."""
+        for layer_id, name in enumerate(other.layer_names):
+            if name not in self.layer_names_index:
+                continue
+            src = other.layers[layer_id]
+            dst = self.layers[self.layer_names_index[name]]
+            if len(src.blobs) != len(dst.blobs):
+                raise NetError(f"Layer '{name}': {len(src.blobs)} param blobs in the train net "
+                               f"but {len(dst.blobs)} in the test net.")
+            for i, (s, d) in enumerate(zip(src.blobs, dst.blobs)):
+                if s.shape != d.shape:
+                    raise NetError(f"Layer '{name}' param {i}: shape {s.shape} in the train "
+                                   f"net but {d.shape} in the test net.")
+                d.share_data(s)
+                d.share_diff(s)
+
+    # -- weights -----------------------------------------------------------------------------
+    def copy_trained_layers_from(self, source) -> None:
+        """Copy params by layer name from a NetParameter or a weights file path (``.caffemodel``
+        binary or ``.h5``). Unknown source layers are ignored, as in Caffe."""
+        from .io import weights
+        weights.copy_trained_layers(self, source)
+
+    def to_proto(self, write_diff: bool = False) -> caffe_pb2.NetParameter:
+        from .io import weights
+        return weights.net_to_proto(self, write_diff)
+
+    # -- pycaffe-compatible API -------------------------------------------------------------
+    @property
+    def blobs(self) -> "OrderedDict[str, Blob]":
+        return OrderedDict(zip(self.blob_names, self.blobs_list))
+
+    @property
+    def _blobs(self) -> List[Blob]:
+        return self.blobs_list
+
+    @property
+    def _blob_names(self) -> List[str]:
+        return self.blob_names
+
+    @property
+    def _layer_names(self) -> List[str]:
+        return self.layer_names
+
+    @property
+    def layer_dict(self) -> "OrderedDict[str, Layer]":
+        return OrderedDict(zip(self.layer_names, self.layers))
+
+    @property
+    def params(self) -> "OrderedDict[str, List[Blob]]":
+        return OrderedDict((n, l.blobs) for n, l in zip(self.layer_names, self.layers) if l.blobs)
+
+    @property
+    def inputs(self) -> List[str]:
+        return [self.blob_names[i] for i in self.input_blob_indices]
+
+    @property
+    def outputs(self) -> List[str]:
+        return [self.blob_names[i] for i in self.output_blob_indices]
+
+    @property
+    def top_names(self) -> "OrderedDict[str, List[str]]":
+        return OrderedDict((n, [self.blob_names[i] for i in ids])
+                           for n, ids in zip(self.layer_names, self.top_id_vecs))
+
+    @property
+    def bottom_names(self) -> "OrderedDict[str, List[str]]":
+        return OrderedDict((n, [self.blob_names[i] for i in ids])
+                           for n, ids in zip(self.layer_names, self.bottom_id_vecs))
+
+    def _layer_index(self, name: str, what: str) -> int:
+        try:
+            return self.layer_names_index[name]
+        except KeyError:
+            raise NetError(f"{what}: no layer named '{name}' in net '{self.name}'") from None
+
+    def _set_blobs(self, arrays: dict, field: str, what: str) -> None:
+        for name, value in arrays.items():
+            if name not in self.blob_names_index:
+                raise NetError(f"{what}: no blob named '{name}' in net '{self.name}'")
+            blob = self.blobs_list[self.blob_names_index[name]]
+            value = np.asarray(value)
+            if value.shape != blob.shape and value.size != blob.count:
+                raise NetError(f"{what}: blob '{name}' has shape {blob.shape}, the given "
+                               f"array has shape {value.shape}")
+            getattr(blob, field)[...] = value.reshape(blob.shape)
+
+    def forward(self, blobs: Optional[Sequence[str]] = None, start: Optional[str] = None,
+                end: Optional[str] = None, **kwargs) -> "Dict[str, np.ndarray]":
+        """pycaffe's Net.forward: set input blobs from keyword arrays, run from layer ``start``
+        to ``end`` (names), return {output blob name: data} (the tops of ``end`` if given)."""
+        self._set_blobs(kwargs, "data", "forward")
+        start_ind = self._layer_index(start, "forward start") if start is not None else 0
+        if end is not None:
+            end_ind = self._layer_index(end, "forward end")
+            outputs = set(self.top_names[end] + list(blobs or []))
+        else:
+            end_ind = len(self.layers) - 1
+            outputs = set(self.outputs + list(blobs or []))
+        self.forward_from_to(start_ind, end_ind)
+        return {name: self.blobs_list[self.blob_names_index[name]].data for name in outputs}
+
+    def backward(self, diffs: Optional[Sequence[str]] = None, start: Optional[str] = None,
+                 end: Optional[str] = None, **kwargs) -> "Dict[str, np.ndarray]":
+        """pycaffe's Net.backward: set top diffs from keyword arrays, run backward from layer
+        ``start`` down to ``end``, return {input blob name: diff} (the bottoms of ``end``)."""
+        self._set_blobs(kwargs, "diff", "backward")
+        start_ind = (self._layer_index(start, "backward start") if start is not None
+                     else len(self.layers) - 1)
+        if end is not None:
+            end_ind = self._layer_index(end, "backward end")
+            outputs = set(self.bottom_names[end] + list(diffs or []))
+        else:
+            end_ind = 0
+            outputs = set(self.inputs + list(diffs or []))
+        self.backward_from_to(start_ind, end_ind)
+        return {name: self.blobs_list[self.blob_names_index[name]].diff for name in outputs}
+
+    def copy_from(self, weights_path: str) -> None:
+        self.copy_trained_layers_from(weights_path)
+
+    def save(self, path: str) -> None:
+        """Write the params as a binary ``.caffemodel`` (atomically)."""
+        from .io import weights
+        weights.save_caffemodel(self, path)
+
+    def save_hdf5(self, path: str) -> None:
+        from .io import weights
+        weights.save_hdf5(self, path)
+
+    def load_hdf5(self, path: str) -> None:
+        self.copy_trained_layers_from(path)
+
+    def share_with(self, other: "Net") -> None:
+        self.share_trained_layers_with(other)
+
+
+def _copy(param: caffe_pb2.NetParameter) -> caffe_pb2.NetParameter:
+    out = caffe_pb2.NetParameter()
+    out.CopyFrom(param)
+    return out
+
+
+def _g(x: float) -> str:
+    """Format a float as C++ iostreams do by default (``%g``, 6 significant digits)."""
+    return "%g" % x
