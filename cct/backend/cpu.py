@@ -22,6 +22,13 @@ def conv_out_size(size: int, kernel: int, stride: int, pad: int, dilation: int) 
     return (size + 2 * pad - extent) // stride + 1
 
 
+def deconv_out_size(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
+    """Deconvolution's ``stride (in - 1) + dilation (k - 1) + 1 - 2 pad``: the input size of
+    the convolution whose output size is ``size``."""
+    extent = dilation * (kernel - 1) + 1
+    return stride * (size - 1) + extent - 2 * pad
+
+
 def _lower(x, kernel, stride, pad, dilation, group):
     """Expand x (N, C, H, W) into columns (group, C/group*kh*kw, N*Ho*Wo), a contiguous copy."""
     n, c, h, w = x.shape
@@ -77,20 +84,25 @@ def conv_forward(x, weight, bias, kernel, stride, pad, dilation, group):
     return y
 
 
-def conv_backward(x, weight, dy, kernel, stride, pad, dilation, group,
-                  need_dx: bool, need_dw: bool):
-    """Gradients of :func:`conv_forward`: returns (dx or None, dweight or None)."""
+def conv_backward_data(dy, weight, x_shape, kernel, stride, pad, dilation, group):
+    """Gradient of :func:`conv_forward` with respect to x (Caffe's backward_cpu_gemm + col2im).
+
+    ``x_shape`` is (N, C, H, W); Deconvolution's forward pass is this function."""
     n, o, ho, wo = dy.shape
     dymat = np.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(group, o // group, n * ho * wo)
-    dx = dw = None
-    if need_dw:
-        cols, _, _ = _lower(x, kernel, stride, pad, dilation, group)
-        dw = np.matmul(dymat, cols.transpose(0, 2, 1)).reshape(weight.shape)
-    if need_dx:
-        wmat = weight.reshape(group, o // group, -1)
-        dcols = np.matmul(wmat.transpose(0, 2, 1), dymat)
-        dx = _unlower(dcols, x.shape, kernel, stride, pad, dilation, group, ho, wo)
-    return dx, dw
+    wmat = weight.reshape(group, o // group, -1)
+    dcols = np.matmul(wmat.transpose(0, 2, 1), dymat)
+    return _unlower(dcols, x_shape, kernel, stride, pad, dilation, group, ho, wo)
+
+
+def conv_backward_weight(x, dy, kernel, stride, pad, dilation, group):
+    """Gradient of :func:`conv_forward` with respect to the weight, shape (O, C/group, kh, kw)
+    (Caffe's weight_cpu_gemm, summed over the batch)."""
+    n, o, ho, wo = dy.shape
+    dymat = np.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(group, o // group, n * ho * wo)
+    cols, _, _ = _lower(x, kernel, stride, pad, dilation, group)
+    dw = np.matmul(dymat, cols.transpose(0, 2, 1))
+    return dw.reshape(o, x.shape[1] // group, kernel[0], kernel[1])
 
 
 def bias_backward(dy):

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import CCTError, WeightsError
 from ..log import info
-from ..proto import caffe_pb2
+from ..proto import caffe_pb2, caffe_raw_pb2
 
 if TYPE_CHECKING:
     from ..net import Net
@@ -27,40 +27,56 @@ def blob_shape_of(bp: caffe_pb2.BlobProto) -> tuple:
 
 def blob_from_proto(bp: caffe_pb2.BlobProto, diff: bool = False) -> np.ndarray:
     """The data (or diff) of a BlobProto as an array of its shape (float32, or float64 when the
-    file stores double_data)."""
+    proto stores double_data). Goes through the raw schema so large blobs copy as one buffer."""
+    raw = caffe_raw_pb2.BlobProtoRaw.FromString(bp.SerializeToString())
     shape = blob_shape_of(bp)
     if diff:
-        values = bp.double_diff if len(bp.double_diff) else bp.diff
-        dtype = np.float64 if len(bp.double_diff) else np.float32
+        arr = (np.frombuffer(raw.double_diff, "<f8") if raw.double_diff
+               else np.frombuffer(raw.diff, "<f4"))
     else:
-        values = bp.double_data if len(bp.double_data) else bp.data
-        dtype = np.float64 if len(bp.double_data) else np.float32
-    arr = np.array(values, dtype=dtype)
+        arr = (np.frombuffer(raw.double_data, "<f8") if raw.double_data
+               else np.frombuffer(raw.data, "<f4"))
     count = int(np.prod(shape, dtype=np.int64))
     if arr.size != count:
         raise WeightsError(f"a blob of shape {shape} holds {arr.size} values, expected {count}")
-    return arr.reshape(shape)
+    return arr.reshape(shape).copy()
 
 
 def blob_to_proto(array: np.ndarray, bp: caffe_pb2.BlobProto, diff=None) -> caffe_pb2.BlobProto:
-    """Fill ``bp`` with ``array`` (float32 in ``data``, as Caffe's float nets write)."""
+    """Fill ``bp`` with ``array`` (float32 ``data`` and ``shape``, as Caffe's Blob::ToProto)."""
+    raw = caffe_raw_pb2.BlobProtoRaw()
+    _raw_blob(np.asarray(array), raw, None if diff is None else np.asarray(diff))
     bp.Clear()
-    bp.shape.dim.extend(array.shape)
-    bp.data.extend(np.ascontiguousarray(array, dtype=np.float32).ravel())
-    if diff is not None:
-        bp.diff.extend(np.ascontiguousarray(diff, dtype=np.float32).ravel())
+    bp.MergeFromString(raw.SerializeToString())
     return bp
 
 
 def net_to_proto(net: "Net", write_diff: bool = False) -> caffe_pb2.NetParameter:
-    """Caffe's Net::ToProto: the (split-free) layer params with their blobs."""
-    out = caffe_pb2.NetParameter(name=net.name)
+    """Caffe's Net::ToProto as a regular NetParameter (every layer, Splits included, with its
+    blobs). For files use :func:`save_caffemodel`, which writes the same bytes faster."""
+    return caffe_pb2.NetParameter.FromString(_net_to_raw(net, write_diff).SerializeToString())
+
+
+def _raw_blob(array: np.ndarray, bp, diff=None) -> None:
+    bp.shape.dim.extend(array.shape)
+    if array.size:
+        bp.data = np.ascontiguousarray(array, dtype="<f4").tobytes()
+    if diff is not None and diff.size:
+        bp.diff = np.ascontiguousarray(diff, dtype="<f4").tobytes()
+
+
+def _net_to_raw(net: "Net", write_diff: bool) -> "caffe_raw_pb2.NetParameterRaw":
+    out = caffe_raw_pb2.NetParameterRaw(name=net.name)
     for layer in net.layers:
-        lp = out.layer.add()
-        lp.CopyFrom(layer.layer_param)
-        del lp.blobs[:]
+        head = caffe_pb2.LayerParameter()
+        head.CopyFrom(layer.layer_param)
+        del head.blobs[:]
+        lr = out.layer.add()
+        # Fields 1..11 parse as known fields, the *_param messages (100+) as unknown fields
+        # kept in order: re-serialised, the layer has Caffe's field order.
+        lr.MergeFromString(head.SerializeToString())
         for b in layer.blobs:
-            blob_to_proto(b.data, lp.blobs.add(), b.diff if write_diff else None)
+            _raw_blob(b.data, lr.blobs.add(), b.diff if write_diff else None)
     return out
 
 
@@ -78,7 +94,8 @@ def _atomic_write(path: str, write) -> None:
 
 
 def save_caffemodel(net: "Net", path: str, write_diff: bool = False) -> None:
-    data = net_to_proto(net, write_diff).SerializeToString()
+    """Write the net's params as a binary NetParameter (Caffe's .caffemodel), atomically."""
+    data = _net_to_raw(net, write_diff).SerializeToString()
 
     def write(tmp):
         with open(tmp, "wb") as f:
@@ -109,13 +126,52 @@ def _is_hdf5(path: str) -> bool:
         return f.read(8) == b"\x89HDF\r\n\x1a\n"
 
 
+def _raw_array(bp) -> "np.ndarray | None":
+    """A raw blob's data, or None when its floats were not stored packed (very old files)."""
+    shape = blob_shape_of(bp)
+    if bp.double_data:
+        arr = np.frombuffer(bp.double_data, "<f8").astype(np.float32)
+    else:
+        arr = np.frombuffer(bp.data, "<f4")
+    if arr.size != int(np.prod(shape, dtype=np.int64)):
+        return None
+    return arr.reshape(shape)
+
+
 def load_weights(path: str) -> "dict[str, list[np.ndarray]]":
-    """{layer name: [param arrays]} from a .caffemodel or Caffe HDF5 weights file."""
+    """{layer name: [param arrays]} from a .caffemodel (current, V1 or V0 layout) or Caffe's
+    HDF5 weights file."""
     if not os.path.isfile(path):
         raise WeightsError(f"weights file '{path}' does not exist")
     if _is_hdf5(path):
-        import h5py
-        out = {}
+        return _load_hdf5(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        raw = caffe_raw_pb2.NetParameterRaw.FromString(data)
+    except Exception:
+        raise WeightsError(f"weights file '{path}' is not a valid .caffemodel: it is truncated "
+                           f"or not a binary NetParameter") from None
+    out = {}
+    for lp in raw.layer:
+        out[lp.name] = [_raw_array(bp) for bp in lp.blobs]
+    for v1 in raw.layers:
+        name = v1.name or v1.layer.name
+        out[name] = [_raw_array(bp) for bp in (v1.blobs or v1.layer.blobs)]
+    if any(a is None for arrays in out.values() for a in arrays):
+        from .prototxt import read_net_binary
+        param = read_net_binary(path)
+        out = {lp.name: [blob_from_proto(bp) for bp in lp.blobs] for lp in param.layer}
+    if not out:
+        raise WeightsError(f"weights file '{path}' holds no layers: not a .caffemodel "
+                           f"(a binary NetParameter with trained blobs)")
+    return out
+
+
+def _load_hdf5(path: str) -> "dict[str, list[np.ndarray]]":
+    import h5py
+    out = {}
+    try:
         with h5py.File(path, "r") as f:
             if "data" not in f:
                 raise WeightsError(f"weights file '{path}' is HDF5 but has no 'data' group; "
@@ -123,13 +179,9 @@ def load_weights(path: str) -> "dict[str, list[np.ndarray]]":
             for name, group in f["data"].items():
                 keys = sorted(group.keys(), key=int)
                 out[name] = [np.asarray(group[k], dtype=np.float32) for k in keys]
-        return out
-    from .prototxt import read_net_binary
-    param = read_net_binary(path)
-    if not len(param.layer):
-        raise WeightsError(f"weights file '{path}' holds no layers: not a .caffemodel "
-                           f"(a binary NetParameter with trained blobs)")
-    return {lp.name: [blob_from_proto(bp) for bp in lp.blobs] for lp in param.layer}
+    except OSError as e:
+        raise WeightsError(f"cannot read HDF5 weights file '{path}': {e}") from None
+    return out
 
 
 def copy_trained_layers(net: "Net", source: Union[str, caffe_pb2.NetParameter]) -> None:

@@ -1,1 +1,217 @@
-"""(being written)"""
+"""Convolution and Deconvolution (Caffe's base_conv_layer.cpp, conv_layer.cpp,
+deconv_layer.cpp), for bottoms with two spatial axes after the channel axis."""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+from ..blob import Blob
+from ..errors import LayerError
+from ..filler import fill
+from .base import Layer, register
+
+
+class _ConvolutionBase(Layer):
+    """Shared parameter parsing and geometry of Convolution and Deconvolution.
+
+    ``reverse`` is False for Convolution (bottom -> conv -> top) and True for Deconvolution,
+    whose forward pass is the convolution's backward-data pass."""
+
+    min_bottom_blobs = 1
+    min_top_blobs = 1
+    equal_num_bottom_top_blobs = True
+    reverse = False
+
+    def layer_setup(self, bottom: List[Blob], top: List[Blob]) -> None:
+        cp = self.layer_param.convolution_param
+        b0 = bottom[0]
+        try:
+            self.channel_axis = b0.canonical_axis(cp.axis)
+        except LayerError:
+            raise self.error(f"convolution_param.axis {cp.axis} is out of range for a bottom "
+                             f"of shape {b0.shape}.") from None
+        num_spatial = b0.num_axes - self.channel_axis - 1
+        if num_spatial != 2:
+            raise self.error(
+                f"only 2-D convolution is supported: the bottom of shape {b0.shape} has "
+                f"{num_spatial} spatial axes after the channel axis {self.channel_axis}; "
+                f"give a bottom with exactly 2 (e.g. N x C x H x W).")
+        self.kernel = self._pair(cp, "kernel_size", "kernel_h", "kernel_w")
+        if min(self.kernel) <= 0:
+            raise self.error(f"kernel size {self.kernel[0]} x {self.kernel[1]}: filter "
+                             f"dimensions must be nonzero (set kernel_size, or both kernel_h "
+                             f"and kernel_w).")
+        self.stride = self._pair(cp, "stride", "stride_h", "stride_w", 1)
+        if min(self.stride) <= 0:
+            raise self.error(f"stride {self.stride[0]} x {self.stride[1]}: stride dimensions "
+                             f"must be nonzero (set stride, or both stride_h and stride_w).")
+        self.pad = self._pair(cp, "pad", "pad_h", "pad_w", 0)
+        self.dilation = self._pair(cp, "dilation", default=1)
+        if min(self.dilation) <= 0:
+            raise self.error(f"dilation {self.dilation[0]} x {self.dilation[1]} must be "
+                             f"nonzero.")
+
+        self.channels = b0.shape[self.channel_axis]
+        self.num_output = cp.num_output
+        self.group = cp.group
+        self.bias_term = cp.bias_term
+        if self.num_output <= 0:
+            raise self.error("convolution_param.num_output must be given and positive.")
+        if self.group <= 0:
+            raise self.error(f"group {self.group} must be positive.")
+        if self.channels % self.group:
+            raise self.error(f"the bottom's {self.channels} channels (shape {b0.shape}) are "
+                             f"not divisible by group {self.group}.")
+        if self.num_output % self.group:
+            raise self.error(f"num_output {self.num_output} is not divisible by group "
+                             f"{self.group}.")
+        # Weights map conv_in -> conv_out channels; Deconvolution stores them the other way
+        # round (bottom channels first), as Caffe does.
+        if self.reverse:
+            conv_out, conv_in = self.channels, self.num_output
+        else:
+            conv_out, conv_in = self.num_output, self.channels
+        weight_shape = (conv_out, conv_in // self.group) + tuple(self.kernel)
+        bias_shape = (self.num_output,)
+        if self.blobs:
+            expected = 2 if self.bias_term else 1
+            if len(self.blobs) != expected:
+                raise self.error(f"has {len(self.blobs)} weight blob(s) in the prototxt, "
+                                 f"expected {expected} (bias_term: {self.bias_term}).")
+            if self.blobs[0].shape != weight_shape:
+                raise self.error(f"incorrect weight shape: expected {weight_shape}, got "
+                                 f"{self.blobs[0].shape}.")
+            if self.bias_term and self.blobs[1].shape != bias_shape:
+                raise self.error(f"incorrect bias shape: expected {bias_shape}, got "
+                                 f"{self.blobs[1].shape}.")
+            return
+        weight = self.new_blob(weight_shape)
+        fill(weight.data, cp.weight_filler, f"{self.type} layer '{self.name}': ")
+        self.blobs.append(weight)
+        if self.bias_term:
+            bias = self.new_blob(bias_shape)
+            fill(bias.data, cp.bias_filler, f"{self.type} layer '{self.name}': ")
+            self.blobs.append(bias)
+
+    def _pair(self, cp, field: str, h_field: str = "", w_field: str = "",
+              default: Optional[int] = None) -> Tuple[int, int]:
+        """(h, w) of a spatial parameter: the repeated ``field`` given once (both axes) or once
+        per axis, or the ``h_field``/``w_field`` pair; ``default`` when none is given."""
+        values = list(getattr(cp, field))
+        if h_field and (cp.HasField(h_field) or cp.HasField(w_field)):
+            if values:
+                raise self.error(f"either {field} or {h_field}/{w_field} should be specified; "
+                                 f"not both.")
+            return int(getattr(cp, h_field)), int(getattr(cp, w_field))
+        if not values and default is not None:
+            return default, default
+        if len(values) not in (1, 2):
+            raise self.error(f"{field} must be specified once, or once per spatial dimension "
+                             f"({field} specified {len(values)} times; 2 spatial dims).")
+        return int(values[0]), int(values[-1])
+
+    def reshape(self, bottom: List[Blob], top: List[Blob]) -> None:
+        b0 = bottom[0]
+        if b0.num_axes != self.channel_axis + 3:
+            raise self.error(f"bottom num_axes may not change: the layer was set up for "
+                             f"{self.channel_axis + 3} axes, the bottom now has shape "
+                             f"{b0.shape}.")
+        if b0.shape[self.channel_axis] != self.channels:
+            raise self.error(f"input size incompatible with convolution kernel: the bottom "
+                             f"of shape {b0.shape} has {b0.shape[self.channel_axis]} channels, "
+                             f"the weights were made for {self.channels}.")
+        for i, b in enumerate(bottom[1:], 1):
+            if b.shape != b0.shape:
+                raise self.error(f"all bottoms must have the same shape: bottom 0 is "
+                                 f"{b0.shape}, bottom {i} is {b.shape}.")
+        in_hw = b0.shape[self.channel_axis + 1:]
+        out_hw = []
+        for axis in range(2):
+            size, k, s, p, d = (in_hw[axis], self.kernel[axis], self.stride[axis],
+                                self.pad[axis], self.dilation[axis])
+            extent = d * (k - 1) + 1
+            if self.reverse:
+                out = self.backend.deconv_out_size(size, k, s, p, d)
+                empty = out <= 0
+            else:
+                out = self.backend.conv_out_size(size, k, s, p, d)
+                # Also covers a kernel wider than the padded bottom.
+                empty = out <= 0 or size + 2 * p < extent
+            if empty:
+                what = "height" if axis == 0 else "width"
+                raise self.error(
+                    f"kernel {k} (dilation {d}, extent {extent}) with pad {p} and stride {s} "
+                    f"on a bottom of {what} {size} (shape {b0.shape}) gives an empty top; "
+                    f"lower kernel_size/dilation or add pad.")
+            out_hw.append(out)
+        self.num = b0.count_range(0, self.channel_axis)
+        self.in_shape4 = (self.num, self.channels) + tuple(in_hw)
+        self.out_shape4 = (self.num, self.num_output) + tuple(out_hw)
+        top_shape = b0.shape[:self.channel_axis] + (self.num_output,) + tuple(out_hw)
+        for t in top:
+            t.reshape(top_shape)
+
+    # -- the convolution, as the backend sees it ------------------------------------------------
+    def _geom(self):
+        return self.kernel, self.stride, self.pad, self.dilation, self.group
+
+    def _conv(self, x):
+        """conv_in-shaped x -> conv_out-shaped y."""
+        return self.backend.conv_forward(x, self.blobs[0].data, None, *self._geom())
+
+    def _conv_t(self, y, x_shape):
+        """conv_out-shaped y -> conv_in-shaped x (the transposed convolution)."""
+        return self.backend.conv_backward_data(y, self.blobs[0].data, x_shape, *self._geom())
+
+    def _conv_dw(self, x, y):
+        return self.backend.conv_backward_weight(x, y, *self._geom())
+
+    def forward(self, bottom: List[Blob], top: List[Blob]) -> None:
+        bias = self.blobs[1].data if self.bias_term else None
+        for b, t in zip(bottom, top):
+            x = b.data.reshape(self.in_shape4)
+            if self.reverse:
+                y = self._conv_t(x, self.out_shape4)
+                if bias is not None:
+                    y = y + bias.reshape(1, -1, 1, 1)
+            else:
+                y = self.backend.conv_forward(x, self.blobs[0].data, bias, *self._geom())
+            t.data[...] = y.reshape(t.shape)
+
+    def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob]) -> None:
+        need_dw = self.param_propagate_down[0]
+        need_db = self.bias_term and self.param_propagate_down[1]
+        for i, (b, t) in enumerate(zip(bottom, top)):
+            dy = t.diff.reshape(self.out_shape4)
+            x = b.data.reshape(self.in_shape4)
+            if need_db:
+                self.blobs[1].diff[...] += self.backend.bias_backward(dy)
+            if need_dw:
+                dw = self._conv_dw(dy, x) if self.reverse else self._conv_dw(x, dy)
+                self.blobs[0].diff[...] += dw
+            if propagate_down[i]:
+                dx = self._conv(dy) if self.reverse else self._conv_t(dy, self.in_shape4)
+                b.diff[...] = dx.reshape(b.shape)
+
+
+@register("Convolution")
+class ConvolutionLayer(_ConvolutionBase):
+    """2-D convolution: top[n, o] = bias[o] + sum over the C/group channels c of o's group of
+    W[o, c] (cross-correlated with) bottom[n, c], with zero padding ``pad``, ``stride`` and
+    ``dilation``.
+
+    Weights (num_output, C/group, kh, kw), bias (num_output). Top size per spatial axis:
+    (in + 2 pad - (dilation (k - 1) + 1)) / stride + 1 (floor). Defaults: bias_term true,
+    stride 1, pad 0, dilation 1, group 1, axis 1 (axes before it are batch axes), fillers
+    constant 0."""
+
+
+@register("Deconvolution")
+class DeconvolutionLayer(_ConvolutionBase):
+    """The transpose of Convolution: forward is Convolution's backward-data pass, backward-data
+    is Convolution's forward pass.
+
+    Weights (C, num_output/group, kh, kw) (bottom channels first, as Caffe stores them), bias
+    (num_output). Top size per spatial axis: stride (in - 1) + dilation (k - 1) + 1 - 2 pad.
+    Same parameters and defaults as Convolution."""
+
+    reverse = True

@@ -1,1 +1,97 @@
-"""(being written)"""
+"""InnerProduct, the fully connected layer (Caffe's inner_product_layer.cpp)."""
+from __future__ import annotations
+
+from typing import List
+
+from ..blob import Blob
+from ..errors import LayerError
+from ..filler import fill
+from .base import Layer, register
+
+
+@register("InnerProduct")
+class InnerProductLayer(Layer):
+    """top = bottom W^T + b, one GEMM over the whole batch.
+
+    The bottom is viewed as M x K with M = product of the axes before ``axis`` and K = product
+    of the axes from ``axis`` on; the top has shape bottom.shape[:axis] + (num_output,).
+    Weights W: (num_output, K), or (K, num_output) with ``transpose: true`` (then
+    top = bottom W + b); bias b: (num_output). Defaults: bias_term true, axis 1,
+    transpose false, fillers constant 0."""
+
+    exact_num_bottom_blobs = 1
+    exact_num_top_blobs = 1
+
+    def _axis(self, bottom: Blob) -> int:
+        axis = self.layer_param.inner_product_param.axis
+        try:
+            return bottom.canonical_axis(axis)
+        except LayerError:
+            raise self.error(f"inner_product_param.axis {axis} is out of range for a bottom "
+                             f"of shape {bottom.shape}.") from None
+
+    def layer_setup(self, bottom: List[Blob], top: List[Blob]) -> None:
+        ip = self.layer_param.inner_product_param
+        self.num_output = ip.num_output
+        if self.num_output <= 0:
+            raise self.error("inner_product_param.num_output must be given and positive.")
+        self.bias_term = ip.bias_term
+        self.transpose = ip.transpose
+        self.k = bottom[0].count_range(self._axis(bottom[0]))
+        n, k = self.num_output, self.k
+        weight_shape = (k, n) if self.transpose else (n, k)
+        if self.blobs:
+            expected = 2 if self.bias_term else 1
+            if len(self.blobs) != expected:
+                raise self.error(f"has {len(self.blobs)} weight blob(s) in the prototxt, "
+                                 f"expected {expected} (bias_term: {self.bias_term}).")
+            if self.blobs[0].shape != weight_shape:
+                raise self.error(f"incorrect weight shape: expected {weight_shape}, got "
+                                 f"{self.blobs[0].shape}.")
+            if self.bias_term and self.blobs[1].shape != (n,):
+                raise self.error(f"incorrect bias shape: expected {(n,)}, got "
+                                 f"{self.blobs[1].shape}.")
+            return
+        weight = self.new_blob(weight_shape)
+        fill(weight.data, ip.weight_filler, f"{self.type} layer '{self.name}': ")
+        self.blobs.append(weight)
+        if self.bias_term:
+            bias = self.new_blob((n,))
+            fill(bias.data, ip.bias_filler, f"{self.type} layer '{self.name}': ")
+            self.blobs.append(bias)
+
+    def reshape(self, bottom: List[Blob], top: List[Blob]) -> None:
+        b = bottom[0]
+        axis = self._axis(b)
+        k = b.count_range(axis)
+        if k != self.k:
+            raise self.error(f"input size incompatible with inner product parameters: the "
+                             f"bottom of shape {b.shape} has K = {k} values per item from axis "
+                             f"{axis} on, the weights were made for K = {self.k}.")
+        self.m = b.count_range(0, axis)
+        top[0].reshape(b.shape[:axis] + (self.num_output,))
+
+    def _weight_nk(self):
+        """The weights as (num_output, K), a view."""
+        w = self.blobs[0].data
+        return w.T if self.transpose else w
+
+    def forward(self, bottom: List[Blob], top: List[Blob]) -> None:
+        x = bottom[0].data.reshape(self.m, self.k)
+        y = x @ self._weight_nk().T
+        if self.bias_term:
+            y += self.blobs[1].data
+        top[0].data[...] = y.reshape(top[0].shape)
+
+    def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob]) -> None:
+        dy = top[0].diff.reshape(self.m, self.num_output)
+        if self.param_propagate_down[0]:
+            x = bottom[0].data.reshape(self.m, self.k)
+            if self.transpose:
+                self.blobs[0].diff[...] += x.T @ dy
+            else:
+                self.blobs[0].diff[...] += dy.T @ x
+        if self.bias_term and self.param_propagate_down[1]:
+            self.blobs[1].diff[...] += dy.sum(axis=0)
+        if propagate_down[0]:
+            bottom[0].diff[...] = (dy @ self._weight_nk()).reshape(bottom[0].shape)
