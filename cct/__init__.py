@@ -8,5 +8,8 @@ from .api import (TEST, TRAIN, Net, get_solver_mode, layer_type_list,  # noqa: F
 from .errors import CCTError  # noqa: F401
 from .proto import caffe_pb2  # noqa: F401
 from . import proto  # noqa: F401
+# After the imports above: this rebinds ``cct.layers`` from the layer package to pycaffe's
+# NetSpec pseudo-module, which still forwards the package's own names (see net_spec.Layers).
+from .net_spec import NetSpec, layers, params, to_proto  # noqa: F401
 
 __version__ = "0.1.0"

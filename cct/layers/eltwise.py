@@ -1,1 +1,89 @@
-"""(being written)"""
+"""Eltwise: element-wise SUM, PROD or MAX of bottoms of one shape (Caffe's
+``eltwise_layer.cpp``)."""
+from __future__ import annotations
+
+from ..proto import caffe_pb2
+from .base import Layer, register
+
+_Op = caffe_pb2.EltwiseParameter
+
+
+@register("Eltwise")
+class EltwiseLayer(Layer):
+    """Element-wise combination of two or more bottoms of identical shape.
+
+    ``operation`` (default SUM):
+
+    - SUM: top = sum_i coeff_i * bottom_i, ``coeff`` one per bottom (default all 1);
+      d bottom_i = coeff_i * d top.
+    - PROD: top = prod_i bottom_i (no coeff allowed). With ``stable_prod_grad`` (default true)
+      d bottom_i = d top * prod_{j != i} bottom_j; otherwise d top * top / bottom_i.
+    - MAX: top = max_i bottom_i. The winner is Caffe's: bottom 1 unless bottom 0 is strictly
+      greater, then each later bottom k only if strictly greater than the running max (so a
+      tie between bottoms 0 and 1 goes to 1, a tie with a later bottom to the earlier one).
+      Only the winner gets d top.
+    """
+
+    min_bottom_blobs = 2
+    exact_num_top_blobs = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.eltwise_param
+        self.op = p.operation
+        if len(p.coeff) not in (0, len(bottom)):
+            raise self.error(f"takes one coeff per bottom blob: {len(p.coeff)} coeff value(s) "
+                             f"for {len(bottom)} bottoms.")
+        if self.op == _Op.PROD and len(p.coeff):
+            raise self.error("coeff is only allowed with operation SUM, not PROD.")
+        self.coeffs = [self.dtype.type(c) for c in p.coeff] or [self.dtype.type(1)] * len(bottom)
+        self.stable_prod_grad = p.stable_prod_grad
+
+    def reshape(self, bottom, top):
+        for i, b in enumerate(bottom[1:], start=1):
+            if b.shape != bottom[0].shape:
+                raise self.error(f"all bottoms must have the same shape: bottom[0] has shape "
+                                 f"{bottom[0].shape}, bottom[{i}] has shape {b.shape}.")
+        top[0].reshape_like(bottom[0])
+
+    def forward(self, bottom, top):
+        xp = self.xp
+        if self.op == _Op.SUM:
+            out = self.coeffs[0] * bottom[0].data
+            for c, b in zip(self.coeffs[1:], bottom[1:]):
+                out += c * b.data
+        elif self.op == _Op.PROD:
+            out = bottom[0].data * bottom[1].data
+            for b in bottom[2:]:
+                out *= b.data
+        else:
+            a, b = bottom[0].data, bottom[1].data
+            first = a > b
+            out = xp.where(first, a, b)
+            self.mask = xp.where(first, 0, 1).astype(xp.int32)
+            for k, blob in enumerate(bottom[2:], start=2):
+                better = blob.data > out
+                out = xp.where(better, blob.data, out)
+                self.mask[better] = k
+        top[0].data[...] = out
+
+    def backward(self, top, propagate_down, bottom):
+        top_diff = top[0].diff
+        for i, b in enumerate(bottom):
+            if not propagate_down[i]:
+                continue
+            if self.op == _Op.SUM:
+                if self.coeffs[i] == 1:
+                    b.diff[...] = top_diff
+                else:
+                    b.diff[...] = self.coeffs[i] * top_diff
+            elif self.op == _Op.PROD:
+                if self.stable_prod_grad:
+                    others = [o.data for j, o in enumerate(bottom) if j != i]
+                    grad = others[0].copy()
+                    for o in others[1:]:
+                        grad *= o
+                else:
+                    grad = top[0].data / b.data
+                b.diff[...] = grad * top_diff
+            else:
+                b.diff[...] = self.xp.where(self.mask == i, top_diff, 0)

@@ -1,1 +1,150 @@
-"""(being written)"""
+"""Layers written in Python (Caffe's python_layer.hpp with pycaffe's ``caffe.Layer``).
+
+A prototxt layer ``type: "Python"`` names a class with ``python_param { module: "m" layer: "C"
+param_str: "..." }``; ``m`` is imported with importlib from ``sys.path`` as it is, and ``C`` is
+instantiated with the LayerParameter (pycaffe's ``caffe.Layer.__init__(param)``) if it accepts
+one argument, else with none. The instance follows pycaffe's interface::
+
+    setup(bottom, top)        # once; read self.param_str, add params with self.blobs.add_blob
+    reshape(bottom, top)      # before every forward: top[i].reshape(*shape)
+    forward(bottom, top)      # top[i].data[...] = ...
+    backward(top, propagate_down, bottom)   # bottom[i].diff[...] = ... where propagate_down[i]
+
+with the attributes ``param_str``, ``phase`` (0 TRAIN, 1 TEST) and ``blobs`` set before
+``setup``. bottom and top are lists of :class:`cct.blob.Blob`. The class may subclass
+:class:`PythonLayer` (exported as ``cct.Layer``, pycaffe's ``caffe.Layer``) or not.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import List
+
+import numpy as np
+
+from ..blob import Blob
+from .base import Layer, register
+
+
+class BlobVec(list):
+    """A layer's param blobs (pycaffe's BlobVec): a list of Blob with ``add_blob(*shape)``."""
+
+    def __init__(self, blobs=(), dtype=np.float32, xp=np):
+        super().__init__(blobs)
+        self.dtype = np.dtype(dtype)
+        self.xp = xp
+
+    def add_blob(self, *shape: int) -> None:
+        """Append a zero-filled blob of the given shape (pycaffe's ``blobs.add_blob``)."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        self.append(Blob(shape, self.dtype, self.xp))
+
+
+class PythonLayer:
+    """Base class for layers written in Python (pycaffe's ``caffe.Layer``, exported as
+    ``cct.Layer``). Subclasses override ``setup``, ``reshape``, ``forward`` and ``backward``;
+    ``param_str``, ``phase`` and ``blobs`` are set by cct before ``setup``."""
+
+    type = "Python"
+
+    def __init__(self, layer_param=None):
+        self.blobs = BlobVec()
+        self.param_str = layer_param.python_param.param_str if layer_param is not None else ""
+        self.phase = int(layer_param.phase) if layer_param is not None else 0
+
+    def setup(self, bottom: List[Blob], top: List[Blob]) -> None:
+        """Called once, before the first reshape."""
+
+    def reshape(self, bottom: List[Blob], top: List[Blob]) -> None:
+        """Called before every forward pass; set the top shapes here."""
+
+    def forward(self, bottom: List[Blob], top: List[Blob]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not implement forward()")
+
+    def backward(self, top: List[Blob], propagate_down: List[bool],
+                 bottom: List[Blob]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not implement backward()")
+
+
+@register("Python")
+class PythonLayerAdapter(Layer):
+    """Runs a user's Python layer class (see the module docstring) as a cct Layer.
+
+    The user object's ``blobs`` is this layer's param list, so blobs added in ``setup`` are
+    learnable params of the net, as in Caffe. Attributes the adapter lacks are looked up on the
+    user object, so ``net.layer_dict[name].my_attribute`` reaches it as in pycaffe."""
+
+    def __init__(self, layer_param, backend, dtype=np.float32):
+        super().__init__(layer_param, backend, dtype)
+        self.blobs = BlobVec(self.blobs, self.dtype, self.xp)
+        cls = self._import_class()
+        self.impl = cls(layer_param) if _accepts_one_argument(cls) else cls()
+        self.impl.param_str = layer_param.python_param.param_str
+        self.impl.phase = int(self.phase)
+        self.impl.blobs = self.blobs
+
+    def __getattr__(self, name):
+        impl = self.__dict__.get("impl")
+        if impl is None:
+            raise AttributeError(name)
+        return getattr(impl, name)
+
+    def _import_class(self):
+        pp = self.layer_param.python_param
+        module_name, class_name = pp.module, pp.layer
+        if not module_name or not class_name:
+            raise self.error(f"python_param needs both module and layer (got module "
+                             f"'{module_name}', layer '{class_name}').")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as e:
+            raise self.error(f"cannot import module '{module_name}' (python_param.module) for "
+                             f"layer class '{class_name}': {type(e).__name__}: {e}. The module "
+                             f"must be importable from sys.path (e.g. add its folder to "
+                             f"PYTHONPATH).") from e
+        cls = getattr(module, class_name, None)
+        if cls is None:
+            where = getattr(module, "__file__", None) or module_name
+            raise self.error(f"module '{module_name}' ({where}) has no class '{class_name}' "
+                             f"(python_param.layer).")
+        if not callable(cls):
+            raise self.error(f"'{module_name}.{class_name}' (python_param.layer) is not a "
+                             f"class.")
+        return cls
+
+    def _method(self, name: str):
+        fn = getattr(self.impl, name, None)
+        if fn is not None:
+            return fn
+        if name in ("setup", "reshape"):
+            return lambda *args: None
+        raise self.error(f"the Python layer class '{type(self.impl).__name__}' has no "
+                         f"{name}() method.")
+
+    def layer_setup(self, bottom: List[Blob], top: List[Blob]) -> None:
+        self._method("forward")
+        self._method("setup")(bottom, top)
+        if self.impl.blobs is not self.blobs:
+            # The user rebound self.blobs (e.g. to a plain list); keep it as the param list.
+            self.blobs = BlobVec(self.impl.blobs, self.dtype, self.xp)
+            self.impl.blobs = self.blobs
+
+    def reshape(self, bottom: List[Blob], top: List[Blob]) -> None:
+        self._method("reshape")(bottom, top)
+
+    def forward(self, bottom: List[Blob], top: List[Blob]) -> None:
+        self._method("forward")(bottom, top)
+
+    def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob]) -> None:
+        self._method("backward")(top, list(propagate_down), bottom)
+
+
+def _accepts_one_argument(cls) -> bool:
+    try:
+        inspect.signature(cls).bind(None)
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return True
