@@ -26,9 +26,22 @@ class GlogFormatter(logging.Formatter):
         return prefix + record.getMessage()
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (glog logs to stderr), so redirections
+    made after import are honoured."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):
+        pass
+
+
 logger = logging.getLogger("cct")
 if not logger.handlers:
-    _handler = logging.StreamHandler(sys.stderr)
+    _handler = _StderrHandler()
     _handler.setFormatter(GlogFormatter())
     logger.addHandler(_handler)
     logger.setLevel(logging.INFO)

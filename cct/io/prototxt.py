@@ -7,11 +7,16 @@ import re
 
 from google.protobuf import message, text_format
 
-from ..errors import ProtoError
+from ..errors import ProtoError, close_matches
 from ..proto import caffe_pb2
 from . import upgrade
 
 _POS = re.compile(r"^(\d+):(\d+)\s*:\s*")
+_NO_FIELD = re.compile(r'Message type "([\w.]+)" has no field named "(\w+)"')
+_NO_ENUM_VALUE = re.compile(r'Enum type "([\w.]+)" has no value named (\w+)')
+# Bytes a text prototxt never holds (controls other than tab, newline, vt, form feed, return);
+# every binary protobuf holds some (field tags and lengths below 0x20).
+_BINARY_BYTES = re.compile(rb"[\x00-\x08\x0e-\x1f]")
 
 
 def _read_bytes(path: str, what: str) -> bytes:
@@ -28,30 +33,71 @@ def _read_bytes(path: str, what: str) -> bytes:
         raise ProtoError(f"cannot read {what} file '{path}': {e.strerror}") from None
 
 
-def parse_text(text: str, msg: message.Message, source: str = "<string>") -> message.Message:
-    """Parse protobuf text format into ``msg``; errors name ``source`` and the line."""
+def _looks_binary(data: bytes) -> bool:
+    if _BINARY_BYTES.search(data):
+        return True
     try:
-        text_format.Merge(text, msg, allow_unknown_field=False)
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def _hint(detail: str) -> str:
+    """A suggestion for the usual slips: a misspelt field or enum value, an unquoted string."""
+    pool = caffe_pb2.DESCRIPTOR.pool
+    m = _NO_FIELD.search(detail)
+    if m:
+        try:
+            fields = pool.FindMessageTypeByName(m.group(1)).fields_by_name
+        except KeyError:
+            return ""
+        return close_matches(m.group(2), fields)
+    m = _NO_ENUM_VALUE.search(detail)
+    if m:
+        try:
+            values = pool.FindEnumTypeByName(m.group(1)).values_by_name
+        except KeyError:
+            return ""
+        return close_matches(m.group(2), values)
+    if detail.startswith("Expected string but found"):
+        return " String values are written in double quotes, e.g. type: \"ReLU\"."
+    return ""
+
+
+def parse_text(text: str, msg: message.Message, source: str = "<string>") -> message.Message:
+    """Parse protobuf text format into ``msg`` as Caffe's ReadProtoFromTextFile does (a field
+    that is not repeated may appear once); errors name ``source``, the line and the column."""
+    try:
+        text_format.Parse(text, msg)
     except text_format.ParseError as e:
         detail = str(e)
         m = _POS.match(detail)
-        if m:
-            line, col = m.group(1), m.group(2)
-            detail = detail[m.end():]
-            raise ProtoError(f"{source}:{line}:{col}: cannot parse {msg.DESCRIPTOR.name}: "
-                             f"{detail}") from None
-        raise ProtoError(f"{source}: cannot parse {msg.DESCRIPTOR.name}: {detail}") from None
+        if not m:
+            raise ProtoError(f"{source}: cannot parse {msg.DESCRIPTOR.name}: {detail}") from None
+        line, col = int(m.group(1)), m.group(2)
+        detail = detail[m.end():]
+        lines = text.splitlines()
+        shown = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+        # The parser quotes the whole line before some messages; it is shown below instead.
+        echo = f"'{lines[line - 1]}': " if shown else None
+        if echo and detail.startswith(echo):
+            detail = detail[len(echo):]
+        hint = _hint(detail)
+        if hint and not detail.endswith("."):
+            detail += "."
+        where = f"\n    line {line}: {shown}" if shown else ""
+        raise ProtoError(f"{source}:{line}:{col}: cannot parse {msg.DESCRIPTOR.name}: {detail}"
+                         f"{hint}{where}") from None
     return msg
 
 
 def read_text(path: str, msg: message.Message, what: str) -> message.Message:
     data = _read_bytes(path, what)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ProtoError(f"{what} file '{path}' is not a text prototxt (it is not UTF-8; "
-                         f"a binary file given where a prototxt was expected?)") from None
-    return parse_text(text, msg, path)
+    if _looks_binary(data):
+        raise ProtoError(f"{what} file '{path}' is a binary file, not a text prototxt (a "
+                         f".caffemodel or other binary given where a prototxt was expected?)")
+    return parse_text(data.decode("utf-8"), msg, path)
 
 
 def read_binary(path: str, msg: message.Message, what: str) -> message.Message:
@@ -59,8 +105,10 @@ def read_binary(path: str, msg: message.Message, what: str) -> message.Message:
     try:
         msg.ParseFromString(data)
     except (message.DecodeError, RuntimeError) as e:
-        raise ProtoError(f"{what} file '{path}' is not a valid binary {msg.DESCRIPTOR.name} "
-                         f"(truncated or not a protobuf file: {e})") from None
+        hint = ("; it looks like a text file (a prototxt given where a binary file was "
+                "expected?)" if data and not _looks_binary(data) else "")
+        raise ProtoError(f"{what} file '{path}' is not a valid binary {msg.DESCRIPTOR.name}: "
+                         f"it is truncated or not a protobuf file ({e}){hint}") from None
     return msg
 
 
@@ -81,18 +129,21 @@ def read_net_binary(path: str) -> caffe_pb2.NetParameter:
 
 
 def read_net(path: str) -> caffe_pb2.NetParameter:
-    """A net from either format: text if it parses as text, binary otherwise."""
+    """A net from either format: binary if the bytes are binary, text otherwise."""
     data = _read_bytes(path, "net")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
+    if _looks_binary(data):
         return read_net_binary(path)
-    return upgrade.upgrade_net(parse_text(text, caffe_pb2.NetParameter(), path), path)
+    return upgrade.upgrade_net(parse_text(data.decode("utf-8"), caffe_pb2.NetParameter(), path),
+                               path)
 
 
 def read_solver_text(path: str) -> caffe_pb2.SolverParameter:
+    """Caffe's ReadSolverParamsFromTextFileOrDie, without dying: parse, upgrade solver_type,
+    then default snapshot_prefix from the file's path."""
     solver = read_text(path, caffe_pb2.SolverParameter(), "solver")
-    return upgrade.upgrade_solver(solver, path)
+    upgrade.upgrade_solver(solver, path)
+    upgrade.upgrade_snapshot_prefix(solver, path)
+    return solver
 
 
 def write_text(msg: message.Message, path: str) -> None:

@@ -107,49 +107,52 @@ V1_LAYER_TYPES = {
 _DATA_SOURCES = {"data": "data_param", "hdf5_data": "hdf5_data_param",
                  "images": "image_data_param", "window_data": "window_data_param"}
 
-# Caffe's UpgradeV0LayerParameter as a table, in Caffe's order: (V0 field, the name Caffe's
-# error message uses, {V0 type or "*" for any type: "target_param.field"}). A field set on a
-# layer type the table does not list is dropped with Caffe's "Unknown parameter" error line.
+# Caffe's UpgradeV0LayerParameter as a table, in Caffe's order: (V0 field, {V0 type, or "*"
+# for any type: "target_param.field"}). A field set on a layer type the table does not list is
+# dropped with Caffe's "Unknown parameter" error line.
 _V0_FIELDS = (
-    ("num_output", "num_output", {"conv": "convolution_param.num_output",
+    ("num_output", {"conv": "convolution_param.num_output",
                                   "innerproduct": "inner_product_param.num_output"}),
-    ("biasterm", "biasterm", {"conv": "convolution_param.bias_term",
+    ("biasterm", {"conv": "convolution_param.bias_term",
                               "innerproduct": "inner_product_param.bias_term"}),
-    ("weight_filler", "weight_filler", {"conv": "convolution_param.weight_filler",
+    ("weight_filler", {"conv": "convolution_param.weight_filler",
                                         "innerproduct": "inner_product_param.weight_filler"}),
-    ("bias_filler", "bias_filler", {"conv": "convolution_param.bias_filler",
+    ("bias_filler", {"conv": "convolution_param.bias_filler",
                                     "innerproduct": "inner_product_param.bias_filler"}),
-    ("pad", "pad", {"conv": "convolution_param.pad", "pool": "pooling_param.pad"}),
-    ("kernelsize", "kernelsize", {"conv": "convolution_param.kernel_size",
+    ("pad", {"conv": "convolution_param.pad", "pool": "pooling_param.pad"}),
+    ("kernelsize", {"conv": "convolution_param.kernel_size",
                                   "pool": "pooling_param.kernel_size"}),
-    ("group", "group", {"conv": "convolution_param.group"}),
-    ("stride", "stride", {"conv": "convolution_param.stride", "pool": "pooling_param.stride"}),
-    ("pool", "pool", {"pool": "pooling_param.pool"}),
-    ("dropout_ratio", "dropout_ratio", {"dropout": "dropout_param.dropout_ratio"}),
-    ("local_size", "local_size", {"lrn": "lrn_param.local_size"}),
-    ("alpha", "alpha", {"lrn": "lrn_param.alpha"}),
-    ("beta", "beta", {"lrn": "lrn_param.beta"}),
-    ("k", "k", {"lrn": "lrn_param.k"}),
-    ("source", "source", dict({t: p + ".source" for t, p in _DATA_SOURCES.items()},
+    ("group", {"conv": "convolution_param.group"}),
+    ("stride", {"conv": "convolution_param.stride", "pool": "pooling_param.stride"}),
+    ("pool", {"pool": "pooling_param.pool"}),
+    ("dropout_ratio", {"dropout": "dropout_param.dropout_ratio"}),
+    ("local_size", {"lrn": "lrn_param.local_size"}),
+    ("alpha", {"lrn": "lrn_param.alpha"}),
+    ("beta", {"lrn": "lrn_param.beta"}),
+    ("k", {"lrn": "lrn_param.k"}),
+    ("source", dict({t: p + ".source" for t, p in _DATA_SOURCES.items()},
                               infogain_loss="infogain_loss_param.source")),
-    ("scale", "scale", {"*": "transform_param.scale"}),
-    ("meanfile", "meanfile", {"*": "transform_param.mean_file"}),
-    ("batchsize", "batchsize", {t: p + ".batch_size" for t, p in _DATA_SOURCES.items()}),
-    ("cropsize", "cropsize", {"*": "transform_param.crop_size"}),
-    ("mirror", "mirror", {"*": "transform_param.mirror"}),
-    ("rand_skip", "rand_skip", {"data": "data_param.rand_skip",
+    ("scale", {"*": "transform_param.scale"}),
+    ("meanfile", {"*": "transform_param.mean_file"}),
+    ("batchsize", {t: p + ".batch_size" for t, p in _DATA_SOURCES.items()}),
+    ("cropsize", {"*": "transform_param.crop_size"}),
+    ("mirror", {"*": "transform_param.mirror"}),
+    ("rand_skip", {"data": "data_param.rand_skip",
                                 "images": "image_data_param.rand_skip"}),
-    ("shuffle_images", "shuffle", {"images": "image_data_param.shuffle"}),
-    ("new_height", "new_height", {"images": "image_data_param.new_height"}),
-    ("new_width", "new_width", {"images": "image_data_param.new_width"}),
-    ("concat_dim", "concat_dim", {"concat": "concat_param.concat_dim"}),
-    ("det_fg_threshold", "det_fg_threshold", {"window_data": "window_data_param.fg_threshold"}),
-    ("det_bg_threshold", "det_bg_threshold", {"window_data": "window_data_param.bg_threshold"}),
-    ("det_fg_fraction", "det_fg_fraction", {"window_data": "window_data_param.fg_fraction"}),
-    ("det_context_pad", "det_context_pad", {"window_data": "window_data_param.context_pad"}),
-    ("det_crop_mode", "det_crop_mode", {"window_data": "window_data_param.crop_mode"}),
-    ("hdf5_output_param", "hdf5_output_param", {"hdf5_output": "hdf5_output_param"}),
+    ("shuffle_images", {"images": "image_data_param.shuffle"}),
+    ("new_height", {"images": "image_data_param.new_height"}),
+    ("new_width", {"images": "image_data_param.new_width"}),
+    ("concat_dim", {"concat": "concat_param.concat_dim"}),
+    ("det_fg_threshold", {"window_data": "window_data_param.fg_threshold"}),
+    ("det_bg_threshold", {"window_data": "window_data_param.bg_threshold"}),
+    ("det_fg_fraction", {"window_data": "window_data_param.fg_fraction"}),
+    ("det_context_pad", {"window_data": "window_data_param.context_pad"}),
+    ("det_crop_mode", {"window_data": "window_data_param.crop_mode"}),
+    ("hdf5_output_param", {"hdf5_output": "hdf5_output_param"}),
 )
+
+# The name Caffe's "Unknown parameter" line gives a V0 field, where it is not the field's own.
+_V0_FIELD_NAMES = {"shuffle_images": "shuffle"}
 
 # The V1 data layers whose own params carried the transformation fields before
 # TransformationParameter existed.
@@ -262,13 +265,14 @@ def upgrade_v0_layer(conn: caffe_pb2.V1LayerParameter,
     layer.blobs_lr.extend(v0.blobs_lr)
     layer.weight_decay.extend(v0.weight_decay)
     complete = True
-    for field, caffe_name, targets in _V0_FIELDS:
+    for field, targets in _V0_FIELDS:
         if not v0.HasField(field):
             continue
         target = targets.get("*") or targets.get(v0.type)
         if target is None:
-            _error("upgrade_proto.cpp:235", f"Unknown parameter {caffe_name} for layer type "
-                   f"{v0.type} (V0 layer '{v0.name}'); dropped")
+            _error("upgrade_proto.cpp:234", f"Unknown parameter "
+                   f"{_V0_FIELD_NAMES.get(field, field)} for layer type {v0.type} (V0 layer "
+                   f"'{v0.name}'); dropped")
             complete = False
             continue
         value = getattr(v0, field)
@@ -336,10 +340,14 @@ def net_needs_v1_to_v2_upgrade(net: caffe_pb2.NetParameter) -> bool:
 _V1_PARAM_MESSAGES = tuple(f.name for f in _V1.DESCRIPTOR.fields if f.name.endswith("_param"))
 
 
-def upgrade_v1_layer(v1: caffe_pb2.V1LayerParameter) -> "tuple[caffe_pb2.LayerParameter, bool]":
-    """Caffe's UpgradeV1LayerParameter: the LayerParameter and whether it is complete (a V0
-    ``layer`` still inside is ignored)."""
-    layer = caffe_pb2.LayerParameter()
+def upgrade_v1_layer(v1: caffe_pb2.V1LayerParameter,
+                     layer: "caffe_pb2.LayerParameter | None" = None,
+                     ) -> "tuple[caffe_pb2.LayerParameter, bool]":
+    """Caffe's UpgradeV1LayerParameter: ``layer`` (a new one if not given) filled from ``v1``,
+    and whether it is complete (a V0 ``layer`` still inside is ignored)."""
+    if layer is None:
+        layer = caffe_pb2.LayerParameter()
+    layer.Clear()
     layer.bottom.extend(v1.bottom)
     layer.top.extend(v1.top)
     if v1.HasField("name"):
@@ -380,15 +388,12 @@ def upgrade_v1_layer(v1: caffe_pb2.V1LayerParameter) -> "tuple[caffe_pb2.LayerPa
 def upgrade_v1_net(net: caffe_pb2.NetParameter) -> bool:
     """Caffe's UpgradeV1Net, in place: every ``layers`` entry becomes a ``layer`` entry."""
     complete = True
-    upgraded = []
+    # Filled in place: a .caffemodel's blobs are copied once, not twice.
     for i, v1 in enumerate(net.layers):
-        layer, ok = upgrade_v1_layer(v1)
-        if not ok:
+        if not upgrade_v1_layer(v1, net.layer.add())[1]:
             _error("upgrade_proto.cpp:746", f"Upgrade of input layer {i} failed.")
             complete = False
-        upgraded.append(layer)
     del net.layers[:]
-    net.layer.extend(upgraded)
     return complete
 
 

@@ -136,9 +136,13 @@ class Layer:
 
     def set_loss_weights(self, top: List[Blob]) -> None:
         """Caffe's SetLossWeights: top diffs hold the loss weight, used to start backward."""
+        if self.is_loss and not len(self.layer_param.loss_weight):
+            # Caffe's LossLayer writes the default into its LayerParameter (it shows up in
+            # saved caffemodels); a second top (e.g. SoftmaxWithLoss's prob) weighs 0.
+            self.layer_param.loss_weight.append(1.0)
         lw = list(self.layer_param.loss_weight)
-        if self.is_loss and not lw:
-            lw = [1.0] + [0.0] * (len(top) - 1)
+        if self.is_loss and len(lw) == 1:
+            lw += [0.0] * (len(top) - 1)
         if lw and len(lw) != len(top):
             raise self.error(f"has {len(lw)} loss_weight value(s) but {len(top)} top(s).")
         self.loss_weights = [float(w) for w in lw] + [0.0] * (len(top) - len(lw))

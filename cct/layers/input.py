@@ -12,6 +12,10 @@ from ..filler import fill
 from ..proto import caffe_pb2
 from .base import Layer, register
 
+# Caffe's GetFiller rejects an unknown type at setup, before any forward pass fills.
+_FILLER_TYPES = ("constant", "uniform", "gaussian", "positive_unitball", "xavier", "msra",
+                 "bilinear")
+
 
 def _dims(layer: Layer, blob_shape, what: str) -> List[int]:
     dims = [int(d) for d in blob_shape.dim]
@@ -66,6 +70,10 @@ class DummyDataLayer(Layer):
                              f"({n}); got {len(fillers)}.")
         if not fillers:
             fillers = [caffe_pb2.FillerParameter(type="constant", value=0)]
+        for f in fillers:
+            if f.type not in _FILLER_TYPES:
+                raise self.error(f"unknown filler type '{f.type}'; known: "
+                                 f"{', '.join(_FILLER_TYPES)}.")
         self.fillers = fillers
         self.refill = [f.type != "constant" for f in fillers]
 
