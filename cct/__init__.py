@@ -6,6 +6,7 @@ The names here follow pycaffe: ``Net``, ``TRAIN``/``TEST``, ``set_mode_cpu``, ``
 from .api import (TEST, TRAIN, Net, get_solver_mode, layer_type_list,  # noqa: F401
                   set_device, set_mode_cpu, set_random_seed, init_log, log)
 from .errors import CCTError  # noqa: F401
+from .layers.python_layer import PythonLayer as Layer  # noqa: F401  (pycaffe's caffe.Layer)
 from .proto import caffe_pb2  # noqa: F401
 from . import proto  # noqa: F401
 # After the imports above: this rebinds ``cct.layers`` from the layer package to pycaffe's

@@ -267,12 +267,13 @@ class Layers:
     """
 
     def __init__(self, package: Optional[str] = None):
-        object.__setattr__(self, "_package", package)
+        self._package = package
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
-        package = sys.modules.get(self._package) if self._package else None
+        package_name = self.__dict__.get("_package")
+        package = sys.modules.get(package_name) if package_name else None
         if package is not None and hasattr(package, name):
             return getattr(package, name)
 

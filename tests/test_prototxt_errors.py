@@ -154,3 +154,11 @@ def test_good_files_still_read(tmp_path, caffe_fixtures):
     assert [lp.name for lp in net.layer] == ["relu"]
     weights = read_net_binary(str(caffe_fixtures / "lenet_iter_1000.caffemodel"))
     assert [lp.name for lp in weights.layer][:3] == ["mnist", "conv1", "pool1"]
+
+
+def test_non_utf8_comments_are_read_like_caffe(tmp_path):
+    # Caffe's parser takes any bytes; a Latin-1 comment must not make the file "binary".
+    path = write(tmp_path, "latin1.prototxt", "# r\xe9seau de caf\xe9\n".encode("latin-1")
+                 + RELU_NET.encode())
+    assert [lp.name for lp in read_net_text(path).layer] == ["relu"]
+    assert [lp.name for lp in read_net(path).layer] == ["relu"]

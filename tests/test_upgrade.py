@@ -299,7 +299,8 @@ def test_v1_layer_type_table_covers_every_enum_value():
                 "DUMMY_DATA": "DummyData", "MEMORY_DATA": "MemoryData",
                 "WINDOW_DATA": "WindowData", "DECONVOLUTION": "Deconvolution"}
     for name, type_string in expected.items():
-        v1 = caffe_pb2.V1LayerParameter(name="x", type=caffe_pb2.V1LayerParameter.LayerType.Value(name))
+        layer_type = caffe_pb2.V1LayerParameter.LayerType.Value(name)
+        v1 = caffe_pb2.V1LayerParameter(name="x", type=layer_type)
         layer, complete = upgrade.upgrade_v1_layer(v1)
         assert complete and layer.type == type_string
 
@@ -471,6 +472,36 @@ def test_v0_field_meaningless_for_type_is_dropped_with_caffe_error(log_lines):
                    for _, _, msg in log_lines)
 
 
+@pytest.mark.parametrize("v0_layer, new_type, expected", [
+    ('type: "images" source: "l.txt" batchsize: 3 rand_skip: 2 shuffle_images: true '
+     'new_height: 8 new_width: 9', "ImageData",
+     {"image_data_param": 'source: "l.txt" batch_size: 3 rand_skip: 2 shuffle: true '
+                          'new_height: 8 new_width: 9'}),
+    ('type: "window_data" source: "w.txt" batchsize: 4 det_fg_threshold: 0.6 '
+     'det_bg_threshold: 0.4 det_fg_fraction: 0.3 det_context_pad: 16 det_crop_mode: "square"',
+     "WindowData",
+     {"window_data_param": 'source: "w.txt" batch_size: 4 fg_threshold: 0.6 bg_threshold: 0.4 '
+                           'fg_fraction: 0.3 context_pad: 16 crop_mode: "square"'}),
+    ('type: "hdf5_data" source: "h.txt" batchsize: 5', "HDF5Data",
+     {"hdf5_data_param": 'source: "h.txt" batch_size: 5'}),
+    ('type: "infogain_loss" source: "H.binaryproto"', "InfogainLoss",
+     {"infogain_loss_param": 'source: "H.binaryproto"'}),
+    ('type: "concat" concat_dim: 2', "Concat", {"concat_param": "concat_dim: 2"}),
+    ('type: "hdf5_output" hdf5_output_param { file_name: "out.h5" }', "HDF5Output",
+     {"hdf5_output_param": 'file_name: "out.h5"'}),
+    ('type: "innerproduct" num_output: 3 biasterm: false bias_filler { value: 1 }',
+     "InnerProduct",
+     {"inner_product_param": "num_output: 3 bias_term: false bias_filler { value: 1 }"}),
+])
+def test_v0_fields_land_in_their_params(v0_layer, new_type, expected):
+    net = net_from_text(f'layers {{ layer {{ name: "l" {v0_layer} }} top: "t" }}')
+    layer = net.layer[0]
+    assert layer.type == new_type
+    for param, text in expected.items():
+        want = text_format.Parse(text, type(getattr(layer, param))())
+        assert getattr(layer, param) == want, param
+
+
 @pytest.mark.parametrize("body, match", [
     ('layers { layer { name: "wat" type: "frobnicate" } top: "y" }',
      r"v0\.prototxt: V0 layer 'wat' has type 'frobnicate'"),
@@ -588,7 +619,8 @@ def test_upgrade_order_matches_caffe(log_lines):
 # ------------------------------------------------------------------------------------------------
 # A V1 LeNet builds into the same net as the current-format one
 # ------------------------------------------------------------------------------------------------
-def test_upgraded_v1_lenet_builds_like_current_lenet(caffe_zoo):
+def test_upgraded_v1_lenet_builds_like_current_lenet(caffe_zoo, tmp_path):
+    import cct.api
     from cct.layers import LAYER_REGISTRY
     from cct.net import TEST, Net
 
@@ -603,6 +635,10 @@ def test_upgraded_v1_lenet_builds_like_current_lenet(caffe_zoo):
     assert [b.shape for b in upgraded.blobs_list] == [b.shape for b in current.blobs_list]
     shapes = lambda net: [[b.shape for b in layer.blobs] for layer in net.layers]  # noqa: E731
     assert shapes(upgraded) == shapes(current)
+    path = tmp_path / "lenet_v1_deploy.prototxt"
+    path.write_text(V1_LENET_DEPLOY)
+    via_api = cct.api.Net(str(path), TEST)
+    assert [b.shape for b in via_api.blobs_list] == [b.shape for b in current.blobs_list]
 
 
 # ------------------------------------------------------------------------------------------------

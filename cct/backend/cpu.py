@@ -55,7 +55,9 @@ def _lower(x, kernel, stride, pad, dilation, group):
 
 
 def _unlower(cols, x_shape, kernel, stride, pad, dilation, group, ho, wo):
-    """Adjoint of :func:`_lower`: sum columns back into an (N, C, H, W) array."""
+    """Adjoint of :func:`_lower`: sum columns back into an (N, C, H, W) array (a view).
+
+    Accumulates in the columns' (C, N, H, W) order, so every tap adds a contiguous block."""
     n, c, h, w = x_shape
     kh, kw = kernel
     sh, sw = stride
@@ -63,13 +65,12 @@ def _unlower(cols, x_shape, kernel, stride, pad, dilation, group, ho, wo):
     dh, dw = dilation
     cg = c // group
     cols = cols.reshape(group, cg, kh, kw, n, ho, wo)
-    xpad = np.zeros((n, c, h + 2 * ph, w + 2 * pw), cols.dtype)
-    xg = xpad.reshape(n, group, cg, h + 2 * ph, w + 2 * pw)
+    acc = np.zeros((group, cg, n, h + 2 * ph, w + 2 * pw), cols.dtype)
     for i in range(kh):
         for j in range(kw):
-            hs, ws = i * dh, j * dw
-            xg[:, :, :, hs:hs + sh * (ho - 1) + 1:sh, ws:ws + sw * (wo - 1) + 1:sw] += \
-                cols[:, :, i, j].transpose(2, 0, 1, 3, 4)
+            acc[:, :, :, i * dh:i * dh + sh * (ho - 1) + 1:sh,
+                j * dw:j * dw + sw * (wo - 1) + 1:sw] += cols[:, :, i, j]
+    xpad = acc.reshape(c, n, h + 2 * ph, w + 2 * pw).transpose(1, 0, 2, 3)
     return xpad[:, :, ph:ph + h, pw:pw + w]
 
 

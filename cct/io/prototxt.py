@@ -34,13 +34,16 @@ def _read_bytes(path: str, what: str) -> bytes:
 
 
 def _looks_binary(data: bytes) -> bool:
-    if _BINARY_BYTES.search(data):
-        return True
+    return _BINARY_BYTES.search(data) is not None
+
+
+def _decode(data: bytes) -> str:
+    """Text of a prototxt. Caffe's parser takes any bytes; a file that is not UTF-8 (Latin-1
+    comments, typically) is read as Latin-1 rather than refused."""
     try:
-        data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError:
-        return True
-    return False
+        return data.decode("latin-1")
 
 
 def _hint(detail: str) -> str:
@@ -97,7 +100,7 @@ def read_text(path: str, msg: message.Message, what: str) -> message.Message:
     if _looks_binary(data):
         raise ProtoError(f"{what} file '{path}' is a binary file, not a text prototxt (a "
                          f".caffemodel or other binary given where a prototxt was expected?)")
-    return parse_text(data.decode("utf-8"), msg, path)
+    return parse_text(_decode(data), msg, path)
 
 
 def read_binary(path: str, msg: message.Message, what: str) -> message.Message:
@@ -133,8 +136,7 @@ def read_net(path: str) -> caffe_pb2.NetParameter:
     data = _read_bytes(path, "net")
     if _looks_binary(data):
         return read_net_binary(path)
-    return upgrade.upgrade_net(parse_text(data.decode("utf-8"), caffe_pb2.NetParameter(), path),
-                               path)
+    return upgrade.upgrade_net(parse_text(_decode(data), caffe_pb2.NetParameter(), path), path)
 
 
 def read_solver_text(path: str) -> caffe_pb2.SolverParameter:

@@ -197,7 +197,7 @@ class Transformer:
         return decaf_in
 
     def set_transpose(self, in_: str, order: Sequence[int]) -> None:
-        """The axis order taking the image to the blob, e.g. (2, 0, 1) for H x W x K -> K x H x W."""
+        """The axis order taking the image to the blob: (2, 0, 1) for H x W x K -> K x H x W."""
         self.__check_input(in_)
         if len(order) != len(self.inputs[in_]) - 1:
             raise CaffeIOError(f"Transpose order needs to have the same number of dimensions as "
