@@ -5,7 +5,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from . import log as _log
+from . import glog as _log
 from .errors import CCTError
 from .io.prototxt import read_net
 from .layers import layer_type_list  # noqa: F401  (re-exported)

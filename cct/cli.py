@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from . import log
+from . import glog as log
 from .errors import CCTError
 
 USAGE = """usage: cct <command> <args>

@@ -12,7 +12,7 @@ from . import backend as backends
 from .blob import Blob
 from .errors import CCTError, NetError
 from .layers.base import Layer, create_layer
-from .log import info
+from .glog import info
 from .proto import caffe_pb2
 
 TRAIN = caffe_pb2.TRAIN

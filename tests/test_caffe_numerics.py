@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import cct
-from cct.log import set_quiet
+from cct.glog import set_quiet
 
 FIXTURES = [
     ("lenet_train_test_b8", "TRAIN"),

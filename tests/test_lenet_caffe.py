@@ -2,7 +2,7 @@
 import numpy as np
 
 import cct as caffe
-from cct.log import set_quiet
+from cct.glog import set_quiet
 
 
 def test_lenet_iter_2000_test_accuracy_matches_caffe_log(caffe_fixtures, monkeypatch):

@@ -5,7 +5,7 @@ import pytest
 import cct as caffe
 from cct.errors import CCTError, WeightsError
 from cct.io.weights import load_weights, save_caffemodel
-from cct.log import set_quiet
+from cct.glog import set_quiet
 from cct.proto import caffe_pb2
 
 LENET_PARAMS = {"conv1": [(20, 1, 5, 5), (20,)], "conv2": [(50, 20, 5, 5), (50,)],

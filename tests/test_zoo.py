@@ -8,7 +8,7 @@ import pytest
 
 import cct
 from cct.io.prototxt import read_net_text
-from cct.log import set_quiet
+from cct.glog import set_quiet
 from cct.net import Net
 
 from .conftest import CAFFE_ZOO

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 
 from ..errors import ProtoError
-from ..log import info, logger, warning
+from ..glog import info, logger, warning
 from ..proto import caffe_pb2
 
 _V1 = caffe_pb2.V1LayerParameter

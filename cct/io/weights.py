@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Union
 import numpy as np
 
 from ..errors import CCTError, WeightsError
-from ..log import info
+from ..glog import info
 from ..proto import caffe_pb2, caffe_raw_pb2
 
 if TYPE_CHECKING:
