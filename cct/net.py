@@ -99,8 +99,12 @@ def insert_splits(param: caffe_pb2.NetParameter) -> caffe_pb2.NetParameter:
             consumers[src] = consumers.get(src, 0) + 1
         for j, name in enumerate(lp.top):
             last_top[name] = (i, j)
-            if j < len(lp.loss_weight):
-                loss_weight[(i, j)] = lp.loss_weight[j]
+        # A top used as a loss counts as one more consumer of it.
+        for j in range(min(len(lp.loss_weight), len(lp.top))):
+            src = last_top[lp.top[j]]
+            loss_weight[src] = lp.loss_weight[j]
+            if lp.loss_weight[j]:
+                consumers[src] = consumers.get(src, 0) + 1
 
     out = caffe_pb2.NetParameter()
     out.CopyFrom(param)

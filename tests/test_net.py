@@ -1,0 +1,226 @@
+"""The net graph: NetState filtering, Splits, in-place layers, shared params, backward needs,
+loss weights, and the pycaffe Net API."""
+import numpy as np
+import pytest
+
+import cct as caffe
+from cct.errors import NetError
+from cct.io.prototxt import net_from_text
+from cct.net import Net, filter_net, insert_splits
+from cct.proto import caffe_pb2
+
+
+def make(text: str, phase=caffe.TRAIN, **kw) -> Net:
+    return Net(net_from_text(text), phase=phase, dtype=np.float64, **kw)
+
+
+INPUT = '''layer { name: "in" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 4 dim: 3 } shape { dim: 4 } } }
+'''
+
+
+# -- NetState filtering --------------------------------------------------------------------------
+RULES = INPUT + '''
+layer { name: "train_only" type: "ReLU" bottom: "data" top: "a" include { phase: TRAIN } }
+layer { name: "test_only" type: "ReLU" bottom: "data" top: "a" include { phase: TEST } }
+layer { name: "lvl" type: "Silence" bottom: "a" include { min_level: 1 max_level: 2 } }
+layer { name: "stg" type: "Silence" bottom: "data" include { stage: "s1" stage: "s2" } }
+layer { name: "notstg" type: "Silence" bottom: "label" exclude { stage: "s1" } }
+'''
+
+
+@pytest.mark.parametrize("phase,level,stages,want", [
+    (caffe.TRAIN, 0, [], ["in", "train_only", "notstg"]),
+    (caffe.TEST, 0, [], ["in", "test_only", "notstg"]),
+    (caffe.TEST, 1, [], ["in", "test_only", "lvl", "notstg"]),
+    (caffe.TEST, 3, [], ["in", "test_only", "notstg"]),
+    (caffe.TEST, 0, ["s1"], ["in", "test_only"]),
+    (caffe.TEST, 0, ["s1", "s2"], ["in", "test_only", "stg"]),
+])
+def test_netstate_filtering(phase, level, stages, want):
+    param = net_from_text(RULES)
+    param.state.phase = phase
+    param.state.level = level
+    param.state.stage.extend(stages)
+    assert [l.name for l in filter_net(param).layer] == want
+
+
+def test_include_and_exclude_together_is_an_error():
+    with pytest.raises(NetError, match="both include and exclude"):
+        make(INPUT + 'layer { name: "x" type: "ReLU" bottom: "data" top: "b" '
+             'include { phase: TRAIN } exclude { stage: "a" } }')
+
+
+# -- Splits and in-place -------------------------------------------------------------------------
+FANOUT = INPUT + '''
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 2 weight_filler { type: "gaussian" } } }
+layer { name: "relu" type: "ReLU" bottom: "ip" top: "ip" }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+layer { name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "acc" }
+'''
+
+
+def test_splits_are_inserted_with_caffes_names():
+    split = insert_splits(net_from_text(FANOUT))
+    names = [l.name for l in split.layer]
+    assert names == ["in", "label_in_1_split", "ip", "relu", "ip_relu_0_split", "loss", "acc"]
+    assert list(split.layer[4].top) == ["ip_relu_0_split_0", "ip_relu_0_split_1"]
+    assert list(split.layer[5].bottom) == ["ip_relu_0_split_0", "label_in_1_split_0"]
+
+
+def test_split_sums_gradients_and_in_place_relu_shares_blob():
+    net = make(FANOUT + 'layer { name: "loss2" type: "EuclideanLoss" bottom: "ip" '
+               'bottom: "ip" top: "l2" }')
+    assert net.top_vecs[net.layer_names_index["relu"]][0] is net.blobs["ip"]
+    net.blobs["data"].data[...] = np.random.default_rng(0).standard_normal((4, 3))
+    net.blobs["label"].data[...] = [0, 1, 1, 0]
+    net.forward_prefilled()
+    net.backward_all()
+    split_diffs = [net.blobs[n].diff for n in net.blob_names if n.startswith("ip_relu_0_split_")]
+    relu_out = net.blobs["ip"].data
+    # Through the in-place ReLU: the blob's diff is the gradient before the ReLU.
+    want = sum(split_diffs) * (relu_out > 0)
+    np.testing.assert_allclose(net.blobs["ip"].diff, want)
+
+
+def test_loss_weight_on_a_split_top():
+    net = make(INPUT + '''
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 2 } }
+layer { name: "l" type: "EuclideanLoss" bottom: "ip" bottom: "ip" top: "l" loss_weight: 3 }
+layer { name: "s" type: "Silence" bottom: "l" }
+layer { name: "t" type: "Silence" bottom: "l" }''')
+    assert net.layer_names[-3:] == ["l_l_0_split", "s", "t"]
+    split = net.layers[net.layer_names_index["l_l_0_split"]]
+    assert split.loss_weights == [3.0, 0.0, 0.0]  # the loss counts as a consumer (Caffe)
+    # The split's first top carries the loss; the consumers read the others.
+    assert net.bottom_names["s"] == ["l_l_0_split_1"] and net.bottom_names["t"] == ["l_l_0_split_2"]
+    # Caffe clears the loss layer's own loss_weight here, and LossLayer then gives it the
+    # default 1 again: the reported loss counts l once more. cct reproduces Caffe's numbers.
+    assert net.layers[net.layer_names_index["l"]].loss_weights == [1.0]
+
+
+# -- Shared params, lr_mult / decay_mult -----------------------------------------------------
+SHARED = INPUT + '''
+layer { name: "a" type: "InnerProduct" bottom: "data" top: "a"
+  param { name: "w" lr_mult: 2 } param { name: "b" decay_mult: 0 }
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" } } }
+layer { name: "b" type: "InnerProduct" bottom: "data" top: "b"
+  param { name: "w" } param { name: "b" }
+  inner_product_param { num_output: 3 } }
+layer { name: "s" type: "Eltwise" bottom: "a" bottom: "b" top: "s" }
+layer { name: "loss" type: "EuclideanLoss" bottom: "s" bottom: "data" top: "loss"
+  propagate_down: true propagate_down: false }
+'''
+
+
+def test_shared_params_are_one_blob_and_sum_gradients():
+    net = make(SHARED.replace('bottom: "data" top: "loss"', 'bottom: "t" top: "loss"')
+               .replace(INPUT, INPUT + 'layer { name: "t" type: "Input" top: "t" '
+                        'input_param { shape { dim: 4 dim: 3 } } }\n'))
+    a, b = net.params["a"], net.params["b"]
+    assert a[0].data is not None and np.shares_memory(a[0].data, b[0].data)
+    assert len(net.learnable_params) == 2
+    assert net.params_lr == [2.0, 1.0] and net.params_weight_decay == [1.0, 0.0]
+    rng = np.random.default_rng(1)
+    net.blobs["data"].data[...] = rng.standard_normal((4, 3))
+    net.blobs["t"].data[...] = rng.standard_normal((4, 3))
+    net.forward_prefilled()
+    net.clear_param_diffs()
+    net.backward_all()
+    # Both layers compute the same function, so the shared weight gets twice one layer's grad.
+    s_diff = net.blobs["s"].diff
+    one = s_diff.T @ net.blobs["data"].data
+    np.testing.assert_allclose(a[0].diff, 2 * one)
+
+
+def test_shared_param_shape_mismatch_is_an_error():
+    text = SHARED.replace('inner_product_param { num_output: 3 } }',
+                          'inner_product_param { num_output: 4 } }')
+    with pytest.raises(NetError, match="Cannot share param 'w'"):
+        make(text)
+
+
+def test_mismatched_shared_lr_mult_is_an_error():
+    with pytest.raises(NetError, match="mismatched lr_mult"):
+        make(SHARED.replace('param { name: "w" } param { name: "b" }',
+                            'param { name: "w" lr_mult: 3 } param { name: "b" }'))
+
+
+# -- backward needs ----------------------------------------------------------------------------
+def test_which_layers_need_backward():
+    net = make(FANOUT)
+    need = dict(zip(net.layer_names, net.layer_need_backward))
+    assert need == {"in": False, "label_in_1_split": False, "ip": True, "relu": True,
+                    "ip_relu_0_split": True, "loss": True, "acc": False}
+    assert net.bottom_need_backward[net.layer_names_index["loss"]] == [True, False]
+
+
+def test_lr_mult_zero_everywhere_means_no_backward():
+    net = make(FANOUT.replace('inner_product_param', 'param { lr_mult: 0 } param { lr_mult: 0 }'
+                              ' inner_product_param'))
+    assert not any(net.layer_need_backward)
+
+
+def test_force_backward_reaches_the_inputs():
+    net = make("force_backward: true\n" + FANOUT)
+    ip = net.layer_names_index["ip"]
+    assert net.bottom_need_backward[ip] == [True]
+    net.blobs["data"].data[...] = 1.0
+    net.forward_prefilled()
+    net.backward_all()
+    assert np.abs(net.blobs["data"].diff).sum() > 0
+
+
+def test_outputs_are_sorted_like_caffes_set():
+    net = make(FANOUT)
+    assert net.outputs == ["acc", "loss"]
+    assert net.inputs == ["data", "label"]
+
+
+# -- pycaffe API -------------------------------------------------------------------------------
+def test_pycaffe_forward_backward_with_start_end_and_kwargs():
+    net = make(FANOUT)
+    x = np.random.default_rng(2).standard_normal((4, 3))
+    out = net.forward(data=x, label=np.array([0, 1, 0, 1]))
+    assert set(out) == {"acc", "loss"}
+    np.testing.assert_array_equal(net.blobs["data"].data, x)
+    ip_before = net.blobs["ip"].data.copy()
+    out = net.forward(start="ip", end="relu")
+    assert set(out) == {"ip"}
+    np.testing.assert_array_equal(net.blobs["ip"].data, ip_before)
+    grads = net.backward(start="relu", end="ip", ip=np.ones((4, 2)))
+    assert set(grads) == {"data"}
+    assert net.top_names["loss"] == ["loss"]
+    assert net.bottom_names["loss"] == ["ip_relu_0_split_0", "label_in_1_split_0"]
+    assert list(net.params) == ["ip"] and [b.shape for b in net.params["ip"]] == [(2, 3), (2,)]
+    assert [l.type for l in net.layers][:2] == ["Input", "Split"]
+
+
+def test_reshape_input_and_propagate():
+    net = make(FANOUT)
+    net.blobs["data"].reshape(7, 3)
+    net.blobs["label"].reshape(7)
+    net.reshape()
+    assert net.blobs["ip"].shape == (7, 2)
+    net.forward()
+
+
+def test_old_constructor_form_and_layer_type_list(tmp_path):
+    path = tmp_path / "n.prototxt"
+    path.write_text(FANOUT)
+    net = Net(net_from_text(FANOUT), phase=caffe.TEST)
+    net.save(str(tmp_path / "w.caffemodel"))
+    old = caffe.Net(str(path), str(tmp_path / "w.caffemodel"), caffe.TEST)
+    new = caffe.Net(str(path), caffe.TEST, weights=str(tmp_path / "w.caffemodel"))
+    np.testing.assert_array_equal(old.params["ip"][0].data, new.params["ip"][0].data)
+    np.testing.assert_array_equal(old.params["ip"][0].data, net.params["ip"][0].data)
+    types = caffe.layer_type_list()
+    assert "Convolution" in types and "Python" in types and types == sorted(types)
+
+
+def test_legacy_net_level_inputs():
+    net = make('input: "data" input_dim: 2 input_dim: 3 input_dim: 4 input_dim: 5\n'
+               'layer { name: "r" type: "ReLU" bottom: "data" top: "r" }')
+    assert net.inputs == ["data"] and net.blobs["r"].shape == (2, 3, 4, 5)
