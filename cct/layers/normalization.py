@@ -7,11 +7,6 @@ from ..blob import Blob
 from ..proto import caffe_pb2
 from .base import Layer, register
 
-#: Caffe's default moving_average_fraction. The schema in cct/proto states it as 999 (the
-#: leading dot of ".999" was lost), so the default is applied here when the field is unset.
-DEFAULT_MOVING_AVERAGE_FRACTION = 0.999
-
-
 @register("BatchNorm")
 class BatchNormLayer(Layer):
     """Normalise each channel c of an N x C x ... bottom to zero mean and unit variance:
@@ -36,8 +31,7 @@ class BatchNormLayer(Layer):
 
     def layer_setup(self, bottom: List[Blob], top: List[Blob]) -> None:
         bp = self.layer_param.batch_norm_param
-        self.maf = (bp.moving_average_fraction if bp.HasField("moving_average_fraction")
-                    else DEFAULT_MOVING_AVERAGE_FRACTION)
+        self.maf = bp.moving_average_fraction
         self.use_global_stats = (bp.use_global_stats if bp.HasField("use_global_stats")
                                  else self.phase == caffe_pb2.TEST)
         self.eps = bp.eps

@@ -73,7 +73,7 @@ def test_use_global_stats_defaults_to_the_phase(phase, expect_global):
 
 def test_defaults_and_param_blobs():
     layer, _, top = build_layer('type: "BatchNorm"', [np.zeros((2, 3, 2, 2))])
-    assert layer.maf == 0.999 and layer.eps == f32(1e-5)
+    assert layer.maf == f32(0.999) and layer.eps == f32(1e-5)
     assert [b.shape for b in layer.blobs] == [(3,), (3,), (1,)]
     assert all(np.all(b.data == 0) for b in layer.blobs)
     assert [p.lr_mult for p in layer.layer_param.param] == [0, 0, 0]
@@ -87,7 +87,7 @@ def test_running_average_accumulates_over_calls():
     layer.forward(bottom, top)
     bottom[0].data[...] = x2
     layer.forward(bottom, top)
-    maf = 0.999
+    maf = f32(0.999)  # a float field, as in Caffe
     np.testing.assert_allclose(layer.blobs[2].data, [maf + 1])
     np.testing.assert_allclose(layer.blobs[0].data,
                                x1.mean(axis=(0, 2)) * maf + x2.mean(axis=(0, 2)))
