@@ -14,6 +14,7 @@ import numpy as np
 
 from . import glog as log
 from .errors import CCTError
+from .flags import Flags
 
 USAGE = """usage: cct <command> <args>
 
@@ -23,48 +24,6 @@ commands:
                   -stage)
 
 Flags take any gflags spelling: -model x, -model=x, --model=x, --model x."""
-
-
-class Flags:
-    """Parsed gflags: ``flags.get("model")``; unknown flags are errors naming the command."""
-
-    def __init__(self, command: str, argv: List[str], known: Dict[str, str]):
-        self.command = command
-        self.values: Dict[str, str] = dict(known)
-        i = 0
-        while i < len(argv):
-            arg = argv[i]
-            if not arg.startswith("-") or arg in ("-", "--"):
-                raise CCTError(f"{command}: unexpected argument '{arg}'; flags look like "
-                               f"-name value or --name=value")
-            name = arg.lstrip("-")
-            value: Optional[str] = None
-            if "=" in name:
-                name, value = name.split("=", 1)
-            if name not in known:
-                raise CCTError(f"{command}: unknown flag -{name}; known flags: "
-                               + ", ".join(f"-{k}" for k in sorted(known)))
-            if value is None:
-                if i + 1 >= len(argv):
-                    raise CCTError(f"{command}: flag -{name} needs a value")
-                value = argv[i + 1]
-                i += 1
-            self.values[name] = value
-            i += 1
-
-    def get(self, name: str) -> str:
-        return self.values[name]
-
-    def int(self, name: str) -> int:
-        try:
-            return int(self.values[name])
-        except ValueError:
-            raise CCTError(f"{self.command}: -{name} must be an integer, got "
-                           f"'{self.values[name]}'") from None
-
-    def stages(self) -> List[str]:
-        s = self.values.get("stage", "")
-        return [x for x in s.split(",") if x]
 
 
 def _phase(name: str):
@@ -93,7 +52,7 @@ def cmd_test(argv: List[str]) -> int:
     weights = _require(flags, "weights", "Need model weights to score.")
     iterations = flags.int("iterations")
     log.info("caffe.cpp:290", "Use CPU.")
-    net = Net(model, TEST, level=flags.int("level"), stages=flags.stages(), weights=weights)
+    net = Net(model, TEST, level=flags.int("level"), stages=flags.list("stage"), weights=weights)
     log.info("caffe.cpp:308", f"Running for {iterations} iterations.")
     scores: List[float] = []
     owners: List[int] = []
@@ -132,7 +91,7 @@ def cmd_time(argv: List[str]) -> int:
     iterations = flags.int("iterations")
     log.info("caffe.cpp:352", "Use CPU.")
     net = Net(model, _phase(flags.get("phase")), level=flags.int("level"),
-              stages=flags.stages(), weights=flags.get("weights") or None)
+              stages=flags.list("stage"), weights=flags.get("weights") or None)
     log.info("caffe.cpp:365", "Performing Forward")
     loss = net.forward_prefilled()
     log.info("caffe.cpp:370", f"Initial loss: {_g(loss)}")
