@@ -19,9 +19,12 @@ from .flags import Flags
 USAGE = """usage: cct <command> <args>
 
 commands:
+  train           train or finetune a model (-solver, -weights, -snapshot, -level, -stage,
+                  -sigint_effect, -sighup_effect, -gpu)
   test            score a model (-model, -weights, -iterations, -level, -stage)
   time            benchmark forward/backward of a model (-model, -iterations, -phase, -level,
                   -stage)
+  device_query    show the devices cct can run on (-gpu)
 
 Flags take any gflags spelling: -model x, -model=x, --model=x, --model x."""
 
@@ -41,6 +44,88 @@ def _require(flags: Flags, name: str, why: str) -> str:
     return value
 
 
+class SignalActions:
+    """Caffe's SignalHandler: SIGINT and SIGHUP become the solver actions the flags name
+    ("stop", "snapshot" or "none"); the solver polls :meth:`__call__` once per iteration."""
+
+    EFFECTS = ("stop", "snapshot", "none")
+
+    def __init__(self, sigint_effect: str, sighup_effect: str):
+        import signal
+
+        for name, effect in (("sigint_effect", sigint_effect), ("sighup_effect", sighup_effect)):
+            if effect not in self.EFFECTS:
+                raise CCTError(f"train: -{name} must be one of stop, snapshot, none; got "
+                               f"'{effect}'")
+        self.effects = {signal.SIGINT: sigint_effect}
+        if hasattr(signal, "SIGHUP"):
+            self.effects[signal.SIGHUP] = sighup_effect
+        self.pending: List[str] = []
+        for signum in self.effects:
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum, _frame) -> None:
+        self.pending.append(self.effects[signum])
+
+    def __call__(self) -> str:
+        return self.pending.pop(0) if self.pending else "none"
+
+
+def _use_cpu(flags: Flags, where: str) -> None:
+    if flags.get("gpu"):
+        log.warning("caffe.cpp:206", f"-gpu {flags.get('gpu')} asked for, but this cct has no "
+                    f"GPU backend; running on the CPU.")
+    log.info(where, "Use CPU.")
+
+
+def cmd_train(argv: List[str]) -> int:
+    """Caffe's ``caffe train``: solve from a solver prototxt, optionally resuming from a
+    .solverstate (-snapshot) or starting from trained weights (-weights a,b)."""
+    from .io.prototxt import read_solver_text
+    from .solver import solver_from_param
+
+    flags = Flags("train", argv, {"solver": "", "weights": "", "snapshot": "", "gpu": "",
+                                  "level": "0", "stage": "", "sigint_effect": "stop",
+                                  "sighup_effect": "snapshot"})
+    solver_path = _require(flags, "solver", "Need a solver definition to train.")
+    if flags.get("snapshot") and flags.get("weights"):
+        raise CCTError("train: give a snapshot to resume training (-snapshot) or weights to "
+                       "finetune (-weights), but not both.")
+    param = read_solver_text(solver_path)
+    param.train_state.level = flags.int("level")
+    # Caffe splits the -stage flag even when empty, so its train_state holds stage "".
+    param.train_state.stage.extend(flags.get("stage").split(","))
+    del param.weights[:]
+    if flags.get("weights"):
+        param.weights.append(flags.get("weights"))
+    _use_cpu(flags, "caffe.cpp:197")
+    actions = SignalActions(flags.get("sigint_effect"), flags.get("sighup_effect"))
+    solver = solver_from_param(param, solver_path, action_request=actions)
+    if flags.get("snapshot"):
+        log.info("caffe.cpp:242", f"Resuming from {flags.get('snapshot')}")
+        solver.solve(flags.get("snapshot"))
+    else:
+        solver.solve()
+    log.info("caffe.cpp:250", "Optimization Done.")
+    return 0
+
+
+def cmd_device_query(argv: List[str]) -> int:
+    """The devices cct can run a net on (the CPU for now), with the BLAS it uses."""
+    import os
+    import platform
+
+    flags = Flags("device_query", argv, {"gpu": ""})
+    if flags.get("gpu"):
+        raise CCTError(f"device_query: no GPU backend in this cct (asked for -gpu "
+                       f"{flags.get('gpu')}); the CPU is the only device")
+    log.info("caffe.cpp:112", "Querying CPU")
+    log.info("common.cpp:0", f"Device: CPU ({platform.processor() or platform.machine()})")
+    log.info("common.cpp:0", f"Cores available: {len(os.sched_getaffinity(0))}")
+    log.info("common.cpp:0", f"NumPy {np.__version__}")
+    return 0
+
+
 def cmd_test(argv: List[str]) -> int:
     """Caffe's ``caffe test``: average each output over -iterations forward passes (TEST)."""
     from .api import Net
@@ -51,7 +136,7 @@ def cmd_test(argv: List[str]) -> int:
     model = _require(flags, "model", "Need a model definition to score.")
     weights = _require(flags, "weights", "Need model weights to score.")
     iterations = flags.int("iterations")
-    log.info("caffe.cpp:290", "Use CPU.")
+    _use_cpu(flags, "caffe.cpp:290")
     net = Net(model, TEST, level=flags.int("level"), stages=flags.list("stage"), weights=weights)
     log.info("caffe.cpp:308", f"Running for {iterations} iterations.")
     scores: List[float] = []
@@ -89,7 +174,7 @@ def cmd_time(argv: List[str]) -> int:
                                  "level": "0", "stage": "", "weights": ""})
     model = _require(flags, "model", "Need a model definition to time.")
     iterations = flags.int("iterations")
-    log.info("caffe.cpp:352", "Use CPU.")
+    _use_cpu(flags, "caffe.cpp:352")
     net = Net(model, _phase(flags.get("phase")), level=flags.int("level"),
               stages=flags.list("stage"), weights=flags.get("weights") or None)
     log.info("caffe.cpp:365", "Performing Forward")
@@ -134,7 +219,8 @@ def cmd_time(argv: List[str]) -> int:
     return 0
 
 
-COMMANDS: Dict[str, Callable[[List[str]], int]] = {"test": cmd_test, "time": cmd_time}
+COMMANDS: Dict[str, Callable[[List[str]], int]] = {
+    "train": cmd_train, "test": cmd_test, "time": cmd_time, "device_query": cmd_device_query}
 
 
 def _g(x) -> str:
