@@ -29,6 +29,7 @@ from google.protobuf import text_format
 
 from cct.blob import Blob
 from cct.io.prototxt import read_net_text
+from cct.layers.base import Layer
 from cct.net import filter_net, insert_splits
 from cct.proto import caffe_pb2
 from tests.gradient_check import build_layer, run_forward
@@ -40,7 +41,7 @@ PathLike = Union[str, pathlib.Path]
 class FixtureLayer:
     """A fixture layer after :func:`run_fixture_layer`, with what is needed to check it."""
 
-    layer: object
+    layer: Layer
     bottom: List[Blob]
     top: List[Blob]
     layer_param: caffe_pb2.LayerParameter
@@ -94,7 +95,8 @@ def run_fixture_layer(npz_path: PathLike, prototxt_path: PathLike, layer_name: s
     net = insert_splits(filter_net(net))
     index = next((i for i, lp in enumerate(net.layer) if lp.name == layer_name), None)
     if index is None:
-        raise KeyError(f"no layer '{layer_name}' in {prototxt_path} ({caffe_pb2.Phase.Name(phase)})")
+        raise KeyError(f"no layer '{layer_name}' in {prototxt_path} "
+                       f"({caffe_pb2.Phase.Name(phase)})")
     lp = net.layer[index]
     bottom_names, top_names = list(lp.bottom), list(lp.top)
     if set(bottom_names) & set(top_names):
@@ -107,7 +109,7 @@ def run_fixture_layer(npz_path: PathLike, prototxt_path: PathLike, layer_name: s
         if _in_place_relu(net, b, after, "bottom") is not None:
             raise NotImplementedError(f"bottom '{b}' is rewritten in place after layer "
                                       f"'{layer_name}' has read it")
-        # the in-place layers that ran on b before this layer, nearest first
+        # in-place layers run on b between the layer that made it and this one
         producer = next(i for i in before if b in net.layer[i].top
                         and b not in net.layer[i].bottom)
         bottom_relu.append(_in_place_relu(net, b, range(producer + 1, index), "bottom"))
@@ -121,6 +123,7 @@ def run_fixture_layer(npz_path: PathLike, prototxt_path: PathLike, layer_name: s
 
     if isinstance(propagate_down, bool):
         propagate_down = [propagate_down] * len(bottom)
+    assert len(propagate_down) == len(bottom), "propagate_down: one bool per bottom"
     propagate = [bool(p) and layer.allow_force_backward(i)
                  for i, p in enumerate(propagate_down)]
     if backward:
@@ -133,15 +136,16 @@ def run_fixture_layer(npz_path: PathLike, prototxt_path: PathLike, layer_name: s
                         propagate, top_relu, bottom_relu)
 
 
-def assert_matches_caffe(run: FixtureLayer, rtol: float = 1e-5, atol: float = 1e-5) -> None:
-    """Compare a :func:`run_fixture_layer` result with what Caffe saved: the tops, and after a
-    backward the bottom diffs and param diffs; the param data always (a forward pass may update
-    them, as BatchNorm's statistics).
+def assert_matches_caffe(run: FixtureLayer, rtol: float = 2e-6, atol: float = 1e-7) -> None:
+    """Compare a :func:`run_fixture_layer` result with what Caffe saved: the tops, the param
+    data (which a forward pass may update: BatchNorm's statistics), and after a backward the
+    bottom diffs and param diffs.
 
-    Each array ``got`` is compared with Caffe's ``ref`` elementwise to
-    ``rtol * |ref| + atol * max|ref|``: ``atol`` is relative to the array's scale, so an array
-    Caffe saved as all zeros must come out exactly zero. A bottom whose gradient was not asked
-    for must keep the zero diff it had.
+    Each array ``got`` must lie within ``rtol * |ref| + atol * max|ref|`` of Caffe's ``ref``,
+    elementwise: ``atol`` is relative to the array's largest magnitude (float32 rounding grows
+    with the size of what was summed, not of the element), so an array that Caffe saved as all
+    zeros must come out exactly zero. A bottom whose gradient was not asked for must keep its
+    zero diff.
     """
     saved = run.saved
 

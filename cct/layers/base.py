@@ -7,7 +7,7 @@ the same way.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence, Type
+from typing import Callable, Dict, List, Sequence, Tuple, Type
 
 import numpy as np
 
@@ -133,6 +133,18 @@ class Layer:
             fail("top", f"at most {self.max_top_blobs}", nt)
         if self.equal_num_bottom_top_blobs and nb != nt:
             raise self.error(f"needs as many tops as bottoms, got {nb} bottoms and {nt} tops.")
+
+    def check_param_shapes(self, shapes: Sequence[Tuple[int, ...]]) -> None:
+        """Check the param blobs the prototxt gave (``blobs`` inside ``layer { }``, now in
+        ``self.blobs``) against the shapes the layer would make: ``shapes`` holds the weight
+        shape, then the bias shape when the layer has a bias term."""
+        if len(self.blobs) != len(shapes):
+            raise self.error(f"has {len(self.blobs)} weight blob(s) in the prototxt, "
+                             f"expected {len(shapes)} (bias_term: {len(shapes) > 1}).")
+        for what, blob, shape in zip(("weight", "bias"), self.blobs, shapes):
+            if blob.shape != tuple(shape):
+                raise self.error(f"incorrect {what} shape: expected {tuple(shape)}, got "
+                                 f"{blob.shape}.")
 
     def set_loss_weights(self, top: List[Blob]) -> None:
         """Caffe's SetLossWeights: top diffs hold the loss weight, used to start backward."""

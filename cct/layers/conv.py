@@ -73,16 +73,7 @@ class _ConvolutionBase(Layer):
         weight_shape = (conv_out, conv_in // self.group) + tuple(self.kernel)
         bias_shape = (self.num_output,)
         if self.blobs:
-            expected = 2 if self.bias_term else 1
-            if len(self.blobs) != expected:
-                raise self.error(f"has {len(self.blobs)} weight blob(s) in the prototxt, "
-                                 f"expected {expected} (bias_term: {self.bias_term}).")
-            if self.blobs[0].shape != weight_shape:
-                raise self.error(f"incorrect weight shape: expected {weight_shape}, got "
-                                 f"{self.blobs[0].shape}.")
-            if self.bias_term and self.blobs[1].shape != bias_shape:
-                raise self.error(f"incorrect bias shape: expected {bias_shape}, got "
-                                 f"{self.blobs[1].shape}.")
+            self.check_param_shapes([weight_shape] + ([bias_shape] if self.bias_term else []))
             return
         weight = self.new_blob(weight_shape)
         fill(weight.data, cp.weight_filler, f"{self.type} layer '{self.name}': ")

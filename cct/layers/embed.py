@@ -31,17 +31,16 @@ class EmbedLayer(Layer):
         if self.input_dim <= 0:
             raise self.error(f"input_dim must be positive, got {self.input_dim}.")
         self.bias_term = p.bias_term
-        if not self.blobs:
-            where = f"{self.type} layer '{self.name}': "
-            self.blobs.append(self.new_blob((self.input_dim, self.num_output)))
-            fill(self.blobs[0].data, p.weight_filler, where)
-            if self.bias_term:
-                self.blobs.append(self.new_blob((self.num_output,)))
-                fill(self.blobs[1].data, p.bias_filler, where)
-        expected = 2 if self.bias_term else 1
-        if len(self.blobs) != expected:
-            raise self.error(f"has {len(self.blobs)} param blob(s), expected {expected} "
-                             f"(weights{' and bias' if self.bias_term else ''}).")
+        weight_shape, bias_shape = (self.input_dim, self.num_output), (self.num_output,)
+        if self.blobs:
+            self.check_param_shapes([weight_shape] + ([bias_shape] if self.bias_term else []))
+            return
+        where = f"{self.type} layer '{self.name}': "
+        self.blobs.append(self.new_blob(weight_shape))
+        fill(self.blobs[0].data, p.weight_filler, where)
+        if self.bias_term:
+            self.blobs.append(self.new_blob(bias_shape))
+            fill(self.blobs[1].data, p.bias_filler, where)
 
     def reshape(self, bottom, top):
         top[0].reshape(bottom[0].shape + (self.num_output,))

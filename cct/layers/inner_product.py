@@ -41,16 +41,7 @@ class InnerProductLayer(Layer):
         n, k = self.num_output, self.k
         weight_shape = (k, n) if self.transpose else (n, k)
         if self.blobs:
-            expected = 2 if self.bias_term else 1
-            if len(self.blobs) != expected:
-                raise self.error(f"has {len(self.blobs)} weight blob(s) in the prototxt, "
-                                 f"expected {expected} (bias_term: {self.bias_term}).")
-            if self.blobs[0].shape != weight_shape:
-                raise self.error(f"incorrect weight shape: expected {weight_shape}, got "
-                                 f"{self.blobs[0].shape}.")
-            if self.bias_term and self.blobs[1].shape != (n,):
-                raise self.error(f"incorrect bias shape: expected {(n,)}, got "
-                                 f"{self.blobs[1].shape}.")
+            self.check_param_shapes([weight_shape] + ([(n,)] if self.bias_term else []))
             return
         weight = self.new_blob(weight_shape)
         fill(weight.data, ip.weight_filler, f"{self.type} layer '{self.name}': ")

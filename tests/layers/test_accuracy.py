@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from cct.errors import LayerError
+from tests.caffe_layer_fixture import assert_matches_caffe, run_fixture_layer
 from tests.gradient_check import build_layer, run_forward
-from tests.layers.test_neuron import check_against_caffe
 
 RNG = np.random.default_rng(23)
 
@@ -46,7 +46,9 @@ def run(text, x, label, num_tops=1, dtype=np.float64):
 
 @pytest.mark.parametrize("net", ["lenet_train_test_b8", "cifar10_quick_train_test_b4"])
 def test_matches_caffe_nets(caffe_fixtures, net):
-    check_against_caffe(caffe_fixtures, "accuracy", net=net, phase="TEST")
+    d = caffe_fixtures / "numerics"
+    assert_matches_caffe(run_fixture_layer(d / f"{net}.TEST.npz", d / f"{net}.prototxt",
+                                           "accuracy"))
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 5])

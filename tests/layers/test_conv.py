@@ -2,10 +2,9 @@
 finite differences, shape rules, bad parameters, and real Caffe's outputs."""
 import numpy as np
 import pytest
-from google.protobuf import text_format
 
 from cct.errors import LayerError
-from cct.proto import caffe_pb2
+from tests.caffe_layer_fixture import assert_matches_caffe, run_fixture_layer
 from tests.gradient_check import build_layer, check_gradient, run_forward
 
 RNG = np.random.default_rng(0)
@@ -260,55 +259,20 @@ def test_prototxt_blobs_of_the_wrong_shape_are_rejected():
 
 
 # ---- real Caffe ------------------------------------------------------------------------------
-def caffe_layer_check(npz, prototxt, name, bottoms, dtype=np.float32, relu_top=False,
-                      relu_bottom=False, check_bottom_diff=True, rtol=1e-4, atol=1e-5):
-    """Run layer ``name`` of a fixture net alone: bottoms and params from the npz, forward
-    compared with the saved top, backward from the saved top diff compared with the saved
-    bottom and param diffs. ``relu_top`` / ``relu_bottom``: an in-place ReLU works on the top /
-    the bottom blob (CIFAR-10 quick), whose saved data are after it and saved diff before."""
-    z = np.load(npz)
-    net = caffe_pb2.NetParameter()
-    text_format.Merge(prototxt.read_text(), net)
-    lp = next(l for l in net.layer if l.name == name)
-    layer, bottom, top = build_layer(text_format.MessageToString(lp),
-                                     [z[f"blob/{b}/data"] for b in bottoms],
-                                     num_tops=len(lp.top), dtype=dtype)
-    for i, p in enumerate(layer.blobs):
-        p.data[...] = z[f"param_init/{name}/{i}/data"]
-    layer.forward(bottom, top)
-    for t, tname in zip(top, lp.top):
-        got = np.maximum(t.data, 0) if relu_top else t.data
-        np.testing.assert_allclose(got, z[f"blob/{tname}/data"], rtol=rtol, atol=atol)
-        t.diff[...] = z[f"blob/{tname}/diff"]
-    layer.backward(top, [check_bottom_diff] * len(bottom), bottom)
-    if check_bottom_diff:
-        for b, bname in zip(bottom, bottoms):
-            got = b.diff * (b.data > 0) if relu_bottom else b.diff
-            np.testing.assert_allclose(got, z[f"blob/{bname}/diff"], rtol=rtol, atol=atol)
-    for i, p in enumerate(layer.blobs):
-        np.testing.assert_allclose(p.diff, z[f"param/{name}/{i}/diff"], rtol=rtol, atol=atol)
-        np.testing.assert_allclose(p.data, z[f"param/{name}/{i}/data"], rtol=rtol, atol=atol)
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("name,bottom", [
-    ("conv0", "data_input_0_split_0"),
-    ("conv1", "data_input_0_split_1"),
-    ("deconv", "pool_max"),
-])
-def test_layer_zoo_matches_caffe(caffe_fixtures, name, bottom, dtype):
+@pytest.mark.parametrize("name", ["conv0", "conv1", "deconv"])
+def test_layer_zoo_matches_caffe(caffe_fixtures, name, dtype):
     d = caffe_fixtures / "numerics"
-    caffe_layer_check(d / "layer_zoo.TEST.npz", d / "layer_zoo.prototxt", name, [bottom],
-                      dtype=dtype)
+    run = run_fixture_layer(d / "layer_zoo.TEST.npz", d / "layer_zoo.prototxt", name, dtype)
+    assert_matches_caffe(run, atol=2e-6)
 
 
-@pytest.mark.parametrize("name,bottom,relu_top,relu_bottom,propagate", [
-    ("conv1", "data", False, False, False),
-    ("conv2", "pool1", True, True, True),
-    ("conv3", "pool2", True, False, True)])
-def test_cifar10_quick_matches_caffe(caffe_fixtures, name, bottom, relu_top, relu_bottom,
-                                     propagate):
+@pytest.mark.parametrize("name,propagate", [("conv1", False), ("conv2", True), ("conv3", True)])
+def test_cifar10_quick_matches_caffe(caffe_fixtures, name, propagate):
+    """conv1 reads the data, which needs no gradient; in-place ReLUs rewrite conv2's bottom and
+    the tops of conv2 and conv3."""
     d = caffe_fixtures / "numerics"
-    caffe_layer_check(d / "cifar10_quick_train_test_b4.TRAIN.npz",
-                      d / "cifar10_quick_train_test_b4.prototxt", name, [bottom],
-                      relu_top=relu_top, relu_bottom=relu_bottom, check_bottom_diff=propagate)
+    run = run_fixture_layer(d / "cifar10_quick_train_test_b4.TRAIN.npz",
+                            d / "cifar10_quick_train_test_b4.prototxt", name,
+                            propagate_down=propagate)
+    assert_matches_caffe(run, atol=2e-6)

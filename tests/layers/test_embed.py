@@ -77,3 +77,17 @@ def test_embed_errors():
     run_forward(layer, bottom, top)
     with pytest.raises(LayerError, match="cannot backpropagate to its bottom"):
         layer.backward(top, [True], bottom)
+
+
+@pytest.mark.parametrize("blobs,match", [
+    ('blobs { shape { dim: 5 dim: 2 } ' + 'data: 0 ' * 10 + '}',
+     r"has 1 weight blob\(s\) in the prototxt, expected 2 \(bias_term: True\)"),
+    ('blobs { shape { dim: 2 dim: 5 } ' + 'data: 0 ' * 10 + '} blobs { shape { dim: 2 } '
+     'data: 0 data: 0 }', r"incorrect weight shape: expected \(5, 2\), got \(2, 5\)"),
+    ('blobs { shape { dim: 5 dim: 2 } ' + 'data: 0 ' * 10 + '} blobs { shape { dim: 5 } '
+     + 'data: 0 ' * 5 + '}', r"incorrect bias shape: expected \(2,\), got \(5,\)"),
+])
+def test_embed_checks_prototxt_blobs(blobs, match):
+    with pytest.raises(LayerError, match=r"Embed layer 'under_test': " + match):
+        build_layer('type: "Embed" embed_param { num_output: 2 input_dim: 5 } ' + blobs,
+                    [indices(3)])

@@ -2,10 +2,9 @@
 gradients, shape rules and bad parameters, and real Caffe's outputs."""
 import numpy as np
 import pytest
-from google.protobuf import text_format
 
 from cct.errors import LayerError
-from cct.proto import caffe_pb2
+from tests.caffe_layer_fixture import assert_matches_caffe, run_fixture_layer
 from tests.gradient_check import build_layer, check_gradient, run_forward
 
 RNG = np.random.default_rng(2)
@@ -119,40 +118,18 @@ def test_prototxt_blobs_are_kept():
 
 
 # ---- real Caffe ------------------------------------------------------------------------------
-def caffe_layer_check(npz, prototxt, name, bottom_name, dtype=np.float32, relu_top=False,
-                      check_bottom_diff=True):
-    """Layer ``name`` of a fixture net run alone against Caffe's saved blobs (see
-    test_conv.caffe_layer_check; ``relu_top``: an in-place ReLU follows on the top)."""
-    z = np.load(npz)
-    net = caffe_pb2.NetParameter()
-    text_format.Merge(prototxt.read_text(), net)
-    lp = next(l for l in net.layer if l.name == name)
-    layer, bottom, top = build_layer(text_format.MessageToString(lp),
-                                     [z[f"blob/{bottom_name}/data"]], dtype=dtype)
-    for i, p in enumerate(layer.blobs):
-        p.data[...] = z[f"param_init/{name}/{i}/data"]
-    layer.forward(bottom, top)
-    got = np.maximum(top[0].data, 0) if relu_top else top[0].data
-    np.testing.assert_allclose(got, z[f"blob/{lp.top[0]}/data"], rtol=1e-5, atol=1e-6)
-    top[0].diff[...] = z[f"blob/{lp.top[0]}/diff"]
-    layer.backward(top, [check_bottom_diff], bottom)
-    if check_bottom_diff:
-        np.testing.assert_allclose(bottom[0].diff, z[f"blob/{bottom_name}/diff"], rtol=1e-5,
-                                   atol=1e-7)
-    for i, p in enumerate(layer.blobs):
-        np.testing.assert_allclose(p.diff, z[f"param/{name}/{i}/diff"], rtol=1e-5, atol=1e-6)
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("name,bottom", [("ip_axis", "reshape"), ("fc", "features")])
-def test_layer_zoo_matches_caffe(caffe_fixtures, name, bottom, dtype):
+@pytest.mark.parametrize("name", ["ip_axis", "fc"])
+def test_layer_zoo_matches_caffe(caffe_fixtures, name, dtype):
     d = caffe_fixtures / "numerics"
-    caffe_layer_check(d / "layer_zoo.TEST.npz", d / "layer_zoo.prototxt", name, bottom, dtype)
+    run = run_fixture_layer(d / "layer_zoo.TEST.npz", d / "layer_zoo.prototxt", name, dtype)
+    assert_matches_caffe(run, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name,bottom,relu_top", [
-    ("ip1", "pool2", True), ("ip2", "ip1", False)])
-def test_lenet_matches_caffe(caffe_fixtures, name, bottom, relu_top):
+@pytest.mark.parametrize("name", ["ip1", "ip2"])
+def test_lenet_matches_caffe(caffe_fixtures, name):
+    """ip1 writes and ip2 reads a blob that an in-place ReLU rewrites."""
     d = caffe_fixtures / "numerics"
-    caffe_layer_check(d / "lenet_train_test_b8.TRAIN.npz", d / "lenet_train_test_b8.prototxt",
-                      name, bottom, relu_top=relu_top, check_bottom_diff=name == "ip1")
+    run = run_fixture_layer(d / "lenet_train_test_b8.TRAIN.npz",
+                            d / "lenet_train_test_b8.prototxt", name)
+    assert_matches_caffe(run, rtol=1e-5, atol=5e-7)

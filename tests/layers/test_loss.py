@@ -7,8 +7,8 @@ import pytest
 
 from cct.errors import LayerError
 from cct.proto import caffe_pb2
+from tests.caffe_layer_fixture import assert_matches_caffe, run_fixture_layer
 from tests.gradient_check import build_layer, check_gradient, run_forward
-from tests.layers.test_neuron import check_against_caffe
 
 RNG = np.random.default_rng(22)
 FLT_MIN = float(np.finfo(np.float32).tiny)
@@ -44,13 +44,17 @@ def normalize_ref(mode, outer, inner, valid):
 # ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["loss_softmax", "loss_euclid", "loss_sigmoid_xent"])
 def test_matches_caffe_layer_zoo(caffe_fixtures, name):
-    check_against_caffe(caffe_fixtures, name)
+    d = caffe_fixtures / "numerics"
+    assert_matches_caffe(run_fixture_layer(d / "layer_zoo.TEST.npz", d / "layer_zoo.prototxt",
+                                           name))
 
 
 @pytest.mark.parametrize("net", ["lenet_train_test_b8", "cifar10_quick_train_test_b4"])
 @pytest.mark.parametrize("phase", ["TRAIN", "TEST"])
 def test_softmax_loss_matches_caffe_nets(caffe_fixtures, net, phase):
-    check_against_caffe(caffe_fixtures, "loss", net=net, phase=phase)
+    d = caffe_fixtures / "numerics"
+    assert_matches_caffe(run_fixture_layer(d / f"{net}.{phase}.npz", d / f"{net}.prototxt",
+                                           "loss"))
 
 
 # ------------------------------------------------------------------------------------------

@@ -2,11 +2,10 @@
 parameters, and real Caffe's outputs."""
 import numpy as np
 import pytest
-from google.protobuf import text_format
 
 from cct.blob import Blob
 from cct.errors import LayerError
-from cct.proto import caffe_pb2
+from tests.caffe_layer_fixture import assert_matches_caffe, run_fixture_layer
 from tests.gradient_check import build_layer, check_gradient, run_forward
 
 RNG = np.random.default_rng(3)
@@ -133,19 +132,8 @@ def test_blob_counts_are_checked():
 
 # ---- real Caffe ------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("name,bottom_name", [("lrn_across", "conv0_conv0_0_split_0"),
-                                              ("lrn_within", "conv0_conv0_0_split_1")])
-def test_layer_zoo_matches_caffe(caffe_fixtures, name, bottom_name, dtype):
+@pytest.mark.parametrize("name", ["lrn_across", "lrn_within"])
+def test_layer_zoo_matches_caffe(caffe_fixtures, name, dtype):
     d = caffe_fixtures / "numerics"
-    z = np.load(d / "layer_zoo.TEST.npz")
-    net = caffe_pb2.NetParameter()
-    text_format.Merge((d / "layer_zoo.prototxt").read_text(), net)
-    lp = next(l for l in net.layer if l.name == name)
-    layer, bottom, top = build_layer(text_format.MessageToString(lp),
-                                     [z[f"blob/{bottom_name}/data"]], dtype=dtype)
-    layer.forward(bottom, top)
-    np.testing.assert_allclose(top[0].data, z[f"blob/{name}/data"], rtol=1e-5, atol=1e-6)
-    top[0].diff[...] = z[f"blob/{name}/diff"]
-    layer.backward(top, [True], bottom)
-    np.testing.assert_allclose(bottom[0].diff, z[f"blob/{bottom_name}/diff"], rtol=1e-5,
-                               atol=1e-8)
+    assert_matches_caffe(run_fixture_layer(d / "layer_zoo.TEST.npz", d / "layer_zoo.prototxt",
+                                           name, dtype))

@@ -1,11 +1,8 @@
 """Neuron layers: forward against plain float64 NumPy versions of Caffe's formulas, gradients by
 finite differences, in-place runs equal to out-of-place ones, parameter errors, and Caffe's own
 float32 outputs from the layer zoo fixture."""
-import re
-
 import numpy as np
 import pytest
-from google.protobuf import text_format
 
 from cct import backend as backends
 from cct.blob import Blob
@@ -13,6 +10,7 @@ from cct.errors import LayerError
 from cct.layers import create_layer
 from cct.proto import caffe_pb2
 from cct.rng import set_random_seed
+from tests.caffe_layer_fixture import assert_matches_caffe, run_fixture_layer
 from tests.gradient_check import build_layer, check_gradient, make_layer_param, run_forward
 
 RNG = np.random.default_rng(20)
@@ -37,53 +35,12 @@ def forward(text, x, phase=caffe_pb2.TEST, dtype=np.float64):
 # ------------------------------------------------------------------------------------------
 # Caffe's fixture: each layer run alone on the blobs Caffe saw, in float32
 # ------------------------------------------------------------------------------------------
-def check_against_caffe(fixtures, name, net="layer_zoo", phase="TEST", rtol=2e-6):
-    """Run layer ``name`` of the fixture net on Caffe's bottoms (with Caffe's params), and
-    compare the tops, the bottom diffs and param diffs with Caffe's, as in a force_backward
-    net. Returns the layer."""
-    folder = fixtures / "numerics"
-    saved = np.load(folder / f"{net}.{phase}.npz")
-    param = caffe_pb2.NetParameter()
-    text_format.Merge((folder / f"{net}.prototxt").read_text(), param)
-    lp = next(lp for lp in param.layer if lp.name == name)
-    lp.phase = caffe_pb2.TEST if phase == "TEST" else caffe_pb2.TRAIN
-    log = (folder / f"{net}.{phase}.log").read_text()
-    bottom_names = re.findall(rf"\] {re.escape(name)} <- (\S+)", log)
-    layer = create_layer(lp, backends.get("cpu"), np.float32)
-    bottom = []
-    for b in bottom_names:
-        blob = Blob(saved[f"blob/{b}/data"].shape, np.float32)
-        blob.data[...] = saved[f"blob/{b}/data"]
-        bottom.append(blob)
-    top = [Blob((), np.float32) for _ in lp.top]
-    layer.setup(bottom, top)
-    for i, p in enumerate(layer.blobs):
-        p.data[...] = saved[f"param_init/{name}/{i}/data"]
-    layer.forward(bottom, top)
-
-    def close(got, key):
-        ref = saved[key]
-        assert got.shape == ref.shape, key
-        np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * np.abs(ref).max(),
-                                   err_msg=key)
-
-    for t, tname in zip(top, lp.top):
-        close(t.data, f"blob/{tname}/data")
-        t.diff[...] = saved[f"blob/{tname}/diff"]
-    for b in bottom:
-        b.diff[...] = 0
-    layer.backward(top, [layer.allow_force_backward(i) for i in range(len(bottom))], bottom)
-    for b, bname in zip(bottom, bottom_names):
-        close(b.diff, f"blob/{bname}/diff")
-    for i, p in enumerate(layer.blobs):
-        close(p.diff, f"param/{name}/{i}/diff")
-    return layer
-
-
 @pytest.mark.parametrize("name", ["sigmoid", "tanh", "relu", "dropout", "prelu", "elu",
                                   "absval", "power", "log", "exp", "exp2"])
 def test_matches_caffe_layer_zoo(caffe_fixtures, name):
-    check_against_caffe(caffe_fixtures, name)
+    d = caffe_fixtures / "numerics"
+    assert_matches_caffe(run_fixture_layer(d / "layer_zoo.TEST.npz", d / "layer_zoo.prototxt",
+                                           name))
 
 
 # ------------------------------------------------------------------------------------------

@@ -4,10 +4,9 @@ import math
 
 import numpy as np
 import pytest
-from google.protobuf import text_format
 
 from cct.errors import LayerError
-from cct.proto import caffe_pb2
+from tests.caffe_layer_fixture import assert_matches_caffe, run_fixture_layer
 from tests.gradient_check import build_layer, check_gradient, run_forward
 
 RNG = np.random.default_rng(1)
@@ -186,42 +185,17 @@ def test_bad_parameters_name_the_layer(body, shape, num_tops, match):
 
 
 # ---- real Caffe ------------------------------------------------------------------------------
-def caffe_layer_check(npz, prototxt, name, bottom_name, relu_top=False, relu_bottom=False,
-                      dtype=np.float32):
-    """Layer ``name`` of a fixture net run alone against Caffe's saved blobs (see
-    test_conv.caffe_layer_check; ``relu_top`` / ``relu_bottom``: an in-place ReLU works on the
-    top / bottom blob, whose saved data are after it and saved diff before it)."""
-    z = np.load(npz)
-    net = caffe_pb2.NetParameter()
-    text_format.Merge(prototxt.read_text(), net)
-    lp = next(l for l in net.layer if l.name == name)
-    layer, bottom, top = build_layer(text_format.MessageToString(lp),
-                                     [z[f"blob/{bottom_name}/data"]], dtype=dtype)
-    layer.forward(bottom, top)
-    got = np.maximum(top[0].data, 0) if relu_top else top[0].data
-    np.testing.assert_allclose(got, z[f"blob/{lp.top[0]}/data"], rtol=1e-5, atol=1e-6)
-    top[0].diff[...] = z[f"blob/{lp.top[0]}/diff"]
-    layer.backward(top, [True], bottom)
-    got = bottom[0].diff * (bottom[0].data > 0) if relu_bottom else bottom[0].diff
-    np.testing.assert_allclose(got, z[f"blob/{bottom_name}/diff"], rtol=1e-5, atol=1e-7)
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("name,bottom", [
-    ("pool_max", "lrn_across"), ("pool_ave", "lrn_within"),
-    ("pool_max_clip", "conv0_conv0_0_split_2"), ("pool_ave_ceil", "conv1_conv1_0_split_0"),
-])
-def test_layer_zoo_matches_caffe(caffe_fixtures, name, bottom, dtype):
+@pytest.mark.parametrize("name", ["pool_max", "pool_ave", "pool_max_clip", "pool_ave_ceil"])
+def test_layer_zoo_matches_caffe(caffe_fixtures, name, dtype):
     d = caffe_fixtures / "numerics"
-    caffe_layer_check(d / "layer_zoo.TEST.npz", d / "layer_zoo.prototxt", name, bottom,
-                      dtype=dtype)
+    assert_matches_caffe(run_fixture_layer(d / "layer_zoo.TEST.npz", d / "layer_zoo.prototxt",
+                                           name, dtype))
 
 
-@pytest.mark.parametrize("name,bottom,relu_top,relu_bottom", [
-    ("pool1", "conv1", True, False), ("pool2", "conv2", False, True),
-    ("pool3", "conv3", False, True)])
-def test_cifar10_quick_matches_caffe(caffe_fixtures, name, bottom, relu_top, relu_bottom):
+@pytest.mark.parametrize("name", ["pool1", "pool2", "pool3"])
+def test_cifar10_quick_matches_caffe(caffe_fixtures, name):
+    """pool1 writes and pool2 and pool3 read blobs that an in-place ReLU rewrites."""
     d = caffe_fixtures / "numerics"
-    caffe_layer_check(d / "cifar10_quick_train_test_b4.TRAIN.npz",
-                      d / "cifar10_quick_train_test_b4.prototxt", name, bottom, relu_top,
-                      relu_bottom)
+    assert_matches_caffe(run_fixture_layer(d / "cifar10_quick_train_test_b4.TRAIN.npz",
+                                           d / "cifar10_quick_train_test_b4.prototxt", name))

@@ -7,8 +7,8 @@ from cct import backend as backends
 from cct.blob import Blob
 from cct.errors import LayerError
 from cct.layers import create_layer
+from tests.caffe_layer_fixture import assert_matches_caffe, run_fixture_layer
 from tests.gradient_check import build_layer, check_gradient, make_layer_param, run_forward
-from tests.layers.test_neuron import check_against_caffe
 
 RNG = np.random.default_rng(21)
 
@@ -20,7 +20,9 @@ def reference(x, axis):
 
 @pytest.mark.parametrize("name", ["softmax", "softmax_ch"])
 def test_matches_caffe_layer_zoo(caffe_fixtures, name):
-    check_against_caffe(caffe_fixtures, name)
+    d = caffe_fixtures / "numerics"
+    assert_matches_caffe(run_fixture_layer(d / "layer_zoo.TEST.npz", d / "layer_zoo.prototxt",
+                                           name))
 
 
 @pytest.mark.parametrize("shape,axis", [((2, 5), 1), ((2, 3, 4, 2), 1), ((2, 3, 4, 2), 2),

@@ -2,11 +2,10 @@
 checks, shape rules, bad parameters, and the real-Caffe layer zoo fixture."""
 import numpy as np
 import pytest
-from google.protobuf import text_format
 
 from cct.blob import Blob
 from cct.errors import LayerError
-from cct.proto import caffe_pb2
+from tests.caffe_layer_fixture import assert_matches_caffe, run_fixture_layer
 from tests.gradient_check import build_layer, check_gradient, run_forward
 
 rng = np.random.default_rng(0)
@@ -19,43 +18,13 @@ def rand(*shape):
 # ------------------------------------------------------------------------------------------
 # Layer zoo fixture (real Caffe): run one layer on Caffe's bottoms, compare tops and diffs
 # ------------------------------------------------------------------------------------------
-def run_zoo_layer(fixtures, name, rtol=1e-5, atol=1e-6):
-    """Set up layer ``name`` of layer_zoo (after Caffe's Split insertion) in float32 with
-    Caffe's bottom data and params, check its tops, then run backward from Caffe's top diffs
-    and check the bottom diffs and param diffs."""
-    from cct.io.prototxt import read_net_text
-    from cct.net import filter_net, insert_splits
-
-    net = read_net_text(str(fixtures / "numerics" / "layer_zoo.prototxt"))
-    net.state.phase = caffe_pb2.TEST
-    net = insert_splits(filter_net(net))
-    lp = next(layer for layer in net.layer if layer.name == name)
-    z = np.load(fixtures / "numerics" / "layer_zoo.TEST.npz")
-    bottoms = [z[f"blob/{b}/data"] for b in lp.bottom]
-    layer, bottom, top = build_layer(text_format.MessageToString(lp), bottoms,
-                                     num_tops=len(lp.top), dtype=np.float32)
-    for i, p in enumerate(layer.blobs):
-        p.data[...] = z[f"param_init/{name}/{i}/data"]
-    run_forward(layer, bottom, top)
-    for t, tname in zip(top, lp.top):
-        np.testing.assert_allclose(t.data, z[f"blob/{tname}/data"], rtol=rtol, atol=atol)
-    for t, tname in zip(top, lp.top):
-        t.diff[...] = z[f"blob/{tname}/diff"]
-    for b in bottom:
-        b.diff[...] = 0
-    for p in layer.blobs:
-        p.diff[...] = 0
-    layer.backward(top, [True] * len(bottom), bottom)
-    for b, bname in zip(bottom, lp.bottom):
-        np.testing.assert_allclose(b.diff, z[f"blob/{bname}/diff"], rtol=rtol, atol=atol)
-    for i, p in enumerate(layer.blobs):
-        np.testing.assert_allclose(p.diff, z[f"param/{name}/{i}/diff"], rtol=rtol, atol=atol)
-
-
 @pytest.mark.parametrize("name", ["crop", "concat", "slice", "reshape", "flat_softmax",
                                   "flat_pool_ave_ceil", "features"])
 def test_layer_zoo(caffe_fixtures, name):
-    run_zoo_layer(caffe_fixtures, name)
+    d = caffe_fixtures / "numerics"
+    # tighter than the default: these layers only copy, add or multiply
+    assert_matches_caffe(run_fixture_layer(d / "layer_zoo.TEST.npz", d / "layer_zoo.prototxt",
+                                           name), atol=5e-8)
 
 
 # ------------------------------------------------------------------------------------------
