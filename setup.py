@@ -1,6 +1,14 @@
-"""Build cct: the Python package plus the C++ extension ``cct._C`` compiled by CMake."""
+"""Build cct: the Python package plus the C++ extension ``cct._C`` compiled by CMake.
+
+BLAS: by default ``cct._C`` links the OpenBLAS shipped in the ``scipy-openblas32`` wheel (a
+pinned build requirement in pyproject.toml) and that library is copied next to ``cct/_C*.so``,
+found at run time through an ``$ORIGIN`` rpath, so the installed package does not need the
+wheel. ``CCT_BLAS=system pip install .`` links the system's BLAS instead (CMake's
+``find_package(BLAS)``; ``CCT_BLA_VENDOR=OpenBLAS`` picks a vendor).
+"""
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -15,8 +23,35 @@ class CMakeExtension(Extension):
         super().__init__(name, sources=[])
 
 
+def _blas_cmake_args(out_dir: pathlib.Path, vendored: list) -> list:
+    """CMake arguments choosing the BLAS. For the wheel's OpenBLAS, also copies its shared
+    libraries into ``out_dir`` (the package folder that receives ``_C``), listing their names
+    in ``vendored``."""
+    choice = os.environ.get("CCT_BLAS", "scipy").lower()
+    if choice == "system":
+        args = ["-DCCT_BLAS=system"]
+        if os.environ.get("CCT_BLA_VENDOR"):
+            args.append(f"-DBLA_VENDOR={os.environ['CCT_BLA_VENDOR']}")
+        return args
+    if choice != "scipy":
+        sys.exit(f"CCT_BLAS must be 'scipy' (the default) or 'system', not {choice!r}")
+    import scipy_openblas32
+
+    lib_dir = pathlib.Path(scipy_openblas32.get_lib_dir())
+    library = scipy_openblas32.get_library(fullname=True)
+    # The library and whatever it loads beside it (some builds ship libgfortran there).
+    for so in lib_dir.glob("*.so*"):
+        shutil.copy2(so, out_dir / so.name)
+        vendored.append(so.name)
+    return ["-DCCT_BLAS=scipy", f"-DCCT_BLAS_LIBRARY={out_dir / library}"]
+
+
 class CMakeBuild(build_ext):
     """Configure and build CMakeLists.txt, placing the module where setuptools expects it."""
+
+    def initialize_options(self) -> None:
+        super().initialize_options()
+        self.vendored = []  # names of the BLAS libraries copied beside _C
 
     def build_extension(self, ext: CMakeExtension) -> None:
         import pybind11
@@ -24,17 +59,28 @@ class CMakeBuild(build_ext):
         out_dir = pathlib.Path(self.get_ext_fullpath(ext.name)).resolve().parent
         build_dir = pathlib.Path(self.build_temp).resolve() / ext.name
         build_dir.mkdir(parents=True, exist_ok=True)
+        out_dir.mkdir(parents=True, exist_ok=True)
         cfg = "Debug" if self.debug else "Release"
         cmake_args = [
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
             f"-DCMAKE_BUILD_TYPE={cfg}",
-        ]
+        ] + _blas_cmake_args(out_dir, self.vendored)
         cmake = os.environ.get("CMAKE", "cmake")
         subprocess.check_call([cmake, str(ROOT)] + cmake_args, cwd=build_dir)
         jobs = str(os.cpu_count() or 1)
         subprocess.check_call([cmake, "--build", ".", "--config", cfg, "-j", jobs], cwd=build_dir)
+
+    def copy_extensions_to_source(self) -> None:
+        """In-place and editable builds: the vendored BLAS goes beside ``_C`` as well."""
+        super().copy_extensions_to_source()
+        build_py = self.get_finalized_command("build_py")
+        for ext in self.extensions:
+            inplace_file, regular_file = self._get_inplace_equivalent(build_py, ext)
+            for name in self.vendored:
+                src = pathlib.Path(regular_file).parent / name
+                self.copy_file(str(src), str(pathlib.Path(inplace_file).parent / name))
 
 
 setup(
@@ -58,7 +104,12 @@ setup(
         "Pillow>=9.0",
     ],
     extras_require={
-        "test": ["pytest>=7", "grpcio-tools==1.75.1"],
+        "test": ["pytest>=7", "grpcio-tools==1.75.1", "matplotlib>=3.5"],
+        # cct plot_log needs matplotlib; cct draw_net uses Graphviz through pydot when both
+        # are there (`dot` comes from the system's graphviz package) and Pillow otherwise.
+        "plot": ["matplotlib>=3.5", "pydot>=1.4"],
+        # Data layers with `backend: LEVELDB` (Caffe's default backend) read through plyvel.
+        "leveldb": ["plyvel>=1.3"],
     },
     entry_points={"console_scripts": ["cct=cct.cli:main"]},
     zip_safe=False,

@@ -5,6 +5,8 @@ The names here follow pycaffe: ``Net``, ``TRAIN``/``TEST``, ``set_mode_cpu``, ``
 """
 from .api import (TEST, TRAIN, Net, get_solver_mode, layer_type_list,  # noqa: F401
                   set_device, set_mode_cpu, set_random_seed, init_log, log)
+from .api import (Solver, SGDSolver, NesterovSolver, AdaGradSolver,  # noqa: F401
+                  RMSPropSolver, AdaDeltaSolver, AdamSolver, get_solver)
 from .errors import CCTError  # noqa: F401
 from .layers.python_layer import PythonLayer as Layer  # noqa: F401  (pycaffe's caffe.Layer)
 from .proto import caffe_pb2  # noqa: F401

@@ -1,17 +1,21 @@
-"""The pycaffe-compatible entry points: ``caffe.Net(...)`` in both of its signatures, modes."""
+"""The pycaffe-compatible entry points: ``caffe.Net(...)`` in both of its signatures, modes,
+and the solver classes (``caffe.SGDSolver(file)`` ... ``caffe.get_solver(file)``)."""
 from __future__ import annotations
 
+import os
 from typing import Optional, Sequence
 
 import numpy as np
 
 from . import glog as _log
 from .errors import CCTError
-from .io.prototxt import read_net
+from .io.prototxt import read_net, read_solver_text
 from .layers import layer_type_list  # noqa: F401  (re-exported)
 from .net import TEST, TRAIN
 from .net import Net as _CoreNet
+from .proto import caffe_pb2
 from .rng import set_random_seed  # noqa: F401
+from .solver import Solver as _CoreSolver
 
 _mode = "cpu"
 _device = 0
@@ -78,3 +82,58 @@ class Net(_CoreNet):
                          dtype=dtype, source=source)
         if weights is not None:
             self.copy_from(weights)
+
+
+# -- solvers (pycaffe's caffe.SGDSolver(file) ... caffe.get_solver(file)) -------------------------
+
+class Solver(_CoreSolver):
+    """pycaffe's solver classes: constructed from a solver prototxt path (or a
+    SolverParameter). ``.net``, ``.test_nets``, ``.iter``, ``.param``, ``.step(n)``,
+    ``.solve(resume_file=None)``, ``.snapshot()``, ``.restore(path)``, ``.apply_update()``."""
+
+    TYPE: Optional[str] = None   # None: the file's own ``type``
+
+    def __init__(self, solver_file, **kw):
+        if isinstance(solver_file, caffe_pb2.SolverParameter):
+            param, source = solver_file, kw.pop("source", "<SolverParameter>")
+        else:
+            source = os.fsdecode(solver_file)
+            param = read_solver_text(source)
+        kw.setdefault("solver_type", self.TYPE)
+        super().__init__(param, source, **kw)
+
+
+class SGDSolver(Solver):
+    TYPE = "SGD"
+
+
+class NesterovSolver(Solver):
+    TYPE = "Nesterov"
+
+
+class AdaGradSolver(Solver):
+    TYPE = "AdaGrad"
+
+
+class RMSPropSolver(Solver):
+    TYPE = "RMSProp"
+
+
+class AdaDeltaSolver(Solver):
+    TYPE = "AdaDelta"
+
+
+class AdamSolver(Solver):
+    TYPE = "Adam"
+
+
+_SOLVER_CLASSES = {c.TYPE: c for c in (SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver,
+                                       AdaDeltaSolver, AdamSolver)}
+
+
+def get_solver(solver_file, **kw) -> Solver:
+    """pycaffe's ``caffe.get_solver(file)``: the solver class the file's ``type`` names."""
+    source = os.fsdecode(solver_file)
+    param = read_solver_text(source)
+    cls = _SOLVER_CLASSES.get(param.type, Solver)
+    return cls(param, source=source, **kw)

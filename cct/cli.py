@@ -15,6 +15,7 @@ import numpy as np
 from . import glog as log
 from .errors import CCTError
 from .flags import Flags
+from .tools import TOOLS, command as tool_command
 
 USAGE = """usage: cct <command> <args>
 
@@ -25,6 +26,18 @@ commands:
   time            benchmark forward/backward of a model (-model, -iterations, -phase, -level,
                   -stage)
   device_query    show the devices cct can run on (-gpu)
+
+tools (Caffe's tools/ and tools/extra/; each takes Caffe's own arguments and flags):
+  convert_mnist_data        IMAGES LABELS DB [--backend=lmdb]
+  convert_imageset          [--gray] [--shuffle] [--resize_height=H] [--resize_width=W]
+                            [--check_size] [--encoded] [--encode_type=png] ROOTFOLDER/ LISTFILE DB
+  compute_image_mean        [--backend=lmdb] DB [OUT.binaryproto]
+  extract_features          WEIGHTS MODEL BLOB[,BLOB..] DB[,DB..] NUM_MINI_BATCHES [lmdb]
+  upgrade_net_proto_text    IN.prototxt OUT.prototxt
+  upgrade_solver_proto_text IN.prototxt OUT.prototxt
+  parse_log                 LOGFILE OUTPUT_DIR [--delimiter ,] [--verbose]
+  plot_log                  LOGFILE OUT.png  (or Caffe's: CHART_TYPE OUT.png LOGFILE...)
+  draw_net                  NET.prototxt OUT.png [--rankdir LR|TB|BT|RL] [--phase TRAIN|TEST|ALL]
 
 Flags take any gflags spelling: -model x, -model=x, --model=x, --model x."""
 
@@ -82,7 +95,7 @@ def cmd_train(argv: List[str]) -> int:
     """Caffe's ``caffe train``: solve from a solver prototxt, optionally resuming from a
     .solverstate (-snapshot) or starting from trained weights (-weights a,b)."""
     from .io.prototxt import read_solver_text
-    from .solver import solver_from_param
+    from .solver import Solver
 
     flags = Flags("train", argv, {"solver": "", "weights": "", "snapshot": "", "gpu": "",
                                   "level": "0", "stage": "", "sigint_effect": "stop",
@@ -100,12 +113,11 @@ def cmd_train(argv: List[str]) -> int:
         param.weights.append(flags.get("weights"))
     _use_cpu(flags, "caffe.cpp:197")
     actions = SignalActions(flags.get("sigint_effect"), flags.get("sighup_effect"))
-    solver = solver_from_param(param, solver_path, action_request=actions)
-    if flags.get("snapshot"):
-        log.info("caffe.cpp:242", f"Resuming from {flags.get('snapshot')}")
-        solver.solve(flags.get("snapshot"))
-    else:
-        solver.solve()
+    solver = Solver(param, solver_path, action_request=actions)
+    try:
+        solver.solve(flags.get("snapshot") or None)
+    finally:
+        solver.close()
     log.info("caffe.cpp:250", "Optimization Done.")
     return 0
 
@@ -221,6 +233,7 @@ def cmd_time(argv: List[str]) -> int:
 
 COMMANDS: Dict[str, Callable[[List[str]], int]] = {
     "train": cmd_train, "test": cmd_test, "time": cmd_time, "device_query": cmd_device_query}
+COMMANDS.update({name: tool_command(name) for name in TOOLS})
 
 
 def _g(x) -> str:

@@ -6,13 +6,13 @@ from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-from google.protobuf import text_format
 
 from . import backend as backends
 from .blob import Blob
 from .errors import CCTError, NetError
 from .layers.base import Layer, create_layer
 from .glog import info
+from .io.prototxt import debug_string
 from .proto import caffe_pb2
 
 TRAIN = caffe_pb2.TRAIN
@@ -163,7 +163,7 @@ class Net:
         self.phase = param.state.phase
         filtered = filter_net(param)
         info("net.cpp:53", "Initializing net from parameters: \n"
-             + text_format.MessageToString(filtered))
+             + debug_string(filtered).rstrip("\n"))
         self.param = insert_splits(filtered)
         self.name = self.param.name
         self._init()
@@ -576,6 +576,29 @@ class Net:
             outputs = set(self.inputs + list(diffs or []))
         self.backward_from_to(start_ind, end_ind)
         return {name: self.blobs_list[self.blob_names_index[name]].diff for name in outputs}
+
+    def set_input_arrays(self, data, labels, layer: Optional[str] = None) -> None:
+        """pycaffe's Net.set_input_arrays: serve ``data`` (N x C x H x W float32, C-contiguous)
+        and ``labels`` (N float32) through the net's first MemoryData layer, or the one named
+        ``layer``; N must be a multiple of its batch_size."""
+        if layer is not None:
+            idx = self._layer_index(layer, "set_input_arrays")
+            if self.layers[idx].type != "MemoryData":
+                raise NetError(f"set_input_arrays: layer '{layer}' is of type "
+                               f"{self.layers[idx].type}, not MemoryData")
+        else:
+            idx = next((i for i, l in enumerate(self.layers) if l.type == "MemoryData"), None)
+            if idx is None:
+                raise NetError(f"set_input_arrays needs a MemoryData layer, and net "
+                               f"'{self.name}' has none")
+        self.layers[idx].reset(data, labels)
+
+    def close(self) -> None:
+        """Stop the data layers' prefetch threads and close their databases (also done when
+        the layers are garbage-collected)."""
+        for layer in self.layers:
+            if callable(getattr(type(layer), "close", None)):
+                layer.close()
 
     def copy_from(self, weights_path: str) -> None:
         self.copy_trained_layers_from(weights_path)

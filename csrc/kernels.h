@@ -1,8 +1,36 @@
 // Declarations of cct's CPU kernels; bound to Python in module.cpp.
 #pragma once
 #include <cstdint>
+#include <tuple>
+#include <vector>
 
 namespace cct {
+
+// Geometry of a 2-D convolution on NCHW arrays: the bottom (n, c, h, w), the top (n, o, ho, wo)
+// and the kernel (o, c / group, kh, kw) with its stride, pad and dilation.
+struct ConvGeom {
+  int64_t n, c, h, w, o, ho, wo;
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw, group;
+};
+
+template <typename T>
+void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGeom& g);
+template <typename T>
+void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g);
+template <typename T>
+void conv_backward_weight(const T* x, const T* dy, T* dweight, const ConvGeom& g);
+// The bytes of lowered matrices a convolution may hold at once (it takes the batch in chunks).
+int64_t col_buffer_limit();
+// The weight-gradient GEMM orders chosen so far: (O/g, K, M, element size, transposed).
+std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>> weight_grad_choices();
+// 0: measure and cache (the default); 1: always dW = dYt cols^T; 2: always dW^T = cols dYt^T.
+void set_weight_grad_order(int order);
+void set_col_buffer_limit(int64_t bytes);
+
+// Row-major C = alpha op(A) op(B) + beta C through the linked BLAS.
+template <typename T>
+void gemm_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                 int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
 
 template <typename T>
 void max_pool_forward(const T* x, T* y, int64_t* mask, int64_t planes, int h, int w,

@@ -4,10 +4,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <array>
+#include <optional>
 #include <stdexcept>
+#include <string>
 
+#include "gemm.h"
 #include "kernels.h"
+#include "parallel.h"
 
 namespace py = pybind11;
 using Pair = std::array<int, 2>;
@@ -79,8 +84,126 @@ Arr<T> ave_pool_backward(Arr<T> dy, std::array<int64_t, 4> x_shape, Pair k, Pair
   return dx;
 }
 
+// --- convolution ------------------------------------------------------------------------------
+
+int64_t conv_out(int64_t size, int k, int s, int p, int d) {
+  return (size + 2 * p - (int64_t(d) * (k - 1) + 1)) / s + 1;
+}
+
+// Checks what the kernels rely on; the layers have already checked what a user can get wrong.
+cct::ConvGeom conv_geom(std::array<int64_t, 4> x, std::array<int64_t, 4> w, Pair k, Pair s,
+                        Pair p, Pair d, int group, int64_t ho, int64_t wo) {
+  if (group < 1 || w[0] % group != 0 || w[1] * group != x[1])
+    throw std::invalid_argument("conv: weight shape does not fit the channels and group");
+  if (w[2] != k[0] || w[3] != k[1])
+    throw std::invalid_argument("conv: weight shape does not match the kernel size");
+  if (k[0] < 1 || k[1] < 1 || s[0] < 1 || s[1] < 1 || p[0] < 0 || p[1] < 0 || d[0] < 1 ||
+      d[1] < 1)
+    throw std::invalid_argument("conv: kernel, stride and dilation must be >= 1, pad >= 0");
+  if (ho != conv_out(x[2], k[0], s[0], p[0], d[0]) || wo != conv_out(x[3], k[1], s[1], p[1], d[1]) ||
+      ho < 1 || wo < 1)
+    throw std::invalid_argument("conv: top size does not match the geometry, or is empty");
+  return {x[0], x[1], x[2], x[3], w[0], ho, wo, k[0], k[1], s[0], s[1], p[0], p[1], d[0], d[1],
+          group};
+}
+
+template <typename T>
+std::array<int64_t, 4> shape4(const Arr<T>& a, const char* what) {
+  if (a.ndim() != 4) throw std::invalid_argument(std::string("conv: ") + what + " must be 4-D");
+  return {a.shape(0), a.shape(1), a.shape(2), a.shape(3)};
+}
+
+template <typename T>
+Arr<T> conv_forward(Arr<T> x, Arr<T> weight, std::optional<Arr<T>> bias, Pair k, Pair s, Pair p,
+                    Pair d, int group) {
+  const auto xs = shape4(x, "bottom"), ws = shape4(weight, "weight");
+  const int64_t ho = conv_out(xs[2], k[0], s[0], p[0], d[0]);
+  const int64_t wo = conv_out(xs[3], k[1], s[1], p[1], d[1]);
+  const cct::ConvGeom g = conv_geom(xs, ws, k, s, p, d, group, ho, wo);
+  if (bias && bias->size() != g.o) throw std::invalid_argument("conv: bias size != num_output");
+  Arr<T> y({g.n, g.o, ho, wo});
+  const T* xd = x.data();
+  const T* wd = weight.data();
+  const T* bd = bias ? bias->data() : nullptr;
+  T* yd = y.mutable_data();
+  {
+    py::gil_scoped_release release;
+    cct::conv_forward<T>(xd, wd, bd, yd, g);
+  }
+  return y;
+}
+
+template <typename T>
+Arr<T> conv_backward_data(Arr<T> dy, Arr<T> weight, std::array<int64_t, 4> x_shape, Pair k,
+                          Pair s, Pair p, Pair d, int group) {
+  const auto ys = shape4(dy, "top diff"), ws = shape4(weight, "weight");
+  const cct::ConvGeom g = conv_geom(x_shape, ws, k, s, p, d, group, ys[2], ys[3]);
+  if (ys[0] != g.n || ys[1] != g.o) throw std::invalid_argument("conv: top diff shape");
+  Arr<T> dx({x_shape[0], x_shape[1], x_shape[2], x_shape[3]});
+  const T* dyd = dy.data();
+  const T* wd = weight.data();
+  T* dxd = dx.mutable_data();
+  {
+    py::gil_scoped_release release;
+    cct::conv_backward_data<T>(dyd, wd, dxd, g);
+  }
+  return dx;
+}
+
+template <typename T>
+Arr<T> conv_backward_weight(Arr<T> x, Arr<T> dy, Pair k, Pair s, Pair p, Pair d, int group) {
+  const auto xs = shape4(x, "bottom"), ys = shape4(dy, "top diff");
+  const std::array<int64_t, 4> ws{ys[1], xs[1] / group, k[0], k[1]};
+  const cct::ConvGeom g = conv_geom(xs, ws, k, s, p, d, group, ys[2], ys[3]);
+  if (ys[0] != g.n) throw std::invalid_argument("conv: top diff shape");
+  Arr<T> dw({ws[0], ws[1], ws[2], ws[3]});
+  const T* xd = x.data();
+  const T* dyd = dy.data();
+  T* dwd = dw.mutable_data();
+  {
+    py::gil_scoped_release release;
+    cct::conv_backward_weight<T>(xd, dyd, dwd, g);
+  }
+  return dw;
+}
+
+// c = op(a) @ op(b) for 2-D arrays, through the linked BLAS (the bench times it for the peak).
+template <typename T>
+Arr<T> gemm(Arr<T> a, Arr<T> b, bool trans_a, bool trans_b) {
+  if (a.ndim() != 2 || b.ndim() != 2) throw std::invalid_argument("gemm: a and b must be 2-D");
+  const int64_t m = trans_a ? a.shape(1) : a.shape(0), k = trans_a ? a.shape(0) : a.shape(1);
+  const int64_t kb = trans_b ? b.shape(1) : b.shape(0), n = trans_b ? b.shape(0) : b.shape(1);
+  if (k != kb) throw std::invalid_argument("gemm: inner dimensions differ");
+  Arr<T> c({m, n});
+  const T* ad = a.data();
+  const T* bd = b.data();
+  T* cd = c.mutable_data();
+  if (m == 0 || n == 0) return c;
+  {
+    py::gil_scoped_release release;
+    if (k == 0) {
+      std::fill(cd, cd + m * n, T(0));
+    } else {
+      cct::gemm_kernel<T>(trans_a, trans_b, m, n, k, T(1), ad, a.shape(1), bd, b.shape(1),
+                          T(0), cd, n);
+    }
+  }
+  return c;
+}
+
 template <typename T>
 void bind_dtype(py::module_& m) {
+  m.def("conv_forward", &conv_forward<T>, py::arg("x"), py::arg("weight"), py::arg("bias"),
+        py::arg("kernel"), py::arg("stride"), py::arg("pad"), py::arg("dilation"),
+        py::arg("group"));
+  m.def("conv_backward_data", &conv_backward_data<T>, py::arg("dy"), py::arg("weight"),
+        py::arg("x_shape"), py::arg("kernel"), py::arg("stride"), py::arg("pad"),
+        py::arg("dilation"), py::arg("group"));
+  m.def("conv_backward_weight", &conv_backward_weight<T>, py::arg("x"), py::arg("dy"),
+        py::arg("kernel"), py::arg("stride"), py::arg("pad"), py::arg("dilation"),
+        py::arg("group"));
+  m.def("gemm", &gemm<T>, py::arg("a"), py::arg("b"), py::arg("trans_a") = false,
+        py::arg("trans_b") = false);
   m.def("max_pool_forward", &max_pool_forward<T>, py::arg("x"), py::arg("kernel"),
         py::arg("stride"), py::arg("pad"), py::arg("out"));
   m.def("max_pool_backward", &max_pool_backward<T>, py::arg("dy"), py::arg("mask"),
@@ -98,4 +221,19 @@ PYBIND11_MODULE(_C, m) {
   // float64 first: pybind11 tries overloads in order and forcecast would narrow doubles.
   bind_dtype<double>(m);
   bind_dtype<float>(m);
+  m.def("set_num_threads", &cct::set_num_threads, py::arg("n"),
+        "Threads for the BLAS and cct's kernels; n < 1 means the cores available.");
+  m.def("get_num_threads", &cct::num_threads);
+  m.def("available_cores", &cct::available_cores);
+  m.def("blas_num_threads", &cct::blas_get_num_threads,
+        "The BLAS's own thread count (0 when the BLAS does not say).");
+  m.def("blas_config", []() { return std::string(cct::blas_config()); });
+  m.def("set_col_buffer_limit", &cct::set_col_buffer_limit, py::arg("bytes"),
+        "Bytes of lowered matrices one convolution may hold; it takes the batch in chunks.");
+  m.def("get_col_buffer_limit", &cct::col_buffer_limit);
+  m.def("weight_grad_choices", &cct::weight_grad_choices,
+        "(O/group, K, M, itemsize, transposed) for each weight-gradient GEMM shape measured.");
+  m.def("set_weight_grad_order", &cct::set_weight_grad_order, py::arg("order"),
+        "0: measure the two GEMM orders per shape (default); 1: direct; 2: transposed.");
+  cct::set_num_threads(0);
 }

@@ -1,15 +1,50 @@
-"""CPU kernels. NumPy reference implementations, vectorised over the whole mini-batch.
+"""CPU kernels: array-in/array-out functions, the heavy ones in C++ (``cct._C``, csrc/).
 
-Convolution is lowered to GEMM for the whole batch at once (Caffe con Troll): the input is
-expanded into a (group, K, N*P) matrix with K = C/group*kh*kw and P = Ho*Wo, and each group runs
-one large GEMM, instead of Caffe's one small GEMM per image.
+Convolution is lowered to GEMM for the whole batch at once (Caffe con Troll): per group the
+input is expanded into a K x N*P matrix with K = C/group*kh*kw and P = Ho*Wo, and one large GEMM
+does the group's work for the whole mini-batch, instead of Caffe's one small GEMM per image
+(csrc/conv.cpp). Pooling is csrc/pooling.cpp. The kernels release the GIL and use cct's
+threads: ``set_num_threads(n)`` sets them for the BLAS (OpenBLAS) and cct's own loops together;
+the default is the cores available to the process. NumPy's ``@`` runs on NumPy's own OpenBLAS,
+a separate library with its own threads.
+
+The NumPy implementations these replace are :mod:`cct.backend.reference`, the tests' oracle.
+Arrays must be float32 or float64; the C++ side works on C-contiguous arrays of one dtype, so
+the wrappers here make them so (a no-op for blobs).
 """
 from __future__ import annotations
 
+from typing import Optional, Sequence, Tuple
+
 import numpy as np
+
+from .. import _C
 
 xp = np
 name = "cpu"
+
+set_num_threads = _C.set_num_threads
+get_num_threads = _C.get_num_threads
+
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _dtype(a) -> np.dtype:
+    if a.dtype not in _DTYPES:
+        raise TypeError(f"cpu kernels take float32 or float64 arrays, not {a.dtype}")
+    return a.dtype
+
+
+def _arr(a, dtype: np.dtype) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _pair(v: Sequence[int]) -> Tuple[int, int]:
+    return int(v[0]), int(v[1])
+
+
+def _shape4(shape: Sequence[int]) -> Tuple[int, int, int, int]:
+    return tuple(int(d) for d in shape)
 
 
 # --------------------------------------------------------------------------------------------
@@ -28,85 +63,55 @@ def deconv_out_size(size: int, kernel: int, stride: int, pad: int, dilation: int
     return stride * (size - 1) + extent - 2 * pad
 
 
-def _lower(x, kernel, stride, pad, dilation, group):
-    """Expand x (N, C, H, W) into columns (group, C/group*kh*kw, N*Ho*Wo), a contiguous copy.
-
-    One strided slice copy per kernel tap: much faster than copying a 7-axis strided view."""
-    n, c, h, w = x.shape
-    kh, kw = kernel
-    sh, sw = stride
-    ph, pw = pad
-    dh, dw = dilation
-    ho = conv_out_size(h, kh, sh, ph, dh)
-    wo = conv_out_size(w, kw, sw, pw, dw)
-    if ph or pw:
-        xpad = np.zeros((n, c, h + 2 * ph, w + 2 * pw), x.dtype)
-        xpad[:, :, ph:ph + h, pw:pw + w] = x
-    else:
-        xpad = x
-    cg = c // group
-    xg = xpad.reshape(n, group, cg, xpad.shape[2], xpad.shape[3]).transpose(1, 2, 0, 3, 4)
-    cols = np.empty((group, cg, kh, kw, n, ho, wo), x.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            cols[:, :, i, j] = xg[:, :, :, i * dh:i * dh + sh * (ho - 1) + 1:sh,
-                                  j * dw:j * dw + sw * (wo - 1) + 1:sw]
-    return cols.reshape(group, cg * kh * kw, n * ho * wo), ho, wo
+# --------------------------------------------------------------------------------------------
+# GEMM
+# --------------------------------------------------------------------------------------------
+def _gemm_operand(a: np.ndarray, dtype: np.dtype) -> Tuple[np.ndarray, bool]:
+    """(C-contiguous array, transposed?) standing for the 2-D ``a``, without a copy for
+    transposed views."""
+    if a.dtype == dtype and a.flags.f_contiguous and not a.flags.c_contiguous:
+        return a.T, True
+    return _arr(a, dtype), False
 
 
-def _unlower(cols, x_shape, kernel, stride, pad, dilation, group, ho, wo):
-    """Adjoint of :func:`_lower`: sum columns back into an (N, C, H, W) array (a view).
-
-    Accumulates in the columns' (C, N, H, W) order, so every tap adds a contiguous block."""
-    n, c, h, w = x_shape
-    kh, kw = kernel
-    sh, sw = stride
-    ph, pw = pad
-    dh, dw = dilation
-    cg = c // group
-    cols = cols.reshape(group, cg, kh, kw, n, ho, wo)
-    acc = np.zeros((group, cg, n, h + 2 * ph, w + 2 * pw), cols.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            acc[:, :, :, i * dh:i * dh + sh * (ho - 1) + 1:sh,
-                j * dw:j * dw + sw * (wo - 1) + 1:sw] += cols[:, :, i, j]
-    xpad = acc.reshape(c, n, h + 2 * ph, w + 2 * pw).transpose(1, 0, 2, 3)
-    return xpad[:, :, ph:ph + h, pw:pw + w]
+def matmul(a, b) -> np.ndarray:
+    """``a @ b`` for 2-D arrays on cct's BLAS. Layers use this rather than NumPy's ``@``:
+    NumPy's OpenBLAS is a second library with its own thread pool, whose threads keep spinning
+    for a while after each call and would compete with cct's for the same cores."""
+    dt = _dtype(a)
+    a2, ta = _gemm_operand(a, dt)
+    b2, tb = _gemm_operand(b, dt)
+    return _C.gemm(a2, b2, ta, tb)
 
 
-def conv_forward(x, weight, bias, kernel, stride, pad, dilation, group):
-    """y = conv(x, weight) + bias. weight: (O, C/group, kh, kw); returns (N, O, Ho, Wo)."""
-    n = x.shape[0]
-    o = weight.shape[0]
-    cols, ho, wo = _lower(x, kernel, stride, pad, dilation, group)
-    wmat = weight.reshape(group, o // group, -1)
-    y = np.matmul(wmat, cols)  # (group, O/group, N*P)
-    y = y.reshape(o, n, ho, wo).transpose(1, 0, 2, 3)
-    y = np.ascontiguousarray(y)
-    if bias is not None:
-        y += bias.reshape(1, o, 1, 1)
-    return y
+# --------------------------------------------------------------------------------------------
+# Convolution (csrc/conv.cpp)
+# --------------------------------------------------------------------------------------------
+def conv_forward(x, weight, bias: Optional[np.ndarray], kernel, stride, pad, dilation,
+                 group: int) -> np.ndarray:
+    """y = conv(x, weight) + bias. x (N, C, H, W), weight (O, C/group, kh, kw), bias (O,) or
+    None; returns (N, O, Ho, Wo)."""
+    dt = _dtype(x)
+    return _C.conv_forward(_arr(x, dt), _arr(weight, dt), None if bias is None else _arr(bias, dt),
+                           _pair(kernel), _pair(stride), _pair(pad), _pair(dilation), int(group))
 
 
-def conv_backward_data(dy, weight, x_shape, kernel, stride, pad, dilation, group):
+def conv_backward_data(dy, weight, x_shape, kernel, stride, pad, dilation,
+                       group: int) -> np.ndarray:
     """Gradient of :func:`conv_forward` with respect to x (Caffe's backward_cpu_gemm + col2im).
 
     ``x_shape`` is (N, C, H, W); Deconvolution's forward pass is this function."""
-    n, o, ho, wo = dy.shape
-    dymat = np.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(group, o // group, n * ho * wo)
-    wmat = weight.reshape(group, o // group, -1)
-    dcols = np.matmul(wmat.transpose(0, 2, 1), dymat)
-    return _unlower(dcols, x_shape, kernel, stride, pad, dilation, group, ho, wo)
+    dt = _dtype(dy)
+    return _C.conv_backward_data(_arr(dy, dt), _arr(weight, dt), _shape4(x_shape), _pair(kernel),
+                                 _pair(stride), _pair(pad), _pair(dilation), int(group))
 
 
-def conv_backward_weight(x, dy, kernel, stride, pad, dilation, group):
+def conv_backward_weight(x, dy, kernel, stride, pad, dilation, group: int) -> np.ndarray:
     """Gradient of :func:`conv_forward` with respect to the weight, shape (O, C/group, kh, kw)
     (Caffe's weight_cpu_gemm, summed over the batch)."""
-    n, o, ho, wo = dy.shape
-    dymat = np.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(group, o // group, n * ho * wo)
-    cols, _, _ = _lower(x, kernel, stride, pad, dilation, group)
-    dw = np.matmul(dymat, cols.transpose(0, 2, 1))
-    return dw.reshape(o, x.shape[1] // group, kernel[0], kernel[1])
+    dt = _dtype(x)
+    return _C.conv_backward_weight(_arr(x, dt), _arr(dy, dt), _pair(kernel), _pair(stride),
+                                   _pair(pad), _pair(dilation), int(group))
 
 
 def bias_backward(dy):
@@ -128,90 +133,33 @@ def pool_out_size(size: int, kernel: int, stride: int, pad: int, ceil_mode: bool
     return out
 
 
-def _pool_padded(x, kernel, stride, pad, out, fill):
-    """x padded with ``fill`` far enough that every window lies inside (x itself if it does)."""
-    n, c, h, w = x.shape
-    (kh, kw), (sh, sw), (ph, pw), (ho, wo) = kernel, stride, pad, out
-    need_h = max((ho - 1) * sh + kh, h + ph)
-    need_w = max((wo - 1) * sw + kw, w + pw)
-    if (ph, pw, need_h, need_w) == (0, 0, h, w):
-        return x
-    xpad = np.full((n, c, need_h, need_w), fill, x.dtype)
-    xpad[:, :, ph:ph + h, pw:pw + w] = x
-    return xpad
-
-
-def _pool_taps(xpad, kernel, stride, out):
-    """Yield (i, j, tap): tap[n, c, ph, pw] is element (i, j) of window (ph, pw), taps in
-    row-major window order."""
-    (kh, kw), (sh, sw), (ho, wo) = kernel, stride, out
-    for i in range(kh):
-        for j in range(kw):
-            yield i, j, xpad[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw]
-
-
-def max_pool_forward(x, kernel, stride, pad, out):
+def max_pool_forward(x, kernel, stride, pad, out) -> Tuple[np.ndarray, np.ndarray]:
     """Max over each window of the unpadded bottom, scanned in row-major window order with a
-    strict ``>`` as Caffe does (ties go to the first element, NaN never wins).
-    Returns (top, argmax as the flat index h * W + w in the bottom's plane)."""
-    n, c, h, w = x.shape
-    (kh, kw), (sh, sw), (ph, pw), (ho, wo) = kernel, stride, pad, out
-    xpad = _pool_padded(x, kernel, stride, pad, out, -np.inf)
-    taps = list(_pool_taps(xpad, kernel, stride, out))
-    y = np.full((n, c, ho, wo), -np.inf, x.dtype)
-    for _, _, tap in taps:
-        np.fmax(y, tap, out=y)
-    # The first tap equal to the maximum wins: scan backwards so earlier taps overwrite.
-    arg = np.zeros((n, c, ho, wo), np.intp)
-    for i, j, tap in reversed(taps):
-        arg = np.where(tap == y, i * kw + j, arg)
-    hh = (np.arange(ho) * sh - ph)[:, None] + arg // kw
-    ww = (np.arange(wo) * sw - pw)[None, :] + arg % kw
-    return y, hh * w + ww
+    strict ``>`` as Caffe does (ties go to the first element). Returns (top, argmax as the
+    flat index h * W + w in the bottom's plane, int64)."""
+    return _C.max_pool_forward(_arr(x, _dtype(x)), _pair(kernel), _pair(stride), _pair(pad),
+                               _pair(out))
 
 
-def max_pool_backward(dy, mask, x_shape):
+def max_pool_backward(dy, mask, x_shape) -> np.ndarray:
     """Route each top diff to the bottom element that won its window (sums where windows
     overlap)."""
-    n, c, h, w = x_shape
-    plane = h * w
-    offs = (np.arange(n * c) * plane).reshape(n, c, 1, 1)
-    dx = np.bincount((mask + offs).ravel(), weights=dy.ravel(), minlength=n * c * plane)
-    return dx.reshape(x_shape).astype(dy.dtype, copy=False)
+    return _C.max_pool_backward(_arr(dy, _dtype(dy)), np.ascontiguousarray(mask, np.int64),
+                                _shape4(x_shape))
 
 
-def _ave_divisors(size, kernel, stride, pad, out):
-    starts = np.arange(out) * stride - pad
-    ends = np.minimum(starts + kernel, size + pad)
-    return ends - starts
-
-
-def ave_pool_forward(x, kernel, stride, pad, out):
+def ave_pool_forward(x, kernel, stride, pad, out) -> np.ndarray:
     """Mean over each window; the divisor counts padding but not what lies beyond it (Caffe).
     Summed in row-major window order, as Caffe does."""
-    n, c, h, w = x.shape
-    xpad = _pool_padded(x, kernel, stride, pad, out, 0)
-    acc = np.zeros((n, c) + tuple(out), x.dtype)
-    for _, _, tap in _pool_taps(xpad, kernel, stride, out):
-        acc += tap
-    div = np.outer(_ave_divisors(h, kernel[0], stride[0], pad[0], out[0]),
-                   _ave_divisors(w, kernel[1], stride[1], pad[1], out[1])).astype(x.dtype)
-    return acc / div
+    return _C.ave_pool_forward(_arr(x, _dtype(x)), _pair(kernel), _pair(stride), _pair(pad),
+                               _pair(out))
 
 
-def ave_pool_backward(dy, x_shape, kernel, stride, pad, out):
-    n, c, h, w = x_shape
-    (kh, kw), (sh, sw), (ph, pw), (ho, wo) = kernel, stride, pad, out
-    div = np.outer(_ave_divisors(h, kh, sh, ph, ho),
-                   _ave_divisors(w, kw, sw, pw, wo)).astype(dy.dtype)
-    g = dy / div
-    need_h = max((ho - 1) * sh + kh, h + ph)
-    need_w = max((wo - 1) * sw + kw, w + pw)
-    dpad = np.zeros((n, c, need_h, need_w), dy.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            dpad[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw] += g
-    return np.ascontiguousarray(dpad[:, :, ph:ph + h, pw:pw + w])
+def ave_pool_backward(dy, x_shape, kernel, stride, pad, out) -> np.ndarray:
+    """Each top diff, divided by its window's divisor, added to every bottom element of the
+    window. ``out`` is dy's spatial shape (kept for the reference's signature)."""
+    return _C.ave_pool_backward(_arr(dy, _dtype(dy)), _shape4(x_shape), _pair(kernel),
+                                _pair(stride), _pair(pad))
 
 
 # --------------------------------------------------------------------------------------------

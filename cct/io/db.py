@@ -1,55 +1,185 @@
-"""Caffe's key-value databases: LMDB (py-lmdb). A cursor walks the keys in order and wraps
-around at the end, as Caffe's DataReader does."""
+"""Caffe's key-value databases (``util/db_lmdb.cpp``, ``util/db_leveldb.cpp``) for reading.
+
+A cursor walks the keys in byte order, as Caffe's ``db::Cursor`` does: ``seek_to_first``,
+``next``, ``valid``, ``key``, ``value``, plus ``seek`` to a key (used to resume exactly). LMDB
+comes from py-lmdb; LevelDB from plyvel, an optional extra (``pip install cct[leveldb]``).
+"""
 from __future__ import annotations
 
 import os
+import threading
 
 from ..errors import CCTError
+from ..glog import info
+
+
+def _looks_like_lmdb(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "data.mdb"))
+
+
+def _looks_like_leveldb(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "CURRENT"))
+
+
+# LMDB (py-lmdb) and LevelDB refuse to open one database twice in a process, which a train and
+# a test net on the same database need: cursors share one read-only handle per folder, each
+# with its own read transaction or iterator.
+_handles: dict = {}
+_handles_lock = threading.Lock()
+
+
+def _acquire(path: str, opener):
+    """(handle, key): the shared handle of the folder, and the key that releases it."""
+    key = os.path.realpath(path)  # one folder is either an LMDB or a LevelDB
+    with _handles_lock:
+        if key not in _handles:
+            _handles[key] = [opener(path), 0]
+        _handles[key][1] += 1
+        return _handles[key][0], key
+
+
+def _release(key: str) -> None:
+    with _handles_lock:
+        entry = _handles[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            entry[0].close()
+            del _handles[key]
+
+
+def _open_lmdb(path: str):
+    import lmdb
+    try:
+        return lmdb.open(path, readonly=True, lock=False, readahead=False, max_readers=126,
+                         subdir=True)
+    except lmdb.Error as e:
+        raise CCTError(f"cannot open LMDB '{path}': {e}") from None
+
+
+def _open_leveldb(path: str):
+    import plyvel
+    try:
+        return plyvel.DB(path, create_if_missing=False)
+    except plyvel.Error as e:
+        raise CCTError(f"cannot open LevelDB '{path}': {e}") from None
 
 
 class LMDBCursor:
-    """Sequential reader of an LMDB written by Caffe (or by cct's converters)."""
+    """Read-only cursor over an LMDB folder (``data.mdb``) written by Caffe or by cct."""
+
+    backend = "lmdb"
 
     def __init__(self, path: str):
-        import lmdb
-
         if not os.path.exists(path):
             raise CCTError(f"LMDB '{path}' does not exist")
-        if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "data.mdb")):
-            raise CCTError(f"'{path}' is not an LMDB (expected a folder holding data.mdb)")
-        try:
-            self.env = lmdb.open(path, readonly=True, lock=False, readahead=False,
-                                 max_readers=126, subdir=True)
-        except lmdb.Error as e:
-            raise CCTError(f"cannot open LMDB '{path}': {e}") from None
+        if not os.path.isdir(path) or not _looks_like_lmdb(path):
+            hint = (" It looks like a LevelDB: set `backend: LEVELDB` in data_param."
+                    if os.path.isdir(path) and _looks_like_leveldb(path) else "")
+            raise CCTError(f"'{path}' is not an LMDB (expected a folder holding data.mdb).{hint}")
         self.path = path
+        self.env, self._handle_key = _acquire(path, _open_lmdb)
         self.txn = self.env.begin(buffers=False)
         self.cursor = self.txn.cursor()
-        if not self.cursor.first():
+        self.valid = self.cursor.first()
+        if not self.valid:
+            self.close()
             raise CCTError(f"LMDB '{path}' holds no records")
+        info("db_lmdb.cpp:35", f"Opened lmdb {path}")
 
     def __len__(self) -> int:
         return self.env.stat()["entries"]
 
-    def value(self) -> bytes:
-        return self.cursor.value()
+    def seek_to_first(self) -> None:
+        self.valid = self.cursor.first()
+
+    def seek(self, key: bytes) -> bool:
+        """Position at ``key``; False (and the cursor at the first record) if it is absent."""
+        if self.cursor.set_key(key):
+            self.valid = True
+            return True
+        self.seek_to_first()
+        return False
+
+    def next(self) -> None:
+        self.valid = self.cursor.next()
 
     def key(self) -> bytes:
         return self.cursor.key()
 
-    def next(self) -> None:
-        """Advance; after the last record, start again from the first (Caffe: "Restarting
-        data prefetching from start.")."""
-        if not self.cursor.next():
-            self.cursor.first()
+    def value(self) -> bytes:
+        return self.cursor.value()
 
     def close(self) -> None:
-        self.env.close()
+        if self.env is not None:
+            self.txn.abort()
+            _release(self._handle_key)
+            self.env = None
 
 
-def open_db(path: str, backend: int) -> LMDBCursor:
+class LevelDBCursor:
+    """Read-only cursor over a LevelDB folder (Caffe's default backend), through plyvel."""
+
+    backend = "leveldb"
+
+    def __init__(self, path: str):
+        try:
+            import plyvel  # noqa: F401
+        except ImportError:
+            raise CCTError(f"'{path}' is a LevelDB source, and reading LevelDB needs the plyvel "
+                           f"package: pip install cct[leveldb] (or convert the database to LMDB "
+                           f"and set `backend: LMDB`)") from None
+        if not os.path.exists(path):
+            raise CCTError(f"LevelDB '{path}' does not exist")
+        if os.path.isdir(path) and _looks_like_lmdb(path):
+            raise CCTError(f"'{path}' is an LMDB, but data_param.backend is LEVELDB (Caffe's "
+                           f"default); set `backend: LMDB`")
+        self.path = path
+        self.db, self._handle_key = _acquire(path, _open_leveldb)
+        self._iter = self.db.iterator()
+        self.seek_to_first()
+        if not self.valid:
+            self.close()
+            raise CCTError(f"LevelDB '{path}' holds no records")
+        info("db_leveldb.cpp:18", f"Opened leveldb {path}")
+
+    def seek_to_first(self) -> None:
+        self._iter.seek_to_start()
+        self.next()
+
+    def seek(self, key: bytes) -> bool:
+        self._iter.seek(key)
+        self.next()
+        if self.valid and self._key == key:
+            return True
+        self.seek_to_first()
+        return False
+
+    def next(self) -> None:
+        try:
+            self._key, self._value = next(self._iter)
+            self.valid = True
+        except StopIteration:
+            self.valid = False
+
+    def key(self) -> bytes:
+        return self._key
+
+    def value(self) -> bytes:
+        return self._value
+
+    def close(self) -> None:
+        if self.db is not None:
+            self._iter.close()
+            _release(self._handle_key)
+            self.db = None
+
+
+def open_db(path: str, backend: int):
+    """Open ``path`` with the cursor for ``data_param.backend`` (``DataParameter.DB``)."""
     from ..proto import caffe_pb2
+    path = os.fspath(path)
     if backend == caffe_pb2.DataParameter.LMDB:
         return LMDBCursor(path)
-    raise CCTError(f"database backend LEVELDB is not supported yet (source '{path}'); "
-                   f"convert it to LMDB or set `backend: LMDB`")
+    if backend == caffe_pb2.DataParameter.LEVELDB:
+        return LevelDBCursor(path)
+    raise CCTError(f"unknown database backend {backend} for source '{path}'")

@@ -2,10 +2,12 @@
 and apply Caffe's upgrades of legacy formats on load (``upgrade_proto.cpp``)."""
 from __future__ import annotations
 
+import math
 import os
 import re
 
-from google.protobuf import message, text_format
+import numpy as np
+from google.protobuf import message, text_encoding, text_format
 
 from ..errors import ProtoError, close_matches
 from ..proto import caffe_pb2
@@ -153,3 +155,45 @@ def write_text(msg: message.Message, path: str) -> None:
     with open(tmp, "w") as f:
         f.write(text_format.MessageToString(msg))
     os.replace(tmp, path)
+
+
+def debug_string(msg, indent: int = 0) -> str:
+    """Protobuf text as C++ ``DebugString`` prints it (Caffe logs parameters this way): fields
+    in number order, floats with 6 significant digits (``lr_mult: 1``, not ``1.0``) or 9 when a
+    value needs them to read back exactly."""
+    pad = "  " * indent
+    out = []
+    for field, value in msg.ListFields():
+        for v in (value if _is_repeated(field) else [value]):
+            if field.cpp_type == field.CPPTYPE_MESSAGE:
+                out.append(f"{pad}{field.name} {{\n{debug_string(v, indent + 1)}{pad}}}\n")
+            else:
+                out.append(f"{pad}{field.name}: {_text_scalar(field, v)}\n")
+    return "".join(out)
+
+
+def _is_repeated(field) -> bool:
+    rep = getattr(field, "is_repeated", None)
+    if rep is None:
+        return field.label == field.LABEL_REPEATED
+    return rep() if callable(rep) else rep
+
+
+def _text_scalar(field, v) -> str:
+    if field.cpp_type == field.CPPTYPE_STRING:
+        if field.type == field.TYPE_BYTES:
+            return '"' + text_encoding.CEscape(v, False) + '"'
+        return '"' + text_encoding.CEscape(v, True) + '"'
+    if field.cpp_type == field.CPPTYPE_ENUM:
+        value = field.enum_type.values_by_number.get(v)
+        return value.name if value is not None else str(v)
+    if field.cpp_type == field.CPPTYPE_BOOL:
+        return "true" if v else "false"
+    if field.cpp_type in (field.CPPTYPE_FLOAT, field.CPPTYPE_DOUBLE):
+        if not math.isfinite(v):
+            return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+        single = field.cpp_type == field.CPPTYPE_FLOAT
+        kind, short, full = (np.float32, 6, 9) if single else (float, 15, 17)
+        text = "%.*g" % (short, v)
+        return text if kind(text) == kind(v) else "%.*g" % (full, v)
+    return str(v)

@@ -199,7 +199,6 @@ def copy_trained_layers(net: "Net", source: Union[str, caffe_pb2.NetParameter]) 
         if name not in net.layer_names_index:
             info("net.cpp:811", f"Ignoring source layer {name}")
             continue
-        info("net.cpp:819", f"Copying source layer {name}")
         target = net.layers[net.layer_names_index[name]].blobs
         if len(arrays) != len(target):
             raise WeightsError(f"Incompatible number of blobs for layer '{name}': {where} has "

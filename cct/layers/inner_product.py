@@ -69,7 +69,7 @@ class InnerProductLayer(Layer):
 
     def forward(self, bottom: List[Blob], top: List[Blob]) -> None:
         x = bottom[0].data.reshape(self.m, self.k)
-        y = x @ self._weight_nk().T
+        y = self.backend.matmul(x, self._weight_nk().T)
         if self.bias_term:
             y += self.blobs[1].data
         top[0].data[...] = y.reshape(top[0].shape)
@@ -79,10 +79,11 @@ class InnerProductLayer(Layer):
         if self.param_propagate_down[0]:
             x = bottom[0].data.reshape(self.m, self.k)
             if self.transpose:
-                self.blobs[0].diff[...] += x.T @ dy
+                self.blobs[0].diff[...] += self.backend.matmul(x.T, dy)
             else:
-                self.blobs[0].diff[...] += dy.T @ x
+                self.blobs[0].diff[...] += self.backend.matmul(dy.T, x)
         if self.bias_term and self.param_propagate_down[1]:
             self.blobs[1].diff[...] += dy.sum(axis=0)
         if propagate_down[0]:
-            bottom[0].diff[...] = (dy @ self._weight_nk()).reshape(bottom[0].shape)
+            bottom[0].diff[...] = self.backend.matmul(dy, self._weight_nk()).reshape(
+                bottom[0].shape)

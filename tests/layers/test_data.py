@@ -74,3 +74,423 @@ def test_labels_are_the_idx_labels(caffe_fixtures, tmp_path):
     layer, bottom, top = data_layer(tmp_path / "db", batch=50)
     layer.forward(bottom, top)
     np.testing.assert_array_equal(top[1].data, labels[:50])
+
+
+# ------------------------------------------------------------------------------------------------
+# Databases written here with py-lmdb / plyvel
+# ------------------------------------------------------------------------------------------------
+def raw_datum(arr, label):
+    """A Datum holding uint8 ``data`` (or ``float_data`` for a float array) of shape C x H x W."""
+    arr = np.asarray(arr)
+    d = caffe_pb2.Datum(channels=arr.shape[0], height=arr.shape[1], width=arr.shape[2],
+                        label=int(label))
+    if arr.dtype == np.uint8:
+        d.data = arr.tobytes()
+    else:
+        d.float_data.extend(arr.ravel().tolist())
+    return d
+
+
+def encoded_datum(image_bytes, label):
+    return caffe_pb2.Datum(data=image_bytes, label=int(label), encoded=True)
+
+
+def write_lmdb(path, values):
+    """``values``: Datums (keys 00000000, 00000001, ... as convert_imageset writes them) or
+    (key, bytes) pairs."""
+    import lmdb
+    env = lmdb.open(str(path), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        for i, v in enumerate(values):
+            key, value = v if isinstance(v, tuple) else (b"%08d" % i, v.SerializeToString())
+            txn.put(key, value)
+    env.close()
+    return path
+
+
+def image_bytes(hwc_rgb, fmt="PNG", **kw):
+    import io
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.fromarray(hwc_rgb).save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def digits_db(tmp_path, n=10, shape=(1, 4, 5), name="db"):
+    """n records whose pixels are all equal to the record index (label = index)."""
+    return write_lmdb(tmp_path / name, [raw_datum(np.full(shape, i, np.uint8), i)
+                                        for i in range(n)])
+
+
+def layer_of(source, body="", batch=4, phase=caffe_pb2.TEST, tops=2, backend="LMDB", seed=1701):
+    text = (f'type: "Data" data_param {{ source: "{source}" batch_size: {batch} '
+            f'backend: {backend} }} {body}')
+    return build_layer(text, [], num_tops=tops, phase=phase, dtype=np.float32, seed=seed)
+
+
+def run(layer, top, n):
+    out = []
+    for _ in range(n):
+        layer.forward([], top)
+        out.append([t.data.copy() for t in top])
+    return out
+
+
+def test_records_in_key_order_wrap_around_and_log_the_restart(tmp_path, capsys):
+    layer, _, top = layer_of(digits_db(tmp_path, 10), batch=4)
+    labels = [b[1] for b in run(layer, top, 3)]
+    layer.close()
+    np.testing.assert_array_equal(np.concatenate(labels), [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1])
+    err = capsys.readouterr().err
+    assert "db_lmdb.cpp:35] Opened lmdb" in err
+    assert "data_layer.cpp:45] output data size: 4,1,4,5" in err
+    assert "data_layer.cpp:73] Restarting data prefetching from start." in err
+
+
+def test_keys_are_read_in_byte_order_not_insertion_order(tmp_path):
+    values = [(b"b", raw_datum(np.full((1, 2, 2), 2, np.uint8), 2).SerializeToString()),
+              (b"a", raw_datum(np.full((1, 2, 2), 1, np.uint8), 1).SerializeToString()),
+              (b"c", raw_datum(np.full((1, 2, 2), 3, np.uint8), 3).SerializeToString())]
+    layer, _, top = layer_of(write_lmdb(tmp_path / "db", values), batch=3)
+    layer.forward([], top)
+    layer.close()
+    np.testing.assert_array_equal(top[1].data, [1, 2, 3])
+    np.testing.assert_array_equal(top[0].data[:, 0, 0, 0], [1, 2, 3])
+
+
+def test_float_data_datums(tmp_path):
+    arr = np.arange(24, dtype=np.float32).reshape(2, 3, 4) / 7
+    layer, _, top = layer_of(write_lmdb(tmp_path / "db", [raw_datum(arr, 5)]),
+                             "transform_param { scale: 2 }", batch=2)
+    layer.forward([], top)
+    layer.close()
+    np.testing.assert_array_equal(top[0].data[0], arr * np.float32(2))
+    np.testing.assert_array_equal(top[1].data, [5, 5])
+
+
+def test_encoded_png_and_jpeg_datums_decode_to_bgr(tmp_path):
+    from PIL import Image
+    import io
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, (6, 7, 3), dtype=np.uint8)
+    jpg = image_bytes(rgb, "JPEG", quality=95)
+    db = write_lmdb(tmp_path / "db", [encoded_datum(image_bytes(rgb), 1), encoded_datum(jpg, 2)])
+    layer, _, top = layer_of(db, batch=2)
+    layer.forward([], top)
+    layer.close()
+    np.testing.assert_array_equal(top[0].data[0], rgb[..., ::-1].transpose(2, 0, 1))
+    jpeg_rgb = np.asarray(Image.open(io.BytesIO(jpg)).convert("RGB"))
+    np.testing.assert_array_equal(top[0].data[1], jpeg_rgb[..., ::-1].transpose(2, 0, 1))
+    np.testing.assert_array_equal(top[1].data, [1, 2])
+
+
+@pytest.mark.parametrize("transform,data_extra,channels", [
+    ("", "", 1),
+    ("transform_param { force_color: true }", "", 3),
+    ("", "force_encoded_color: true", 3),
+])
+def test_grey_encoded_datums_as_stored_or_forced_to_colour(tmp_path, transform, data_extra,
+                                                          channels):
+    grey = np.arange(20, dtype=np.uint8).reshape(4, 5) * 10
+    db = write_lmdb(tmp_path / "db", [encoded_datum(image_bytes(grey), 0)])
+    text = (f'type: "Data" data_param {{ source: "{db}" batch_size: 1 backend: LMDB '
+            f'{data_extra} }} {transform}')
+    layer, _, top = build_layer(text, [], num_tops=2, dtype=np.float32)
+    layer.forward([], top)
+    layer.close()
+    assert top[0].shape == (1, channels, 4, 5)
+    for c in range(channels):
+        np.testing.assert_array_equal(top[0].data[0, c], grey)
+
+
+def test_force_gray_uses_libpngs_integer_luma(tmp_path):
+    rgb = np.random.default_rng(1).integers(0, 256, (5, 6, 3), dtype=np.uint8)
+    db = write_lmdb(tmp_path / "db", [encoded_datum(image_bytes(rgb), 0)])
+    layer, _, top = layer_of(db, "transform_param { force_gray: true }", batch=1)
+    layer.forward([], top)
+    layer.close()
+    r, g, b = (rgb[..., i].astype(np.int64) for i in range(3))
+    # png_set_rgb_to_gray(0.299, 0.587) in libpng's 15-bit fixed point, truncated.
+    want = (9797 * r + 19234 * g + 3737 * b) >> 15
+    np.testing.assert_array_equal(top[0].data[0, 0], want)
+
+
+def test_rand_skip_starts_at_a_random_record_below_rand_skip(tmp_path):
+    from cct.rng import get_rng, set_random_seed
+    db = digits_db(tmp_path, 10)
+    set_random_seed(5)
+    expected = int(get_rng().integers(0, 7))
+    text = (f'type: "Data" data_param {{ source: "{db}" batch_size: 3 backend: LMDB '
+            f'rand_skip: 7 }}')
+    layer, _, top = build_layer(text, [], num_tops=2, dtype=np.float32, seed=5)
+    layer.forward([], top)
+    layer.close()
+    np.testing.assert_array_equal(top[1].data, (np.arange(3) + expected) % 10)
+
+
+def test_a_corrupt_record_fails_the_forward_that_reads_it_naming_its_key(tmp_path):
+    good = [raw_datum(np.full((1, 2, 2), i, np.uint8), i).SerializeToString() for i in range(4)]
+    values = [(b"%08d" % i, v) for i, v in enumerate(good)] + [(b"00000004", b"\xff\x01junk")]
+    layer, _, top = layer_of(write_lmdb(tmp_path / "db", values), batch=2)
+    run(layer, top, 2)  # records 0..3 are fine
+    with pytest.raises(CCTError, match=r"record b'00000004'.*not a Datum"):
+        layer.forward([], top)
+    with pytest.raises(CCTError, match="00000004"):  # and it stays failed
+        layer.forward([], top)
+    layer.close()
+
+
+def test_records_of_different_shapes_in_one_batch_are_an_error_unless_cropped(tmp_path):
+    db = write_lmdb(tmp_path / "db", [raw_datum(np.zeros((1, 4, 4), np.uint8), 0),
+                                      raw_datum(np.ones((1, 5, 6), np.uint8), 1)])
+    layer, _, top = layer_of(db, batch=2)
+    with pytest.raises(CCTError, match=r"record b'00000001'.*has shape \(1, 5, 6\)"):
+        layer.forward([], top)
+    layer.close()
+    layer, _, top = layer_of(db, "transform_param { crop_size: 3 }", batch=2)
+    layer.forward([], top)
+    layer.close()
+    assert top[0].shape == (2, 1, 3, 3)
+    np.testing.assert_array_equal(top[0].data[:, 0, 0, 0], [0, 1])
+
+
+def test_each_batch_takes_the_shape_of_its_first_record(tmp_path):
+    db = write_lmdb(tmp_path / "db", [raw_datum(np.zeros((1, 4, 4), np.uint8), 0),
+                                      raw_datum(np.ones((1, 5, 6), np.uint8), 1)])
+    layer, _, top = layer_of(db, batch=1)
+    shapes = []
+    for _ in range(3):
+        layer.forward([], top)
+        shapes.append(top[0].shape)
+    layer.close()
+    assert shapes == [(1, 1, 4, 4), (1, 1, 5, 6), (1, 1, 4, 4)]
+
+
+def test_backend_mismatches_are_explained(tmp_path):
+    db = digits_db(tmp_path, 2)
+    with pytest.raises(CCTError, match="is an LMDB, but data_param.backend is LEVELDB"):
+        pytest.importorskip("plyvel")
+        layer_of(db, backend="LEVELDB")
+
+
+def test_leveldb_without_plyvel_says_how_to_install_it(tmp_path, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "plyvel", None)
+    with pytest.raises(CCTError, match=r"pip install cct\[leveldb\]"):
+        layer_of(tmp_path / "some_leveldb", backend="LEVELDB")
+
+
+def test_leveldb_source(tmp_path, capsys):
+    plyvel = pytest.importorskip("plyvel")
+    db = plyvel.DB(str(tmp_path / "ldb"), create_if_missing=True)
+    for i in range(5):
+        db.put(b"%08d" % i, raw_datum(np.full((1, 2, 3), i, np.uint8), i).SerializeToString())
+    db.close()
+    layer, _, top = layer_of(tmp_path / "ldb", batch=3, backend="LEVELDB")
+    labels = np.concatenate([b[1] for b in run(layer, top, 2)])
+    state = layer.data_state()
+    layer.close()
+    np.testing.assert_array_equal(labels, [0, 1, 2, 3, 4, 0])
+    assert "db_leveldb.cpp:18] Opened leveldb" in capsys.readouterr().err
+    layer2, _, top2 = layer_of(tmp_path / "ldb", batch=3, backend="LEVELDB")
+    layer3, _, top3 = layer_of(tmp_path / "ldb", batch=2, backend="LEVELDB")  # opened twice
+    layer2.load_data_state(state)
+    layer2.forward([], top2)
+    layer3.forward([], top3)
+    layer2.close()
+    layer3.close()
+    np.testing.assert_array_equal(top2[1].data, [1, 2, 3])
+    np.testing.assert_array_equal(top3[1].data, [0, 1])
+    with pytest.raises(CCTError, match="is not an LMDB.*looks like a LevelDB"):
+        layer_of(tmp_path / "ldb", backend="LMDB")
+
+
+# ------------------------------------------------------------------------------------------------
+# Exact resume, threads
+# ------------------------------------------------------------------------------------------------
+CROP_MIRROR = "transform_param { crop_size: 3 mirror: true }"
+
+
+def noisy_db(tmp_path, n=13):
+    rng = np.random.default_rng(3)
+    return write_lmdb(tmp_path / "noisy", [raw_datum(rng.integers(0, 256, (2, 5, 6), np.uint8), i)
+                                           for i in range(n)])
+
+
+def test_data_state_counts_what_forward_returned_not_what_was_prefetched(tmp_path):
+    import json
+    import time
+    layer, _, top = layer_of(noisy_db(tmp_path), CROP_MIRROR, batch=4, phase=caffe_pb2.TRAIN)
+    assert layer.data_state()["records"] == 0
+    run(layer, top, 2)
+    time.sleep(0.05)  # let the prefetcher run ahead
+    state = layer.data_state()
+    layer.close()
+    assert state["records"] == 8 and state["position"] == 8 and state["type"] == "Data"
+    assert json.loads(json.dumps(state)) == state
+
+
+@pytest.mark.parametrize("done", [0, 1, 3, 4])
+def test_a_restored_layer_continues_with_the_batches_of_the_uninterrupted_run(tmp_path, done):
+    db = noisy_db(tmp_path)
+    ref, _, top = layer_of(db, CROP_MIRROR, batch=4, phase=caffe_pb2.TRAIN, seed=11)
+    uninterrupted = run(ref, top, done + 4)
+    ref.close()
+    first, _, top = layer_of(db, CROP_MIRROR, batch=4, phase=caffe_pb2.TRAIN, seed=11)
+    run(first, top, done)
+    state = first.data_state()
+    first.close()
+    resumed, _, top = layer_of(db, CROP_MIRROR, batch=4, phase=caffe_pb2.TRAIN, seed=99)
+    run(resumed, top, 1)  # wherever it was, load_data_state repositions it
+    resumed.load_data_state(state)
+    for want, got in zip(uninterrupted[done:], run(resumed, top, 4)):
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    resumed.close()
+
+
+def test_resume_finds_the_record_by_position_when_the_key_is_gone(tmp_path):
+    layer, _, top = layer_of(digits_db(tmp_path, 10), batch=3)
+    run(layer, top, 1)
+    state = dict(layer.data_state(), key="")
+    layer.load_data_state(state)
+    layer.forward([], top)
+    layer.close()
+    np.testing.assert_array_equal(top[1].data, [3, 4, 5])
+
+
+def test_a_foreign_data_state_is_refused(tmp_path):
+    layer, _, top = layer_of(digits_db(tmp_path, 4), batch=2)
+    with pytest.raises(CCTError, match="must come from a Data layer"):
+        layer.load_data_state({"type": "ImageData", "records": 0, "position": 0})
+    with pytest.raises(CCTError, match="lacks position"):
+        layer.load_data_state({"type": "Data", "records": 0})
+    layer.close()
+
+
+def test_two_layers_on_one_database_read_identical_batches(tmp_path):
+    db = noisy_db(tmp_path)
+    a, _, ta = layer_of(db, CROP_MIRROR, batch=5, phase=caffe_pb2.TRAIN, seed=4)
+    b, _, tb = layer_of(db, CROP_MIRROR, batch=5, phase=caffe_pb2.TRAIN, seed=4)
+    for x, y in zip(run(a, ta, 6), run(b, tb, 6)):
+        np.testing.assert_array_equal(x[0], y[0])
+    a.close()
+    b.close()
+
+
+def test_close_stops_the_thread_and_later_forwards_fail_clearly(tmp_path):
+    layer, _, top = layer_of(digits_db(tmp_path, 10), batch=2)
+    layer.forward([], top)
+    thread = layer.prefetcher._thread
+    layer.close()
+    assert not thread.is_alive()
+    with pytest.raises(CCTError, match="closed"):
+        layer.forward([], top)
+    layer.close()  # closing twice is harmless
+
+
+def test_an_unreferenced_layer_stops_its_thread(tmp_path):
+    import gc
+    layer, _, top = layer_of(digits_db(tmp_path, 10), batch=2)
+    thread = layer.prefetcher._thread
+    del layer, top
+    gc.collect()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def test_net_close_and_log_order_of_a_data_net(tmp_path, capsys):
+    from cct.io.prototxt import net_from_text
+    from cct.net import Net
+    db = digits_db(tmp_path, 6)
+    net = Net(net_from_text(f'''layer {{ name: "d" type: "Data" top: "data" top: "label"
+        data_param {{ source: "{db}" batch_size: 2 backend: LMDB }} }}'''), phase=caffe_pb2.TEST)
+    net.forward()
+    net.close()
+    assert not net.layers[0].prefetcher._thread.is_alive()
+    err = capsys.readouterr().err
+    order = ["Creating layer d", "Opened lmdb", "Creating Layer d", "d -> data",
+             "output data size: 2,1,4,5", "Setting up d"]
+    positions = [err.index(s) for s in order]
+    assert positions == sorted(positions)
+
+
+# ------------------------------------------------------------------------------------------------
+# DataTransformer
+# ------------------------------------------------------------------------------------------------
+def transformer(text, phase=caffe_pb2.TEST, seed=3):
+    from google.protobuf import text_format
+    from cct.data_transformer import DataTransformer
+    from cct.rng import set_random_seed
+    set_random_seed(seed)
+    p = caffe_pb2.TransformationParameter()
+    text_format.Merge(text, p)
+    t = DataTransformer(p, phase, "test")
+    t.init_rand()
+    return t
+
+
+def test_transform_is_mean_then_scale_in_float32():
+    x = np.random.default_rng(0).integers(0, 256, (2, 3, 4, 5), dtype=np.uint8)
+    out = transformer("scale: 0.017 mean_value: 104 mean_value: 117 mean_value: 123").transform(x)
+    mean = np.array([104, 117, 123], np.float32)[None, :, None, None]
+    np.testing.assert_array_equal(out, (x.astype(np.float32) - mean) * np.float32(0.017))
+    one = transformer("mean_value: 100").transform(x)
+    np.testing.assert_array_equal(one, x.astype(np.float32) - 100)
+
+
+def test_mean_file_is_subtracted_at_the_uncropped_position(tmp_path):
+    from cct.io.weights import blob_to_proto
+    mean = np.random.default_rng(1).random((1, 2, 6, 7)).astype(np.float32) * 50
+    path = tmp_path / "mean.binaryproto"
+    path.write_bytes(blob_to_proto(mean, caffe_pb2.BlobProto()).SerializeToString())
+    x = np.random.default_rng(2).integers(0, 256, (3, 2, 6, 7), dtype=np.uint8)
+    out = transformer(f'mean_file: "{path}" crop_size: 4').transform(x)  # TEST: centre crop
+    want = (x.astype(np.float32) - mean)[:, :, 1:5, 1:5]
+    np.testing.assert_array_equal(out, want)
+    with pytest.raises(CCTError, match="mean file is 2 x 6 x 7 but the data is 2 x 5 x 7"):
+        transformer(f'mean_file: "{path}"').transform(x[:, :, :5])
+
+
+def test_mirror_flips_about_half_the_examples_in_test_too():
+    x = np.arange(400 * 2 * 3, dtype=np.uint8).reshape(400, 1, 2, 3)
+    out = transformer("mirror: true", caffe_pb2.TEST).transform(x)
+    flipped = np.all(out == x[..., ::-1], axis=(1, 2, 3))
+    kept = np.all(out == x, axis=(1, 2, 3))
+    assert np.all(flipped | kept) and 150 < flipped.sum() < 250
+
+
+def test_random_crops_in_train_cover_every_offset():
+    x = np.arange(500 * 4 * 5, dtype=np.float32).reshape(500, 1, 4, 5)
+    out = transformer("crop_size: 2", caffe_pb2.TRAIN).transform(x)
+    offsets = {(int(o[0, 0, 0] - i * 20) // 5, int(o[0, 0, 0] - i * 20) % 5)
+               for i, o in enumerate(out)}
+    assert offsets == {(h, w) for h in range(3) for w in range(4)}
+    for i, o in enumerate(out):
+        h, w = divmod(int(o[0, 0, 0] - i * 20), 5)
+        np.testing.assert_array_equal(o, x[i, :, h:h + 2, w:w + 2])
+
+
+def test_transformer_setting_errors(tmp_path):
+    with pytest.raises(CCTError, match="both force_color and force_gray"):
+        transformer("force_color: true force_gray: true")
+    with pytest.raises(CCTError, match="both mean_file and mean_value"):
+        transformer('mean_file: "m" mean_value: 1')
+    with pytest.raises(CCTError, match="cannot read mean_file"):
+        transformer(f'mean_file: "{tmp_path}/none.binaryproto"')
+    with pytest.raises(CCTError, match="2 mean_value entries for data with 3 channels"):
+        transformer("mean_value: 1 mean_value: 2").transform(np.zeros((1, 3, 2, 2), np.uint8))
+    with pytest.raises(CCTError, match="crop_size 5 is larger than the data"):
+        transformer("crop_size: 5").transform(np.zeros((1, 1, 4, 9), np.uint8))
+
+
+def test_a_failed_resume_keeps_failing_and_a_closed_layer_cannot_resume(tmp_path):
+    layer, _, top = layer_of(digits_db(tmp_path, 4), batch=2)
+    state = dict(layer.data_state(), key="", position=9)
+    with pytest.raises(CCTError, match="cannot resume at record 9 .* holds fewer records"):
+        layer.load_data_state(state)
+    with pytest.raises(CCTError, match="cannot resume at record 9"):
+        layer.forward([], top)
+    layer.close()
+    with pytest.raises(CCTError, match="was closed"):
+        layer.load_data_state(dict(state, position=0))

@@ -1,0 +1,415 @@
+"""Training throughput of cct on the Caffe model zoo's nets, against this machine's SGEMM peak
+and, when PyTorch is installed, against PyTorch running the same nets layer for layer.
+
+    python bench/bench_train.py                        # every net, 5 timed iterations each
+    python bench/bench_train.py --nets lenet,caffenet_b32 --iters 2
+
+Each net is read from its train_val prototxt in ../shared/caffe-zoo (``--zoo`` or CCT_SHARED to
+move it), its database-backed data layers swapped for Input layers of the same shapes, and
+trained on synthetic data: full iterations of forward, backward and the SGD update (momentum
+0.9, weight decay 5e-4, the prototxt's lr_mult/decay_mult), as ``caffe train`` would run them.
+Each framework runs each net in a subprocess of its own, so peak resident memory (ru_maxrss)
+is that run's alone and no two thread pools meet.
+
+Printed per net: images/s (median iteration); achieved GFLOP/s, counting training FLOPs as
+3 x (multiply-adds of every Convolution and InnerProduct at the net's shapes) x 2; that as a
+fraction of the SGEMM peak measured at the start of the same run (best of a few large float32
+GEMMs through cct._C with cct's threads); peak RSS; PyTorch's images/s and cct's ratio to it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+# name: (prototxt under caffe-zoo, batch)
+NETS = {
+    "lenet": ("examples/mnist/lenet_train_test.prototxt", 64),
+    "cifar10_quick": ("examples/cifar10/cifar10_quick_train_test.prototxt", 100),
+    "caffenet_b256": ("models/bvlc_reference_caffenet/train_val.prototxt", 256),
+    "caffenet_b32": ("models/bvlc_reference_caffenet/train_val.prototxt", 32),
+    "alexnet_b32": ("models/bvlc_alexnet/train_val.prototxt", 32),
+    "googlenet_b32": ("models/bvlc_googlenet/train_val.prototxt", 32),
+}
+DATA_TYPES = {"Data", "ImageData", "HDF5Data", "WindowData", "MemoryData"}
+BASE_LR, MOMENTUM, WEIGHT_DECAY = 0.01, 0.9, 5e-4
+
+
+def default_zoo() -> pathlib.Path:
+    shared = pathlib.Path(os.environ.get("CCT_SHARED", REPO.parent / "shared"))
+    return shared / "caffe-zoo"
+
+
+# --------------------------------------------------------------------------------------------
+# The nets: zoo prototxt -> TRAIN net with Input layers
+# --------------------------------------------------------------------------------------------
+def _example_shape(lp) -> tuple:
+    source = lp.data_param.source or lp.image_data_param.source
+    if lp.transform_param.crop_size:
+        return (3, lp.transform_param.crop_size, lp.transform_param.crop_size)
+    if "mnist" in source:
+        return (1, 28, 28)
+    if "cifar" in source:
+        return (3, 32, 32)
+    raise SystemExit(f"bench: no known example shape for data layer '{lp.name}' ({source})")
+
+
+def train_net_param(path: pathlib.Path, batch: int):
+    """The TRAIN-phase NetParameter of a zoo prototxt, its data layers replaced by Input
+    layers of shape (batch, C, H, W) and (batch,) for the label."""
+    from cct.io.prototxt import read_net_text
+    from cct.proto import caffe_pb2
+
+    param = read_net_text(str(path))
+    out = caffe_pb2.NetParameter()
+    out.CopyFrom(param)
+    del out.layer[:]
+    for lp in param.layer:
+        phases = [r.phase for r in lp.include if r.HasField("phase")]
+        if phases and caffe_pb2.TRAIN not in phases:
+            continue
+        if lp.type in DATA_TYPES:
+            new = caffe_pb2.LayerParameter(name=lp.name, type="Input", top=list(lp.top))
+            new.input_param.shape.add().dim.extend((batch,) + _example_shape(lp))
+            for _ in lp.top[1:]:
+                new.input_param.shape.add().dim.append(batch)
+            out.layer.add().CopyFrom(new)
+        else:
+            out.layer.add().CopyFrom(lp)
+    out.state.phase = caffe_pb2.TRAIN
+    return out
+
+
+def num_classes(param) -> int:
+    """num_output of the InnerProduct layers feeding the losses (the label range)."""
+    producer = {t: lp for lp in param.layer for t in lp.top}
+    outs = [producer[lp.bottom[0]].inner_product_param.num_output
+            for lp in param.layer if lp.type == "SoftmaxWithLoss"]
+    return min(outs)
+
+
+def training_flops_per_image(net) -> float:
+    """3 x forward multiply-adds of Convolution and InnerProduct layers x 2, per image."""
+    macs = 0
+    for layer, top in zip(net.layers, net.top_vecs):
+        if layer.type in ("Convolution", "InnerProduct"):
+            w = layer.blobs[0].data
+            per_output = w.size // w.shape[0]  # (C/group) kh kw, or the IP's input size
+            macs += sum(t.data.size for t in top) * per_output
+    return 3.0 * 2.0 * macs / _input_batch(net)
+
+
+def _input_batch(net) -> int:
+    for layer, top in zip(net.layers, net.top_vecs):
+        if layer.type == "Input":
+            return top[0].data.shape[0]
+    raise SystemExit("bench: the net has no Input layer")
+
+
+# --------------------------------------------------------------------------------------------
+# Workers (one subprocess per framework and net)
+# --------------------------------------------------------------------------------------------
+def _timed_iterations(step, warmup: int, iters: int) -> list:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def run_cct(path: pathlib.Path, batch: int, warmup: int, iters: int) -> dict:
+    import numpy as np
+
+    from cct.net import Net
+    from cct.proto import caffe_pb2
+
+    param = train_net_param(path, batch)
+    net = Net(param, phase=caffe_pb2.TRAIN, source=str(path))
+    classes = num_classes(param)
+    rng = np.random.default_rng(0)
+    for layer, top in zip(net.layers, net.top_vecs):
+        if layer.type == "Input":
+            top[0].data[...] = rng.standard_normal(top[0].data.shape)
+            for t in top[1:]:
+                t.data[...] = rng.integers(0, classes, t.data.shape)
+    params = net.learnable_params
+    lrs = [BASE_LR * m for m in net.params_lr]
+    decays = [WEIGHT_DECAY * m for m in net.params_weight_decay]
+    history = [np.zeros_like(p.data) for p in params]
+    phase = {"forward_backward": [], "update": []}
+
+    def step():
+        t0 = time.perf_counter()
+        net.clear_param_diffs()
+        net.forward_prefilled()
+        net.backward_all()
+        t1 = time.perf_counter()
+        for p, v, lr, wd in zip(params, history, lrs, decays):  # Caffe's SGD update
+            if wd:
+                p.diff += wd * p.data
+            v *= MOMENTUM
+            v += lr * p.diff
+            p.data -= v
+        t2 = time.perf_counter()
+        phase["forward_backward"].append(t1 - t0)
+        phase["update"].append(t2 - t1)
+
+    times = _timed_iterations(step, warmup, iters)
+    return {"times": times, "flops_per_image": training_flops_per_image(net),
+            "update_s": statistics.median(phase["update"][warmup:]),
+            "threads": __import__("cct._C", fromlist=["_C"]).get_num_threads()}
+
+
+def torch_model(param):
+    """A torch.nn.Module that runs the Caffe layers of ``param`` in order on a dict of blobs:
+    the same net layer for layer (Input, Convolution, Pooling, LRN, ReLU, InnerProduct,
+    Dropout, Concat, SoftmaxWithLoss)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from cct.proto import caffe_pb2
+
+    PP = caffe_pb2.PoolingParameter
+
+    def pair(values, h, w, default):
+        if h or w:
+            return (h, w)
+        values = list(values) or [default]
+        return (values[0], values[-1])
+
+    class CaffeNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.steps = []
+            self.mods = nn.ModuleDict()
+            channels = {}
+            for lp in param.layer:
+                key = lp.name.replace("/", "_").replace(".", "_")
+                if lp.type == "Input":
+                    for top, shape in zip(lp.top, lp.input_param.shape):
+                        channels[top] = shape.dim[1] if len(shape.dim) > 1 else None
+                    self.steps.append(("input", lp, None))
+                    continue
+                if lp.type == "Convolution":
+                    cp = lp.convolution_param
+                    mod = nn.Conv2d(channels[lp.bottom[0]], cp.num_output,
+                                    pair(cp.kernel_size, cp.kernel_h, cp.kernel_w, 1),
+                                    pair(cp.stride, cp.stride_h, cp.stride_w, 1),
+                                    pair(cp.pad, cp.pad_h, cp.pad_w, 0),
+                                    pair(cp.dilation, 0, 0, 1), cp.group, bias=cp.bias_term)
+                    self.mods[key] = mod
+                    channels[lp.top[0]] = cp.num_output
+                elif lp.type == "InnerProduct":
+                    mod = nn.LazyLinear(lp.inner_product_param.num_output,
+                                        bias=lp.inner_product_param.bias_term)
+                    self.mods[key] = mod
+                    channels[lp.top[0]] = lp.inner_product_param.num_output
+                elif lp.type == "Concat":
+                    channels[lp.top[0]] = sum(channels[b] for b in lp.bottom)
+                else:
+                    channels[lp.top[0]] = channels.get(lp.bottom[0])
+                self.steps.append((lp.type, lp, key))
+
+        def forward(self, blobs):
+            loss = 0
+            for kind, lp, key in self.steps:
+                if kind == "input":
+                    continue
+                x = [blobs[b] for b in lp.bottom]
+                if kind in ("Convolution", "InnerProduct"):
+                    y = self.mods[key](x[0] if kind == "Convolution" else x[0].flatten(1))
+                elif kind == "ReLU":
+                    y = F.relu(x[0])
+                elif kind == "Pooling":
+                    pp = lp.pooling_param
+                    k = pair([pp.kernel_size] if pp.kernel_size else [], pp.kernel_h,
+                             pp.kernel_w, 1)
+                    s = pair([pp.stride], pp.stride_h, pp.stride_w, 1)
+                    p = pair([pp.pad], pp.pad_h, pp.pad_w, 0)
+                    if pp.global_pooling:
+                        k = tuple(x[0].shape[2:])
+                    if pp.pool == PP.MAX:
+                        y = F.max_pool2d(x[0], k, s, p, ceil_mode=True)
+                    else:
+                        y = F.avg_pool2d(x[0], k, s, p, ceil_mode=True)
+                elif kind == "LRN":
+                    rp = lp.lrn_param
+                    y = F.local_response_norm(x[0], rp.local_size, rp.alpha, rp.beta, rp.k)
+                elif kind == "Dropout":
+                    y = F.dropout(x[0], lp.dropout_param.dropout_ratio, training=True)
+                elif kind == "Concat":
+                    y = torch.cat(x, dim=lp.concat_param.axis)
+                elif kind == "SoftmaxWithLoss":
+                    weight = lp.loss_weight[0] if lp.loss_weight else 1.0
+                    loss = loss + weight * F.cross_entropy(x[0], x[1].long())
+                    continue
+                else:
+                    raise SystemExit(f"bench: no PyTorch counterpart for layer type {kind}")
+                blobs[lp.top[0]] = y
+            return loss
+
+    return CaffeNet()
+
+
+def run_torch(path: pathlib.Path, batch: int, warmup: int, iters: int) -> dict:
+    import torch
+
+    from cct._C import available_cores
+
+    torch.set_num_threads(available_cores())
+    param = train_net_param(path, batch)
+    classes = num_classes(param)
+    gen = torch.Generator().manual_seed(0)
+    blobs = {}
+    for lp in param.layer:
+        if lp.type == "Input":
+            blobs[lp.top[0]] = torch.randn(*lp.input_param.shape[0].dim, generator=gen)
+            for top in lp.top[1:]:
+                blobs[top] = torch.randint(0, classes, (batch,), generator=gen)
+    model = torch_model(param)
+    model(dict(blobs))  # materialise the lazy InnerProduct weights
+    opt = torch.optim.SGD(model.parameters(), lr=BASE_LR, momentum=MOMENTUM,
+                          weight_decay=WEIGHT_DECAY)
+
+    def step():
+        opt.zero_grad()
+        model(dict(blobs)).backward()
+        opt.step()
+
+    times = _timed_iterations(step, warmup, iters)
+    return {"times": times, "threads": torch.get_num_threads(), "version": torch.__version__}
+
+
+def worker(args) -> None:
+    zoo = pathlib.Path(args.zoo)
+    rel, batch = NETS[args.net]
+    run = run_cct if args.worker == "cct" else run_torch
+    result = run(zoo / rel, args.batch or batch, args.warmup, args.iters)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    print("RESULT " + json.dumps(result))
+
+
+# --------------------------------------------------------------------------------------------
+# The driver
+# --------------------------------------------------------------------------------------------
+def sgemm_peak(size: int = 3072, repeats: int = 3) -> float:
+    """Best GFLOP/s of a size x size x size float32 GEMM through cct._C, cct's threads."""
+    import numpy as np
+
+    from cct import _C
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((size, size), dtype=np.float32)
+    b = rng.standard_normal((size, size), dtype=np.float32)
+    _C.gemm(a, b)
+    best = min(_timeit(lambda: _C.gemm(a, b)) for _ in range(repeats))
+    return 2.0 * size ** 3 / best / 1e9
+
+
+def _timeit(f) -> float:
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
+
+
+def spawn(kind: str, net: str, args) -> dict:
+    cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", kind, "--net", net,
+           "--zoo", str(args.zoo), "--iters", str(args.iters), "--warmup", str(args.warmup)]
+    if args.batch:
+        cmd += ["--batch", str(args.batch)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = "\n".join(proc.stderr.splitlines()[-15:])
+    raise SystemExit(f"bench: the {kind} run of {net} failed (exit {proc.returncode}):\n{tail}")
+
+
+def machine() -> str:
+    import platform
+
+    import numpy as np
+
+    from cct import _C
+
+    model = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    avx = "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "no AVX2")
+    return (f"{model}, {_C.available_cores()} cores available ({avx}), Python "
+            f"{platform.python_version()}, NumPy {np.__version__}, cct BLAS: {_C.blas_config()}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nets", default=",".join(NETS),
+                    help=f"comma-separated, from: {', '.join(NETS)}")
+    ap.add_argument("--iters", type=int, default=5, help="timed iterations per net")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
+    ap.add_argument("--batch", type=int, default=0, help="override every net's batch")
+    ap.add_argument("--zoo", default=str(default_zoo()), help="the caffe-zoo folder")
+    ap.add_argument("--no-torch", action="store_true", help="skip PyTorch even if installed")
+    ap.add_argument("--worker", choices=["cct", "torch"], help=argparse.SUPPRESS)
+    ap.add_argument("--net", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return
+    nets = [n.strip() for n in args.nets.split(",") if n.strip()]
+    unknown = [n for n in nets if n not in NETS]
+    if unknown:
+        ap.error(f"unknown nets {unknown}; known: {', '.join(NETS)}")
+    if not pathlib.Path(args.zoo).is_dir():
+        ap.error(f"caffe-zoo folder {args.zoo} is absent (pass --zoo or set CCT_SHARED)")
+    try:
+        import torch  # noqa: F401
+        have_torch = not args.no_torch
+    except ImportError:
+        have_torch = False
+
+    print(machine())
+    peak = sgemm_peak()
+    print(f"SGEMM peak (3072^3 float32 through cct._C): {peak:.1f} GFLOP/s")
+    print(f"{args.iters} timed iterations per net after {args.warmup} warm-up; median shown")
+    header = (f"{'net':<15}{'batch':>6}{'img/s':>9}{'GFLOP/s':>9}{'% peak':>8}{'RSS MB':>9}"
+              f"{'update':>8}")
+    if have_torch:
+        header += f"{'torch img/s':>13}{'torch RSS':>11}{'ratio':>7}"
+    print(header)
+    for name in nets:
+        batch = args.batch or NETS[name][1]
+        res = spawn("cct", name, args)
+        t = statistics.median(res["times"])
+        ips = batch / t
+        gflops = res["flops_per_image"] * ips / 1e9
+        line = (f"{name:<15}{batch:>6}{ips:>9.1f}{gflops:>9.1f}{100 * gflops / peak:>7.0f}%"
+                f"{res['peak_rss_mb']:>9.0f}{100 * res['update_s'] / t:>7.0f}%")
+        if have_torch:
+            tres = spawn("torch", name, args)
+            tips = batch / statistics.median(tres["times"])
+            line += f"{tips:>13.1f}{tres['peak_rss_mb']:>11.0f}{ips / tips:>7.2f}"
+        print(line, flush=True)
+    print("update: share of the iteration spent in the (NumPy) SGD update")
+
+
+if __name__ == "__main__":
+    main()

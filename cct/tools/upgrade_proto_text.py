@@ -1,0 +1,69 @@
+"""``cct upgrade_net_proto_text IN OUT`` and ``cct upgrade_solver_proto_text IN OUT``: Caffe's
+tools/upgrade_net_proto_text and tools/upgrade_solver_proto_text.
+
+Read a text prototxt, apply the upgrades Caffe applies when it loads one (V0/V1 layers,
+data-transform fields, ``input`` fields, old BatchNorm params; the solver's ``solver_type``
+enum), and write the result as protobuf text. A file that needs no upgrade is written back
+unchanged with Caffe's "File already in latest proto format" line. Numbers are printed as
+protobuf's C++ TextFormat prints them (``lr_mult: 1``, not Python's ``1.0``). The output is
+written under a temporary name and renamed.
+"""
+from __future__ import annotations
+
+import re
+from typing import List
+
+from google.protobuf import message, text_format
+
+from ..flags import Flags
+from ..glog import info
+from ..io import prototxt, upgrade
+from ..proto import caffe_pb2
+from ..io.weights import _atomic_write
+from . import log_error
+
+_WHOLE_FLOAT = re.compile(r"^(\s*\w+: -?\d+)\.0$", re.MULTILINE)
+
+
+def write_text(msg: message.Message, path: str) -> None:
+    """Caffe's WriteProtoToTextFile: protobuf text, whole floats without Python's ``.0``."""
+    text = _WHOLE_FLOAT.sub(r"\1", text_format.MessageToString(msg))
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+    _atomic_write(path, write)
+
+
+def main_upgrade_net_proto_text(argv: List[str]) -> int:
+    tool = "upgrade_net_proto_text"
+    flags = Flags(tool, argv, {}, positional=("v0_net_proto_file_in", "v1_net_proto_file_out"))
+    source, out = flags.positional
+    net = prototxt.read_text(source, caffe_pb2.NetParameter(), "net")
+    if upgrade.net_needs_upgrade(net):
+        upgrade.upgrade_net(net, source)
+    else:
+        log_error("upgrade_net_proto_text.cpp:40", f"File already in latest proto format: "
+                  f"{source}")
+    write_text(net, out)
+    info("upgrade_net_proto_text.cpp:46", f"Wrote upgraded NetParameter text proto to {out}")
+    return 0
+
+
+def main_upgrade_solver_proto_text(argv: List[str]) -> int:
+    tool = "upgrade_solver_proto_text"
+    flags = Flags(tool, argv, {}, positional=("solver_proto_file_in", "solver_proto_file_out"))
+    source, out = flags.positional
+    solver = prototxt.read_text(source, caffe_pb2.SolverParameter(), "solver")
+    if upgrade.solver_needs_type_upgrade(solver):
+        upgrade.upgrade_solver(solver, source)
+    else:
+        log_error("upgrade_solver_proto_text.cpp:40", f"File already in latest proto format: "
+                  f"{source}")
+    write_text(solver, out)
+    info("upgrade_solver_proto_text.cpp:46", f"Wrote upgraded SolverParameter text proto to "
+         f"{out}")
+    return 0
+
+
+main = main_upgrade_net_proto_text

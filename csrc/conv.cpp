@@ -1,0 +1,330 @@
+// Convolution lowered to GEMM over the whole mini-batch (Caffe con Troll), forward, backward
+// data and backward weight, with groups, pad, stride, dilation and rectangular kernels.
+//
+// Per group g the input is lowered (im2col) into a K x M matrix, K = C/group * kh * kw rows
+// (channel, tap) and M = images * Ho * Wo columns (image, output pixel), and one GEMM does the
+// group's work for all those images:
+//   forward          Yt (O/g x M) = W_g (O/g x K) * cols (K x M), then Yt -> y (N, O, Ho, Wo)
+//   backward data    dcols (K x M) = W_g^T * dYt, then col2im (the adjoint of im2col) -> dx
+//   backward weight  dW_g (O/g x K) += dYt (O/g x M) * cols^T
+// Caffe instead lowers one image at a time and multiplies small matrices.
+//
+// The images are taken in chunks so that the lowered matrices of one chunk fit a workspace
+// budget (col_buffer_limit(), 128 MiB by default): the whole batch when it fits, which covers
+// most layers; otherwise as many images as fit (each chunk's GEMM is still large: M is
+// thousands of columns). The workspace is per thread and reused between calls, so a training
+// step does not page-fault fresh buffers in.
+//
+// The weight gradient's GEMM has a long inner dimension (M) and a small result, a shape on
+// which OpenBLAS's speed depends strongly on the operand order: dW = dYt cols^T or
+// dW^T = cols dYt^T (then transposed, K x O/g elements) differ by up to 4x either way. The first
+// call with a given (O/g, K, M) times both on its own data and caches the faster
+// (weight_grad_choices() lists the choices).
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <tuple>
+#include <vector>
+
+#include "gemm.h"
+#include "kernels.h"
+#include "parallel.h"
+
+namespace cct {
+
+namespace {
+
+int64_t g_col_buffer_limit = int64_t(128) << 20;
+
+// A grow-only per-thread scratch area.
+struct Workspace {
+  std::unique_ptr<char[]> data;
+  size_t size = 0;
+  void* get(size_t bytes) {
+    if (bytes > size) {
+      data.reset();  // release first: never hold both the old and the new buffer
+      data.reset(new char[bytes]);
+      size = bytes;
+    }
+    return data.get();
+  }
+};
+
+thread_local Workspace t_workspace;
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The output columns [lo, hi) whose input column ow * stride + offset lies inside [0, size).
+inline void valid_range(int64_t offset, int64_t stride, int64_t size, int64_t out, int64_t* lo,
+                        int64_t* hi) {
+  int64_t l = offset >= 0 ? 0 : ceil_div(-offset, stride);
+  int64_t h = size - offset <= 0 ? 0 : ceil_div(size - offset, stride);
+  *lo = std::min(l, out);
+  *hi = std::max(*lo, std::min(h, out));
+}
+
+// Rows (c, i, j) of group `grp`, columns (image n0 .. n1, output pixel) into cols (K x M).
+template <typename T>
+void im2col(const T* x, const ConvGeom& g, int64_t grp, int64_t n0, int64_t n1, T* cols) {
+  const int64_t cg = g.c / g.group, taps = int64_t(g.kh) * g.kw, k = cg * taps;
+  const int64_t nb = n1 - n0, p = g.ho * g.wo, m = nb * p, plane = g.h * g.w;
+  parallel_for(k * nb, p, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t nn = item / k, r = item % k;
+      const int64_t cl = r / taps, i = (r / g.kw) % g.kh, j = r % g.kw;
+      const T* src = x + ((n0 + nn) * g.c + grp * cg + cl) * plane;
+      T* dst = cols + r * m + nn * p;
+      const int64_t off_w = j * g.dw - g.pw;
+      int64_t lo, hi;
+      valid_range(off_w, g.sw, g.w, g.wo, &lo, &hi);
+      for (int64_t oh = 0; oh < g.ho; ++oh, dst += g.wo) {
+        const int64_t ih = oh * g.sh - g.ph + i * g.dh;
+        if (ih < 0 || ih >= g.h) {
+          std::fill(dst, dst + g.wo, T(0));
+          continue;
+        }
+        const T* row = src + ih * g.w + off_w;
+        std::fill(dst, dst + lo, T(0));
+        if (g.sw == 1) {
+          std::memcpy(dst + lo, row + lo, size_t(hi - lo) * sizeof(T));
+        } else {
+          for (int64_t ow = lo; ow < hi; ++ow) dst[ow] = row[ow * g.sw];
+        }
+        std::fill(dst + hi, dst + g.wo, T(0));
+      }
+    }
+  });
+}
+
+// The adjoint of im2col: dx[n, c] = sum over taps of the columns that read it. Each (image,
+// channel) plane is owned by one thread, zeroed and then accumulated while it is in cache.
+template <typename T>
+void col2im(const T* cols, const ConvGeom& g, int64_t grp, int64_t n0, int64_t n1, T* dx) {
+  const int64_t cg = g.c / g.group, taps = int64_t(g.kh) * g.kw;
+  const int64_t nb = n1 - n0, p = g.ho * g.wo, m = nb * p, plane = g.h * g.w;
+  parallel_for(cg * nb, taps * p, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t nn = item / cg, cl = item % cg;
+      T* dst = dx + ((n0 + nn) * g.c + grp * cg + cl) * plane;
+      std::fill(dst, dst + plane, T(0));
+      for (int64_t i = 0; i < g.kh; ++i) {
+        for (int64_t j = 0; j < g.kw; ++j) {
+          const T* src = cols + ((cl * g.kh + i) * g.kw + j) * m + nn * p;
+          const int64_t off_w = j * g.dw - g.pw;
+          int64_t lo, hi;
+          valid_range(off_w, g.sw, g.w, g.wo, &lo, &hi);
+          for (int64_t oh = 0; oh < g.ho; ++oh, src += g.wo) {
+            const int64_t ih = oh * g.sh - g.ph + i * g.dh;
+            if (ih < 0 || ih >= g.h) continue;
+            T* row = dst + ih * g.w + off_w;
+            if (g.sw == 1) {
+              for (int64_t ow = lo; ow < hi; ++ow) row[ow] += src[ow];
+            } else {
+              for (int64_t ow = lo; ow < hi; ++ow) row[ow * g.sw] += src[ow];
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+// y[n0 + nn, grp * og + o, :] = yt[o, nn * P : (nn + 1) * P] (+ bias[grp * og + o]).
+template <typename T>
+void scatter_top(const T* yt, const T* bias, const ConvGeom& g, int64_t grp, int64_t n0,
+                 int64_t n1, T* y) {
+  const int64_t og = g.o / g.group, nb = n1 - n0, p = g.ho * g.wo, m = nb * p;
+  parallel_for(og * nb, p, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t nn = item / og, o = item % og;
+      const T* src = yt + o * m + nn * p;
+      T* dst = y + ((n0 + nn) * g.o + grp * og + o) * p;
+      if (bias) {
+        const T b = bias[grp * og + o];
+        for (int64_t q = 0; q < p; ++q) dst[q] = src[q] + b;
+      } else {
+        std::memcpy(dst, src, size_t(p) * sizeof(T));
+      }
+    }
+  });
+}
+
+// The inverse of scatter_top (without bias): gather a group's top diff into O/g x M.
+template <typename T>
+void gather_top(const T* dy, const ConvGeom& g, int64_t grp, int64_t n0, int64_t n1, T* dyt) {
+  const int64_t og = g.o / g.group, nb = n1 - n0, p = g.ho * g.wo, m = nb * p;
+  parallel_for(og * nb, p, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t nn = item / og, o = item % og;
+      std::memcpy(dyt + o * m + nn * p, dy + ((n0 + nn) * g.o + grp * og + o) * p,
+                  size_t(p) * sizeof(T));
+    }
+  });
+}
+
+// Images per chunk: as many as keep the chunk's K x M lowered input and O/g x M top within
+// the workspace budget, at least one.
+template <typename T>
+int64_t chunk_images(const ConvGeom& g) {
+  const int64_t k = g.c / g.group * g.kh * g.kw, og = g.o / g.group;
+  const int64_t per_image = (k + og) * g.ho * g.wo * int64_t(sizeof(T));
+  return std::max<int64_t>(1, std::min<int64_t>(g.n, g_col_buffer_limit / per_image));
+}
+
+struct Buffers {
+  void* base;
+  int64_t k, og, m;
+  template <typename T> T* cols() const { return static_cast<T*>(base); }
+  template <typename T> T* top() const { return static_cast<T*>(base) + k * m; }
+};
+
+template <typename T>
+Buffers workspace_for(const ConvGeom& g, int64_t nb) {
+  const int64_t k = g.c / g.group * g.kh * g.kw, og = g.o / g.group, m = nb * g.ho * g.wo;
+  return {t_workspace.get(size_t((k + og) * m) * sizeof(T)), k, og, m};
+}
+
+// Cached per (O/g, K, M, element size): true when dW^T = cols dYt^T was the faster order.
+std::mutex g_choice_mutex;
+std::atomic<int> g_weight_grad_order{0};  // 0 measure, 1 direct, 2 transposed
+std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, bool> g_weight_grad_transposed;
+
+template <typename F>
+double seconds_of(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <typename T>
+bool weight_grad_transposed(const T* dyt, const T* cols, int64_t og, int64_t k, int64_t m) {
+  if (g_weight_grad_order != 0) return g_weight_grad_order == 2;
+  const auto key = std::make_tuple(og, k, m, int64_t(sizeof(T)));
+  {
+    std::lock_guard<std::mutex> lock(g_choice_mutex);
+    auto it = g_weight_grad_transposed.find(key);
+    if (it != g_weight_grad_transposed.end()) return it->second;
+  }
+  std::vector<T> scratch(size_t(og * k));
+  const double direct = seconds_of(
+      [&] { gemm(false, true, og, k, m, T(1), dyt, m, cols, m, T(0), scratch.data(), k); });
+  const double transposed = seconds_of(
+      [&] { gemm(false, true, k, og, m, T(1), cols, m, dyt, m, T(0), scratch.data(), og); });
+  std::lock_guard<std::mutex> lock(g_choice_mutex);
+  return g_weight_grad_transposed.emplace(key, transposed < direct).first->second;
+}
+
+}  // namespace
+
+std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>> weight_grad_choices() {
+  std::lock_guard<std::mutex> lock(g_choice_mutex);
+  std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>> out;
+  for (const auto& [key, transposed] : g_weight_grad_transposed)
+    out.emplace_back(std::get<0>(key), std::get<1>(key), std::get<2>(key), std::get<3>(key),
+                     transposed);
+  return out;
+}
+
+void set_weight_grad_order(int order) {
+  if (order < 0 || order > 2) throw std::invalid_argument("weight grad order must be 0, 1 or 2");
+  g_weight_grad_order = order;
+}
+
+int64_t col_buffer_limit() { return g_col_buffer_limit; }
+
+void set_col_buffer_limit(int64_t bytes) {
+  if (bytes < 1) throw std::invalid_argument("col buffer limit must be positive");
+  g_col_buffer_limit = bytes;
+}
+
+template <typename T>
+void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGeom& g) {
+  const int64_t step = chunk_images<T>(g);
+  for (int64_t n0 = 0; n0 < g.n; n0 += step) {
+    const int64_t n1 = std::min(g.n, n0 + step);
+    const Buffers buf = workspace_for<T>(g, n1 - n0);
+    for (int64_t grp = 0; grp < g.group; ++grp) {
+      im2col(x, g, grp, n0, n1, buf.cols<T>());
+      gemm(false, false, buf.og, buf.m, buf.k, T(1), weight + grp * buf.og * buf.k, buf.k,
+           buf.cols<T>(), buf.m, T(0), buf.top<T>(), buf.m);
+      scatter_top(buf.top<T>(), bias, g, grp, n0, n1, y);
+    }
+  }
+}
+
+template <typename T>
+void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g) {
+  const int64_t step = chunk_images<T>(g);
+  for (int64_t n0 = 0; n0 < g.n; n0 += step) {
+    const int64_t n1 = std::min(g.n, n0 + step);
+    const Buffers buf = workspace_for<T>(g, n1 - n0);
+    for (int64_t grp = 0; grp < g.group; ++grp) {
+      gather_top(dy, g, grp, n0, n1, buf.top<T>());
+      gemm(true, false, buf.k, buf.m, buf.og, T(1), weight + grp * buf.og * buf.k, buf.k,
+           buf.top<T>(), buf.m, T(0), buf.cols<T>(), buf.m);
+      col2im(buf.cols<T>(), g, grp, n0, n1, dx);
+    }
+  }
+}
+
+template <typename T>
+void conv_backward_weight(const T* x, const T* dy, T* dweight, const ConvGeom& g) {
+  const int64_t step = chunk_images<T>(g);
+  const int64_t og = g.o / g.group, k = g.c / g.group * g.kh * g.kw;
+  if (g.n == 0) {
+    std::fill(dweight, dweight + g.o * k, T(0));
+    return;
+  }
+  bool transposed = false;
+  std::vector<T> dweight_t;  // K x O/g per group, when the transposed order is used
+  for (int64_t n0 = 0; n0 < g.n; n0 += step) {
+    const int64_t n1 = std::min(g.n, n0 + step);
+    const Buffers buf = workspace_for<T>(g, n1 - n0);
+    const T beta = n0 == 0 ? T(0) : T(1);
+    for (int64_t grp = 0; grp < g.group; ++grp) {
+      im2col(x, g, grp, n0, n1, buf.cols<T>());
+      gather_top(dy, g, grp, n0, n1, buf.top<T>());
+      if (n0 == 0 && grp == 0) {  // one order for every chunk: chosen on the first
+        transposed = weight_grad_transposed(buf.top<T>(), buf.cols<T>(), og, k, buf.m);
+        if (transposed) dweight_t.resize(size_t(g.o * k));
+      }
+      if (transposed) {
+        gemm(false, true, k, og, buf.m, T(1), buf.cols<T>(), buf.m, buf.top<T>(), buf.m, beta,
+             dweight_t.data() + grp * og * k, og);
+      } else {
+        gemm(false, true, og, k, buf.m, T(1), buf.top<T>(), buf.m, buf.cols<T>(), buf.m, beta,
+             dweight + grp * og * k, k);
+      }
+    }
+  }
+  if (!transposed) return;
+  for (int64_t grp = 0; grp < g.group; ++grp) {
+    const T* src = dweight_t.data() + grp * og * k;
+    T* dst = dweight + grp * og * k;
+    for (int64_t o = 0; o < og; ++o)
+      for (int64_t r = 0; r < k; ++r) dst[o * k + r] = src[r * og + o];
+  }
+}
+
+template <typename T>
+void gemm_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                 int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+#define CCT_INSTANTIATE(T)                                                                  \
+  template void conv_forward<T>(const T*, const T*, const T*, T*, const ConvGeom&);         \
+  template void conv_backward_data<T>(const T*, const T*, T*, const ConvGeom&);             \
+  template void conv_backward_weight<T>(const T*, const T*, T*, const ConvGeom&);           \
+  template void gemm_kernel<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, \
+                               const T*, int64_t, T, T*, int64_t);
+CCT_INSTANTIATE(float)
+CCT_INSTANTIATE(double)
+#undef CCT_INSTANTIATE
+
+}  // namespace cct

@@ -1,0 +1,37 @@
+// cct's CPU threads: one count for the BLAS and for cct's own loops (lowering, pooling), so the
+// two never run more threads than that together. Kernels run the BLAS and their own loops one
+// after the other, never at once.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace cct {
+
+int num_threads();
+// Sets cct's thread count and the BLAS's; n < 1 means the cores available to the process.
+void set_num_threads(int n);
+int available_cores();
+
+// Below this much work (elements touched) a loop runs on the calling thread: starting threads
+// costs tens of microseconds.
+constexpr int64_t kParallelGrain = 1 << 16;
+
+// Calls f(begin, end) on contiguous slices of [0, items), one slice per thread.
+template <typename F>
+void parallel_for(int64_t items, int64_t cost_per_item, F&& f) {
+  int64_t t = std::min<int64_t>(num_threads(), items);
+  if (t <= 1 || items * cost_per_item < kParallelGrain) {
+    if (items > 0) f(int64_t(0), items);
+    return;
+  }
+  std::vector<std::thread> workers;
+  workers.reserve(size_t(t - 1));
+  for (int64_t i = 1; i < t; ++i)
+    workers.emplace_back([&f, i, t, items] { f(items * i / t, items * (i + 1) / t); });
+  f(int64_t(0), items / t);
+  for (auto& w : workers) w.join();
+}
+
+}  // namespace cct
