@@ -115,6 +115,8 @@ def cmd_train(argv: List[str]) -> int:
     actions = SignalActions(flags.get("sigint_effect"), flags.get("sighup_effect"))
     solver = Solver(param, solver_path, action_request=actions)
     try:
+        if flags.get("snapshot"):
+            log.info("caffe.cpp:235", f"Resuming from {flags.get('snapshot')}")
         solver.solve(flags.get("snapshot") or None)
     finally:
         solver.close()

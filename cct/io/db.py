@@ -67,8 +67,6 @@ def _open_leveldb(path: str):
 class LMDBCursor:
     """Read-only cursor over an LMDB folder (``data.mdb``) written by Caffe or by cct."""
 
-    backend = "lmdb"
-
     def __init__(self, path: str):
         if not os.path.exists(path):
             raise CCTError(f"LMDB '{path}' does not exist")
@@ -119,11 +117,9 @@ class LMDBCursor:
 class LevelDBCursor:
     """Read-only cursor over a LevelDB folder (Caffe's default backend), through plyvel."""
 
-    backend = "leveldb"
-
     def __init__(self, path: str):
         try:
-            import plyvel  # noqa: F401
+            import plyvel  # noqa: F401  (imported here to report its absence early)
         except ImportError:
             raise CCTError(f"'{path}' is a LevelDB source, and reading LevelDB needs the plyvel "
                            f"package: pip install cct[leveldb] (or convert the database to LMDB "

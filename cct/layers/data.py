@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -275,7 +275,7 @@ class DatumReader:
             self.cursor.seek_to_first()
             self.position = 0
 
-    def read(self) -> np.ndarray:
+    def read(self) -> Tuple[np.ndarray, int]:
         """The current record as (C, H, W), with its label; errors name the key."""
         key = self.cursor.key()
         try:
@@ -381,7 +381,6 @@ class DataLayer(BasePrefetchingDataLayer):
         reader = DatumReader(self, self.cursor, 0)
         for _ in range(skip):
             reader.next()
-        reader.records = 0
         first, _ = reader.read()
         shape = (self.batch_size,) + self.transformer.output_shape(*first.shape)
         top[0].reshape(shape)

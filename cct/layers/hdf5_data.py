@@ -16,7 +16,6 @@ from typing import List, Tuple
 import numpy as np
 
 from ..data_transformer import copy_rng_state
-from ..errors import CCTError
 from ..glog import info
 from ..rng import get_rng
 from .base import Layer, register

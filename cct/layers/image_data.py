@@ -16,8 +16,8 @@ from .data import Batch, BasePrefetchingDataLayer
 
 def read_image_list(path: str, where: str) -> List[Tuple[str, int, int]]:
     """``(file, label, line number)`` for each line ``file label`` of an ImageData list; the
-    label follows the last space, so file names may hold spaces (as in Caffe). Blank lines are
-    skipped."""
+    label follows the last space (or tab), so file names may hold spaces, as in Caffe. Blank
+    lines are skipped."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -26,18 +26,16 @@ def read_image_list(path: str, where: str) -> List[Tuple[str, int, int]]:
                        f"{e.strerror or e}") from None
     lines = []
     for lineno, line in enumerate(text.splitlines(), 1):
-        line = line.rstrip()
-        if not line.strip():
+        fields = line.rsplit(maxsplit=1)
+        if not fields:
             continue
-        name, _, label = line.rpartition(" ")
         try:
-            lines.append((name, int(label), lineno))
+            if len(fields) != 2:
+                raise ValueError
+            lines.append((fields[0], int(fields[1]), lineno))
         except ValueError:
             raise CCTError(f"{where}: line {lineno} of '{path}' is {line!r}; expected "
                            f"'<image file> <integer label>'") from None
-        if not name:
-            raise CCTError(f"{where}: line {lineno} of '{path}' is {line!r}; expected "
-                           f"'<image file> <integer label>'")
     if not lines:
         raise CCTError(f"{where}: the image list '{path}' names no images")
     return lines

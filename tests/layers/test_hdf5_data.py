@@ -29,7 +29,7 @@ def two_files(tmp_path):
 
 
 def h5_layer(listing, batch=3, shuffle=False, tops=("data", "label"), extra="", seed=1701):
-    text = (f'type: "HDF5Data" ' + "".join(f'top: "{t}" ' for t in tops)
+    text = ('type: "HDF5Data" ' + "".join(f'top: "{t}" ' for t in tops)
             + f'hdf5_data_param {{ source: "{listing}" batch_size: {batch} '
             + f'shuffle: {str(shuffle).lower()} }} {extra}')
     return build_layer(text, [], num_tops=len(tops), dtype=np.float32, seed=seed)
