@@ -19,6 +19,7 @@ GEMMs through cct._C with cct's threads); peak RSS; PyTorch's images/s and cct's
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import pathlib
@@ -294,11 +295,13 @@ def run_torch(path: pathlib.Path, batch: int, warmup: int, iters: int) -> dict:
 
 
 def worker(args) -> None:
-    zoo = pathlib.Path(args.zoo)
-    rel, batch = NETS[args.net]
-    run = run_cct if args.worker == "cct" else run_torch
-    result = run(zoo / rel, args.batch or batch, args.warmup, args.iters)
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    if args.worker == "peak":
+        result = {"gflops": sgemm_peak(), "machine": machine()}
+    else:
+        rel, batch = NETS[args.net]
+        run = run_cct if args.worker == "cct" else run_torch
+        result = run(pathlib.Path(args.zoo) / rel, args.batch or batch, args.warmup, args.iters)
+        result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print("RESULT " + json.dumps(result))
 
 
@@ -326,6 +329,8 @@ def _timeit(f) -> float:
 
 
 def spawn(kind: str, net: str, args) -> dict:
+    """Run one worker. The driver itself stays small (no NumPy arrays, no torch): a forked
+    child starts with its parent's peak RSS."""
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", kind, "--net", net,
            "--zoo", str(args.zoo), "--iters", str(args.iters), "--warmup", str(args.warmup)]
     if args.batch:
@@ -368,8 +373,8 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=0, help="override every net's batch")
     ap.add_argument("--zoo", default=str(default_zoo()), help="the caffe-zoo folder")
     ap.add_argument("--no-torch", action="store_true", help="skip PyTorch even if installed")
-    ap.add_argument("--worker", choices=["cct", "torch"], help=argparse.SUPPRESS)
-    ap.add_argument("--net", help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["cct", "torch", "peak"], help=argparse.SUPPRESS)
+    ap.add_argument("--net", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         worker(args)
@@ -380,14 +385,11 @@ def main(argv=None) -> None:
         ap.error(f"unknown nets {unknown}; known: {', '.join(NETS)}")
     if not pathlib.Path(args.zoo).is_dir():
         ap.error(f"caffe-zoo folder {args.zoo} is absent (pass --zoo or set CCT_SHARED)")
-    try:
-        import torch  # noqa: F401
-        have_torch = not args.no_torch
-    except ImportError:
-        have_torch = False
+    have_torch = not args.no_torch and importlib.util.find_spec("torch") is not None
 
-    print(machine())
-    peak = sgemm_peak()
+    info = spawn("peak", "", args)
+    peak = info["gflops"]
+    print(info["machine"])
     print(f"SGEMM peak (3072^3 float32 through cct._C): {peak:.1f} GFLOP/s")
     print(f"{args.iters} timed iterations per net after {args.warmup} warm-up; median shown")
     header = (f"{'net':<15}{'batch':>6}{'img/s':>9}{'GFLOP/s':>9}{'% peak':>8}{'RSS MB':>9}"

@@ -116,8 +116,9 @@ def cmd_train(argv: List[str]) -> int:
     solver = Solver(param, solver_path, action_request=actions)
     try:
         if flags.get("snapshot"):
-            log.info("caffe.cpp:235", f"Resuming from {flags.get('snapshot')}")
-        solver.solve(flags.get("snapshot") or None)
+            solver.restore(flags.get("snapshot"))  # logs caffe.cpp's "Resuming from ..."
+        log.info("caffe.cpp:239", "Starting Optimization")
+        solver.solve()
     finally:
         solver.close()
     log.info("caffe.cpp:250", "Optimization Done.")

@@ -203,9 +203,6 @@ class BasePrefetchingDataLayer(Layer):
             top[1].data[...] = batch.labels
         self._consumed = batch.state
 
-    def backward(self, top, propagate_down, bottom):
-        pass
-
     # -- exact resume -------------------------------------------------------------------------
     def data_state(self) -> dict:
         """Where the net is in the data: a small JSON-compatible dict for snapshots."""

@@ -160,9 +160,6 @@ class HDF5DataLayer(Layer):
                 self._next_file()
         self.records += self.batch_size
 
-    def backward(self, top, propagate_down, bottom):
-        pass
-
     # -- exact resume -------------------------------------------------------------------------
     def data_state(self) -> dict:
         return {"type": self.type, "records": self.records,

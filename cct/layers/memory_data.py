@@ -87,9 +87,6 @@ class MemoryDataLayer(Layer):
         self.pos = (self.pos + b) % self.n
         self.records += b
 
-    def backward(self, top, propagate_down, bottom):
-        pass
-
     def data_state(self) -> dict:
         return {"type": self.type, "records": self.records, "position": self.pos}
 
