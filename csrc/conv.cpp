@@ -15,21 +15,12 @@
 // thousands of columns). The workspace is per thread and reused between calls, so a training
 // step does not page-fault fresh buffers in.
 //
-// The weight gradient's GEMM has a long inner dimension (M) and a small result, a shape on
-// which OpenBLAS's speed depends strongly on the operand order: dW = dYt cols^T or
-// dW^T = cols dYt^T (then transposed, K x O/g elements) differ by up to 4x either way. The first
-// call with a given (O/g, K, M) times both on its own data and caches the faster
-// (weight_grad_choices() lists the choices).
+// The weight gradient's GEMM (long inner dimension M, small result) goes through
+// gemm_measured, which picks its operand order by measurement (gemm.cpp).
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cstring>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
-#include <tuple>
-#include <vector>
 
 #include "gemm.h"
 #include "kernels.h"
@@ -189,51 +180,7 @@ Buffers workspace_for(const ConvGeom& g, int64_t nb) {
   return {t_workspace.get(size_t((k + og) * m) * sizeof(T)), k, og, m};
 }
 
-// Cached per (O/g, K, M, element size): true when dW^T = cols dYt^T was the faster order.
-std::mutex g_choice_mutex;
-std::atomic<int> g_weight_grad_order{0};  // 0 measure, 1 direct, 2 transposed
-std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, bool> g_weight_grad_transposed;
-
-template <typename F>
-double seconds_of(F&& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-template <typename T>
-bool weight_grad_transposed(const T* dyt, const T* cols, int64_t og, int64_t k, int64_t m) {
-  if (g_weight_grad_order != 0) return g_weight_grad_order == 2;
-  const auto key = std::make_tuple(og, k, m, int64_t(sizeof(T)));
-  {
-    std::lock_guard<std::mutex> lock(g_choice_mutex);
-    auto it = g_weight_grad_transposed.find(key);
-    if (it != g_weight_grad_transposed.end()) return it->second;
-  }
-  std::vector<T> scratch(size_t(og * k));
-  const double direct = seconds_of(
-      [&] { gemm(false, true, og, k, m, T(1), dyt, m, cols, m, T(0), scratch.data(), k); });
-  const double transposed = seconds_of(
-      [&] { gemm(false, true, k, og, m, T(1), cols, m, dyt, m, T(0), scratch.data(), og); });
-  std::lock_guard<std::mutex> lock(g_choice_mutex);
-  return g_weight_grad_transposed.emplace(key, transposed < direct).first->second;
-}
-
 }  // namespace
-
-std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>> weight_grad_choices() {
-  std::lock_guard<std::mutex> lock(g_choice_mutex);
-  std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>> out;
-  for (const auto& [key, transposed] : g_weight_grad_transposed)
-    out.emplace_back(std::get<0>(key), std::get<1>(key), std::get<2>(key), std::get<3>(key),
-                     transposed);
-  return out;
-}
-
-void set_weight_grad_order(int order) {
-  if (order < 0 || order > 2) throw std::invalid_argument("weight grad order must be 0, 1 or 2");
-  g_weight_grad_order = order;
-}
 
 int64_t col_buffer_limit() { return g_col_buffer_limit; }
 
@@ -276,38 +223,16 @@ template <typename T>
 void conv_backward_weight(const T* x, const T* dy, T* dweight, const ConvGeom& g) {
   const int64_t step = chunk_images<T>(g);
   const int64_t og = g.o / g.group, k = g.c / g.group * g.kh * g.kw;
-  if (g.n == 0) {
-    std::fill(dweight, dweight + g.o * k, T(0));
-    return;
-  }
-  bool transposed = false;
-  std::vector<T> dweight_t;  // K x O/g per group, when the transposed order is used
+  if (g.n == 0) std::fill(dweight, dweight + g.o * k, T(0));
   for (int64_t n0 = 0; n0 < g.n; n0 += step) {
     const int64_t n1 = std::min(g.n, n0 + step);
     const Buffers buf = workspace_for<T>(g, n1 - n0);
-    const T beta = n0 == 0 ? T(0) : T(1);
     for (int64_t grp = 0; grp < g.group; ++grp) {
       im2col(x, g, grp, n0, n1, buf.cols<T>());
       gather_top(dy, g, grp, n0, n1, buf.top<T>());
-      if (n0 == 0 && grp == 0) {  // one order for every chunk: chosen on the first
-        transposed = weight_grad_transposed(buf.top<T>(), buf.cols<T>(), og, k, buf.m);
-        if (transposed) dweight_t.resize(size_t(g.o * k));
-      }
-      if (transposed) {
-        gemm(false, true, k, og, buf.m, T(1), buf.cols<T>(), buf.m, buf.top<T>(), buf.m, beta,
-             dweight_t.data() + grp * og * k, og);
-      } else {
-        gemm(false, true, og, k, buf.m, T(1), buf.top<T>(), buf.m, buf.cols<T>(), buf.m, beta,
-             dweight + grp * og * k, k);
-      }
+      gemm_measured(false, true, og, k, buf.m, T(1), buf.top<T>(), buf.m, buf.cols<T>(), buf.m,
+                    n0 == 0 ? T(0) : T(1), dweight + grp * og * k, k);
     }
-  }
-  if (!transposed) return;
-  for (int64_t grp = 0; grp < g.group; ++grp) {
-    const T* src = dweight_t.data() + grp * og * k;
-    T* dst = dweight + grp * og * k;
-    for (int64_t o = 0; o < og; ++o)
-      for (int64_t r = 0; r < k; ++r) dst[o * k + r] = src[r * og + o];
   }
 }
 

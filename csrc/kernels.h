@@ -21,16 +21,22 @@ template <typename T>
 void conv_backward_weight(const T* x, const T* dy, T* dweight, const ConvGeom& g);
 // The bytes of lowered matrices a convolution may hold at once (it takes the batch in chunks).
 int64_t col_buffer_limit();
-// The weight-gradient GEMM orders chosen so far: (O/g, K, M, element size, transposed).
-std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>> weight_grad_choices();
-// 0: measure and cache (the default); 1: always dW = dYt cols^T; 2: always dW^T = cols dYt^T.
-void set_weight_grad_order(int order);
+
 void set_col_buffer_limit(int64_t bytes);
 
 // Row-major C = alpha op(A) op(B) + beta C through the linked BLAS.
 template <typename T>
 void gemm_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                  int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+// The same, computed either directly or as C^T = op(B)^T op(A)^T plus a transpose, whichever
+// was faster the first time this shape came (gemm.cpp).
+template <typename T>
+void gemm_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                   int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+// The orders chosen so far: (ta, tb, m, n, k, element size, transposed).
+std::vector<std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, bool>> gemm_choices();
+// 0: measure and cache (the default); 1: always direct; 2: always transposed.
+void set_gemm_order(int order);
 
 template <typename T>
 void max_pool_forward(const T* x, T* y, int64_t* mask, int64_t planes, int h, int w,

@@ -167,9 +167,10 @@ Arr<T> conv_backward_weight(Arr<T> x, Arr<T> dy, Pair k, Pair s, Pair p, Pair d,
   return dw;
 }
 
-// c = op(a) @ op(b) for 2-D arrays, through the linked BLAS (the bench times it for the peak).
+// c = op(a) @ op(b) for 2-D arrays through the linked BLAS: as asked (the bench times it for
+// the peak), or in the operand order measured fastest for the shape (measured=True).
 template <typename T>
-Arr<T> gemm(Arr<T> a, Arr<T> b, bool trans_a, bool trans_b) {
+Arr<T> gemm(Arr<T> a, Arr<T> b, bool trans_a, bool trans_b, bool measured) {
   if (a.ndim() != 2 || b.ndim() != 2) throw std::invalid_argument("gemm: a and b must be 2-D");
   const int64_t m = trans_a ? a.shape(1) : a.shape(0), k = trans_a ? a.shape(0) : a.shape(1);
   const int64_t kb = trans_b ? b.shape(1) : b.shape(0), n = trans_b ? b.shape(0) : b.shape(1);
@@ -184,8 +185,8 @@ Arr<T> gemm(Arr<T> a, Arr<T> b, bool trans_a, bool trans_b) {
     if (k == 0) {
       std::fill(cd, cd + m * n, T(0));
     } else {
-      cct::gemm_kernel<T>(trans_a, trans_b, m, n, k, T(1), ad, a.shape(1), bd, b.shape(1),
-                          T(0), cd, n);
+      auto run = measured ? &cct::gemm_measured<T> : &cct::gemm_kernel<T>;
+      run(trans_a, trans_b, m, n, k, T(1), ad, a.shape(1), bd, b.shape(1), T(0), cd, n);
     }
   }
   return c;
@@ -203,7 +204,7 @@ void bind_dtype(py::module_& m) {
         py::arg("kernel"), py::arg("stride"), py::arg("pad"), py::arg("dilation"),
         py::arg("group"));
   m.def("gemm", &gemm<T>, py::arg("a"), py::arg("b"), py::arg("trans_a") = false,
-        py::arg("trans_b") = false);
+        py::arg("trans_b") = false, py::arg("measured") = false);
   m.def("max_pool_forward", &max_pool_forward<T>, py::arg("x"), py::arg("kernel"),
         py::arg("stride"), py::arg("pad"), py::arg("out"));
   m.def("max_pool_backward", &max_pool_backward<T>, py::arg("dy"), py::arg("mask"),
@@ -231,9 +232,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_col_buffer_limit", &cct::set_col_buffer_limit, py::arg("bytes"),
         "Bytes of lowered matrices one convolution may hold; it takes the batch in chunks.");
   m.def("get_col_buffer_limit", &cct::col_buffer_limit);
-  m.def("weight_grad_choices", &cct::weight_grad_choices,
-        "(O/group, K, M, itemsize, transposed) for each weight-gradient GEMM shape measured.");
-  m.def("set_weight_grad_order", &cct::set_weight_grad_order, py::arg("order"),
-        "0: measure the two GEMM orders per shape (default); 1: direct; 2: transposed.");
+  m.def("gemm_choices", &cct::gemm_choices,
+        "(trans_a, trans_b, m, n, k, itemsize, transposed) for each GEMM shape measured.");
+  m.def("set_gemm_order", &cct::set_gemm_order, py::arg("order"),
+        "0: measure the two operand orders per shape (default); 1: direct; 2: transposed.");
   cct::set_num_threads(0);
 }

@@ -75,13 +75,16 @@ def _gemm_operand(a: np.ndarray, dtype: np.dtype) -> Tuple[np.ndarray, bool]:
 
 
 def matmul(a, b) -> np.ndarray:
-    """``a @ b`` for 2-D arrays on cct's BLAS. Layers use this rather than NumPy's ``@``:
-    NumPy's OpenBLAS is a second library with its own thread pool, whose threads keep spinning
-    for a while after each call and would compete with cct's for the same cores."""
+    """``a @ b`` for 2-D arrays on cct's BLAS, in the operand order (``a @ b`` or
+    ``(b.T @ a.T).T``) measured fastest for the shape on its first call.
+
+    Layers use this rather than NumPy's ``@``: NumPy's OpenBLAS is a second library with its own
+    thread pool, whose threads keep spinning for a while after each call and would compete with
+    cct's for the same cores (LeNet trained 5x slower so)."""
     dt = _dtype(a)
     a2, ta = _gemm_operand(a, dt)
     b2, tb = _gemm_operand(b, dt)
-    return _C.gemm(a2, b2, ta, tb)
+    return _C.gemm(a2, b2, ta, tb, measured=True)
 
 
 # --------------------------------------------------------------------------------------------

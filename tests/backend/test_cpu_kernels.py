@@ -105,29 +105,33 @@ def test_conv_in_chunks_of_the_batch(case, limit, col_buffer_limit):
            reference.conv_backward_weight(x, dy, *geom), np.float64)
 
 
+@pytest.fixture
+def gemm_order():
+    """Force the operand order of measured GEMMs for one test (0 = measure again)."""
+    yield _C.set_gemm_order
+    _C.set_gemm_order(0)
+
+
 @pytest.mark.parametrize("order", [1, 2])
 @pytest.mark.parametrize("case", [CONV_CASES[2], CONV_CASES[3]], ids=str)
-def test_conv_weight_gradient_in_both_gemm_orders(case, order, col_buffer_limit):
+def test_conv_weight_gradient_in_both_gemm_orders(case, order, col_buffer_limit, gemm_order):
     """Both operand orders of the weight-gradient GEMM (normally chosen by measurement), whole
     batch and in chunks."""
     x, weight, bias, dy, geom = _conv_arrays(case, np.float64)
     want = reference.conv_backward_weight(x, dy, *geom)
-    try:
-        _C.set_weight_grad_order(order)
-        _close(cpu.conv_backward_weight(x, dy, *geom), want, np.float64)
-        col_buffer_limit(1)
-        _close(cpu.conv_backward_weight(x, dy, *geom), want, np.float64)
-    finally:
-        _C.set_weight_grad_order(0)
+    gemm_order(order)
+    _close(cpu.conv_backward_weight(x, dy, *geom), want, np.float64)
+    col_buffer_limit(1)
+    _close(cpu.conv_backward_weight(x, dy, *geom), want, np.float64)
 
 
-def test_weight_gradient_order_is_measured_once_per_shape():
+def test_gemm_order_is_measured_once_per_shape():
     x, weight, bias, dy, geom = _conv_arrays(CONV_CASES[4], np.float32)
     cpu.conv_backward_weight(x, dy, *geom)
     cpu.conv_backward_weight(x, dy, *geom)
     o, c, h, w = weight.shape[0], x.shape[1], dy.shape[2], dy.shape[3]
-    key = (o, c * geom[0][0] * geom[0][1], x.shape[0] * h * w, 4)
-    assert [choice[:4] for choice in _C.weight_grad_choices()].count(key) == 1
+    key = (False, True, o, c * geom[0][0] * geom[0][1], x.shape[0] * h * w, 4)
+    assert [choice[:6] for choice in _C.gemm_choices()].count(key) == 1
 
 
 def test_conv_takes_non_contiguous_arrays_and_keeps_float32():
@@ -200,8 +204,10 @@ def test_gemm(trans_a, trans_b, dtype):
     _close(_C.gemm(a_op, b, trans_a, trans_b), want, dtype)
 
 
+@pytest.mark.parametrize("order", [0, 1, 2])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_matmul_takes_views_and_empty_shapes(dtype):
+def test_matmul_takes_views_and_empty_shapes(dtype, order, gemm_order):
+    gemm_order(order)
     rng = np.random.default_rng(4)
     a = rng.standard_normal((6, 4)).astype(dtype)
     b = rng.standard_normal((6, 5)).astype(dtype)

@@ -267,9 +267,9 @@ def test_each_batch_takes_the_shape_of_its_first_record(tmp_path):
 
 
 def test_backend_mismatches_are_explained(tmp_path):
+    pytest.importorskip("plyvel")
     db = digits_db(tmp_path, 2)
     with pytest.raises(CCTError, match="is an LMDB, but data_param.backend is LEVELDB"):
-        pytest.importorskip("plyvel")
         layer_of(db, backend="LEVELDB")
 
 
