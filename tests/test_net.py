@@ -7,7 +7,6 @@ import cct as caffe
 from cct.errors import NetError
 from cct.io.prototxt import net_from_text
 from cct.net import Net, filter_net, insert_splits
-from cct.proto import caffe_pb2
 
 
 def make(text: str, phase=caffe.TRAIN, **kw) -> Net:

@@ -125,6 +125,52 @@ def test_conv_weight_gradient_in_both_gemm_orders(case, order, col_buffer_limit,
     _close(cpu.conv_backward_weight(x, dy, *geom), want, np.float64)
 
 
+@pytest.fixture
+def partition_mode():
+    """Force convolution batch partitioning for one test (0 = measure again)."""
+    yield _C.set_partition_mode
+    _C.set_partition_mode(0)
+
+
+@pytest.mark.parametrize("limit", [None, 2000])
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("case", [CONV_CASES[1], CONV_CASES[2], CONV_CASES[8]], ids=str)
+def test_conv_batch_partitions(case, mode, limit, partition_mode, col_buffer_limit):
+    """One partition with threaded BLAS, or one per thread (each its slice of the batch, its
+    own lowering and single-threaded GEMM, weight gradients summed after); with and without
+    chunks; batch 1 leaves a partition empty."""
+    x, weight, bias, dy, geom = _conv_arrays(case, np.float64)
+    partition_mode(mode)
+    if limit:
+        col_buffer_limit(limit)
+    saved = cpu.get_num_threads()
+    try:
+        cpu.set_num_threads(3)
+        _close(cpu.conv_forward(x, weight, bias, *geom),
+               reference.conv_forward(x, weight, bias, *geom), np.float64)
+        _close(cpu.conv_backward_data(dy, weight, x.shape, *geom),
+               reference.conv_backward_data(dy, weight, x.shape, *geom), np.float64)
+        _close(cpu.conv_backward_weight(x, dy, *geom),
+               reference.conv_backward_weight(x, dy, *geom), np.float64)
+    finally:
+        cpu.set_num_threads(saved)
+
+
+def test_partitioning_is_measured_once_per_layer():
+    saved = cpu.get_num_threads()
+    try:
+        cpu.set_num_threads(2)
+        x, weight, bias, dy, geom = _conv_arrays((4, 3, 9, 9, 5, (3, 3), (1, 1), (1, 1), (1, 1),
+                                                  1), np.float32)
+        for _ in range(3):
+            y = cpu.conv_forward(x, weight, bias, *geom)
+        _close(y, reference.conv_forward(x, weight, bias, *geom), np.float32)
+    finally:
+        cpu.set_num_threads(saved)
+    mine = [c for c in _C.partition_choices() if c[0] == 0 and c[1][:5] == [4, 3, 9, 9, 5]]
+    assert len(mine) == 1 and mine[0][2] in (1, 2)
+
+
 def test_gemm_order_is_measured_once_per_shape():
     x, weight, bias, dy, geom = _conv_arrays(CONV_CASES[4], np.float32)
     cpu.conv_backward_weight(x, dy, *geom)

@@ -2,7 +2,6 @@
 import io
 import os
 
-import lmdb
 import numpy as np
 import pytest
 from PIL import Image
@@ -10,15 +9,7 @@ from PIL import Image
 from cct import cli
 from cct.proto import caffe_pb2
 from cct.tools import convert_imageset as ci
-
-
-def records(path):
-    env = lmdb.open(str(path), readonly=True, lock=False)
-    try:
-        with env.begin() as txn:
-            return list(txn.cursor())
-    finally:
-        env.close()
+from tests.tools import records
 
 
 def smooth_rgb(h, w, seed=0):

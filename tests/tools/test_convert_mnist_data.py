@@ -2,7 +2,6 @@
 import gzip
 import os
 
-import lmdb
 import numpy as np
 import pytest
 
@@ -10,19 +9,11 @@ from cct import cli
 from cct.errors import CCTError
 from cct.proto import caffe_pb2
 from cct.tools import convert_mnist_data
+from tests.tools import records
 
 from ..conftest import REPO
 
 DATA = REPO / "examples" / "mnist" / "data"
-
-
-def records(path):
-    env = lmdb.open(str(path), readonly=True, lock=False)
-    try:
-        with env.begin() as txn:
-            return list(txn.cursor())
-    finally:
-        env.close()
 
 
 def write_idx(path, magic, dims, payload, gz=False):

@@ -1,7 +1,6 @@
 """extract_features: one Datum of float_data per image and blob, keyed %010d, as Caffe."""
 import os
 
-import lmdb
 import numpy as np
 import pytest
 
@@ -9,6 +8,7 @@ from cct import cli
 from cct.api import Net
 from cct.net import TEST
 from cct.proto import caffe_pb2
+from tests.tools import records
 
 NET = """
 name: "features"
@@ -18,15 +18,6 @@ layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
         inner_product_param { num_output: 2 } }
 layer { name: "relu" type: "ReLU" bottom: "ip" top: "ip" }
 """
-
-
-def records(path):
-    env = lmdb.open(str(path), readonly=True, lock=False)
-    try:
-        with env.begin() as txn:
-            return list(txn.cursor())
-    finally:
-        env.close()
 
 
 @pytest.fixture
