@@ -110,6 +110,8 @@ setup(
         "plot": ["matplotlib>=3.5", "pydot>=1.4"],
         # Data layers with `backend: LEVELDB` (Caffe's default backend) read through plyvel.
         "leveldb": ["plyvel>=1.3"],
+        # bench/bench_train.py compares with PyTorch (CPU) when it is installed.
+        "bench": ["torch==2.13.0"],
     },
     entry_points={"console_scripts": ["cct=cct.cli:main"]},
     zip_safe=False,

@@ -308,7 +308,7 @@ def worker(args) -> None:
 # --------------------------------------------------------------------------------------------
 # The driver
 # --------------------------------------------------------------------------------------------
-def sgemm_peak(size: int = 3072, repeats: int = 3) -> float:
+def sgemm_peak(size: int = 3072, repeats: int = 5) -> float:
     """Best GFLOP/s of a size x size x size float32 GEMM through cct._C, cct's threads."""
     import numpy as np
 
@@ -390,13 +390,15 @@ def main(argv=None) -> None:
     info = spawn("peak", "", args)
     peak = info["gflops"]
     print(info["machine"])
-    print(f"SGEMM peak (3072^3 float32 through cct._C): {peak:.1f} GFLOP/s")
+    print(f"SGEMM peak (3072^3 float32 through cct._C): {peak:.1f} GFLOP/s at the start "
+          f"(measured again at the end; the larger one counts)")
     print(f"{args.iters} timed iterations per net after {args.warmup} warm-up; median shown")
     header = (f"{'net':<15}{'batch':>6}{'img/s':>9}{'GFLOP/s':>9}{'% peak':>8}{'RSS MB':>9}"
               f"{'update':>8}")
     if have_torch:
         header += f"{'torch img/s':>13}{'torch RSS':>11}{'ratio':>7}"
     print(header)
+    rows = []
     for name in nets:
         batch = args.batch or NETS[name][1]
         res = spawn("cct", name, args)
@@ -409,7 +411,16 @@ def main(argv=None) -> None:
             tres = spawn("torch", name, args)
             tips = batch / statistics.median(tres["times"])
             line += f"{tips:>13.1f}{tres['peak_rss_mb']:>11.0f}{ips / tips:>7.2f}"
+        rows.append((line, gflops))
         print(line, flush=True)
+    end_peak = spawn("peak", "", args)["gflops"]
+    if end_peak > peak:
+        peak = end_peak
+        print(f"SGEMM peak at the end: {peak:.1f} GFLOP/s; % peak recomputed:")
+        for line, gflops in rows:
+            print(line[:39] + f"{100 * gflops / peak:>7.0f}%" + line[47:])
+    else:
+        print(f"SGEMM peak at the end: {end_peak:.1f} GFLOP/s")
     print("update: share of the iteration spent in the (NumPy) SGD update")
 
 

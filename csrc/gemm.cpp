@@ -22,7 +22,8 @@ namespace cct {
 
 namespace {
 
-using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t>;  // ta tb m n k size
+// ta tb m n k element-size BLAS-threads
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int>;
 std::mutex g_mutex;
 std::map<Key, bool> g_transposed;
 std::atomic<int> g_order{0};  // 0 measure, 1 direct, 2 transposed
@@ -62,7 +63,7 @@ template <typename T>
 bool choose_transposed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a,
                        int64_t lda, const T* b, int64_t ldb, std::vector<T>& scratch) {
   if (g_order != 0) return g_order == 2;
-  const Key key{ta, tb, m, n, k, int64_t(sizeof(T))};
+  const Key key{ta, tb, m, n, k, int64_t(sizeof(T)), blas_get_num_threads()};
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     auto it = g_transposed.find(key);
@@ -91,12 +92,12 @@ void gemm_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, c
   }
 }
 
-std::vector<std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, bool>> gemm_choices() {
+std::vector<GemmChoice> gemm_choices() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  std::vector<std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, bool>> out;
+  std::vector<GemmChoice> out;
   for (const auto& [key, transposed] : g_transposed)
     out.emplace_back(std::get<0>(key), std::get<1>(key), std::get<2>(key), std::get<3>(key),
-                     std::get<4>(key), std::get<5>(key), transposed);
+                     std::get<4>(key), std::get<5>(key), std::get<6>(key), transposed);
   return out;
 }
 

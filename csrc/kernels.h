@@ -21,8 +21,13 @@ template <typename T>
 void conv_backward_weight(const T* x, const T* dy, T* dweight, const ConvGeom& g);
 // The bytes of lowered matrices a convolution may hold at once (it takes the batch in chunks).
 int64_t col_buffer_limit();
-
 void set_col_buffer_limit(int64_t bytes);
+// Batch partitioning: 0 measures per kernel and geometry (the default), 1 always one
+// partition with threaded BLAS, 2 always one partition per thread with single-threaded BLAS.
+void set_partition_mode(int mode);
+// The choices measured so far: (kernel 0 forward / 1 backward data / 2 backward weight,
+// geometry n c h w o ho wo kh kw sh sw ph pw dh dw group, partitions).
+std::vector<std::tuple<int, std::vector<int64_t>, int>> partition_choices();
 
 // Row-major C = alpha op(A) op(B) + beta C through the linked BLAS.
 template <typename T>
@@ -33,8 +38,9 @@ void gemm_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, con
 template <typename T>
 void gemm_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                    int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
-// The orders chosen so far: (ta, tb, m, n, k, element size, transposed).
-std::vector<std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, bool>> gemm_choices();
+// The orders chosen so far: (ta, tb, m, n, k, element size, BLAS threads, transposed).
+using GemmChoice = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int, bool>;
+std::vector<GemmChoice> gemm_choices();
 // 0: measure and cache (the default); 1: always direct; 2: always transposed.
 void set_gemm_order(int order);
 

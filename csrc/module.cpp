@@ -232,8 +232,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_col_buffer_limit", &cct::set_col_buffer_limit, py::arg("bytes"),
         "Bytes of lowered matrices one convolution may hold; it takes the batch in chunks.");
   m.def("get_col_buffer_limit", &cct::col_buffer_limit);
+  m.def("set_partition_mode", &cct::set_partition_mode, py::arg("mode"),
+        "Convolution batch partitioning: 0 measure per layer (default), 1 one partition with "
+        "threaded BLAS, 2 one partition per thread with single-threaded BLAS.");
+  m.def("partition_choices", &cct::partition_choices,
+        "(kernel, geometry, partitions) for each convolution measured.");
   m.def("gemm_choices", &cct::gemm_choices,
-        "(trans_a, trans_b, m, n, k, itemsize, transposed) for each GEMM shape measured.");
+        "(trans_a, trans_b, m, n, k, itemsize, BLAS threads, transposed) per shape measured.");
   m.def("set_gemm_order", &cct::set_gemm_order, py::arg("order"),
         "0: measure the two operand orders per shape (default); 1: direct; 2: transposed.");
   cct::set_num_threads(0);

@@ -9,10 +9,24 @@
 
 namespace cct {
 
+// cct's thread count; 1 inside a SerialScope.
 int num_threads();
 // Sets cct's thread count and the BLAS's; n < 1 means the cores available to the process.
 void set_num_threads(int n);
 int available_cores();
+
+// While one lives, parallel_for on this thread runs inline: the thread is one of several
+// partitions of a kernel, each already on its own core.
+class SerialScope {
+ public:
+  SerialScope();
+  ~SerialScope();
+  SerialScope(const SerialScope&) = delete;
+  SerialScope& operator=(const SerialScope&) = delete;
+
+ private:
+  bool saved_;
+};
 
 // Below this much work (elements touched) a loop runs on the calling thread: starting threads
 // costs tens of microseconds.

@@ -12,7 +12,11 @@ namespace cct {
 
 namespace {
 std::atomic<int> g_num_threads{1};
-}
+thread_local bool t_serial = false;
+}  // namespace
+
+SerialScope::SerialScope() : saved_(t_serial) { t_serial = true; }
+SerialScope::~SerialScope() { t_serial = saved_; }
 
 int available_cores() {
 #if defined(__linux__)
@@ -22,7 +26,7 @@ int available_cores() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-int num_threads() { return g_num_threads.load(std::memory_order_relaxed); }
+int num_threads() { return t_serial ? 1 : g_num_threads.load(std::memory_order_relaxed); }
 
 void set_num_threads(int n) {
   if (n < 1) n = available_cores();

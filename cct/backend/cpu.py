@@ -2,8 +2,10 @@
 
 Convolution is lowered to GEMM for the whole batch at once (Caffe con Troll): per group the
 input is expanded into a K x N*P matrix with K = C/group*kh*kw and P = Ho*Wo, and one large GEMM
-does the group's work for the whole mini-batch, instead of Caffe's one small GEMM per image
-(csrc/conv.cpp). Pooling is csrc/pooling.cpp. The kernels release the GIL and use cct's
+does the group's work for the whole mini-batch, instead of Caffe's one small GEMM per image;
+or the batch is partitioned, one slice per core, each lowered in cache-sized chunks and
+multiplied with single-threaded BLAS. Each layer's kernels take whichever was faster at their
+first call (csrc/conv.cpp). Pooling is csrc/pooling.cpp. The kernels release the GIL and use cct's
 threads: ``set_num_threads(n)`` sets them for the BLAS (OpenBLAS) and cct's own loops together;
 the default is the cores available to the process. NumPy's ``@`` runs on NumPy's own OpenBLAS,
 a separate library with its own threads.

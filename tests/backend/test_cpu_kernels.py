@@ -22,6 +22,7 @@ CONV_CASES = [
     (1, 2, 6, 7, 2, (6, 7), (1, 1), (0, 0), (1, 1), 1),      # kernel = bottom: 1x1 top
     (2, 4, 17, 15, 4, (5, 3), (3, 2), (2, 1), (2, 3), 4),    # depthwise-like, everything
     (2, 3, 27, 27, 8, (11, 11), (4, 4), (0, 0), (1, 1), 1),  # CaffeNet conv1 in small
+    (3, 6, 5, 7, 4, (1, 1), (1, 1), (0, 0), (3, 2), 2),      # 1x1 with groups (no lowering)
 ]
 
 
@@ -90,10 +91,12 @@ def test_conv_matches_reference(case, dtype):
 
 
 @pytest.mark.parametrize("limit", [1, 3000])
-@pytest.mark.parametrize("case", [CONV_CASES[2], CONV_CASES[8]], ids=str)
+@pytest.mark.parametrize("case", [CONV_CASES[2], CONV_CASES[5], CONV_CASES[8], CONV_CASES[10]],
+                         ids=str)
 def test_conv_in_chunks_of_the_batch(case, limit, col_buffer_limit):
     """A small workspace makes the kernels take the batch a few images (or one) at a time;
-    backward weight then accumulates over chunks."""
+    backward weight then accumulates over chunks. One-image chunks read and write the tops in
+    place, and 1x1 convolutions then skip the lowering."""
     x, weight, bias, dy, geom = _conv_arrays(case, np.float64)
     x, dy = np.concatenate([x] * 3), np.concatenate([dy] * 3)
     col_buffer_limit(limit)
@@ -134,7 +137,8 @@ def partition_mode():
 
 @pytest.mark.parametrize("limit", [None, 2000])
 @pytest.mark.parametrize("mode", [1, 2])
-@pytest.mark.parametrize("case", [CONV_CASES[1], CONV_CASES[2], CONV_CASES[8]], ids=str)
+@pytest.mark.parametrize("case", [CONV_CASES[1], CONV_CASES[2], CONV_CASES[8], CONV_CASES[10]],
+                         ids=str)
 def test_conv_batch_partitions(case, mode, limit, partition_mode, col_buffer_limit):
     """One partition with threaded BLAS, or one per thread (each its slice of the batch, its
     own lowering and single-threaded GEMM, weight gradients summed after); with and without
