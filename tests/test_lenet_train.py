@@ -1,0 +1,54 @@
+"""Full-length LeNet training with Caffe's own solver settings on Caffe's LMDBs reaches the
+test accuracy real Caffe reached (lenet_train.log: 0.9815 at 2000 iterations), and
+continuing from Caffe's own iteration-1000 snapshot ends where Caffe's resumed run did.
+These are the slowest tests in the suite (tens of seconds each)."""
+import re
+import shutil
+
+import pytest
+
+from cct.io.prototxt import read_solver_text
+from cct.solver import Solver
+
+CAFFE_FINAL_ACCURACY = 0.9815  # lenet_train.log and lenet_resume.log, iteration 2000
+
+
+@pytest.fixture
+def lenet_dir(caffe_fixtures, tmp_path, monkeypatch):
+    for name in ("lenet_train_test.prototxt", "lenet_solver.prototxt", "mnist10k_train_lmdb",
+                 "mnist10k_test_lmdb", "lenet_iter_1000.caffemodel",
+                 "lenet_iter_1000.solverstate"):
+        src = caffe_fixtures / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run(resume, capfd) -> float:
+    param = read_solver_text("lenet_solver.prototxt")
+    param.test_interval = param.max_iter  # test once, at the end
+    param.test_initialization = False
+    param.snapshot = 0
+    param.snapshot_after_train = False
+    solver = Solver(param, "lenet_solver.prototxt")
+    try:
+        capfd.readouterr()
+        if resume:
+            solver.restore(resume)
+        solver.solve()
+    finally:
+        solver.close()
+    log = capfd.readouterr().err
+    return float(re.findall(r"Test net output #0: accuracy = ([\d.]+)", log)[-1])
+
+
+def test_lenet_2000_iterations_reaches_caffes_accuracy(lenet_dir, capfd):
+    accuracy = run(None, capfd)
+    print(f"cct LeNet accuracy at 2000: {accuracy} (Caffe: {CAFFE_FINAL_ACCURACY})")
+    assert abs(accuracy - CAFFE_FINAL_ACCURACY) <= 0.005
+
+
+def test_resuming_caffes_snapshot_ends_where_caffe_did(lenet_dir, capfd):
+    accuracy = run("lenet_iter_1000.solverstate", capfd)
+    print(f"cct accuracy after resuming Caffe's 1000 to 2000: {accuracy}")
+    assert abs(accuracy - CAFFE_FINAL_ACCURACY) <= 0.005
