@@ -4,7 +4,7 @@ The names here follow pycaffe: ``Net``, ``TRAIN``/``TEST``, ``set_mode_cpu``, ``
 (NetSpec), ``io``, ``proto.caffe_pb2``.
 """
 from .api import (TEST, TRAIN, Net, get_solver_mode, layer_type_list,  # noqa: F401
-                  set_device, set_mode_cpu, set_random_seed, init_log, log)
+                  set_device, set_mode_cpu, set_mode_gpu, set_random_seed, init_log, log)
 from .api import (Solver, SGDSolver, NesterovSolver, AdaGradSolver,  # noqa: F401
                   RMSPropSolver, AdaDeltaSolver, AdamSolver, get_solver)
 from .errors import CCTError  # noqa: F401

@@ -26,6 +26,16 @@ def set_mode_cpu() -> None:
     _mode = "cpu"
 
 
+def set_mode_gpu() -> None:
+    """pycaffe's set_mode_gpu. cct has no GPU backend yet: it says so once and runs on the
+    CPU, so pycaffe scripts that ask for the GPU still run."""
+    global _mode
+    if _mode != "cpu-instead-of-gpu":
+        _log.warning("common.cpp:0", "set_mode_gpu(): this cct has no GPU backend; "
+                     "running on the CPU.")
+    _mode = "cpu-instead-of-gpu"
+
+
 def set_device(device_id: int) -> None:
     """Remember the device id for GPU mode (pycaffe's set_device)."""
     global _device
@@ -33,7 +43,7 @@ def set_device(device_id: int) -> None:
 
 
 def get_solver_mode() -> str:
-    return _mode
+    return "cpu" if _mode.startswith("cpu") else _mode
 
 
 def init_log(level: int = 0, *_args) -> None:

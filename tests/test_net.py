@@ -223,3 +223,14 @@ def test_legacy_net_level_inputs():
     net = make('input: "data" input_dim: 2 input_dim: 3 input_dim: 4 input_dim: 5\n'
                'layer { name: "r" type: "ReLU" bottom: "data" top: "r" }')
     assert net.inputs == ["data"] and net.blobs["r"].shape == (2, 3, 4, 5)
+
+
+def test_set_mode_gpu_without_a_gpu_backend_warns_once_and_runs_on_cpu(capfd):
+    caffe.set_mode_cpu()
+    caffe.set_mode_gpu()
+    caffe.set_mode_gpu()
+    err = capfd.readouterr().err
+    assert err.count("no GPU backend") == 1 and "Traceback" not in err
+    assert caffe.get_solver_mode() == "cpu"
+    make(FANOUT).forward()
+    caffe.set_mode_cpu()
