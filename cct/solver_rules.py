@@ -29,7 +29,8 @@ momentum2 0.999, delta 1e-8, rms_decay 0.99), h = history set 1, s = set 2::
 The history is laid out as in Caffe's ``.solverstate``: one blob per learnable param in net
 order (set 1), then, for AdaDelta and Adam, one more per param (set 2). Arithmetic is done in
 the params' dtype (float32 like Caffe), in place, with the same rounding steps as Caffe's BLAS
-calls (``axpby`` = scale then add).
+calls (``axpby`` = scale then add). A rule may also name a fused backend kernel that does regularize, rule and
+``w -= g`` in one pass over memory with the same steps (SGD: ``sgd_update``).
 """
 from __future__ import annotations
 
@@ -145,6 +146,10 @@ def _sgd(xp, g, h, s, tmp, k: Hyper) -> None:
     g[...] = h
 
 
+def _sgd_fused(backend, w, g, h, k: Hyper, local_decay) -> None:
+    backend.sgd_update(w, g, h, k.local_rate, k.momentum, local_decay)
+
+
 def _nesterov(xp, g, h, s, tmp, k: Hyper) -> None:
     tmp[0][...] = h
     g *= k.local_rate
@@ -237,10 +242,14 @@ class UpdateRule(NamedTuple):
     scratch: int            # temporary arrays per param (Caffe's update_ / temp_)
     compute: Callable       # (xp, g, h, s, tmp, Hyper) -> None; leaves the update in g
     check: Optional[Callable] = None   # param -> error message or None (sanity check)
+    # (backend, w, g, h, Hyper, local_decay) -> None: L2 regularization, the rule and
+    # w -= update in one backend kernel, leaving the update in g (the same numbers as the
+    # stages one by one); used when regularization_type is L2.
+    fused: Optional[Callable] = None
 
 
 RULES: Dict[str, UpdateRule] = {r.type: r for r in (
-    UpdateRule("SGD", 1, 1, _sgd),
+    UpdateRule("SGD", 1, 1, _sgd, fused=_sgd_fused),
     UpdateRule("Nesterov", 1, 1, _nesterov),
     UpdateRule("AdaGrad", 1, 1, _adagrad, _no_momentum("AdaGrad")),
     UpdateRule("RMSProp", 1, 1, _rmsprop, _check_rmsprop),
@@ -283,8 +292,13 @@ class UpdatePipeline:
         self.history: List = []   # Caffe's history_: set 1 for every param, then set 2
         for _ in range(rule.history_sets):
             self.history.extend(p.xp.zeros(p.shape, p.dtype) for p in params)
-        self.scratch = [[p.xp.empty(p.shape, p.dtype) for _ in range(max(rule.scratch, 1))]
-                        for p in params]
+        self.scratch: List = [None] * len(params)   # allocated at first use
+
+    def _scratch(self, i: int, blob) -> List:
+        if self.scratch[i] is None:
+            self.scratch[i] = [blob.xp.empty(blob.shape, blob.dtype)
+                               for _ in range(max(self.rule.scratch, 1))]
+        return self.scratch[i]
 
     def clip_gradients(self) -> None:
         clip = self.param.clip_gradients
@@ -314,14 +328,22 @@ class UpdatePipeline:
         params = net.learnable_params
         self.clip_gradients()
         n = len(params)
+        fused = self.rule.fused if p.regularization_type == "L2" else None
+        staged = []
         for i, blob in enumerate(params):
             xp = blob.xp
             dt = blob.dtype.type
             g = blob.diff
-            tmp = self.scratch[i]
             if p.iter_size != 1:
                 g *= dt(1) / dt(p.iter_size)
             local_decay = dt(p.weight_decay) * dt(net.params_weight_decay[i])
+            k = Hyper(local_rate=dt(rate) * dt(net.params_lr[i]), momentum=dt(p.momentum),
+                      momentum2=dt(p.momentum2), delta=dt(p.delta), rms_decay=dt(p.rms_decay),
+                      t=iter_ + 1)
+            if fused is not None:
+                fused(net.backend, blob.data, g, self.history[i], k, local_decay)
+                continue
+            tmp = self._scratch(i, blob)
             if local_decay:
                 if p.regularization_type == "L2":
                     xp.multiply(blob.data, local_decay, out=tmp[0])
@@ -329,10 +351,8 @@ class UpdatePipeline:
                     xp.sign(blob.data, out=tmp[0])
                     tmp[0] *= local_decay
                 g += tmp[0]
-            k = Hyper(local_rate=dt(rate) * dt(net.params_lr[i]), momentum=dt(p.momentum),
-                      momentum2=dt(p.momentum2), delta=dt(p.delta), rms_decay=dt(p.rms_decay),
-                      t=iter_ + 1)
             s = self.history[n + i] if self.rule.history_sets > 1 else None
             self.rule.compute(xp, g, self.history[i], s, tmp, k)
-        for blob in params:
+            staged.append(blob)
+        for blob in staged:
             blob.data[...] -= blob.diff

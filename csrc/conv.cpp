@@ -31,7 +31,6 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -299,17 +298,10 @@ void run_partitioned(int64_t n, int parts, Body&& body) {
   }
   const int64_t budget = std::min(g_col_buffer_limit / parts, kPartitionChunkBytes);
   blas_set_num_threads(1);
-  std::vector<std::thread> workers;
-  for (int part = 1; part < parts; ++part)
-    workers.emplace_back([&, part] {
-      SerialScope serial;
-      body(part, n * part / parts, n * (part + 1) / parts, budget);
-    });
-  {
+  run_parallel(parts, [&](int part) {
     SerialScope serial;
-    body(0, int64_t(0), n / parts, budget);
-  }
-  for (auto& w : workers) w.join();
+    body(part, n * part / parts, n * (part + 1) / parts, budget);
+  });
   blas_set_num_threads(num_threads());
 }
 

@@ -57,4 +57,48 @@ template <typename T>
 void ave_pool_backward(const T* dy, T* dx, int64_t planes, int h, int w, int kh, int kw, int sh,
                        int sw, int ph, int pw, int ho, int wo);
 
+// Element-by-element (elementwise.cpp). Outputs may be inputs (in place).
+template <typename T>
+void relu_forward(const T* x, T* y, int64_t count, T negative_slope);
+// dx = dy * ([src > 0] + negative_slope [src <= 0]); src is the bottom (or, with a slope >= 0,
+// the top) data.
+template <typename T>
+void relu_backward(const T* src, const T* dy, T* dx, int64_t count, T negative_slope);
+// SGD with momentum and L2 weight decay, fused: g = local_rate (diff + local_decay data);
+// history = momentum history + g; diff = history; data -= history.
+template <typename T>
+void sgd_update(T* data, T* diff, T* history, int64_t count, T local_rate, T momentum,
+                T local_decay);
+
+// LRN across channels on (num, channels, pixels) arrays (lrn.cpp). y must not be x.
+template <typename T>
+void lrn_across_forward(const T* x, T* y, T* scale, int64_t num, int64_t channels, int64_t pixels,
+                        int size, T alpha, T beta, T k);
+template <typename T>
+void lrn_across_backward(const T* x, const T* y, const T* scale, const T* dy, T* dx, int64_t num,
+                         int64_t channels, int64_t pixels, int size, T alpha, T beta);
+
+// Softmax over axis 1 of (outer, channels, inner) arrays and SoftmaxWithLoss (softmax.cpp).
+template <typename T>
+void softmax_forward(const T* x, T* y, int64_t outer, int64_t channels, int64_t inner);
+template <typename T>
+void softmax_backward(const T* y, const T* dy, T* dx, int64_t outer, int64_t channels,
+                      int64_t inner);
+// The summed loss -log(max(p[label], FLT_MIN)) over the counted positions, their count, and
+// the first label (in memory order) outside [0, channels) that is not ignore_label, if any.
+template <typename T>
+struct SoftmaxLossResult {
+  T loss;
+  int64_t count;
+  bool bad;
+  int64_t bad_label;
+};
+template <typename T>
+SoftmaxLossResult<T> softmax_loss_forward(const T* x, const T* label, T* prob, int64_t outer,
+                                          int64_t channels, int64_t inner, bool has_ignore,
+                                          int64_t ignore_label);
+template <typename T>
+void softmax_loss_backward(const T* prob, const T* label, T* dx, int64_t outer, int64_t channels,
+                           int64_t inner, bool has_ignore, int64_t ignore_label, T scale);
+
 }  // namespace cct

@@ -192,6 +192,150 @@ Arr<T> gemm(Arr<T> a, Arr<T> b, bool trans_a, bool trans_b, bool measured) {
   return c;
 }
 
+// --- in-place kernels: ReLU, LRN, softmax, SoftmaxWithLoss, SGD -------------------------------
+// Their arrays are taken as they are (no conversion, so an output is never a silent copy):
+// C-contiguous, of the overload's dtype; cct.backend.cpu makes them so.
+
+template <typename T>
+using Buf = py::array_t<T, py::array::c_style>;
+
+template <typename T>
+void same_size(const Buf<T>& a, const Buf<T>& b, const char* kernel) {
+  if (a.size() != b.size())
+    throw std::invalid_argument(std::string(kernel) + ": arrays of different sizes");
+}
+
+template <typename T>
+void relu_forward(Buf<T> x, Buf<T> out, double negative_slope) {
+  same_size(x, out, "relu_forward");
+  const T* xd = x.data();
+  T* yd = out.mutable_data();
+  py::gil_scoped_release release;
+  cct::relu_forward<T>(xd, yd, x.size(), T(negative_slope));
+}
+
+template <typename T>
+void relu_backward(Buf<T> src, Buf<T> dy, Buf<T> out, double negative_slope) {
+  same_size(src, dy, "relu_backward");
+  same_size(src, out, "relu_backward");
+  const T* sd = src.data();
+  const T* dyd = dy.data();
+  T* dxd = out.mutable_data();
+  py::gil_scoped_release release;
+  cct::relu_backward<T>(sd, dyd, dxd, src.size(), T(negative_slope));
+}
+
+template <typename T>
+void sgd_update(Buf<T> data, Buf<T> diff, Buf<T> history, double local_rate, double momentum,
+                double local_decay) {
+  same_size(data, diff, "sgd_update");
+  same_size(data, history, "sgd_update");
+  T* w = data.mutable_data();
+  T* g = diff.mutable_data();
+  T* h = history.mutable_data();
+  py::gil_scoped_release release;
+  cct::sgd_update<T>(w, g, h, data.size(), T(local_rate), T(momentum), T(local_decay));
+}
+
+template <typename T>
+std::array<int64_t, 3> lrn_dims(const Buf<T>& x) {
+  if (x.ndim() != 4) throw std::invalid_argument("lrn: bottom must be 4-D (NCHW)");
+  return {x.shape(0), x.shape(1), x.shape(2) * x.shape(3)};
+}
+
+template <typename T>
+void lrn_across_forward(Buf<T> x, Buf<T> out, Buf<T> scale, int size, double alpha,
+                        double beta, double k) {
+  const auto d = lrn_dims(x);
+  same_size(x, out, "lrn_across_forward");
+  same_size(x, scale, "lrn_across_forward");
+  if (size < 1) throw std::invalid_argument("lrn: size must be >= 1");
+  const T* xd = x.data();
+  T* yd = out.mutable_data();
+  T* sd = scale.mutable_data();
+  if (xd == yd) throw std::invalid_argument("lrn_across_forward: out must not be x");
+  py::gil_scoped_release release;
+  cct::lrn_across_forward<T>(xd, yd, sd, d[0], d[1], d[2], size, T(alpha), T(beta), T(k));
+}
+
+template <typename T>
+void lrn_across_backward(Buf<T> x, Buf<T> y, Buf<T> scale, Buf<T> dy, Buf<T> out, int size,
+                         double alpha, double beta) {
+  const auto d = lrn_dims(x);
+  for (const Buf<T>* a : {&y, &scale, &dy, &out}) same_size(x, *a, "lrn_across_backward");
+  if (size < 1) throw std::invalid_argument("lrn: size must be >= 1");
+  const T* xd = x.data();
+  const T* yd = y.data();
+  const T* sd = scale.data();
+  const T* dyd = dy.data();
+  T* dxd = out.mutable_data();
+  py::gil_scoped_release release;
+  cct::lrn_across_backward<T>(xd, yd, sd, dyd, dxd, d[0], d[1], d[2], size, T(alpha), T(beta));
+}
+
+template <typename T>
+std::array<int64_t, 3> softmax_dims(const Buf<T>& x) {
+  if (x.ndim() != 3) throw std::invalid_argument("softmax: x must be 3-D (outer, channels, inner)");
+  return {x.shape(0), x.shape(1), x.shape(2)};
+}
+
+template <typename T>
+void softmax_forward(Buf<T> x, Buf<T> out) {
+  const auto d = softmax_dims(x);
+  same_size(x, out, "softmax_forward");
+  const T* xd = x.data();
+  T* yd = out.mutable_data();
+  py::gil_scoped_release release;
+  cct::softmax_forward<T>(xd, yd, d[0], d[1], d[2]);
+}
+
+template <typename T>
+void softmax_backward(Buf<T> y, Buf<T> dy, Buf<T> out) {
+  const auto d = softmax_dims(y);
+  same_size(y, dy, "softmax_backward");
+  same_size(y, out, "softmax_backward");
+  const T* yd = y.data();
+  const T* dyd = dy.data();
+  T* dxd = out.mutable_data();
+  py::gil_scoped_release release;
+  cct::softmax_backward<T>(yd, dyd, dxd, d[0], d[1], d[2]);
+}
+
+template <typename T>
+py::tuple softmax_loss_forward(Buf<T> x, Buf<T> label, Buf<T> prob,
+                               std::optional<int64_t> ignore_label) {
+  const auto d = softmax_dims(x);
+  same_size(x, prob, "softmax_loss_forward");
+  if (label.size() != d[0] * d[2])
+    throw std::invalid_argument("softmax_loss_forward: label count != outer * inner");
+  const T* xd = x.data();
+  const T* ld = label.data();
+  T* pd = prob.mutable_data();
+  cct::SoftmaxLossResult<T> r;
+  {
+    py::gil_scoped_release release;
+    r = cct::softmax_loss_forward<T>(xd, ld, pd, d[0], d[1], d[2], ignore_label.has_value(),
+                                     ignore_label.value_or(0));
+  }
+  return py::make_tuple(double(r.loss), r.count,
+                        r.bad ? py::object(py::int_(r.bad_label)) : py::object(py::none()));
+}
+
+template <typename T>
+void softmax_loss_backward(Buf<T> prob, Buf<T> label, Buf<T> out,
+                           std::optional<int64_t> ignore_label, double scale) {
+  const auto d = softmax_dims(prob);
+  same_size(prob, out, "softmax_loss_backward");
+  if (label.size() != d[0] * d[2])
+    throw std::invalid_argument("softmax_loss_backward: label count != outer * inner");
+  const T* pd = prob.data();
+  const T* ld = label.data();
+  T* dxd = out.mutable_data();
+  py::gil_scoped_release release;
+  cct::softmax_loss_backward<T>(pd, ld, dxd, d[0], d[1], d[2], ignore_label.has_value(),
+                                ignore_label.value_or(0), T(scale));
+}
+
 template <typename T>
 void bind_dtype(py::module_& m) {
   m.def("conv_forward", &conv_forward<T>, py::arg("x"), py::arg("weight"), py::arg("bias"),
@@ -213,6 +357,28 @@ void bind_dtype(py::module_& m) {
         py::arg("stride"), py::arg("pad"), py::arg("out"));
   m.def("ave_pool_backward", &ave_pool_backward<T>, py::arg("dy"), py::arg("x_shape"),
         py::arg("kernel"), py::arg("stride"), py::arg("pad"));
+  m.def("relu_forward", &relu_forward<T>, py::arg("x").noconvert(), py::arg("out").noconvert(),
+        py::arg("negative_slope"));
+  m.def("relu_backward", &relu_backward<T>, py::arg("src").noconvert(),
+        py::arg("dy").noconvert(), py::arg("out").noconvert(), py::arg("negative_slope"));
+  m.def("sgd_update", &sgd_update<T>, py::arg("data").noconvert(), py::arg("diff").noconvert(),
+        py::arg("history").noconvert(), py::arg("local_rate"), py::arg("momentum"),
+        py::arg("local_decay"));
+  m.def("lrn_across_forward", &lrn_across_forward<T>, py::arg("x").noconvert(),
+        py::arg("out").noconvert(), py::arg("scale").noconvert(), py::arg("size"),
+        py::arg("alpha"), py::arg("beta"), py::arg("k"));
+  m.def("lrn_across_backward", &lrn_across_backward<T>, py::arg("x").noconvert(),
+        py::arg("y").noconvert(), py::arg("scale").noconvert(), py::arg("dy").noconvert(),
+        py::arg("out").noconvert(), py::arg("size"), py::arg("alpha"), py::arg("beta"));
+  m.def("softmax_forward", &softmax_forward<T>, py::arg("x").noconvert(),
+        py::arg("out").noconvert());
+  m.def("softmax_backward", &softmax_backward<T>, py::arg("y").noconvert(),
+        py::arg("dy").noconvert(), py::arg("out").noconvert());
+  m.def("softmax_loss_forward", &softmax_loss_forward<T>, py::arg("x").noconvert(),
+        py::arg("label").noconvert(), py::arg("prob").noconvert(), py::arg("ignore_label"));
+  m.def("softmax_loss_backward", &softmax_loss_backward<T>, py::arg("prob").noconvert(),
+        py::arg("label").noconvert(), py::arg("out").noconvert(), py::arg("ignore_label"),
+        py::arg("scale"));
 }
 
 }  // namespace

@@ -4,8 +4,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
-#include <thread>
-#include <vector>
+#include <functional>
 
 namespace cct {
 
@@ -28,8 +27,14 @@ class SerialScope {
   bool saved_;
 };
 
-// Below this much work (elements touched) a loop runs on the calling thread: starting threads
-// costs tens of microseconds.
+// Runs job(i) for every i in [0, parts): i = 0 on the calling thread, the others on cct's
+// persistent worker threads (started at first use and then kept waiting on a condition
+// variable, which wakes them in a few microseconds where starting a thread costs tens), or on
+// fresh threads when the workers are already serving another call (a second Python thread, or
+// a job that itself runs in parallel). Returns when every job has returned.
+void run_parallel(int parts, const std::function<void(int)>& job);
+
+// Below this much work (elements touched) a loop runs on the calling thread.
 constexpr int64_t kParallelGrain = 1 << 16;
 
 // Calls f(begin, end) on contiguous slices of [0, items), one slice per thread.
@@ -40,12 +45,7 @@ void parallel_for(int64_t items, int64_t cost_per_item, F&& f) {
     if (items > 0) f(int64_t(0), items);
     return;
   }
-  std::vector<std::thread> workers;
-  workers.reserve(size_t(t - 1));
-  for (int64_t i = 1; i < t; ++i)
-    workers.emplace_back([&f, i, t, items] { f(items * i / t, items * (i + 1) / t); });
-  f(int64_t(0), items / t);
-  for (auto& w : workers) w.join();
+  run_parallel(int(t), [&f, items, t](int i) { f(items * i / t, items * (i + 1) / t); });
 }
 
 }  // namespace cct

@@ -1,10 +1,16 @@
 // cct's thread count, shared by the BLAS and cct's own parallel loops.
 #include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "gemm.h"
 #include "parallel.h"
 
 #if defined(__linux__)
+#include <pthread.h>
 #include <sched.h>
 #endif
 
@@ -13,6 +19,93 @@ namespace cct {
 namespace {
 std::atomic<int> g_num_threads{1};
 thread_local bool t_serial = false;
+
+// The persistent workers. One call at a time owns them (busy); a call that finds them owned
+// starts its own threads. Each call bumps the generation; worker w (1-based) runs job(w) of
+// the calls that have at least w + 1 parts. The pool is never destroyed (its threads are
+// blocked when the process exits), and a forked child starts a new one: the parent's
+// threads do not exist there.
+class Pool {
+ public:
+  void run(int parts, const std::function<void(int)>& job) {
+    std::unique_lock<std::mutex> owner(busy_, std::try_to_lock);
+    if (!owner.owns_lock()) {
+      run_on_new_threads(parts, job);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      while (int(workers_.size()) < parts - 1) {
+        const int w = int(workers_.size()) + 1;
+        workers_.emplace_back([this, w] { work(w); });
+      }
+      job_ = &job;
+      parts_ = parts;
+      pending_ = parts - 1;
+      ++generation_;
+    }
+    wake_.notify_all();
+    std::exception_ptr error;
+    try {
+      job(0);
+    } catch (...) {
+      error = std::current_exception();  // the workers still hold `job`: wait for them first
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [this] { return pending_ == 0; });
+    job_ = nullptr;
+    if (error) std::rethrow_exception(error);
+  }
+
+ private:
+  static void run_on_new_threads(int parts, const std::function<void(int)>& job) {
+    std::vector<std::thread> threads;
+    threads.reserve(size_t(parts - 1));
+    for (int i = 1; i < parts; ++i) threads.emplace_back([&job, i] { job(i); });
+    job(0);
+    for (auto& t : threads) t.join();
+  }
+
+  void work(int w) {
+    int64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [this, seen] { return generation_ != seen; });
+      seen = generation_;
+      if (w >= parts_) continue;
+      const std::function<void(int)>* job = job_;
+      lock.unlock();
+      (*job)(w);
+      lock.lock();
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex busy_;
+  std::mutex mutex_;  // guards what follows
+  std::condition_variable wake_, done_;
+  std::vector<std::thread> workers_;
+  const std::function<void(int)>* job_ = nullptr;
+  int parts_ = 0;
+  int pending_ = 0;
+  int64_t generation_ = 0;
+};
+
+Pool* g_pool = nullptr;
+std::once_flag g_pool_once;
+
+void new_pool_in_child() { g_pool = new Pool(); }
+
+Pool& pool() {
+  std::call_once(g_pool_once, [] {
+    g_pool = new Pool();
+#if defined(__linux__)
+    pthread_atfork(nullptr, nullptr, new_pool_in_child);
+#endif
+  });
+  return *g_pool;
+}
+
 }  // namespace
 
 SerialScope::SerialScope() : saved_(t_serial) { t_serial = true; }
@@ -24,6 +117,14 @@ int available_cores() {
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
 #endif
   return std::max(1u, std::thread::hardware_concurrency());
+}
+
+void run_parallel(int parts, const std::function<void(int)>& job) {
+  if (parts <= 1) {
+    if (parts == 1) job(0);
+    return;
+  }
+  pool().run(parts, job);
 }
 
 int num_threads() { return t_serial ? 1 : g_num_threads.load(std::memory_order_relaxed); }

@@ -5,7 +5,8 @@ input is expanded into a K x N*P matrix with K = C/group*kh*kw and P = Ho*Wo, an
 does the group's work for the whole mini-batch, instead of Caffe's one small GEMM per image;
 or the batch is partitioned, one slice per core, each lowered in cache-sized chunks and
 multiplied with single-threaded BLAS. Each layer's kernels take whichever was faster at their
-first call (csrc/conv.cpp). Pooling is csrc/pooling.cpp. The kernels release the GIL and use cct's
+first call (csrc/conv.cpp). Pooling is csrc/pooling.cpp; ReLU, LRN across channels, softmax,
+SoftmaxWithLoss and the fused SGD update write in place (elementwise.cpp, lrn.cpp, softmax.cpp). The kernels release the GIL and use cct's
 threads: ``set_num_threads(n)`` sets them for the BLAS (OpenBLAS) and cct's own loops together;
 the default is the cores available to the process. NumPy's ``@`` runs on NumPy's own OpenBLAS,
 a separate library with its own threads.
@@ -168,27 +169,109 @@ def ave_pool_backward(dy, x_shape, kernel, stride, pad, out) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------
-# Local response normalisation across channels
+# In-place kernels: ReLU, LRN, softmax, SoftmaxWithLoss, SGD (csrc/elementwise.cpp, lrn.cpp,
+# softmax.cpp). Each writes into ``out`` when given (a blob's array: no copy), else into a new
+# array, and returns it.
 # --------------------------------------------------------------------------------------------
-def _channel_window_sum(a, size):
-    """Sum over a window of ``size`` channels centred on each channel (zero outside)."""
-    n, c = a.shape[:2]
-    pre = (size - 1) // 2
-    padded = np.zeros((n, c + size - 1) + a.shape[2:], a.dtype)
-    padded[:, pre:pre + c] = a
-    csum = np.cumsum(padded, axis=1)
-    out = csum[:, size - 1:size - 1 + c].copy()
-    out[:, 1:] -= csum[:, :c - 1]
-    return out
+def _target(out, shape, dtype: np.dtype):
+    """(array the kernel writes, array to copy it into afterwards or None)."""
+    if out is None:
+        return np.empty(shape, dtype), None
+    if out.dtype == dtype and out.flags.c_contiguous and out.flags.writeable:
+        return out, None
+    return np.empty(shape, dtype), out
 
 
-def lrn_across_forward(x, size, alpha, beta, k):
+def _result(buf, dest):
+    if dest is None:
+        return buf
+    dest[...] = buf.reshape(dest.shape)
+    return dest
+
+
+def relu_forward(x, negative_slope: float, out=None) -> np.ndarray:
+    """y = max(x, 0) + negative_slope * min(x, 0); ``out`` may be ``x`` (in place)."""
+    dt = _dtype(x)
+    buf, dest = _target(out, x.shape, dt)
+    _C.relu_forward(_arr(x, dt), buf, float(negative_slope))
+    return _result(buf, dest)
+
+
+def relu_backward(src, dy, negative_slope: float, out=None) -> np.ndarray:
+    """dx = dy * ([src > 0] + negative_slope [src <= 0]); src is the bottom data (or the top
+    data, whose sign is the bottom's when negative_slope >= 0). ``out`` may be ``dy``."""
+    dt = _dtype(dy)
+    buf, dest = _target(out, dy.shape, dt)
+    _C.relu_backward(_arr(src, dt), _arr(dy, dt), buf, float(negative_slope))
+    return _result(buf, dest)
+
+
+def lrn_across_forward(x, size, alpha, beta, k, out=None, scale=None):
     """y = x * scale^-beta, scale = k + alpha/size * sum of x^2 over ``size`` neighbouring
-    channels. Returns (y, scale); scale is kept for the backward pass."""
-    scale = k + (alpha / size) * _channel_window_sum(x * x, size)
-    return x * scale ** -beta, scale
+    channels (Caffe's running sum over the window). Returns (y, scale); scale is kept for the
+    backward pass. ``out`` must not be ``x``."""
+    dt = _dtype(x)
+    x = _arr(x, dt)
+    buf, dest = _target(out, x.shape, dt)
+    sbuf, sdest = _target(scale, x.shape, dt)
+    _C.lrn_across_forward(x, buf, sbuf, int(size), float(alpha), float(beta), float(k))
+    return _result(buf, dest), _result(sbuf, sdest)
 
 
-def lrn_across_backward(x, y, scale, dy, size, alpha, beta):
-    ratio = _channel_window_sum(dy * y / scale, size)
-    return dy * scale ** -beta - (2.0 * alpha * beta / size) * x * ratio
+def lrn_across_backward(x, y, scale, dy, size, alpha, beta, out=None):
+    """dx = dy scale^-beta - 2 alpha beta / size * x * (window sum of dy y / scale);
+    ``out`` may be ``dy``."""
+    dt = _dtype(x)
+    buf, dest = _target(out, x.shape, dt)
+    _C.lrn_across_backward(_arr(x, dt), _arr(y, dt), _arr(scale, dt), _arr(dy, dt), buf,
+                           int(size), float(alpha), float(beta))
+    return _result(buf, dest)
+
+
+def softmax_forward(x, out=None) -> np.ndarray:
+    """Softmax over axis 1 of an (outer, channels, inner) array, shifted by the channel max as
+    in Caffe so that exp never overflows. ``out`` may be ``x``."""
+    dt = _dtype(x)
+    buf, dest = _target(out, x.shape, dt)
+    _C.softmax_forward(_arr(x, dt), buf.reshape(x.shape))
+    return _result(buf, dest)
+
+
+def softmax_backward(y, dy, out=None) -> np.ndarray:
+    """dx = (dy - sum over channels of dy y) y on (outer, channels, inner) arrays; ``out`` may
+    be ``dy``."""
+    dt = _dtype(y)
+    buf, dest = _target(out, y.shape, dt)
+    _C.softmax_backward(_arr(y, dt), _arr(dy, dt), buf.reshape(y.shape))
+    return _result(buf, dest)
+
+
+def softmax_loss_forward(x, label, ignore_label: Optional[int], prob=None):
+    """SoftmaxWithLoss's forward core on x (outer, channels, inner) and label (outer, inner),
+    labels truncated to int as Caffe does. Returns (prob, loss, count, bad_label): loss the sum
+    of -log(max(p[label], FLT_MIN)) over the positions whose label is not ``ignore_label``
+    (a dtype scalar, summed in memory order), count those positions, bad_label the first label
+    outside [0, channels) that is not ignored (None when all are fine; the loss skips it)."""
+    dt = _dtype(x)
+    x = _arr(x, dt)
+    buf, dest = _target(prob, x.shape, dt)
+    loss, count, bad = _C.softmax_loss_forward(x, _arr(label, dt), buf.reshape(x.shape),
+                                               ignore_label)
+    return _result(buf, dest), dt.type(loss), count, bad
+
+
+def softmax_loss_backward(prob, label, ignore_label: Optional[int], scale, out=None):
+    """dx = (prob - onehot(label)) * scale, 0 at positions labelled ``ignore_label``."""
+    dt = _dtype(prob)
+    buf, dest = _target(out, prob.shape, dt)
+    _C.softmax_loss_backward(_arr(prob, dt), _arr(label, dt), buf.reshape(prob.shape),
+                             ignore_label, float(scale))
+    return _result(buf, dest)
+
+
+def sgd_update(data, diff, history, local_rate, momentum, local_decay) -> None:
+    """SGD with momentum and L2 weight decay, fused and in place (sgd_solver.cpp's Regularize,
+    ComputeUpdateValue and Blob::Update in one pass): g = local_rate (diff + local_decay data),
+    history = momentum history + g, diff = history, data -= history. The three arrays must be
+    C-contiguous, of one dtype (a blob's data and diff and its history are)."""
+    _C.sgd_update(data, diff, history, float(local_rate), float(momentum), float(local_decay))

@@ -183,3 +183,92 @@ def ave_pool_backward(dy, x_shape, kernel, stride, pad, out):
         for j in range(kw):
             dpad[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw] += g
     return np.ascontiguousarray(dpad[:, :, ph:ph + h, pw:pw + w])
+
+
+# --------------------------------------------------------------------------------------------
+# In-place kernels: same signatures as in cct.backend.cpu (``out`` written when given)
+# --------------------------------------------------------------------------------------------
+def _store(y, out):
+    if out is None:
+        return y
+    out[...] = y.reshape(out.shape)
+    return out
+
+
+def relu_forward(x, negative_slope, out=None):
+    slope = x.dtype.type(negative_slope)
+    return _store(np.maximum(x, 0) + slope * np.minimum(x, 0), out)
+
+
+def relu_backward(src, dy, negative_slope, out=None):
+    slope = dy.dtype.type(negative_slope)
+    return _store(dy * ((src > 0) + slope * (src <= 0)), out)
+
+
+def _channel_window_sum(a, size):
+    """Sum over a window of ``size`` channels centred on each channel (zero outside)."""
+    n, c = a.shape[:2]
+    pre = (size - 1) // 2
+    padded = np.zeros((n, c + size - 1) + a.shape[2:], a.dtype)
+    padded[:, pre:pre + c] = a
+    csum = np.cumsum(padded, axis=1)
+    out = csum[:, size - 1:size - 1 + c].copy()
+    out[:, 1:] -= csum[:, :c - 1]
+    return out
+
+
+def lrn_across_forward(x, size, alpha, beta, k, out=None, scale=None):
+    s = k + (alpha / size) * _channel_window_sum(x * x, size)
+    return _store(x * s ** -beta, out), _store(s, scale)
+
+
+def lrn_across_backward(x, y, scale, dy, size, alpha, beta, out=None):
+    ratio = _channel_window_sum(dy * y / scale, size)
+    return _store(dy * scale ** -beta - (2.0 * alpha * beta / size) * x * ratio, out)
+
+
+def softmax_forward(x, out=None):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return _store(e / e.sum(axis=1, keepdims=True), out)
+
+
+def softmax_backward(y, dy, out=None):
+    return _store((dy - (dy * y).sum(axis=1, keepdims=True)) * y, out)
+
+
+_FLT_MIN = float(np.finfo(np.float32).tiny)
+
+
+def _labels(label, channels, ignore_label):
+    lab = label.astype(np.int64)  # truncation towards zero, as static_cast<int>
+    valid = np.ones(lab.shape, bool) if ignore_label is None else lab != ignore_label
+    in_range = (lab >= 0) & (lab < channels)
+    bad = lab[valid & ~in_range]
+    return lab, valid & in_range, (int(bad[0]) if bad.size else None)
+
+
+def softmax_loss_forward(x, label, ignore_label, prob=None):
+    p = softmax_forward(x, prob)
+    lab, use, bad = _labels(label, x.shape[1], ignore_label)
+    picked = np.take_along_axis(p, np.where(use, lab, 0)[:, None, :], axis=1)[:, 0, :]
+    loss = -np.log(np.maximum(picked, _FLT_MIN))[use].sum(dtype=np.float64)
+    return p, x.dtype.type(loss), int(use.sum()), bad
+
+
+def softmax_loss_backward(prob, label, ignore_label, scale, out=None):
+    lab, use, _ = _labels(label, prob.shape[1], ignore_label)
+    d = prob - (np.arange(prob.shape[1])[None, :, None] == lab[:, None, :])
+    if ignore_label is not None:
+        d = d * (lab != ignore_label)[:, None, :]
+    return _store((d * prob.dtype.type(scale)).astype(prob.dtype, copy=False), out)
+
+
+def sgd_update(data, diff, history, local_rate, momentum, local_decay):
+    dt = data.dtype.type
+    if dt(local_decay):
+        diff += data * dt(local_decay)
+    diff *= dt(local_rate)
+    history *= dt(momentum)
+    history += diff
+    diff[...] = history
+    data -= history

@@ -13,21 +13,19 @@ FULL, every prediction (outer * inner); VALID, the predictions whose label is no
 """
 from __future__ import annotations
 
-import numpy as np
 from google.protobuf.message import DecodeError
 
 from ..errors import WeightsError
 from ..proto import caffe_pb2
 from .base import Layer, register
-from .softmax import canonical_axis, softmax, split_shape
+from .softmax import canonical_axis, split_shape
 
 LossParameter = caffe_pb2.LossParameter
 FULL, VALID, BATCH_SIZE, NONE = (LossParameter.FULL, LossParameter.VALID,
                                  LossParameter.BATCH_SIZE, LossParameter.NONE)
 
-#: Caffe's floor under probabilities before the log: FLT_MIN in SoftmaxWithLoss (also for
-#: double) and kLOG_THRESHOLD = 1e-20 in InfogainLoss and MultinomialLogisticLoss.
-FLT_MIN = float(np.finfo(np.float32).tiny)
+#: Caffe's floor under probabilities before the log in InfogainLoss and MultinomialLogisticLoss
+#: (kLOG_THRESHOLD; SoftmaxWithLoss floors at FLT_MIN, in the backend's softmax_loss_forward).
 LOG_THRESHOLD = 1e-20
 
 
@@ -70,6 +68,12 @@ class LossLayer(Layer):
             raise self.error(f"cannot backpropagate to {what} inputs (bottom[{index}]); the "
                              f"blob feeding it must not need a gradient.")
 
+    def label_error(self, bad: int, num_classes: int, ignore_label=None):
+        return self.error(f"label {bad} is out of range: labels must lie in "
+                          f"[0, {num_classes - 1}]" + (
+                              f" or equal ignore_label {ignore_label}" if ignore_label
+                              is not None else "") + ".")
+
     def int_labels(self, label, num_classes: int, ignore_label=None):
         """Labels as integers, the mask of the ones that count, and those labels with ignored
         entries replaced by 0 (safe to index with). Out-of-range labels are an error."""
@@ -79,10 +83,7 @@ class LossLayer(Layer):
         checked = label if valid is None else label[valid]
         if checked.size and bool(((checked < 0) | (checked >= num_classes)).any()):
             bad = int(checked[(checked < 0) | (checked >= num_classes)][0])
-            raise self.error(f"label {bad} is out of range: labels must lie in "
-                             f"[0, {num_classes - 1}]" + (
-                                 f" or equal ignore_label {ignore_label}" if ignore_label
-                                 is not None else "") + ".")
+            raise self.label_error(bad, num_classes, ignore_label)
         safe = label if valid is None else xp.where(valid, label, 0)
         return label, valid, safe
 
@@ -116,6 +117,7 @@ class SoftmaxWithLossLayer(LossLayer):
         lp = self.layer_param.loss_param
         self.ignore_label = _ignore_label(lp)
         self.mode = normalization_mode(lp, VALID)
+        self.prob = None
 
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
@@ -127,21 +129,16 @@ class SoftmaxWithLossLayer(LossLayer):
             top[1].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        xp = self.xp
         outer, channels, inner = self.view
-        self.prob = softmax(xp, bottom[0].data.reshape(self.view))
-        label, valid, safe = self.int_labels(bottom[1].data.reshape(outer, inner), channels,
-                                             self.ignore_label)
-        p = xp.take_along_axis(self.prob, safe[:, None, :], axis=1)[:, 0, :]
-        logp = xp.log(xp.maximum(p, FLT_MIN))
-        if valid is None:
-            count = outer * inner
-        else:
-            logp = logp * valid
-            count = int(valid.sum())
-        self.label, self.valid = label, valid
-        self.norm = normalizer(self.mode, outer, inner, count)
-        top[0].data[...] = -logp.sum() / self.norm
+        if self.prob is None or self.prob.shape != self.view:
+            self.prob = self.xp.empty(self.view, self.dtype)
+        self.label = bottom[1].data.reshape(outer, inner)
+        _, loss, count, bad = self.backend.softmax_loss_forward(
+            bottom[0].data.reshape(self.view), self.label, self.ignore_label, prob=self.prob)
+        if bad is not None:
+            raise self.label_error(bad, channels, self.ignore_label)
+        self.norm = self.dtype.type(normalizer(self.mode, outer, inner, count))
+        top[0].data[...] = loss / self.norm
         if len(top) > 1:
             top[1].data[...] = self.prob.reshape(top[1].shape)
 
@@ -149,14 +146,9 @@ class SoftmaxWithLossLayer(LossLayer):
         self.no_label_gradient(propagate_down)
         if not propagate_down[0]:
             return
-        xp = self.xp
-        channels = self.view[1]
-        onehot = xp.arange(channels)[None, :, None] == self.label[:, None, :]
-        d = self.prob - onehot
-        if self.valid is not None:
-            d = d * self.valid[:, None, :]
-        d = d * (top[0].diff / self.norm)
-        bottom[0].diff[...] = d.reshape(bottom[0].shape)
+        self.backend.softmax_loss_backward(self.prob, self.label, self.ignore_label,
+                                           top[0].diff / self.norm,
+                                           out=bottom[0].diff.reshape(self.view))
 
 
 @register("EuclideanLoss")
@@ -344,7 +336,7 @@ class InfogainLossLayer(LossLayer):
     def forward(self, bottom, top):
         xp = self.xp
         outer, labels, inner = self.view
-        self.prob = softmax(xp, bottom[0].data.reshape(self.view))
+        self.prob = self.backend.softmax_forward(bottom[0].data.reshape(self.view))
         _, self.valid, self.safe = self.int_labels(bottom[1].data.reshape(outer, inner),
                                                    labels, self.ignore_label)
         h_rows = self._matrix(bottom)[self.safe]                    # (outer, inner, labels)

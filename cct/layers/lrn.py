@@ -35,6 +35,7 @@ class LRNLayer(Layer):
         self.region = lp.norm_region
         pre_pad = (self.size - 1) // 2
         self.pool_geom = ((self.size, self.size), (1, 1), (pre_pad, pre_pad))
+        self.scale = None
 
     def reshape(self, bottom: List[Blob], top: List[Blob]) -> None:
         b = bottom[0]
@@ -48,25 +49,25 @@ class LRNLayer(Layer):
         # Backward needs the bottom data, which an in-place top overwrites.
         self.x = x.copy() if top[0] is bottom[0] else x
         if self.region == _LRN.ACROSS_CHANNELS:
-            y, self.scale = self.backend.lrn_across_forward(x, self.size, self.alpha,
-                                                            self.beta, self.k)
+            if self.scale is None or self.scale.shape != x.shape:
+                self.scale = self.xp.empty_like(x)
+            self.backend.lrn_across_forward(self.x, self.size, self.alpha, self.beta, self.k,
+                                            out=top[0].data, scale=self.scale)
         else:
             avg = self.backend.ave_pool_forward(x * x, *self.pool_geom, x.shape[2:])
             self.scale = 1 + self.alpha * avg
             self.power = self.scale ** -self.beta
-            y = x * self.power
-        top[0].data[...] = y
+            top[0].data[...] = x * self.power
 
     def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob]) -> None:
         if not propagate_down[0]:
             return
         x, y, dy = self.x, top[0].data, top[0].diff
         if self.region == _LRN.ACROSS_CHANNELS:
-            dx = self.backend.lrn_across_backward(x, y, self.scale, dy, self.size,
-                                                  self.alpha, self.beta)
+            self.backend.lrn_across_backward(x, y, self.scale, dy, self.size, self.alpha,
+                                             self.beta, out=bottom[0].diff)
         else:
             # d/d(avg) of (1 + alpha avg)^-beta is -beta alpha power / scale.
             d_avg = (dy * x) * (-self.beta * self.alpha) * self.power / self.scale
             d_sq = self.backend.ave_pool_backward(d_avg, x.shape, *self.pool_geom, x.shape[2:])
-            dx = dy * self.power + 2 * x * d_sq
-        bottom[0].diff[...] = dx
+            bottom[0].diff[...] = dy * self.power + 2 * x * d_sq

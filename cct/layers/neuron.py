@@ -65,20 +65,28 @@ def _sigmoid(xp, x):
 @register("ReLU")
 class ReLULayer(NeuronLayer):
     """y = max(x, 0) + negative_slope * min(x, 0)  (``relu_param.negative_slope``, default 0);
-    dy/dx = 1 where x > 0, negative_slope where x <= 0."""
+    dy/dx = 1 where x > 0, negative_slope where x <= 0. Both passes are the backend's
+    ``relu_forward``/``relu_backward``, written straight into the top data / bottom diff."""
 
     def layer_setup(self, bottom, top):
         self.negative_slope = self.scalar(self.layer_param.relu_param.negative_slope)
         # With a slope >= 0 the top has the sign of the bottom, so the top serves in place.
         self.backward_needs_bottom = bool(self.negative_slope < 0)
 
-    def neuron_forward(self, x):
-        xp = self.xp
-        return xp.maximum(x, 0) + self.negative_slope * xp.minimum(x, 0)
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        in_place = top[0] is bottom[0]
+        self._bottom_copy = x.copy() if in_place and self.backward_needs_bottom else None
+        self.backend.relu_forward(x, self.negative_slope, out=top[0].data)
 
-    def neuron_backward(self, x, y, dy):
-        src = x if self.backward_needs_bottom else y
-        return dy * ((src > 0) + self.negative_slope * (src <= 0))
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        if not self.backward_needs_bottom:
+            src = top[0].data
+        else:
+            src = self._bottom_copy if self._bottom_copy is not None else bottom[0].data
+        self.backend.relu_backward(src, top[0].diff, self.negative_slope, out=bottom[0].diff)
 
 
 @register("PReLU")

@@ -1,5 +1,6 @@
-"""Softmax over one axis (Caffe's ``softmax_layer.cpp``), plus the helpers that the softmax-based
-loss and the accuracy layers share: the canonical axis and the (outer, channels, inner) view."""
+"""Softmax over one axis (Caffe's ``softmax_layer.cpp``; the backend's ``softmax_forward`` and
+``softmax_backward``), plus the helpers that the softmax-based loss and the accuracy layers share:
+the canonical axis and the (outer, channels, inner) view."""
 from __future__ import annotations
 
 from ..blob import Blob
@@ -22,13 +23,6 @@ def split_shape(blob: Blob, axis: int):
     return blob.count_range(0, axis), blob.shape[axis], blob.count_range(axis + 1)
 
 
-def softmax(xp, x):
-    """Softmax over axis 1 of an (outer, channels, inner) array, shifted by the channel max
-    as in Caffe so that exp never overflows."""
-    e = xp.exp(x - x.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
-
-
 @register("Softmax")
 class SoftmaxLayer(Layer):
     """y_k = exp(x_k - max_j x_j) / sum_j exp(x_j - max_j x_j) over ``softmax_param.axis``
@@ -45,13 +39,12 @@ class SoftmaxLayer(Layer):
         top[0].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        y = softmax(self.xp, bottom[0].data.reshape(self.view))
-        top[0].data[...] = y.reshape(top[0].shape)
+        self.backend.softmax_forward(bottom[0].data.reshape(self.view),
+                                     out=top[0].data.reshape(self.view))
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        y = top[0].data.reshape(self.view)
-        dy = top[0].diff.reshape(self.view)
-        dx = (dy - (dy * y).sum(axis=1, keepdims=True)) * y
-        bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+        self.backend.softmax_backward(top[0].data.reshape(self.view),
+                                      top[0].diff.reshape(self.view),
+                                      out=bottom[0].diff.reshape(self.view))

@@ -2,6 +2,8 @@
 (cct.backend.reference): convolution forward, backward data and backward weight, max and
 average pooling forward and backward, on hand-picked and random geometries, float32 and
 float64."""
+import os
+import signal
 import threading
 
 import numpy as np
@@ -360,3 +362,208 @@ def test_empty_window_is_caffes():
     ave = cpu.ave_pool_forward(x, *geom)
     np.testing.assert_array_equal(ave[0, 0, 5], 0)
     np.testing.assert_array_equal(ave[0, 0, :5], 1)
+
+
+# --------------------------------------------------------------------------------------------
+# In-place kernels: ReLU, LRN, softmax, SoftmaxWithLoss, SGD
+# --------------------------------------------------------------------------------------------
+# Odd shapes, batch 1, and sizes past the threading grain and the kernels' block sizes.
+ELEMENTWISE_SHAPES = [(1, 3, 5, 7), (2, 1), (3, 17, 41, 37), (7,)]
+LRN_SHAPES = [(1, 3, 5, 7), (2, 7, 4, 3), (2, 300, 7, 9), (3, 96, 27, 27)]
+LRN_PARAMS = [(5, 1e-4, 0.75, 1.0), (3, 2.0, 0.5, 2.0), (1, 0.5, 1.3, 1.0), (7, 1.0, 0.75, 1.0)]
+SOFTMAX_SHAPES = [(1, 10, 1), (64, 10, 1), (3, 5, 600), (2, 1, 7), (5, 1000, 1)]
+
+
+def _rand(shape, dtype, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("slope", [0.0, 0.1, -0.5])
+@pytest.mark.parametrize("shape", ELEMENTWISE_SHAPES, ids=str)
+def test_relu_matches_reference(shape, slope, dtype):
+    x, dy = _rand(shape, dtype), _rand(shape, dtype, 1)
+    y = cpu.relu_forward(x, slope)
+    np.testing.assert_array_equal(y, reference.relu_forward(x, slope))
+    np.testing.assert_array_equal(cpu.relu_backward(x, dy, slope),
+                                  reference.relu_backward(x, dy, slope))
+    assert y.dtype == np.dtype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_in_place(dtype):
+    x, dy = _rand((3, 17, 41, 37), dtype), _rand((3, 17, 41, 37), dtype, 1)
+    want_y = reference.relu_forward(x, 0.2)
+    want_dx = reference.relu_backward(x, dy, 0.2)
+    buf = x.copy()
+    assert cpu.relu_forward(buf, 0.2, out=buf) is buf
+    np.testing.assert_array_equal(buf, want_y)
+    assert cpu.relu_backward(x, dy, 0.2, out=dy) is dy
+    np.testing.assert_array_equal(dy, want_dx)
+
+
+def test_relu_keeps_caffes_special_values():
+    x = np.array([-np.inf, -0.0, 0.0, np.nan, np.inf, -2.0], np.float32)
+    with np.errstate(invalid="ignore"):  # 0 * -inf is NaN in Caffe's formula too
+        for slope in (0.0, 0.5):
+            np.testing.assert_array_equal(cpu.relu_forward(x, slope),
+                                          reference.relu_forward(x, slope))
+
+
+def test_out_that_is_not_a_plain_buffer_is_still_filled():
+    x = _rand((4, 6), np.float32)
+    out = np.zeros((6, 4), np.float32).T  # Fortran-ordered view
+    assert cpu.relu_forward(x, 0.0, out=out) is out
+    np.testing.assert_array_equal(out, np.maximum(x, 0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("params", LRN_PARAMS, ids=str)
+@pytest.mark.parametrize("shape", LRN_SHAPES, ids=str)
+def test_lrn_across_matches_reference(shape, params, dtype):
+    size, alpha, beta, k = params
+    x, dy = _rand(shape, dtype), _rand(shape, dtype, 1)
+    y, scale = cpu.lrn_across_forward(x, size, alpha, beta, k)
+    want_y, want_scale = reference.lrn_across_forward(x, size, alpha, beta, k)
+    _close(scale, want_scale, dtype)
+    _close(y, want_y, dtype)
+    dx = dy.copy()
+    cpu.lrn_across_backward(x, y, scale, dx, size, alpha, beta, out=dx)  # in place on dy
+    _close(dx, reference.lrn_across_backward(x, want_y, want_scale, dy, size, alpha, beta),
+           dtype)
+
+
+def test_lrn_writes_into_out_and_scale():
+    x = _rand((2, 7, 4, 3), np.float32)
+    out, scale = np.empty_like(x), np.empty_like(x)
+    y, s = cpu.lrn_across_forward(x, 5, 1e-4, 0.75, 1.0, out=out, scale=scale)
+    assert y is out and s is scale
+    with pytest.raises(ValueError, match="out must not be x"):
+        cpu.lrn_across_forward(x, 5, 1e-4, 0.75, 1.0, out=x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", SOFTMAX_SHAPES, ids=str)
+def test_softmax_matches_reference(shape, dtype):
+    x, dy = 5 * _rand(shape, dtype), _rand(shape, dtype, 1)
+    y = cpu.softmax_forward(x)
+    _close(y, reference.softmax_forward(x), dtype)
+    _close(cpu.softmax_backward(y, dy), reference.softmax_backward(y, dy), dtype)
+    buf = x.copy()
+    cpu.softmax_forward(buf, out=buf)
+    np.testing.assert_array_equal(buf, y)
+    cpu.softmax_backward(y, dy, out=dy)
+    _close(dy, reference.softmax_backward(y, _rand(shape, dtype, 1)), dtype)
+
+
+def test_softmax_does_not_overflow():
+    x = np.array([[[1000.0], [1001.0], [-1000.0]]], np.float32)
+    y = cpu.softmax_forward(x)
+    assert np.isfinite(y).all()
+    np.testing.assert_allclose(y.sum(axis=1), 1, rtol=1e-6)
+
+
+def _labels(outer, channels, inner, seed, ignore=None):
+    lab = np.random.default_rng(seed).integers(0, channels, (outer, inner))
+    if ignore is not None:
+        lab[::2, ::3] = ignore
+    return lab
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("ignore", [None, 1, -1])
+@pytest.mark.parametrize("shape", SOFTMAX_SHAPES, ids=str)
+def test_softmax_loss_matches_reference(shape, ignore, dtype):
+    outer, channels, inner = shape
+    x = 3 * _rand(shape, dtype)
+    label = (_labels(outer, channels, inner, 2, ignore) + 0.7 * (ignore is None)).astype(dtype)
+    prob, loss, count, bad = cpu.softmax_loss_forward(x, label, ignore)
+    want_prob, want_loss, want_count, want_bad = reference.softmax_loss_forward(x, label, ignore)
+    _close(prob, want_prob, dtype)
+    assert isinstance(loss, np.dtype(dtype).type)
+    np.testing.assert_allclose(loss, want_loss, **TOL[dtype])
+    assert (count, bad) == (want_count, want_bad) and bad is None
+    dx = np.full(shape, 9, dtype)
+    cpu.softmax_loss_backward(prob, label, ignore, 0.25, out=dx)
+    _close(dx, reference.softmax_loss_backward(prob, label, ignore, 0.25), dtype)
+
+
+def test_softmax_loss_reports_the_first_bad_label():
+    x = _rand((3, 4, 2), np.float32)
+    label = np.array([[0, 3], [4, -1], [7, 2]], np.float32)
+    _, _, count, bad = cpu.softmax_loss_forward(x, label, None)
+    assert (count, bad) == (3, 4)
+    assert reference.softmax_loss_forward(x, label, None)[2:] == (3, 4)
+    _, _, count, bad = cpu.softmax_loss_forward(x, label, 4)
+    assert (count, bad) == (3, -1)
+
+
+def test_softmax_loss_floors_the_probability_at_flt_min():
+    x = np.array([[[0.0], [-200.0]]], np.float32)
+    _, loss, _, _ = cpu.softmax_loss_forward(x, np.array([[1.0]], np.float32), None)
+    np.testing.assert_allclose(loss, -np.log(np.finfo(np.float32).tiny), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("decay", [0.0, 5e-4])
+@pytest.mark.parametrize("shape", ELEMENTWISE_SHAPES, ids=str)
+def test_sgd_update_matches_reference(shape, decay, dtype):
+    data, diff, hist = _rand(shape, dtype), _rand(shape, dtype, 1), _rand(shape, dtype, 2)
+    want = [a.copy() for a in (data, diff, hist)]
+    reference.sgd_update(*want, 0.01, 0.9, decay)
+    cpu.sgd_update(data, diff, hist, 0.01, 0.9, decay)
+    for got, w in zip((data, diff, hist), want):
+        np.testing.assert_array_equal(got, w)
+
+
+def test_in_place_kernels_refuse_arrays_they_would_copy():
+    a = np.zeros(4, np.float32)
+    with pytest.raises(TypeError):
+        cpu.sgd_update(a, np.zeros(4, np.float64), np.zeros(4, np.float32), 0.1, 0.9, 0.0)
+    with pytest.raises(ValueError, match="different sizes"):
+        cpu.sgd_update(a, np.zeros(5, np.float32), np.zeros(4, np.float32), 0.1, 0.9, 0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# The persistent worker threads (csrc/threads.cpp)
+# --------------------------------------------------------------------------------------------
+@pytest.fixture
+def two_threads():
+    saved = cpu.get_num_threads()
+    cpu.set_num_threads(2)
+    yield
+    cpu.set_num_threads(saved)
+
+
+def test_workers_serve_several_python_threads_at_once(two_threads):
+    """One call owns the workers; a concurrent call starts its own threads."""
+    arrays = [_rand((3, 17, 41, 37), np.float32, seed) for seed in range(4)]
+    want = [reference.relu_backward(a, a[::-1].copy(), 0.3) for a in arrays]
+    got = [None] * len(arrays)
+
+    def run(i):
+        for _ in range(30):
+            got[i] = cpu.relu_backward(arrays[i], arrays[i][::-1].copy(), 0.3)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(arrays))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_workers_in_a_forked_child(two_threads):
+    """A child forked after the parent's workers started has none of them: it starts its own."""
+    x = _rand((3, 17, 41, 37), np.float32)
+    want = reference.relu_forward(x, 0.1)
+    np.testing.assert_array_equal(cpu.relu_forward(x, 0.1), want)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        signal.alarm(120)  # a hung child must not hang the test run
+        ok = all(np.array_equal(cpu.relu_forward(x, 0.1), want) for _ in range(5))
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -1,0 +1,159 @@
+// Local response normalisation across channels, Caffe's CrossChannelForward_cpu and
+// CrossChannelBackward_cpu (lrn_layer.cpp) with the same running sums over the channel window:
+//
+//   scale_c = k + alpha/size * sum of x_j^2 over the `size` channels centred on c
+//   y_c     = x_c * scale_c^-beta
+//   dx_c    = dy_c * scale_c^-beta - 2 alpha beta / size * x_c * sum over the same window
+//             of dy_j * y_j / scale_j
+//
+// Work is split into (image, block of pixels) items between cct's threads; each item walks the
+// channels with the whole block's pixels side by side, so the inner loops are contiguous. dx may
+// be dy (in place); y must not be x.
+#include "kernels.h"
+#include "parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace cct {
+
+namespace {
+
+// s^-beta; Caffe's default beta 0.75 as 1 / (sqrt(s) sqrt(sqrt(s))), several times faster than
+// pow and within a few ulp of it.
+template <typename T>
+struct NegPow {
+  T beta;
+  bool three_quarters;
+  explicit NegPow(T b) : beta(b), three_quarters(b == T(0.75)) {}
+  T operator()(T s) const {
+    if (three_quarters) {
+      const T r = std::sqrt(s);
+      return T(1) / (r * std::sqrt(r));
+    }
+    return std::pow(s, -beta);
+  }
+};
+
+// Pixels per item: the block's scratch (channels x block) stays within about 64 KiB.
+int64_t lrn_block(int64_t channels, int64_t pixels, int64_t itemsize) {
+  const int64_t b = std::max<int64_t>(16, (int64_t(64) << 10) / (itemsize * std::max<int64_t>(channels, 1)));
+  return std::min(b, std::max<int64_t>(pixels, 1));
+}
+
+}  // namespace
+
+template <typename T>
+void lrn_across_forward(const T* x, T* y, T* scale, int64_t num, int64_t channels, int64_t pixels,
+                        int size, T alpha, T beta, T k) {
+  if (num == 0 || channels == 0 || pixels == 0) return;
+  const int64_t block = lrn_block(channels, pixels, sizeof(T));
+  const int64_t blocks = (pixels + block - 1) / block;
+  const int pre = (size - 1) / 2;
+  const T alpha_over_size = alpha / T(size);
+  const NegPow<T> negpow(beta);
+  parallel_for(num * blocks, channels * block * 4, [&](int64_t begin, int64_t end) {
+    std::vector<T> sq(static_cast<size_t>(channels * block));  // alpha/size * x^2, per channel
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t n = item / blocks, p0 = (item % blocks) * block;
+      const int64_t len = std::min(block, pixels - p0);
+      const int64_t base = n * channels * pixels + p0;
+      for (int64_t c = 0; c < channels; ++c) {
+        const T* xc = x + base + c * pixels;
+        T* sc = sq.data() + c * block;
+        for (int64_t i = 0; i < len; ++i) {
+          const T s = xc[i] * xc[i];
+          sc[i] = alpha_over_size * s;
+        }
+      }
+      // Channel 0's window covers padded channels 0 .. size-1, i.e. real ones -pre .. size-1-pre.
+      T* s0 = scale + base;
+      std::fill(s0, s0 + len, k);
+      for (int64_t j = 0; j < std::min<int64_t>(size - pre, channels); ++j) {
+        const T* sj = sq.data() + j * block;
+        for (int64_t i = 0; i < len; ++i) s0[i] += sj[i];
+      }
+      for (int64_t c = 1; c < channels; ++c) {
+        const T* prev = scale + base + (c - 1) * pixels;
+        T* cur = scale + base + c * pixels;
+        const int64_t head = c + size - 1 - pre, tail = c - 1 - pre;
+        std::copy(prev, prev + len, cur);
+        if (head < channels) {
+          const T* sh = sq.data() + head * block;
+          for (int64_t i = 0; i < len; ++i) cur[i] += sh[i];
+        }
+        if (tail >= 0) {
+          const T* st = sq.data() + tail * block;
+          for (int64_t i = 0; i < len; ++i) cur[i] -= st[i];
+        }
+      }
+      for (int64_t c = 0; c < channels; ++c) {
+        const int64_t off = base + c * pixels;
+        for (int64_t i = 0; i < len; ++i) y[off + i] = negpow(scale[off + i]) * x[off + i];
+      }
+    }
+  });
+}
+
+template <typename T>
+void lrn_across_backward(const T* x, const T* y, const T* scale, const T* dy, T* dx, int64_t num,
+                         int64_t channels, int64_t pixels, int size, T alpha, T beta) {
+  if (num == 0 || channels == 0 || pixels == 0) return;
+  const int64_t block = lrn_block(channels, pixels, sizeof(T));
+  const int64_t blocks = (pixels + block - 1) / block;
+  const int pre = (size - 1) / 2;
+  const T cache_ratio = T(2) * alpha * beta / T(size);
+  const NegPow<T> negpow(beta);
+  parallel_for(num * blocks, channels * block * 6, [&](int64_t begin, int64_t end) {
+    std::vector<T> ratio(static_cast<size_t>(channels * block));  // dy * y / scale, per channel
+    std::vector<T> accum(static_cast<size_t>(block));
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t n = item / blocks, p0 = (item % blocks) * block;
+      const int64_t len = std::min(block, pixels - p0);
+      const int64_t base = n * channels * pixels + p0;
+      for (int64_t c = 0; c < channels; ++c) {
+        const int64_t off = base + c * pixels;
+        T* rc = ratio.data() + c * block;
+        for (int64_t i = 0; i < len; ++i) {
+          const T r = dy[off + i] * y[off + i];
+          rc[i] = r / scale[off + i];
+        }
+      }
+      // accum holds the window sum of channel c: padded channels c .. c+size-1.
+      std::fill(accum.begin(), accum.begin() + len, T(0));
+      for (int64_t j = 0; j < std::min<int64_t>(size - 1 - pre, channels); ++j) {
+        const T* rj = ratio.data() + j * block;
+        for (int64_t i = 0; i < len; ++i) accum[i] += rj[i];
+      }
+      for (int64_t c = 0; c < channels; ++c) {
+        const int64_t off = base + c * pixels;
+        const int64_t head = c + size - 1 - pre, tail = c - pre;
+        if (head < channels) {
+          const T* rh = ratio.data() + head * block;
+          for (int64_t i = 0; i < len; ++i) accum[i] += rh[i];
+        }
+        for (int64_t i = 0; i < len; ++i) {
+          const T d = negpow(scale[off + i]) * dy[off + i];
+          const T xa = x[off + i] * accum[i];
+          dx[off + i] = d - cache_ratio * xa;
+        }
+        if (tail >= 0) {
+          const T* rt = ratio.data() + tail * block;
+          for (int64_t i = 0; i < len; ++i) accum[i] -= rt[i];
+        }
+      }
+    }
+  });
+}
+
+#define CCT_INSTANTIATE(T)                                                                   \
+  template void lrn_across_forward<T>(const T*, T*, T*, int64_t, int64_t, int64_t, int, T, T, \
+                                      T);                                                    \
+  template void lrn_across_backward<T>(const T*, const T*, const T*, const T*, T*, int64_t,  \
+                                       int64_t, int64_t, int, T, T);
+CCT_INSTANTIATE(float)
+CCT_INSTANTIATE(double)
+#undef CCT_INSTANTIATE
+
+}  // namespace cct
