@@ -35,35 +35,30 @@ def write_text(msg: message.Message, path: str) -> None:
     _atomic_write(path, write)
 
 
-def main_upgrade_net_proto_text(argv: List[str]) -> int:
-    tool = "upgrade_net_proto_text"
-    flags = Flags(tool, argv, {}, positional=("v0_net_proto_file_in", "v1_net_proto_file_out"))
+def _upgrade_text(tool: str, argv: List[str], what: str, message_type, needs_upgrade,
+                  apply_upgrade) -> int:
+    """Caffe's upgrade_{net,solver}_proto_text: read, upgrade if needed, write back."""
+    flags = Flags(tool, argv, {}, positional=(f"{what}_proto_file_in",
+                                              f"{what}_proto_file_out"))
     source, out = flags.positional
-    net = prototxt.read_text(source, caffe_pb2.NetParameter(), "net")
-    if upgrade.net_needs_upgrade(net):
-        upgrade.upgrade_net(net, source)
+    msg = prototxt.read_text(source, message_type(), what)
+    if needs_upgrade(msg):
+        apply_upgrade(msg, source)
     else:
-        log_error("upgrade_net_proto_text.cpp:40", f"File already in latest proto format: "
-                  f"{source}")
-    write_text(net, out)
-    info("upgrade_net_proto_text.cpp:46", f"Wrote upgraded NetParameter text proto to {out}")
+        log_error(f"{tool}.cpp:40", f"File already in latest proto format: {source}")
+    write_text(msg, out)
+    info(f"{tool}.cpp:46", f"Wrote upgraded {message_type.DESCRIPTOR.name} text proto to {out}")
     return 0
+
+
+def main_upgrade_net_proto_text(argv: List[str]) -> int:
+    return _upgrade_text("upgrade_net_proto_text", argv, "net", caffe_pb2.NetParameter,
+                         upgrade.net_needs_upgrade, upgrade.upgrade_net)
 
 
 def main_upgrade_solver_proto_text(argv: List[str]) -> int:
-    tool = "upgrade_solver_proto_text"
-    flags = Flags(tool, argv, {}, positional=("solver_proto_file_in", "solver_proto_file_out"))
-    source, out = flags.positional
-    solver = prototxt.read_text(source, caffe_pb2.SolverParameter(), "solver")
-    if upgrade.solver_needs_type_upgrade(solver):
-        upgrade.upgrade_solver(solver, source)
-    else:
-        log_error("upgrade_solver_proto_text.cpp:40", f"File already in latest proto format: "
-                  f"{source}")
-    write_text(solver, out)
-    info("upgrade_solver_proto_text.cpp:46", f"Wrote upgraded SolverParameter text proto to "
-         f"{out}")
-    return 0
+    return _upgrade_text("upgrade_solver_proto_text", argv, "solver", caffe_pb2.SolverParameter,
+                         upgrade.solver_needs_type_upgrade, upgrade.upgrade_solver)
 
 
 main = main_upgrade_net_proto_text
