@@ -105,3 +105,19 @@ def check_gradient(layer, bottom: List[Blob], top: List[Blob],
                 f"{layer.type} {what} element {k}: analytic {gflat[k]:.9g} vs numeric "
                 f"{numeric:.9g}")
     objective()
+
+
+def assert_param_diffs_accumulate(layer, bottom: List[Blob], top: List[Blob],
+                                  seed: int = 1701) -> List[np.ndarray]:
+    """Two backward passes: param diffs add up (Caffe accumulates them), the bottom diff is
+    overwritten. Returns the param diffs of one pass."""
+    run_forward(layer, bottom, top, seed)
+    top[0].diff[...] = np.random.default_rng(seed).standard_normal(top[0].shape)
+    layer.backward(top, [True], bottom)
+    once = [b.diff.copy() for b in layer.blobs]
+    dx = bottom[0].diff.copy()
+    layer.backward(top, [True], bottom)
+    for b, d in zip(layer.blobs, once):
+        np.testing.assert_allclose(b.diff, 2 * d)
+    np.testing.assert_allclose(bottom[0].diff, dx)
+    return once

@@ -5,7 +5,8 @@ import pytest
 
 from cct.errors import LayerError
 from tests.caffe_layer_fixture import assert_matches_caffe, run_fixture_layer
-from tests.gradient_check import build_layer, check_gradient, run_forward
+from tests.gradient_check import (assert_param_diffs_accumulate, build_layer, check_gradient,
+                                  run_forward)
 
 RNG = np.random.default_rng(0)
 
@@ -160,15 +161,7 @@ def test_fillers_and_default_constant_zero():
 def test_param_diffs_accumulate():
     x = RNG.standard_normal((2, 2, 4, 4))
     layer, bottom, top = build_layer(conv_body(num_output=2, kernel_size=3), [x])
-    run_forward(layer, bottom, top)
-    top[0].diff[...] = RNG.standard_normal(top[0].shape)
-    layer.backward(top, [True], bottom)
-    once = [b.diff.copy() for b in layer.blobs]
-    dx = bottom[0].diff.copy()
-    layer.backward(top, [True], bottom)
-    for b, d in zip(layer.blobs, once):
-        np.testing.assert_allclose(b.diff, 2 * d)
-    np.testing.assert_allclose(bottom[0].diff, dx)
+    assert_param_diffs_accumulate(layer, bottom, top)
 
 
 def test_no_bottom_diff_without_propagate_down():

@@ -5,7 +5,8 @@ import pytest
 
 from cct.errors import LayerError
 from tests.caffe_layer_fixture import assert_matches_caffe, run_fixture_layer
-from tests.gradient_check import build_layer, check_gradient, run_forward
+from tests.gradient_check import (assert_param_diffs_accumulate, build_layer, check_gradient,
+                                  run_forward)
 
 RNG = np.random.default_rng(2)
 
@@ -70,15 +71,7 @@ def test_float32():
 def test_param_diffs_accumulate_and_bottom_diff_is_overwritten():
     x = RNG.standard_normal((2, 5))
     layer, bottom, top = build_layer(ip_body(num_output=3), [x])
-    run_forward(layer, bottom, top)
-    top[0].diff[...] = RNG.standard_normal(top[0].shape)
-    layer.backward(top, [True], bottom)
-    once = [b.diff.copy() for b in layer.blobs]
-    dx = bottom[0].diff.copy()
-    layer.backward(top, [True], bottom)
-    for b, d in zip(layer.blobs, once):
-        np.testing.assert_allclose(b.diff, 2 * d)
-    np.testing.assert_allclose(bottom[0].diff, dx)
+    once = assert_param_diffs_accumulate(layer, bottom, top)
     layer.param_propagate_down = [False, False]
     layer.backward(top, [False], bottom)
     for b, d in zip(layer.blobs, once):
