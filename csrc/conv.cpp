@@ -297,12 +297,13 @@ void run_partitioned(int64_t n, int parts, Body&& body) {
     return;
   }
   const int64_t budget = std::min(g_col_buffer_limit / parts, kPartitionChunkBytes);
+  const int blas_threads = blas_get_num_threads();
   blas_set_num_threads(1);
   run_parallel(parts, [&](int part) {
     SerialScope serial;
     body(part, n * part / parts, n * (part + 1) / parts, budget);
   });
-  blas_set_num_threads(num_threads());
+  blas_set_num_threads(std::max(1, blas_threads));
 }
 
 enum Kernel : int { kForward, kBackwardData, kBackwardWeight };

@@ -390,7 +390,12 @@ PYBIND11_MODULE(_C, m) {
   bind_dtype<float>(m);
   m.def("set_num_threads", &cct::set_num_threads, py::arg("n"),
         "Threads for the BLAS and cct's kernels; n < 1 means the cores available.");
-  m.def("get_num_threads", &cct::num_threads);
+  m.def("get_num_threads", &cct::num_threads,
+        "The calling thread's count (its own, else the process-wide one).");
+  m.def("set_thread_num_threads", &cct::set_thread_num_threads, py::arg("n"),
+        "The calling thread's own count for cct's loops; 0 returns it to the process-wide one.");
+  m.def("set_blas_num_threads", &cct::blas_set_num_threads, py::arg("n"),
+        "The BLAS's process-wide thread count alone.");
   m.def("available_cores", &cct::available_cores);
   m.def("blas_num_threads", &cct::blas_get_num_threads,
         "The BLAS's own thread count (0 when the BLAS does not say).");

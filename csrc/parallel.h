@@ -12,6 +12,10 @@ namespace cct {
 int num_threads();
 // Sets cct's thread count and the BLAS's; n < 1 means the cores available to the process.
 void set_num_threads(int n);
+// Sets the calling thread's own count for cct's loops (0: the process-wide count again). The
+// BLAS's count stays process-wide: a caller running several such threads at once sets it to
+// the smallest of their counts.
+void set_thread_num_threads(int n);
 int available_cores();
 
 // While one lives, parallel_for on this thread runs inline: the thread is one of several

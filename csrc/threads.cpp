@@ -19,6 +19,9 @@ namespace cct {
 namespace {
 std::atomic<int> g_num_threads{1};
 thread_local bool t_serial = false;
+// A device (cct/devices.py) that owns some of the cores runs its replica on its own Python
+// thread with its own count; 0 means the process-wide count.
+thread_local int t_num_threads = 0;
 
 // The persistent workers. One call at a time owns them (busy); a call that finds them owned
 // starts its own threads. Each call bumps the generation; worker w (1-based) runs job(w) of
@@ -127,7 +130,12 @@ void run_parallel(int parts, const std::function<void(int)>& job) {
   pool().run(parts, job);
 }
 
-int num_threads() { return t_serial ? 1 : g_num_threads.load(std::memory_order_relaxed); }
+int num_threads() {
+  if (t_serial) return 1;
+  return t_num_threads > 0 ? t_num_threads : g_num_threads.load(std::memory_order_relaxed);
+}
+
+void set_thread_num_threads(int n) { t_num_threads = n < 0 ? 0 : n; }
 
 void set_num_threads(int n) {
   if (n < 1) n = available_cores();
