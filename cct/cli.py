@@ -21,7 +21,8 @@ USAGE = """usage: cct <command> <args>
 
 commands:
   train           train or finetune a model (-solver, -weights, -snapshot, -level, -stage,
-                  -sigint_effect, -sighup_effect, -gpu)
+                  -sigint_effect, -sighup_effect, -gpu, -devices: e.g. cpu:1,cpu:1 or cpu,gpu0
+                  to split every batch across devices)
   test            score a model (-model, -weights, -iterations, -level, -stage)
   time            benchmark forward/backward of a model (-model, -iterations, -phase, -level,
                   -stage)
@@ -98,7 +99,7 @@ def cmd_train(argv: List[str]) -> int:
     from .solver import Solver
 
     flags = Flags("train", argv, {"solver": "", "weights": "", "snapshot": "", "gpu": "",
-                                  "level": "0", "stage": "", "sigint_effect": "stop",
+                                  "devices": "", "level": "0", "stage": "", "sigint_effect": "stop",
                                   "sighup_effect": "snapshot"})
     solver_path = _require(flags, "solver", "Need a solver definition to train.")
     if flags.get("snapshot") and flags.get("weights"):
@@ -113,7 +114,8 @@ def cmd_train(argv: List[str]) -> int:
         param.weights.append(flags.get("weights"))
     _use_cpu(flags, "caffe.cpp:197")
     actions = SignalActions(flags.get("sigint_effect"), flags.get("sighup_effect"))
-    solver = Solver(param, solver_path, action_request=actions)
+    solver = Solver(param, solver_path, action_request=actions,
+                    devices=flags.get("devices") or None)
     try:
         if flags.get("snapshot"):
             solver.restore(flags.get("snapshot"))  # logs caffe.cpp's "Resuming from ..."

@@ -5,6 +5,7 @@ month and day, time with microseconds, thread id, ``source:line]``. cct writes t
 and, where a line corresponds to one of Caffe's, the same source location, because tools like
 ``extract_seconds.py`` split on these tokens.
 """
+import contextlib
 import logging
 import sys
 import threading
@@ -55,6 +56,17 @@ def info(src: str, msg: str) -> None:
 
 def warning(src: str, msg: str) -> None:
     logger.warning(msg, extra={"caffe_src": src})
+
+
+@contextlib.contextmanager
+def quiet():
+    """INFO lines off for a while (a net replica's construction repeats the net's log)."""
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def set_quiet(quiet: bool = True) -> None:

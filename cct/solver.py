@@ -55,7 +55,8 @@ class Solver:
 
     def __init__(self, param: caffe_pb2.SolverParameter, source: str = "<solver>", *,
                  action_request: Optional[Callable[[], str]] = None,
-                 solver_type: Optional[str] = None, dtype=np.float32, backend: str = "cpu"):
+                 solver_type: Optional[str] = None, dtype=np.float32, backend: str = "cpu",
+                 devices=None):
         info("solver.cpp:45", "Initializing solver from parameters: \n"
              + debug_string(param).rstrip("\n"))
         self.param = caffe_pb2.SolverParameter()
@@ -82,6 +83,10 @@ class Solver:
         self.requested_early_exit = False
         self.last_snapshot: Optional[str] = None   # the last solver state written or restored
         self._callbacks: List = []
+        self.devices = None
+        self.scheduler = None
+        if devices is not None:
+            self.use_devices(devices)
 
     # -- construction ------------------------------------------------------------------------
     def _check_param(self) -> None:
@@ -220,8 +225,50 @@ class Solver:
             for net in [self.net] + self.test_nets:
                 self._load_net_weights(net, model_list)
 
+    def use_devices(self, devices) -> None:
+        """Train on these devices from the next iteration on: a spelling such as
+        ``"cpu:1,cpu:1"`` or ``"cpu,gpu0"`` (cct/devices.py) or a list of Devices. Several
+        devices share every batch through the hybrid scheduler (cct/scheduler.py)."""
+        from .devices import CPUDevice, available_cores, parse_devices
+        if isinstance(devices, str):
+            devices = parse_devices(devices)
+        devices = list(devices)
+        if self.scheduler is not None:
+            self.scheduler.pull_statistics()
+            self.scheduler.close()
+            self.scheduler = None
+        # One device that is every core is the plain single-net path.
+        whole_cpu = (len(devices) == 1 and isinstance(devices[0], CPUDevice)
+                     and list(devices[0].cores) == available_cores())
+        self.devices = None if whole_cpu else devices
+        names = ", ".join(d.name for d in devices)
+        info("solver.cpp:0", f"Training on {len(devices)} device(s): {names}")
+
+    def _forward_backward(self) -> float:
+        if self.devices is None:
+            return self.net.forward_backward()
+        from .devices import DeviceError
+        from .scheduler import HybridScheduler
+        if self.scheduler is None:
+            self.scheduler = HybridScheduler(self.net, self.devices)
+        try:
+            return self.scheduler.forward_backward()
+        except DeviceError:
+            # The params are those of the last update: keep them before stopping.
+            self.requested_early_exit = True
+            if self.param.snapshot_prefix:
+                self.snapshot()
+            raise
+
+    def _pull_statistics(self) -> None:
+        if self.scheduler is not None and self.scheduler.replicas:
+            self.scheduler.pull_statistics()
+
     def close(self) -> None:
         """Stop the nets' data prefetch threads and close their databases."""
+        if self.scheduler is not None:
+            self.scheduler.close()
+            self.scheduler = None
         for net in [self.net] + self.test_nets:
             close = getattr(net, "close", None)
             if callable(close):
@@ -263,7 +310,8 @@ class Solver:
             info("solver.cpp:311", "Optimization stopped early.")
             return
         if p.display and self.iter % p.display == 0:
-            loss = self.net.forward_prefilled()
+            loss = (self.scheduler.forward() if self.scheduler is not None
+                    else self.net.forward_prefilled())
             self._update_smoothed_loss(loss, start_iter, p.average_loss)
             info("solver.cpp:327", f"Iteration {self.iter}, loss = {_g(self.smoothed_loss)}")
         if p.test_interval and self.iter % p.test_interval == 0:
@@ -291,7 +339,7 @@ class Solver:
             display = p.display and self.iter % p.display == 0
             loss = dt(0)
             for _ in range(p.iter_size):
-                loss += dt(self.net.forward_backward())
+                loss += dt(self._forward_backward())
             loss /= dt(p.iter_size)
             if not math.isfinite(loss):
                 self._diverged(loss)
@@ -363,6 +411,7 @@ class Solver:
         self.pipeline.apply(rate, self.iter)
 
     def test_all(self) -> None:
+        self._pull_statistics()
         for i in range(len(self.test_nets)):
             if self.requested_early_exit:
                 break
@@ -419,6 +468,7 @@ class Solver:
         """Write the train net's weights and the solver state (Caffe's Snapshot); returns the
         model file's name. Both are written to a temporary name and renamed."""
         p = self.param
+        self._pull_statistics()
         if p.snapshot_format == HDF5:
             model = self.snapshot_filename(".caffemodel.h5")
             info("solver.cpp:474", f"Snapshotting to HDF5 file {model}")

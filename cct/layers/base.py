@@ -112,6 +112,12 @@ class Layer:
     def allow_force_backward(self, bottom_index: int) -> bool:
         return True
 
+    def batch_share(self, items: int, batch: int) -> float:
+        """How this layer's loss on ``items`` of a ``batch`` counts towards the loss of the
+        whole batch when the batch is split across devices (cct/scheduler.py): a mean over
+        the batch, so ``items / batch``; a layer whose loss is a sum over the batch says 1."""
+        return items / batch
+
     # -- checks --------------------------------------------------------------------------------
     def check_blob_counts(self, bottom: List[Blob], top: List[Blob]) -> None:
         nb, nt = len(bottom), len(top)

@@ -56,6 +56,12 @@ class LossLayer(Layer):
     def allow_force_backward(self, bottom_index: int) -> bool:
         return bottom_index != 1
 
+    def batch_share(self, items: int, batch: int) -> float:
+        # normalization NONE sums over the batch; every other normaliser averages.
+        if getattr(self, "mode", None) == NONE:
+            return 1.0
+        return items / batch
+
     def reshape(self, bottom, top):
         b0, b1 = bottom[0], bottom[1]
         if b0.num_axes == 0 or b1.num_axes == 0 or b0.shape[0] != b1.shape[0]:

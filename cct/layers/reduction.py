@@ -26,6 +26,10 @@ class ReductionLayer(Layer):
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 
+    def batch_share(self, items: int, batch: int) -> float:
+        # Reducing over the batch axis: MEAN averages the batch, the others sum it.
+        return items / batch if self.op == _Op.MEAN else 1.0
+
     def layer_setup(self, bottom, top):
         self.op = self.layer_param.reduction_param.operation
 

@@ -1,0 +1,246 @@
+"""Devices: anything that can run a net replica, a group of CPU cores or a GPU.
+
+A device owns one worker thread. Everything the device runs (building its replica, forward,
+backward, timing) happens on that thread, so that per-thread settings stay put: a CPU device pins
+the thread to its cores and gives cct's loops its own thread count (``cct._C``'s per-thread
+count); a GPU device makes its GPU current. The scheduler (cct/scheduler.py) talks to devices
+only through :class:`Device`: ``build`` a replica, ``run`` a function on the device's thread,
+``to_device``/``to_host`` for arrays.
+
+Spelling of a device list (``cct train --devices=...``, ``Solver(devices=...)``):
+``cpu`` (every core the process may use), ``cpu:N`` (a group of N cores; several such groups
+take disjoint cores in order), ``cpu@I`` or ``cpu@I-J`` (those core ids), ``gpu`` or ``gpuI`` /
+``gpu:I`` (GPU I), ``gpu:all`` (every GPU).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+
+from .errors import CCTError
+
+
+class DeviceError(CCTError):
+    """A device list that cannot be honoured, or a device that failed while training."""
+
+
+def available_cores() -> List[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux: no affinity, count only
+        return list(range(os.cpu_count() or 1))
+
+
+class Device:
+    """A net replica's home. Subclasses say which backend their replica uses and what their
+    worker thread must set up before it runs anything."""
+
+    #: the backend name the replica's layers run on (cct.backend.get)
+    backend = "cpu"
+    #: whether the replica's arrays live in host memory (so it may share the master's)
+    host_memory = True
+
+    def __init__(self, name: str):
+        self.name = name
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return self.name
+
+    # The worker thread -----------------------------------------------------------------------
+    def activate(self) -> None:
+        """Runs once on the device's worker thread before anything else."""
+
+    def submit(self, fn: Callable, *args) -> Future:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"cct-{self.name}",
+                                                initializer=self.activate)
+        return self._pool.submit(fn, *args)
+
+    def run(self, fn: Callable, *args):
+        return self.submit(fn, *args).result()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    # Arrays ----------------------------------------------------------------------------------
+    def to_device(self, host: np.ndarray, like=None):
+        """``host`` on this device: copied into ``like`` (an array of this device of the
+        same shape) when given."""
+        if like is not None:
+            like[...] = host
+            return like
+        return host
+
+    def to_host(self, arr) -> np.ndarray:
+        return arr
+
+    def synchronize(self) -> None:
+        """Waits for work queued on the device (GPUs run asynchronously)."""
+
+    # Replicas --------------------------------------------------------------------------------
+    def build(self, net_param, dtype):
+        """A Net for ``net_param`` on this device's backend, built on its thread."""
+        from . import glog
+        from .net import Net
+
+        def build():
+            with glog.quiet():
+                return Net(net_param, backend=self.backend, dtype=dtype,
+                           source=f"<replica on {self.name}>")
+        return self.run(build)
+
+
+class CPUDevice(Device):
+    """A group of CPU cores: its thread is pinned to them (Linux) and cct's loops use that many
+    threads. The BLAS's thread count is process-wide, so a scheduler with several CPU devices
+    sets it to the smallest group (cct/scheduler.py)."""
+
+    def __init__(self, cores: Sequence[int]):
+        self.cores = tuple(cores)
+        if len(self.cores) == 1:
+            label = f"cpu:{self.cores[0]}"
+        else:
+            label = f"cpu:{self.cores[0]}-{self.cores[-1]}"
+        super().__init__(label)
+
+    @property
+    def threads(self) -> int:
+        return len(self.cores)
+
+    def activate(self) -> None:
+        from . import _C
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, self.cores)  # Linux: the calling thread only
+        _C.set_thread_num_threads(self.threads)
+
+
+class GPUDevice(Device):
+    """GPU ``index`` through the CuPy backend (cct/backend/gpu.py)."""
+
+    backend = "gpu"
+    host_memory = False
+
+    def __init__(self, index: int):
+        super().__init__(f"gpu{index}")
+        self.index = index
+
+    def activate(self) -> None:
+        import cupy
+        cupy.cuda.Device(self.index).use()
+
+    def to_device(self, host: np.ndarray, like=None):
+        import cupy
+        if like is not None:
+            like.set(np.ascontiguousarray(host, dtype=like.dtype))  # one host-to-device copy
+            return like
+        return cupy.asarray(host)
+
+    def to_host(self, arr) -> np.ndarray:
+        return arr.get()
+
+    def synchronize(self) -> None:
+        import cupy
+        cupy.cuda.Device(self.index).synchronize()
+
+
+def _gpu_count() -> int:
+    try:
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+    except ImportError:
+        raise DeviceError("GPU devices asked for, but CuPy is not installed; install cct with "
+                          "its GPU extra (pip install '.[gpu]', or '.[gpu-cuda13]' for CUDA "
+                          "13) or drop the GPU devices.") from None
+    except Exception as e:  # cupy's CUDARuntimeError: no driver, no device
+        raise DeviceError(f"GPU devices asked for, but CUDA reports none ({e}).") from None
+    if count < 1:
+        raise DeviceError("GPU devices asked for, but CUDA reports no GPU on this machine.")
+    return count
+
+
+def _core_range(item: str, cores: List[int]) -> List[int]:
+    first, _, last = item[4:].partition("-")
+    try:
+        ids = list(range(int(first), int(last or first) + 1))
+    except ValueError:
+        ids = []
+    if not ids:
+        raise DeviceError(f"device {item!r}: 'cpu@I' or 'cpu@I-J' names core ids, I <= J.")
+    missing = [c for c in ids if c not in cores]
+    if missing:
+        raise DeviceError(f"device {item!r}: core(s) {missing} are not available to this "
+                          f"process (it may use {cores}).")
+    return ids
+
+
+def parse_devices(spec: str, cores: Optional[List[int]] = None) -> List[Device]:
+    """Devices from a comma-separated list (see the module docstring)."""
+    cores = list(available_cores() if cores is None else cores)
+    items = [s.strip().lower() for s in spec.split(",") if s.strip()]
+    if not items:
+        raise DeviceError(f"empty device list {spec!r}; give e.g. 'cpu', 'cpu:1,cpu:1' or "
+                          f"'cpu,gpu0'.")
+    devices: List[Device] = []
+    free = list(cores)
+    whole_cpu = 0
+    for item in items:
+        if item == "cpu":
+            whole_cpu += 1
+            devices.append(CPUDevice(cores))
+        elif item.startswith("cpu@"):
+            ids = _core_range(item, cores)
+            taken = [c for c in ids if c not in free]
+            if taken:
+                raise DeviceError(f"device {item!r}: core(s) {taken} belong to another device "
+                                  f"of {spec!r} already.")
+            devices.append(CPUDevice(ids))
+            free = [c for c in free if c not in ids]
+        elif item.startswith("cpu:"):
+            try:
+                n = int(item[4:])
+            except ValueError:
+                n = 0
+            if n < 1:
+                raise DeviceError(f"device {item!r}: 'cpu:N' takes a number of cores N >= 1.")
+            if n > len(free):
+                raise DeviceError(f"device {item!r}: {n} core(s) asked for, but only "
+                                  f"{len(free)} of this process's {len(cores)} core(s) are "
+                                  f"left for it (devices: {spec}).")
+            devices.append(CPUDevice(free[:n]))
+            del free[:n]
+        elif item in ("gpu:all", "gpu-all", "all"):
+            devices.extend(GPUDevice(i) for i in range(_gpu_count()))
+        elif item.startswith("gpu"):
+            rest = item[3:].lstrip(":")
+            try:
+                index = int(rest) if rest else 0
+            except ValueError:
+                raise DeviceError(f"unknown device {item!r}; devices are spelled 'cpu', "
+                                  f"'cpu:N', 'gpuI' or 'gpu:all'.") from None
+            count = _gpu_count()
+            if not 0 <= index < count:
+                raise DeviceError(f"device {item!r}: there are {count} GPU(s) "
+                                  f"(0..{count - 1}).")
+            devices.append(GPUDevice(index))
+        else:
+            raise DeviceError(f"unknown device {item!r}; devices are spelled 'cpu', 'cpu:N', "
+                              f"'cpu@I-J', 'gpuI' or 'gpu:all'.")
+    cpu = [d for d in devices if isinstance(d, CPUDevice)]
+    if whole_cpu and len(cpu) > 1:
+        raise DeviceError(f"device list {spec!r}: 'cpu' takes every core, so it cannot be "
+                          f"combined with other CPU devices; use 'cpu:N' groups.")
+    names = [d.name for d in devices]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise DeviceError(f"device list {spec!r} names {', '.join(dup)} more than once.")
+    return devices

@@ -1,0 +1,457 @@
+"""The hybrid scheduler: every device of a group works on every mini-batch (Caffe con Troll).
+
+The solver's train net (the *master*) keeps its data layers and its params. The rest of the net
+runs as one replica per device. Each iteration the master's source layers (layers with no
+bottoms and no params: Data, ImageData, HDF5Data, DummyData, MemoryData, Input, Python data
+layers) produce the whole batch; the scheduler cuts it along the first axis into slices in
+proportion to each device's measured throughput, the replicas run forward and backward
+concurrently, and their param gradients are summed into the master's, so that the solver applies
+one update equal to the single-device update on the whole batch:
+
+- A loss normalised by the batch (VALID, BATCH_SIZE, FULL; Euclidean, Hinge, ...) is a mean, so
+  replica i's loss weight is scaled by n_i / N; a loss with normalization NONE is a sum and keeps
+  its weight (``Layer.batch_share``). With ignore_label and VALID normalisation each replica
+  divides by its own count of valid labels: a weighted mean that equals the whole-batch one when
+  the ignored labels are spread evenly (Caffe's multi-GPU training averages the same way).
+- BatchNorm computes its batch statistics per device, over the device's slice, as Caffe's
+  multi-GPU training does per GPU; its running averages are the first device's (Caffe's root
+  solver's). Dropout draws its masks per device.
+
+Throughput: each device first times a few iterations of its replica alone on its share of the
+first batch (cached per device, net and slice shape; logged). While training the scheduler keeps
+a moving average of each device's images/s from the time its slice took, re-splits when another
+split would be predicted faster by more than ``rebalance_margin``, and leaves out a device whose
+images do not pay for the cost of sending it params and gathering its gradients. It logs every
+split with its reason.
+
+A device that fails (an exception that is not a user error, e.g. a GPU lost or out of memory)
+is dropped with an error line and the same batch is redone on the remaining devices, so no
+update is lost; when no device remains, :class:`~cct.devices.DeviceError` says so and the solver
+writes a snapshot of the last update before stopping.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import glog
+from .devices import Device, DeviceError
+from .errors import CCTError
+from .proto import caffe_pb2
+
+#: Device throughput measurements: (device, net digest, slice shape) -> images/s.
+_THROUGHPUT_CACHE: Dict[Tuple[str, str, tuple], float] = {}
+
+
+def proportional_split(total: int, speeds: Sequence[float]) -> List[int]:
+    """``total`` items cut in proportion to ``speeds`` (largest remainders get the leftovers);
+    every device with a positive speed gets at least one item while items last."""
+    speeds = [max(0.0, float(s)) for s in speeds]
+    active = [i for i, s in enumerate(speeds) if s > 0]
+    if total < 0 or not active:
+        raise ValueError(f"cannot split {total} items over speeds {speeds}")
+    weight = sum(speeds[i] for i in active)
+    exact = [total * s / weight for s in speeds]
+    split = [int(np.floor(e)) for e in exact]
+    order = sorted(active, key=lambda i: (split[i] - exact[i], -speeds[i]))
+    for i in order[:total - sum(split)]:
+        split[i] += 1
+    for i in active:   # a zero share would leave a fast-enough device idle
+        if split[i] == 0:
+            donor = max(active, key=lambda j: split[j])
+            if split[donor] > 1:
+                split[donor] -= 1
+                split[i] += 1
+    return split
+
+
+def batch_seconds(split: Sequence[int], speeds: Sequence[float],
+                  overheads: Sequence[float]) -> float:
+    """Predicted time of one batch: the slowest device's slice, plus the host's work of
+    sending params to and gathering gradients from every device that takes part."""
+    busy = [n / s for n, s in zip(split, speeds) if n]
+    sync = sum(o for n, o in zip(split, overheads) if n)
+    return max(busy) + sync if busy else float("inf")
+
+
+def choose_devices(total: int, speeds: Sequence[float],
+                   overheads: Sequence[float]) -> Tuple[List[int], str]:
+    """The split of ``total`` with the shortest predicted batch time over the sets made of the
+    k fastest devices (k = 1, 2, ...), and a sentence saying why."""
+    order = sorted(range(len(speeds)), key=lambda i: -speeds[i])
+    best: Optional[Tuple[float, List[int]]] = None
+    for k in range(1, len(order) + 1):
+        chosen = order[:k]
+        masked = [speeds[i] if i in chosen else 0.0 for i in range(len(speeds))]
+        split = proportional_split(total, masked)
+        t = batch_seconds(split, speeds, overheads)
+        if best is None or t < best[0]:
+            best = (t, split)
+    t, split = best
+    left_out = [i for i in range(len(speeds)) if split[i] == 0]
+    why = "in proportion to measured throughput"
+    if left_out:
+        alone = batch_seconds(proportional_split(total, speeds), speeds, overheads)
+        why += (f"; left out device(s) {', '.join(str(i) for i in left_out)}: predicted "
+                f"{t:.3g} s/batch without them, {alone:.3g} s with all")
+    return split, why
+
+
+class _Replica:
+    """One device's copy of the net below the source layers."""
+
+    def __init__(self, device: Device, net, loss_tops, outputs):
+        self.device = device
+        self.net = net
+        self.loss_tops = loss_tops      # [(layer, top blob, weight)]
+        self.outputs = outputs          # blob names the master reports
+        self.inputs = [net.blobs[n] for n in net.inputs]
+        self.n = 0
+        self.speed: Optional[float] = None     # images/s, moving average
+        self.overhead = 0.0                    # host seconds to sync this replica per batch
+
+
+class HybridScheduler:
+    """Runs ``master``'s forward/backward on several devices at once (see the module doc)."""
+
+    def __init__(self, master, devices: Sequence[Device], *, rebalance_margin: float = 0.05,
+                 rebalance_every: int = 10, probe_iters: int = 2, smoothing: float = 0.2,
+                 split: Optional[Sequence[int]] = None):
+        if not devices:
+            raise DeviceError("the hybrid scheduler needs at least one device")
+        self.master = master
+        self.devices = list(devices)
+        self.rebalance_margin = rebalance_margin
+        self.rebalance_every = rebalance_every
+        self.probe_iters = probe_iters
+        self.smoothing = smoothing
+        self.sources = [i for i, layer in enumerate(master.layers)
+                        if not master.bottom_vecs[i] and not layer.blobs]
+        if len(self.sources) == len(master.layers):
+            raise DeviceError(f"net '{master.name}' has nothing to split across devices: every "
+                              f"layer is a data layer.")
+        self.source_tops = [(master.blob_names[b], master.blobs_list[b])
+                            for i in self.sources for b in master.top_id_vecs[i]]
+        self.batch = self._batch_size()
+        self.digest = self._digest()
+        self._configure_blas()
+        self.replicas: List[_Replica] = [self._make_replica(d) for d in self.devices]
+        self._free_master_activations()
+        self.split: Optional[List[int]] = None
+        self.fixed_split: Optional[List[int]] = None
+        self.iterations = 0
+        if split is not None:
+            self.set_split(split)
+
+    # -- construction ------------------------------------------------------------------------
+    def _batch_size(self) -> int:
+        sizes = {name: blob.shape[0] if blob.num_axes else None
+                 for name, blob in self.source_tops}
+        distinct = set(sizes.values())
+        if len(distinct) != 1 or None in distinct:
+            shown = ", ".join(f"'{n}' {self.master.blobs[n].shape}" for n in sizes)
+            raise DeviceError(f"net '{self.master.name}': the data layers' tops must share "
+                              f"their first axis (the batch) to be split across devices; "
+                              f"got {shown}.")
+        return distinct.pop()
+
+    def _digest(self) -> str:
+        return hashlib.sha1(self.master.param.SerializeToString()).hexdigest()[:16]
+
+    def _configure_blas(self) -> None:
+        from .devices import CPUDevice
+        cpus = [d for d in self.devices if isinstance(d, CPUDevice)]
+        if len(cpus) > 1:
+            # The BLAS's thread count is one number for the process: the smallest group's, so
+            # that no device's GEMMs spread onto another device's cores.
+            from . import _C
+            _C.set_blas_num_threads(min(d.threads for d in cpus))
+
+    def _replica_param(self, n: int) -> caffe_pb2.NetParameter:
+        """The master's (filtered, split-inserted) NetParameter with every source layer turned
+        into an Input layer of batch ``n``."""
+        param = caffe_pb2.NetParameter()
+        param.CopyFrom(self.master.param)
+        for i in self.sources:
+            old = param.layer[i]
+            new = caffe_pb2.LayerParameter(name=old.name, type="Input", top=list(old.top))
+            for b in self.master.top_id_vecs[i]:
+                shape = (n,) + tuple(self.master.blobs_list[b].shape[1:])
+                new.input_param.shape.add().dim.extend(shape)
+            param.layer[i].CopyFrom(new)
+        return param
+
+    def _make_replica(self, device: Device) -> _Replica:
+        n = max(1, self.batch // len(self.devices))
+        net = device.build(self._replica_param(n), self.master.dtype)
+        if len(net.learnable_params) != len(self.master.learnable_params):
+            raise DeviceError(f"replica of '{self.master.name}' on {device} has "
+                              f"{len(net.learnable_params)} learnable params, the net "
+                              f"{len(self.master.learnable_params)}")
+        loss_tops = []
+        for layer, tops in zip(net.layers, net.top_vecs):
+            for top, w in zip(tops, layer.loss_weights):
+                if w:
+                    loss_tops.append((layer, top, w))
+        outputs = [self.master.blob_names[b] for b in self.master.output_blob_indices]
+        replica = _Replica(device, net, loss_tops, outputs)
+        replica.n = n
+        if device.host_memory:
+            # Params the solver updates are the master's arrays; the others (lr_mult 0,
+            # BatchNorm's running statistics) are the replica's own, copied from the master.
+            for j in self._updated_param_ids():
+                net.params_list[j].share_data(self.master.params_list[j])
+        self._push_frozen_params(replica)
+        return replica
+
+    def _updated_param_ids(self) -> List[int]:
+        m = self.master
+        return [m.learnable_param_ids[k] for k in range(len(m.learnable_params))
+                if m.params_lr[k] != 0]
+
+    def _push_frozen_params(self, replica: _Replica) -> None:
+        updated = set(self._updated_param_ids())
+        for j, (rp, mp) in enumerate(zip(replica.net.params_list, self.master.params_list)):
+            if j not in updated and self.master.param_owners[j] < 0:
+                replica.device.to_device(mp.data, like=rp.data)
+
+    def _free_master_activations(self) -> None:
+        """The master never runs the layers below its data layers while the scheduler trains:
+        drop their activations (pycaffe's ``net.forward()`` reshapes them back)."""
+        keep = {id(b) for _, b in self.source_tops}
+        keep |= {id(self.master.blobs_list[b]) for b in self.master.output_blob_indices}
+        keep |= {id(p) for p in self.master.params_list}
+        for blob in self.master.blobs_list:
+            if id(blob) not in keep:
+                blob.reshape((0,))
+
+    # -- measuring ---------------------------------------------------------------------------
+    def _probe(self, replica: _Replica) -> float:
+        """Images/s of the device alone on its slice of the current batch (cached)."""
+        shape = tuple(replica.inputs[0].shape) if replica.inputs else (replica.n,)
+        key = (replica.device.name, self.digest, shape)
+        if key not in _THROUGHPUT_CACHE:
+            def timed() -> float:
+                replica.net.forward_backward()        # warm-up: kernels pick their layouts
+                replica.device.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(self.probe_iters):
+                    replica.net.forward_backward()
+                replica.device.synchronize()
+                return (time.perf_counter() - t0) / self.probe_iters
+            seconds = replica.device.run(timed)
+            _THROUGHPUT_CACHE[key] = replica.n / seconds
+            glog.info("scheduler.py:0", f"Device {replica.device} runs {self.master.name} at "
+                      f"{_THROUGHPUT_CACHE[key]:.4g} img/s alone (slice of {replica.n}, "
+                      f"{self.probe_iters} timed iterations)")
+        self._push_frozen_params(replica)  # the probe moved BatchNorm's running averages
+        return _THROUGHPUT_CACHE[key]
+
+    def _measure_overhead(self, replica: _Replica) -> float:
+        """Host seconds to send the replica its params and add its gradients to a scratch copy
+        of the master's (what each batch costs the host per device)."""
+        scratch = [np.zeros_like(p.diff) for p in self.master.learnable_params]
+        t0 = time.perf_counter()
+        self._sync_params(replica)
+        self._gather(replica, scratch)
+        return time.perf_counter() - t0
+
+    def _first_split(self) -> None:
+        if len(self.replicas) == 1:        # nothing to choose: the device takes everything
+            self.replicas[0].speed = 1.0
+            self._apply_split([self.batch])
+            return
+        self._fill_inputs_all()
+        for r in self.replicas:
+            r.speed = self._probe(r)
+            r.overhead = self._measure_overhead(r) if len(self.replicas) > 1 else 0.0
+        self._resplit("first split")
+
+    # -- splitting ---------------------------------------------------------------------------
+    def _resplit(self, reason: str) -> None:
+        speeds = [r.speed for r in self.replicas]
+        split, why = choose_devices(self.batch, speeds, [r.overhead for r in self.replicas])
+        self._apply_split(split)
+        parts = ", ".join(f"{r.device} {r.n} ({r.speed:.4g} img/s)" for r in self.replicas)
+        glog.info("scheduler.py:0", f"Hybrid split of {self.batch} ({reason}): {parts}; {why}")
+
+    def set_split(self, split: Optional[Sequence[int]]) -> None:
+        """Fixes the split by hand (Caffe con Troll's prototxt split): ``split[i]`` items of
+        every batch to device i, no rebalancing; None hands it back to the measurements."""
+        if split is None:
+            self.fixed_split = None
+            return
+        split = [int(n) for n in split]
+        if len(split) != len(self.replicas) or sum(split) != self.batch or min(split) < 0:
+            raise DeviceError(f"a split of the batch of {self.batch} over "
+                              f"{len(self.replicas)} device(s) must be {len(self.replicas)} "
+                              f"counts >= 0 adding up to {self.batch}; got {split}.")
+        self.fixed_split = split
+        self._apply_split(split)
+        parts = ", ".join(f"{r.device} {r.n}" for r in self.replicas)
+        glog.info("scheduler.py:0", f"Hybrid split of {self.batch} (fixed): {parts}")
+
+    def _apply_split(self, split: Sequence[int]) -> None:
+        self.split = list(split)
+        for r, n in zip(self.replicas, split):
+            r.n = n
+            if n:
+                for blob in r.inputs:
+                    blob.reshape((n,) + tuple(blob.shape[1:]))
+
+    def _maybe_rebalance(self) -> None:
+        if self.fixed_split is not None or self.iterations % self.rebalance_every:
+            return
+        speeds = [r.speed for r in self.replicas]
+        overheads = [r.overhead for r in self.replicas]
+        ideal, _ = choose_devices(self.batch, speeds, overheads)
+        now = batch_seconds(self.split, speeds, overheads)
+        better = batch_seconds(ideal, speeds, overheads)
+        if ideal != self.split and better < now * (1.0 - self.rebalance_margin):
+            self._resplit(f"rebalanced: predicted {better:.3g} s/batch instead of {now:.3g} s")
+
+    # -- one iteration -----------------------------------------------------------------------
+    def _sync_params(self, replica: _Replica) -> None:
+        if replica.device.host_memory:
+            return
+        for j in self._updated_param_ids():
+            rp = replica.net.params_list[j]
+            replica.device.to_device(self.master.params_list[j].data, like=rp.data)
+
+    def _gather(self, replica: _Replica, into: Sequence[np.ndarray]) -> None:
+        """Adds the replica's param gradients into ``into`` (the master's diffs)."""
+        for k, rp in enumerate(replica.net.learnable_params):
+            if self.master.params_lr[k] != 0:
+                into[k] += replica.device.to_host(rp.diff)
+
+    def _fill_inputs(self, replica: _Replica, offset: int) -> None:
+        n = replica.n
+        for (_, src), dst in zip(self.source_tops, replica.inputs):
+            replica.device.to_device(src.data[offset:offset + n], like=dst.data)
+
+    def _fill_inputs_all(self) -> None:
+        offset = 0
+        for r in self.replicas:
+            if r.n:
+                r.device.run(self._fill_inputs, r, offset)
+            offset += r.n
+
+    def _run_replica(self, replica: _Replica, offset: int, backward: bool):
+        self._fill_inputs(replica, offset)
+        share = []
+        for layer, top, w in replica.loss_tops:
+            if top.num_axes and top.shape[0] == replica.n:
+                s = 1.0     # a per-item top: its loss is a sum over the items
+            else:
+                s = layer.batch_share(replica.n, self.batch)
+            top.diff[...] = w * s
+            share.append(s)
+        t0 = time.perf_counter()
+        if backward:
+            replica.net.clear_param_diffs()
+            replica.net.forward_backward()
+        else:
+            replica.net.forward_prefilled()
+        replica.device.synchronize()
+        seconds = time.perf_counter() - t0
+        loss = sum(w * s * float(top.data.sum())
+                   for (_, top, w), s in zip(replica.loss_tops, share))
+        return loss, seconds
+
+    def _run_all(self, backward: bool) -> List[Tuple[_Replica, float, float]]:
+        while True:
+            futures, offset = [], 0
+            for r in self.replicas:
+                if r.n:
+                    self._sync_params(r)
+                    futures.append((r, r.device.submit(self._run_replica, r, offset, backward)))
+                offset += r.n
+            results, failed = [], []
+            for r, f in futures:
+                try:
+                    loss, seconds = f.result()
+                    results.append((r, loss, seconds))
+                except CCTError:
+                    raise                      # the user's net or data, not the device
+                except Exception as e:         # the device itself
+                    failed.append((r, e))
+            if not failed:
+                return results
+            for r, e in failed:
+                glog.logger.error(f"Device {r.device} failed: {type(e).__name__}: {e}",
+                                  extra={"caffe_src": "scheduler.py:0"})
+                self.replicas.remove(r)
+                r.device.close()
+            if not self.replicas:
+                r, e = failed[-1]
+                raise DeviceError(f"every device of the hybrid scheduler failed; the last, "
+                                  f"{r.device}, with {type(e).__name__}: {e}")
+            self.fixed_split = None
+            for r in self.replicas:
+                r.speed = r.speed or 1.0      # never measured (a fixed split): equal shares
+            self._resplit(f"{', '.join(str(r.device) for r, _ in failed)} lost; redoing the "
+                          f"batch on {', '.join(str(r.device) for r in self.replicas)}")
+
+    def forward_backward(self, backward: bool = True) -> float:
+        """The whole batch's loss; with ``backward``, the master's param diffs gain the whole
+        batch's gradient (Caffe's Net::ForwardBackward, spread over the devices)."""
+        m = self.master
+        for i in self.sources:
+            m.layers[i].reshape(m.bottom_vecs[i], m.top_vecs[i])
+            m.layers[i].forward(m.bottom_vecs[i], m.top_vecs[i])
+        if self.split is None:
+            self._first_split()
+
+        results = self._run_all(backward)
+        if backward:
+            diffs = [p.diff for p in m.learnable_params]
+            for r, _, _ in results:
+                self._gather(r, diffs)
+        self._report_outputs(results)
+        for r, _, seconds in results:
+            measured = r.n / max(seconds, 1e-9)
+            r.speed = measured if r.speed is None else (
+                (1 - self.smoothing) * r.speed + self.smoothing * measured)
+        self.iterations += 1
+        self._maybe_rebalance()
+        return sum(loss for _, loss, _ in results)
+
+    def forward(self) -> float:
+        return self.forward_backward(backward=False)
+
+    def _report_outputs(self, results) -> None:
+        """The master's output blobs (what the solver displays) from the replicas': slices put
+        back together where a blob is per item, else a mean weighted by slice size."""
+        for name in self.replicas[0].outputs:
+            parts = [(r, r.device.to_host(r.net.blobs[name].data)) for r, _, _ in results]
+            dst = self.master.blobs[name]
+            per_item = all(a.ndim and a.shape[0] == r.n for r, a in parts)
+            if per_item:
+                whole = np.concatenate([a for _, a in parts])
+                if dst.shape != whole.shape:
+                    dst.reshape(whole.shape)
+                dst.data[...] = whole
+            else:
+                if dst.shape != parts[0][1].shape:
+                    dst.reshape(parts[0][1].shape)
+                dst.data[...] = sum(a * (r.n / self.batch) for r, a in parts)
+
+    # -- the end -------------------------------------------------------------------------------
+    def pull_statistics(self) -> None:
+        """Copies what only the replicas hold back into the master (BatchNorm's running
+        averages, from the first device), so snapshots and test nets see them."""
+        if not self.replicas:
+            return
+        first = self.replicas[0]
+        updated = set(self._updated_param_ids())
+        for j, (rp, mp) in enumerate(zip(first.net.params_list, self.master.params_list)):
+            if j not in updated and self.master.param_owners[j] < 0:
+                mp.data[...] = first.device.to_host(rp.data)
+
+    def close(self) -> None:
+        for r in self.replicas:
+            r.net.close()
+            r.device.close()

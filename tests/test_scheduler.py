@@ -1,0 +1,295 @@
+"""The hybrid scheduler on CPU devices: a batch split across devices gives the update of the
+whole batch on one device; the split follows measured throughput; a lost device is survived,
+or ends in a clear error and a usable snapshot."""
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from cct.devices import CPUDevice, DeviceError, available_cores, parse_devices
+from cct.errors import CCTError
+from cct.proto import caffe_pb2
+from cct.scheduler import batch_seconds, choose_devices, proportional_split
+from cct.solver import Solver
+
+BATCH = 16
+
+NET = """
+name: "tiny"
+layer {{ name: "data" type: "HDF5Data" top: "data" top: "label" top: "target"
+        hdf5_data_param {{ source: "{list}" batch_size: {batch} }} }}
+layer {{ name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param {{ num_output: 4 kernel_size: 3 pad: 1 group: 1
+                            weight_filler {{ type: "gaussian" std: 0.1 }} }} }}
+{middle}
+layer {{ name: "pool" type: "Pooling" bottom: "{pool_in}" top: "pool"
+        pooling_param {{ pool: MAX kernel_size: 2 stride: 2 }} }}
+layer {{ name: "relu" type: "ReLU" bottom: "pool" top: "pool" }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "pool" top: "ip"
+        inner_product_param {{ num_output: 5 weight_filler {{ type: "xavier" }} }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss"
+        loss_param {{ normalization: {norm} }} }}
+layer {{ name: "ip2" type: "InnerProduct" bottom: "pool" top: "ip2"
+        inner_product_param {{ num_output: 3 weight_filler {{ type: "xavier" }} }} }}
+layer {{ name: "l2" type: "EuclideanLoss" bottom: "ip2" bottom: "target" top: "l2"
+        loss_weight: 0.5 }}
+layer {{ name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "acc" }}
+"""
+
+BN = """layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "bn" }"""
+
+
+@pytest.fixture
+def data_list(tmp_path):
+    rs = np.random.RandomState(0)
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f["data"] = rs.randn(64, 2, 10, 10).astype(np.float32)
+        f["label"] = rs.randint(0, 5, 64).astype(np.float32)
+        f["target"] = rs.randn(64, 3).astype(np.float32)
+    (tmp_path / "list.txt").write_text(f"{tmp_path / 'd.h5'}\n")
+    return tmp_path / "list.txt"
+
+
+def solver_param(data_list, tmp_path, norm="VALID", batch_norm=False, **fields):
+    p = caffe_pb2.SolverParameter()
+    text_format.Merge('base_lr: 0.05 momentum: 0.9 weight_decay: 0.001 lr_policy: "fixed" '
+                      'max_iter: 6 display: 1 random_seed: 7', p)
+    p.snapshot_prefix = str(tmp_path / "snap")
+    for k, v in fields.items():
+        setattr(p, k, v)
+    net = NET.format(list=data_list, batch=BATCH, norm=norm,
+                     middle=BN if batch_norm else "", pool_in="bn" if batch_norm else "conv")
+    p.net_param.CopyFrom(text_format.Parse(net, caffe_pb2.NetParameter()))
+    return p
+
+
+def one_core_devices(count=2):
+    cores = available_cores()
+    return [CPUDevice([cores[i % len(cores)]]) for i in range(count)]
+
+
+def params_of(solver):
+    return [p.data.copy() for p in solver.net.learnable_params]
+
+
+def assert_same_params(a, b, rtol=2e-5):
+    for pa, pb in zip(a, b):
+        np.testing.assert_allclose(pb, pa, rtol=rtol, atol=rtol * np.abs(pa).max())
+
+
+def train(param, devices=None, split=None, iters=6):
+    solver = Solver(param, devices=devices)
+    try:
+        if split is not None:
+            from cct.scheduler import HybridScheduler
+            solver.scheduler = HybridScheduler(solver.net, solver.devices, split=split)
+        solver.step(iters)
+        return params_of(solver), [h.copy() for h in solver.history], solver.scheduler
+    finally:
+        solver.close()
+
+
+# -- splitting arithmetic ---------------------------------------------------------------------
+def test_proportional_split_follows_speeds_and_sums_to_the_batch():
+    assert proportional_split(256, [1.0, 1.0]) == [128, 128]
+    assert proportional_split(100, [3.0, 1.0]) == [75, 25]
+    split = proportional_split(97, [5.0, 3.0, 1.0])
+    assert sum(split) == 97 and split[0] > split[1] > split[2] > 0
+    assert proportional_split(10, [1.0, 0.0, 1.0]) == [5, 0, 5]
+    assert proportional_split(3, [1000.0, 1.0]) == [2, 1]  # a device that takes part gets one
+    with pytest.raises(ValueError):
+        proportional_split(10, [0.0, 0.0])
+
+
+def test_choose_devices_leaves_out_a_device_that_does_not_pay():
+    # An H100-like device next to a slow CPU whose gradients cost the host 0.5 s a batch.
+    split, why = choose_devices(256, [2000.0, 20.0], [0.01, 0.5])
+    assert split == [256, 0] and "left out device(s) 1" in why
+    # Two equal devices with cheap synchronisation both take half.
+    split, why = choose_devices(256, [20.0, 20.0], [0.01, 0.01])
+    assert split == [128, 128] and "left out" not in why
+    # Whatever is chosen is never predicted slower than the fastest device alone.
+    for speeds, over in [([50.0, 10.0, 1.0], [0.1, 0.2, 0.3]), ([5.0, 5.0], [1.0, 1.0])]:
+        split, _ = choose_devices(64, speeds, over)
+        alone = batch_seconds([64] + [0] * (len(speeds) - 1), speeds, over)
+        assert batch_seconds(split, speeds, over) <= alone
+
+
+# -- the update --------------------------------------------------------------------------------
+@pytest.mark.parametrize("norm", ["VALID", "BATCH_SIZE", "NONE"])
+def test_split_batch_update_equals_whole_batch_update(data_list, tmp_path, norm):
+    """Two CPU devices with an uneven fixed split (5 + 11) and iter_size 2: the params and
+    momentum history after 6 iterations equal one device's on the whole batch."""
+    param = solver_param(data_list, tmp_path, norm=norm, iter_size=2)
+    whole, whole_history, _ = train(param)
+    split, split_history, _ = train(param, one_core_devices(), split=[5, 11])
+    assert_same_params(whole, split)
+    assert_same_params(whole_history, split_history)
+
+
+def test_measured_split_gives_the_same_update_and_logs_it(data_list, tmp_path, capsys):
+    param = solver_param(data_list, tmp_path)
+    whole, _, _ = train(param)
+    capsys.readouterr()
+    split, _, scheduler = train(param, "cpu:1,cpu:1" if len(available_cores()) > 1
+                                else one_core_devices())
+    assert_same_params(whole, split)
+    text = capsys.readouterr().err
+    assert "alone (slice of 8, 2 timed iterations)" in text
+    assert "Hybrid split of 16 (first split)" in text and "in proportion to measured" in text
+    assert sum(r.n for r in scheduler.replicas) == BATCH
+
+
+def test_train_outputs_are_the_whole_batch_values(data_list, tmp_path):
+    """What the solver displays (loss, accuracy) is the whole batch's, not one slice's."""
+    param = solver_param(data_list, tmp_path)
+    whole = Solver(param)
+    hybrid = Solver(param, devices=one_core_devices())
+    try:
+        loss_whole = whole.net.forward_backward()
+        hybrid.step(0)
+        from cct.scheduler import HybridScheduler
+        hybrid.scheduler = HybridScheduler(hybrid.net, hybrid.devices, split=[7, 9])
+        loss_split = hybrid.scheduler.forward_backward()
+        np.testing.assert_allclose(loss_split, loss_whole, rtol=1e-5)
+        for name in ("acc", "loss", "l2"):
+            np.testing.assert_allclose(hybrid.net.blobs[name].data, whole.net.blobs[name].data,
+                                       rtol=1e-5)
+    finally:
+        whole.close()
+        hybrid.close()
+
+
+def test_batch_norm_statistics_come_back_from_the_first_device(data_list, tmp_path):
+    param = solver_param(data_list, tmp_path, batch_norm=True, snapshot=3)
+    _, _, scheduler = train(param, one_core_devices(), split=[8, 8], iters=3)
+    bn = scheduler.master.layer_dict["bn"]
+    first_bn = scheduler.replicas[0].net.layer_dict["bn"]
+    for a, b in zip(bn.blobs, first_bn.blobs):
+        np.testing.assert_array_equal(a.data, b.data)
+    assert float(bn.blobs[2].data[0]) > 0  # the moving-average factor was accumulated
+    # The snapshot at iteration 3 carries the first device's running averages.
+    reloaded = Solver(param)
+    try:
+        reloaded.net.copy_from(str(tmp_path / "snap_iter_3.caffemodel"))
+        for a, b in zip(reloaded.net.layer_dict["bn"].blobs, bn.blobs):
+            np.testing.assert_array_equal(a.data, b.data)
+    finally:
+        reloaded.close()
+
+
+# -- failures ----------------------------------------------------------------------------------
+class FailingCPU(CPUDevice):
+    """A CPU device that dies in its ``fail_at``-th training slice, as a lost GPU would."""
+
+    def __init__(self, cores, fail_at):
+        super().__init__(cores)
+        self.fail_at, self.slices = fail_at, 0
+
+    def submit(self, fn, *args):
+        if getattr(fn, "__name__", "") == "_run_replica":
+            self.slices += 1
+            if self.slices >= self.fail_at:
+                def lost(*_):
+                    raise RuntimeError("device lost (simulated)")
+                fn = lost
+        return super().submit(fn, *args)
+
+
+def test_a_lost_device_is_dropped_and_training_continues_exactly(data_list, tmp_path, capsys):
+    param = solver_param(data_list, tmp_path)
+    whole, _, _ = train(param)
+    cores = available_cores()
+    devices = [CPUDevice([cores[0]]), FailingCPU([cores[-1]], fail_at=3)]
+    capsys.readouterr()
+    split, _, scheduler = train(param, devices, split=[8, 8])
+    assert_same_params(whole, split)  # the failed batch was redone on the other device
+    text = capsys.readouterr().err
+    assert "failed: RuntimeError: device lost (simulated)" in text
+    assert "lost; redoing the batch on" in text
+    assert [r.device.name for r in scheduler.replicas] == [devices[0].name]
+
+
+def test_losing_every_device_stops_with_a_message_and_a_usable_snapshot(data_list, tmp_path):
+    param = solver_param(data_list, tmp_path)
+    cores = available_cores()
+    devices = [FailingCPU([cores[0]], fail_at=4), FailingCPU([cores[-1]], fail_at=4)]
+    solver = Solver(param, devices=devices)
+    try:
+        with pytest.raises(DeviceError, match="every device of the hybrid scheduler failed"):
+            solver.step(6)
+        assert solver.iter == 3
+        kept = params_of(solver)
+    finally:
+        solver.close()
+    state = tmp_path / "snap_iter_3.solverstate"
+    assert state.is_file() and (tmp_path / "snap_iter_3.caffemodel").is_file()
+    resumed = Solver(param)
+    try:
+        resumed.restore(str(state))
+        assert resumed.iter == 3
+        assert_same_params(kept, params_of(resumed), rtol=0)
+    finally:
+        resumed.close()
+
+
+def test_a_user_error_in_a_slice_is_not_a_device_failure(data_list, tmp_path):
+    """A label out of range is the data's fault: it is reported as such, no device dropped."""
+    with h5py.File(data_list.parent / "d.h5", "r+") as f:
+        f["label"][3] = 9
+    param = solver_param(data_list, tmp_path)
+    solver = Solver(param, devices=one_core_devices())
+    try:
+        with pytest.raises(CCTError, match="label 9 is out of range"):
+            solver.step(1)
+        assert len(solver.scheduler.replicas) == 2
+    finally:
+        solver.close()
+
+
+# -- spelling ------------------------------------------------------------------------------------
+def test_device_lists_are_checked():
+    cores = available_cores()
+    assert [d.name for d in parse_devices("cpu", cores=[0, 1])] == ["cpu:0-1"]
+    assert [d.name for d in parse_devices("cpu:1,cpu:1", cores=[0, 1])] == ["cpu:0", "cpu:1"]
+    with pytest.raises(DeviceError, match="only 1 of this process's 2 core"):
+        parse_devices("cpu:1,cpu:2", cores=[0, 1])
+    with pytest.raises(DeviceError, match="cannot be combined"):
+        parse_devices("cpu,cpu:1", cores=[0, 1])
+    with pytest.raises(DeviceError, match="unknown device 'tpu0'"):
+        parse_devices("cpu,tpu0", cores=cores)
+    with pytest.raises(DeviceError, match="empty device list"):
+        parse_devices(" , ", cores=cores)
+
+
+def test_gpu_device_without_cupy_says_what_to_install():
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("CuPy is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(DeviceError, match=r"CuPy is not installed.*pip install '\.\[gpu\]'"):
+        parse_devices("cpu,gpu0")
+
+
+def test_cli_train_on_two_devices(data_list, tmp_path):
+    param = solver_param(data_list, tmp_path, max_iter=4, snapshot=4)
+    (tmp_path / "solver.prototxt").write_text(text_format.MessageToString(param))
+    run = subprocess.run([sys.executable, "-m", "cct.cli", "train", "--solver=solver.prototxt",
+                          "--devices=cpu:1,cpu:1" if len(available_cores()) > 1 else
+                          "--devices=cpu:1"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Training on" in run.stderr and "Optimization Done." in run.stderr
+    if len(available_cores()) > 1:
+        assert "Hybrid split of 16" in run.stderr
+    assert (tmp_path / "snap_iter_4.caffemodel").is_file()
+    bad = subprocess.run([sys.executable, "-m", "cct.cli", "train", "--solver=solver.prototxt",
+                          "--devices=cpu:1,quantum"], cwd=tmp_path, capture_output=True,
+                         text=True)
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines()[-1].startswith("cct: error: unknown device 'quantum'")
+    assert "Traceback" not in bad.stderr
