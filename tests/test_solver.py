@@ -77,11 +77,13 @@ def test_two_lenet_sgd_steps_match_caffe(caffe_fixtures, monkeypatch):
             for i, b in enumerate(blobs):
                 np.testing.assert_allclose(b.data, z[f"step{k}/after/{name}/{i}/data"],
                                            rtol=1e-5, atol=1e-7)
-                # Caffe leaves the update (= the new momentum) in the diff.
-                np.testing.assert_allclose(b.diff, z[f"step{k}/after/{name}/{i}/diff"],
-                                           rtol=1e-4, atol=1e-9)
-                np.testing.assert_allclose(s.history[j], z[f"step{k}/after/{name}/{i}/diff"],
-                                           rtol=1e-4, atol=1e-9)
+                # Caffe leaves the update (= the new momentum) in the diff. Entries near zero
+                # are cancellations whose last bits depend on the GEMMs' summation order (cct
+                # picks its GEMM layouts by timing), so the floor is relative to the array.
+                update = z[f"step{k}/after/{name}/{i}/diff"]
+                floor = 1e-5 * float(np.abs(update).max())
+                np.testing.assert_allclose(b.diff, update, rtol=1e-4, atol=floor)
+                np.testing.assert_allclose(s.history[j], update, rtol=1e-4, atol=floor)
                 j += 1
 
 
