@@ -100,6 +100,11 @@ def choose_devices(total: int, speeds: Sequence[float],
     return split, why
 
 
+def _blob(net, name: str):
+    """The net's own Blob (the layers' arrays, not pycaffe's host view)."""
+    return net.blobs_list[net.blob_names_index[name]]
+
+
 class _Replica:
     """One device's copy of the net below the source layers."""
 
@@ -108,7 +113,7 @@ class _Replica:
         self.net = net
         self.loss_tops = loss_tops      # [(layer, top blob, weight)]
         self.outputs = outputs          # blob names the master reports
-        self.inputs = [net.blobs[n] for n in net.inputs]
+        self.inputs = [net.blobs_list[i] for i in net.input_blob_indices]
         self.n = 0
         self.speed: Optional[float] = None     # images/s, moving average
         self.overhead = 0.0                    # host seconds to sync this replica per batch
@@ -152,7 +157,7 @@ class HybridScheduler:
                  for name, blob in self.source_tops}
         distinct = set(sizes.values())
         if len(distinct) != 1 or None in distinct:
-            shown = ", ".join(f"'{n}' {self.master.blobs[n].shape}" for n in sizes)
+            shown = ", ".join(f"'{n}' {b.shape}" for n, b in self.source_tops)
             raise DeviceError(f"net '{self.master.name}': the data layers' tops must share "
                               f"their first axis (the batch) to be split across devices; "
                               f"got {shown}.")
@@ -426,8 +431,8 @@ class HybridScheduler:
         """The master's output blobs (what the solver displays) from the replicas': slices put
         back together where a blob is per item, else a mean weighted by slice size."""
         for name in self.replicas[0].outputs:
-            parts = [(r, r.device.to_host(r.net.blobs[name].data)) for r, _, _ in results]
-            dst = self.master.blobs[name]
+            parts = [(r, r.device.to_host(_blob(r.net, name).data)) for r, _, _ in results]
+            dst = _blob(self.master, name)
             per_item = all(a.ndim and a.shape[0] == r.n for r, a in parts)
             if per_item:
                 whole = np.concatenate([a for _, a in parts])
