@@ -92,6 +92,41 @@ def _use_cpu(flags: Flags, where: str) -> None:
     log.info(where, "Use CPU.")
 
 
+def _train_devices(flags: Flags, param):
+    """The devices ``cct train`` runs on. Caffe's rule: -gpu overrides the solver's
+    solver_mode/device_id; -devices is cct's own list (cct/devices.py). None: the CPU."""
+    from .devices import DeviceError, parse_devices
+    from .proto import caffe_pb2
+
+    spec, gpu = flags.get("devices"), flags.get("gpu")
+    if spec and gpu:
+        raise CCTError("train: give -gpu (Caffe's list of GPUs) or -devices (cct's list of "
+                       "devices, e.g. cpu,gpu0), not both.")
+    if spec:
+        log.info("caffe.cpp:197", f"Use devices {spec}.")
+        return spec
+    what = f"-gpu {gpu}"
+    if not gpu and param.solver_mode == caffe_pb2.SolverParameter.GPU:
+        gpu = str(param.device_id)
+        what = f"solver_mode: GPU (device_id {gpu})"
+    if not gpu:
+        log.info("caffe.cpp:197", "Use CPU.")
+        return None
+    try:
+        ids = [] if gpu == "all" else [int(i) for i in gpu.split(",")]
+    except ValueError:
+        raise CCTError(f"train: -gpu takes GPU ids separated by commas, or 'all' (got "
+                       f"{gpu!r}).") from None
+    try:
+        devices = parse_devices(",".join(f"gpu{i}" for i in ids) if ids else "gpu:all")
+    except DeviceError as e:
+        log.warning("caffe.cpp:206", f"{what}: {e} Running on the CPU.")
+        log.info("caffe.cpp:197", "Use CPU.")
+        return None
+    log.info("caffe.cpp:218", f"Using GPUs {', '.join(d.name[3:] for d in devices)}")
+    return devices
+
+
 def cmd_train(argv: List[str]) -> int:
     """Caffe's ``caffe train``: solve from a solver prototxt, optionally resuming from a
     .solverstate (-snapshot) or starting from trained weights (-weights a,b)."""
@@ -112,10 +147,9 @@ def cmd_train(argv: List[str]) -> int:
     del param.weights[:]
     if flags.get("weights"):
         param.weights.append(flags.get("weights"))
-    _use_cpu(flags, "caffe.cpp:197")
+    devices = _train_devices(flags, param)
     actions = SignalActions(flags.get("sigint_effect"), flags.get("sighup_effect"))
-    solver = Solver(param, solver_path, action_request=actions,
-                    devices=flags.get("devices") or None)
+    solver = Solver(param, solver_path, action_request=actions, devices=devices)
     try:
         if flags.get("snapshot"):
             solver.restore(flags.get("snapshot"))  # logs caffe.cpp's "Resuming from ..."

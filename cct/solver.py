@@ -64,6 +64,7 @@ class Solver:
         self.source = source
         self.action_request = action_request
         self.dtype = np.dtype(dtype)
+        devices, backend = _single_gpu(devices, backend)
         self.backend = backend
         self.type = solver_type or self.param.type
         self.rule = get_rule(self.type, source)
@@ -617,6 +618,18 @@ def _copy_net(param: caffe_pb2.NetParameter) -> caffe_pb2.NetParameter:
     out = caffe_pb2.NetParameter()
     out.CopyFrom(param)
     return upgrade_net(out, "<net in solver>")
+
+
+def _single_gpu(devices, backend: str):
+    """One GPU is the plain single-net path on the GPU backend (no scheduler): (devices left
+    for the scheduler, backend of the solver's nets)."""
+    from .devices import GPUDevice, parse_devices
+    if isinstance(devices, str):
+        devices = parse_devices(devices)
+    if devices is not None and len(devices) == 1 and isinstance(devices[0], GPUDevice):
+        devices[0].activate()     # the GPU current on this thread, where the nets run
+        return None, "gpu"
+    return devices, backend
 
 
 def solver_from_file(path: str, **kw) -> Solver:
