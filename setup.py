@@ -112,6 +112,10 @@ setup(
         "leveldb": ["plyvel>=1.3"],
         # bench/bench_train.py compares with PyTorch (CPU) when it is installed.
         "bench": ["torch==2.13.0"],
+        # The GPU backend (cct/backend/gpu.py) runs on CuPy: one wheel per CUDA major version,
+        # to match the NVIDIA driver. Without it cct runs on the CPU and says so once.
+        "gpu": ["cupy-cuda12x>=13.3,<15"],
+        "gpu-cuda13": ["cupy-cuda13x>=13.6,<15"],
     },
     entry_points={"console_scripts": ["cct=cct.cli:main"]},
     zip_safe=False,

@@ -3,6 +3,16 @@
 The names here follow pycaffe: ``Net``, ``TRAIN``/``TEST``, ``set_mode_cpu``, ``layers``/``params``
 (NetSpec), ``io``, ``proto.caffe_pb2``.
 """
+import os as _os
+
+# OpenBLAS's idle threads spin for 2^28 cycles (about 0.1 s) after each threaded call before they
+# sleep; meanwhile they take the cores from cct's own threads, which run the next kernel (a
+# partitioned convolution, pooling, ReLU) right after. Spinning 2^4 cycles instead made the
+# bench's nets train 1.3x (CaffeNet b32) to 1.8x (CIFAR10-quick) faster on 2 cores
+# (bench/RESULTS.md). OpenBLAS reads the variable when its library loads, at the first import of
+# cct._C, which always comes after this package's __init__.
+_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
 from .api import (TEST, TRAIN, Net, get_solver_mode, layer_type_list,  # noqa: F401
                   set_device, set_mode_cpu, set_mode_gpu, set_random_seed, init_log, log)
 from .api import (Solver, SGDSolver, NesterovSolver, AdaGradSolver,  # noqa: F401

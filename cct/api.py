@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import glog as _log
+from .backend import resolve
 from .errors import CCTError
 from .io.prototxt import read_net, read_solver_text
 from .layers import layer_type_list  # noqa: F401  (re-exported)
@@ -19,31 +20,39 @@ from .solver import Solver as _CoreSolver
 
 _mode = "cpu"
 _device = 0
+_backend = "cpu"
 
 
 def set_mode_cpu() -> None:
-    global _mode
-    _mode = "cpu"
+    global _mode, _backend
+    _mode, _backend = "cpu", "cpu"
 
 
 def set_mode_gpu() -> None:
-    """pycaffe's set_mode_gpu. cct has no GPU backend yet: it says so once and runs on the
-    CPU, so pycaffe scripts that ask for the GPU still run."""
-    global _mode
-    if _mode != "cpu-instead-of-gpu":
-        _log.warning("common.cpp:0", "set_mode_gpu(): this cct has no GPU backend; "
-                     "running on the CPU.")
-    _mode = "cpu-instead-of-gpu"
+    """pycaffe's set_mode_gpu: nets and solvers made afterwards run on the GPU backend on
+    the device of :func:`set_device`; without a usable GPU cct says why once and runs them on
+    the CPU, so pycaffe scripts that ask for the GPU still run."""
+    global _mode, _backend
+    _mode = "gpu"
+    _backend = resolve("gpu", _device)
 
 
 def set_device(device_id: int) -> None:
-    """Remember the device id for GPU mode (pycaffe's set_device)."""
-    global _device
+    """pycaffe's set_device: the GPU that GPU mode uses (now, if already in GPU mode)."""
+    global _device, _backend
     _device = int(device_id)
+    if _mode == "gpu":
+        _backend = resolve("gpu", _device)
 
 
 def get_solver_mode() -> str:
-    return "cpu" if _mode.startswith("cpu") else _mode
+    """"gpu" when nets made now run on a GPU, else "cpu"."""
+    return "gpu" if _backend == "gpu" else "cpu"
+
+
+def current_backend() -> str:
+    """The backend name that nets and solvers made now use (cct.backend.get)."""
+    return _backend
 
 
 def init_log(level: int = 0, *_args) -> None:
@@ -60,12 +69,13 @@ class Net(_CoreNet):
 
     ``Net(network_file, phase, level=0, stages=None, weights=None)`` or the old form
     ``Net(network_file, weights_file, phase)``. ``network_file`` is a prototxt path (or a
-    NetParameter message).
+    NetParameter message). ``backend`` (cct's own): "cpu", "gpu" or "numpy"; by default the
+    one set_mode_cpu/set_mode_gpu chose.
     """
 
     def __init__(self, network_file, *args, level: int = 0,
                  stages: Optional[Sequence[str]] = None, weights: Optional[str] = None,
-                 phase: Optional[int] = None, dtype=np.float32):
+                 phase: Optional[int] = None, dtype=np.float32, backend: Optional[str] = None):
         args = list(args)
         if args and isinstance(args[0], str):  # Net(model, weights, phase)
             if weights is not None:
@@ -89,7 +99,7 @@ class Net(_CoreNet):
             source = "<NetParameter>"
             param = upgrade_net(network_file)
         super().__init__(param, phase=phase, level=level, stages=list(stages or []),
-                         dtype=dtype, source=source)
+                         backend=backend or _backend, dtype=dtype, source=source)
         if weights is not None:
             self.copy_from(weights)
 
@@ -110,6 +120,7 @@ class Solver(_CoreSolver):
             source = os.fsdecode(solver_file)
             param = read_solver_text(source)
         kw.setdefault("solver_type", self.TYPE)
+        kw.setdefault("backend", _backend)
         super().__init__(param, source, **kw)
 
 

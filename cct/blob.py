@@ -1,28 +1,55 @@
-"""Blob: Caffe's N-d array pair (data, diff), plain arrays that users may read and write."""
+"""Blob: Caffe's N-d array pair (data, diff), plain arrays that users may read and write.
+
+On the CPU a blob's arrays are NumPy arrays that layers and pycaffe code share. On a device
+backend (the GPU; the ``numpy`` backend standing in for one) a blob is a :class:`DeviceBlob`:
+layers see device arrays, pycaffe code sees NumPy copies through :meth:`Blob.host_view`, and
+each array is a :class:`SyncedMemory` that copies between the two lazily, as Caffe's does:
+host code reading or writing after device code wrote copies device -> host first; device code
+touching the array after host code asked for it copies host -> device first.
+"""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Dict, Sequence, Tuple
 
 import numpy as np
 
 from .errors import LayerError
+
+# array module -> (to_host(device, host), to_device(host, device)): the modules whose arrays
+# live apart from host memory (registered by the GPU and numpy backends).
+_DEVICE_MEMORY: Dict[object, Tuple[Callable, Callable]] = {}
+
+
+def register_device_memory(xp, to_host: Callable, to_device: Callable) -> None:
+    """Declare ``xp``'s arrays device memory: blobs on ``xp`` become DeviceBlobs, whose host
+    copies move with ``to_host(device_array, host_array)`` and
+    ``to_device(host_array, device_array)`` (same shape and dtype, C-contiguous)."""
+    _DEVICE_MEMORY[xp] = (to_host, to_device)
 
 
 class Blob:
     """Holds ``data`` and ``diff`` of one shape, on the array module ``xp`` of a backend.
 
     As in Caffe, reshaping to the same element count keeps the values; a different count
-    allocates fresh zeroed memory.
+    allocates fresh zeroed memory. ``Blob(shape, dtype, xp)`` makes a :class:`DeviceBlob`
+    when ``xp`` is a device's array module.
     """
 
     __slots__ = ("_data", "_diff", "xp", "dtype")
 
+    def __new__(cls, shape: Sequence[int] = (), dtype=np.float32, xp=np):
+        if cls is Blob and xp in _DEVICE_MEMORY:
+            cls = DeviceBlob
+        return object.__new__(cls)
+
     def __init__(self, shape: Sequence[int] = (), dtype=np.float32, xp=np):
         self.xp = xp
         self.dtype = np.dtype(dtype)
-        shape = tuple(int(s) for s in shape)
-        self._data = xp.zeros(shape, self.dtype)
-        self._diff = xp.zeros(shape, self.dtype)
+        self._alloc(tuple(int(s) for s in shape))
+
+    def _alloc(self, shape: tuple) -> None:
+        self._data = self.xp.zeros(shape, self.dtype)
+        self._diff = self.xp.zeros(shape, self.dtype)
 
     # shape ---------------------------------------------------------------------------------
     @property
@@ -69,8 +96,7 @@ class Blob:
             self._data = self._data.reshape(shape)
             self._diff = self._diff.reshape(shape)
         else:
-            self._data = self.xp.zeros(shape, self.dtype)
-            self._diff = self.xp.zeros(shape, self.dtype)
+            self._alloc(shape)
 
     def reshape_like(self, other: "Blob") -> None:
         self.reshape(other.shape)
@@ -92,6 +118,19 @@ class Blob:
     def diff(self, value) -> None:
         self._diff[...] = value
 
+    def cpu_data(self) -> np.ndarray:
+        """The data as a read-only NumPy array (Caffe's ``cpu_data()``): for code that saves
+        or prints values, whichever device the blob is on."""
+        return _read_only(self._data)
+
+    def cpu_diff(self) -> np.ndarray:
+        return _read_only(self._diff)
+
+    def host_view(self) -> "Blob":
+        """The blob as pycaffe code sees it, ``data``/``diff`` NumPy arrays: the blob itself
+        on the CPU, a :class:`HostBlob` on a device."""
+        return self
+
     def share_data(self, other: "Blob") -> None:
         """Make this blob use ``other``'s data array (Caffe's ShareData, used by Flatten etc.)."""
         self._data = other._data.reshape(self.shape)
@@ -105,3 +144,159 @@ class Blob:
     def shape_string(self) -> str:
         """Caffe's ``shape_string()``: ``"64 20 24 24 (737280)"``."""
         return " ".join(str(s) for s in self.shape) + (" " if self.shape else "") + f"({self.count})"
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
+# ------------------------------------------------------------------------------------------------
+# Device blobs
+# ------------------------------------------------------------------------------------------------
+AT_DEVICE, AT_HOST, SYNCED = "device", "host", "synced"
+
+
+class SyncedMemory:
+    """Caffe's SyncedMemory for one device array: the host copy, made when host code first
+    asks, and ``head``, the side whose values are current (AT_DEVICE, AT_HOST, or SYNCED when
+    both are). Blobs that share memory (in-place layers, ShareData, shared params) share this
+    object, so a write on either side is seen through every one of them."""
+
+    __slots__ = ("device", "host", "head", "_to_host", "_to_device")
+
+    def __init__(self, device, transfer: Tuple[Callable, Callable]):
+        self.device = device
+        self.host = None
+        self.head = AT_DEVICE
+        self._to_host, self._to_device = transfer
+
+    def device_side(self) -> None:
+        """Before device code touches the array (it may write it: Caffe's mutable_gpu_data)."""
+        if self.head is AT_HOST:
+            self._to_device(self.host, self.device)
+        self.head = AT_DEVICE
+
+    def _host(self) -> np.ndarray:
+        if self.host is None:
+            self.host = np.empty(self.device.shape, np.dtype(self.device.dtype))
+        return self.host
+
+    def host_side(self, mutable: bool) -> np.ndarray:
+        """The current values on the host; ``mutable``: the caller may write them (Caffe's
+        mutable_cpu_data, what pycaffe's ``.data`` is), else only reads (cpu_data)."""
+        if self.head is AT_DEVICE:
+            self._to_host(self.device, self._host())
+            self.head = SYNCED
+        if mutable:
+            self.head = AT_HOST
+        return self.host
+
+    def host_write(self, shape, value) -> None:
+        """Host code sets every element: no copy from the device first."""
+        self._host().reshape(shape)[...] = value
+        self.head = AT_HOST
+
+
+class DeviceBlob(Blob):
+    """A blob whose arrays live on a device. ``data``/``diff`` are the device arrays (what
+    layers use), made current first if pycaffe code asked for the host copies since;
+    :meth:`host_view` is what pycaffe code gets."""
+
+    __slots__ = ("_data_mem", "_diff_mem", "_host_view")
+
+    def __init__(self, shape: Sequence[int] = (), dtype=np.float32, xp=np):
+        self._host_view = None
+        super().__init__(shape, dtype, xp)
+
+    def _alloc(self, shape: tuple) -> None:
+        super()._alloc(shape)
+        transfer = _DEVICE_MEMORY[self.xp]
+        self._data_mem = SyncedMemory(self._data, transfer)
+        self._diff_mem = SyncedMemory(self._diff, transfer)
+
+    def _get_data(self):
+        if self._data_mem.head is not AT_DEVICE:
+            self._data_mem.device_side()
+        return self._data
+
+    def _set_data(self, value) -> None:
+        self._get_data()[...] = self.xp.asarray(value, dtype=self.dtype)
+
+    def _get_diff(self):
+        if self._diff_mem.head is not AT_DEVICE:
+            self._diff_mem.device_side()
+        return self._diff
+
+    def _set_diff(self, value) -> None:
+        self._get_diff()[...] = self.xp.asarray(value, dtype=self.dtype)
+
+    data = property(_get_data, _set_data)
+    diff = property(_get_diff, _set_diff)
+
+    def cpu_data(self) -> np.ndarray:
+        return _read_only(self._data_mem.host_side(mutable=False).reshape(self.shape))
+
+    def cpu_diff(self) -> np.ndarray:
+        return _read_only(self._diff_mem.host_side(mutable=False).reshape(self.shape))
+
+    def host_view(self) -> "HostBlob":
+        if self._host_view is None:
+            self._host_view = HostBlob(self)
+        return self._host_view
+
+    def share_data(self, other: "Blob") -> None:
+        super().share_data(other)
+        self._data_mem = other._data_mem
+
+    def share_diff(self, other: "Blob") -> None:
+        super().share_diff(other)
+        self._diff_mem = other._diff_mem
+
+    def __repr__(self) -> str:
+        return f"DeviceBlob(shape={self.shape}, dtype={self.dtype}, xp={self.xp.__name__})"
+
+
+class HostBlob:
+    """pycaffe's view of a DeviceBlob: ``data`` and ``diff`` are NumPy arrays (host copies
+    that users may read and write in place, as with pycaffe's ``blob.data``); everything else
+    (shape, reshape, count ...) is the blob's. Device code sees host writes the next time it
+    touches the blob (e.g. in ``Net.forward``); host code sees device writes the next time it
+    reads ``data`` or ``diff``, and a NumPy array held from before is refreshed in place then,
+    as in pycaffe."""
+
+    __slots__ = ("_blob",)
+
+    def __init__(self, blob: DeviceBlob):
+        self._blob = blob
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._blob._data_mem.host_side(mutable=True).reshape(self._blob.shape)
+
+    @data.setter
+    def data(self, value) -> None:
+        self._blob._data_mem.host_write(self._blob.shape, value)
+
+    @property
+    def diff(self) -> np.ndarray:
+        return self._blob._diff_mem.host_side(mutable=True).reshape(self._blob.shape)
+
+    @diff.setter
+    def diff(self, value) -> None:
+        self._blob._diff_mem.host_write(self._blob.shape, value)
+
+    @property
+    def blob(self) -> DeviceBlob:
+        """The device blob behind this view."""
+        return self._blob
+
+    def host_view(self) -> "HostBlob":
+        return self
+
+    def __getattr__(self, attr):
+        return getattr(self._blob, attr)
+
+    def __repr__(self) -> str:
+        return f"HostBlob(shape={self._blob.shape}, dtype={self._blob.dtype})"

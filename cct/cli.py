@@ -85,11 +85,23 @@ class SignalActions:
         return self.pending.pop(0) if self.pending else "none"
 
 
-def _use_cpu(flags: Flags, where: str) -> None:
-    if flags.get("gpu"):
-        log.warning("caffe.cpp:206", f"-gpu {flags.get('gpu')} asked for, but this cct has no "
-                    f"GPU backend; running on the CPU.")
+def _net_backend(flags: Flags, where: str) -> str:
+    """The backend of ``cct test``/``cct time``: the first GPU of -gpu when one is usable
+    (Caffe uses the first of a list there too), else the CPU after one warning."""
+    from . import backend
+    gpu = flags.get("gpu")
+    if gpu:
+        first = gpu.split(",")[0]
+        try:
+            device_id = 0 if first == "all" else int(first)
+        except ValueError:
+            raise CCTError(f"-gpu takes GPU ids separated by commas, or 'all' (got "
+                           f"{gpu!r}).") from None
+        if backend.resolve("gpu", device_id) == "gpu":
+            log.info(where, f"Use GPU with device ID {device_id}")
+            return "gpu"
     log.info(where, "Use CPU.")
+    return "cpu"
 
 
 def _train_devices(flags: Flags, param):
@@ -162,19 +174,60 @@ def cmd_train(argv: List[str]) -> int:
 
 
 def cmd_device_query(argv: List[str]) -> int:
-    """The devices cct can run a net on (the CPU for now), with the BLAS it uses."""
+    """Caffe's ``caffe device_query``: with -gpu, each GPU's name, memory, compute capability
+    and measured SGEMM rate; without, the CPU cores cct may use and their measured SGEMM rate."""
     import os
     import platform
 
+    from . import _C
+
     flags = Flags("device_query", argv, {"gpu": ""})
-    if flags.get("gpu"):
-        raise CCTError(f"device_query: no GPU backend in this cct (asked for -gpu "
-                       f"{flags.get('gpu')}); the CPU is the only device")
+    gpu = flags.get("gpu")
+    if gpu:
+        from .backend import gpu as gpu_backend
+        ok, reason = gpu_backend.available()
+        if not ok:
+            raise CCTError(f"device_query -gpu {gpu}: {reason}")
+        try:
+            ids = (list(range(gpu_backend.device_count())) if gpu == "all"
+                   else [int(i) for i in gpu.split(",")])
+        except ValueError:
+            raise CCTError(f"device_query: -gpu takes GPU ids separated by commas, or 'all' "
+                           f"(got {gpu!r}).") from None
+        for device_id in ids:
+            log.info("caffe.cpp:112", f"Querying GPUs {device_id}")
+            d = gpu_backend.describe(device_id)
+            log.info("common.cpp:168", f"Device id:                     {d['id']}")
+            log.info("common.cpp:170", f"Name:                          {d['name']}")
+            log.info("common.cpp:171", f"Total global memory:           {d['total_memory']}")
+            log.info("common.cpp:169", f"Compute capability:            "
+                     f"{d['compute_capability']}")
+            log.info("common.cpp:186", f"Number of multiprocessors:     {d['multiprocessors']}")
+            log.info("common.cpp:0", f"Measured SGEMM:                {d['sgemm_gflops']:.0f} "
+                     f"GFLOP/s")
+        return 0
     log.info("caffe.cpp:112", "Querying CPU")
     log.info("common.cpp:0", f"Device: CPU ({platform.processor() or platform.machine()})")
     log.info("common.cpp:0", f"Cores available: {len(os.sched_getaffinity(0))}")
+    log.info("common.cpp:0", f"BLAS: {_C.blas_config()}")
+    log.info("common.cpp:0", f"Measured SGEMM: {_cpu_sgemm_gflops():.0f} GFLOP/s "
+             f"({_C.get_num_threads()} threads)")
     log.info("common.cpp:0", f"NumPy {np.__version__}")
     return 0
+
+
+def _cpu_sgemm_gflops(n: int = 1536, repeats: int = 3) -> float:
+    from . import _C
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    _C.gemm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _C.gemm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best / 1e9
 
 
 def cmd_test(argv: List[str]) -> int:
@@ -187,8 +240,8 @@ def cmd_test(argv: List[str]) -> int:
     model = _require(flags, "model", "Need a model definition to score.")
     weights = _require(flags, "weights", "Need model weights to score.")
     iterations = flags.int("iterations")
-    _use_cpu(flags, "caffe.cpp:290")
-    net = Net(model, TEST, level=flags.int("level"), stages=flags.list("stage"), weights=weights)
+    net = Net(model, TEST, level=flags.int("level"), stages=flags.list("stage"), weights=weights,
+              backend=_net_backend(flags, "caffe.cpp:290"))
     log.info("caffe.cpp:308", f"Running for {iterations} iterations.")
     scores: List[float] = []
     owners: List[int] = []
@@ -197,7 +250,7 @@ def cmd_test(argv: List[str]) -> int:
         total_loss += net.forward_prefilled()
         idx = 0
         for j, blob_id in enumerate(net.output_blob_indices):
-            values = np.asarray(net.blobs_list[blob_id].data, np.float32).ravel()
+            values = np.asarray(net.blobs_list[blob_id].cpu_data(), np.float32).ravel()
             name = net.blob_names[blob_id]
             for v in values:
                 if i == 0:
@@ -225,9 +278,9 @@ def cmd_time(argv: List[str]) -> int:
                                  "level": "0", "stage": "", "weights": ""})
     model = _require(flags, "model", "Need a model definition to time.")
     iterations = flags.int("iterations")
-    _use_cpu(flags, "caffe.cpp:352")
     net = Net(model, _phase(flags.get("phase")), level=flags.int("level"),
-              stages=flags.list("stage"), weights=flags.get("weights") or None)
+              stages=flags.list("stage"), weights=flags.get("weights") or None,
+              backend=_net_backend(flags, "caffe.cpp:352"))
     log.info("caffe.cpp:365", "Performing Forward")
     loss = net.forward_prefilled()
     log.info("caffe.cpp:370", f"Initial loss: {_g(loss)}")

@@ -25,7 +25,18 @@ def _fan(shape, variance_norm: int) -> float:
 
 
 def fill(array, filler_param, where: str = "") -> None:
-    """Fill ``array`` in place according to a FillerParameter."""
+    """Fill ``array`` in place according to a FillerParameter. The values are drawn on the
+    host (cct's one random stream, as Caffe draws fillers on the CPU) and copied to a device
+    array in one go."""
+    if isinstance(array, np.ndarray):
+        _fill_host(array, filler_param, where)
+        return
+    host = np.empty(array.shape, np.dtype(array.dtype))
+    _fill_host(host, filler_param, where)
+    array.set(host)  # CuPy: one host-to-device copy
+
+
+def _fill_host(array: np.ndarray, filler_param, where: str) -> None:
     rng = get_rng()
     shape = array.shape
     t = filler_param.type

@@ -487,13 +487,15 @@ class Net:
         return weights.net_to_proto(self, write_diff)
 
     # -- pycaffe-compatible API -------------------------------------------------------------
+    # On a device backend, pycaffe code gets host views whose .data/.diff are NumPy arrays kept
+    # in step with the device lazily (cct/blob.py); layers keep using the device blobs.
     @property
     def blobs(self) -> "OrderedDict[str, Blob]":
-        return OrderedDict(zip(self.blob_names, self.blobs_list))
+        return OrderedDict((n, b.host_view()) for n, b in zip(self.blob_names, self.blobs_list))
 
     @property
     def _blobs(self) -> List[Blob]:
-        return self.blobs_list
+        return [b.host_view() for b in self.blobs_list]
 
     @property
     def _blob_names(self) -> List[str]:
@@ -509,7 +511,8 @@ class Net:
 
     @property
     def params(self) -> "OrderedDict[str, List[Blob]]":
-        return OrderedDict((n, l.blobs) for n, l in zip(self.layer_names, self.layers) if l.blobs)
+        return OrderedDict((n, [b.host_view() for b in l.blobs])
+                           for n, l in zip(self.layer_names, self.layers) if l.blobs)
 
     @property
     def inputs(self) -> List[str]:
@@ -544,7 +547,7 @@ class Net:
             if value.shape != blob.shape and value.size != blob.count:
                 raise NetError(f"{what}: blob '{name}' has shape {blob.shape}, the given "
                                f"array has shape {value.shape}")
-            getattr(blob, field)[...] = value.reshape(blob.shape)
+            setattr(blob.host_view(), field, value.reshape(blob.shape))
 
     def forward(self, blobs: Optional[Sequence[str]] = None, start: Optional[str] = None,
                 end: Optional[str] = None, **kwargs) -> "Dict[str, np.ndarray]":
@@ -559,7 +562,8 @@ class Net:
             end_ind = len(self.layers) - 1
             outputs = set(self.outputs + list(blobs or []))
         self.forward_from_to(start_ind, end_ind)
-        return {name: self.blobs_list[self.blob_names_index[name]].data for name in outputs}
+        return {name: self.blobs_list[self.blob_names_index[name]].host_view().data
+                for name in outputs}
 
     def backward(self, diffs: Optional[Sequence[str]] = None, start: Optional[str] = None,
                  end: Optional[str] = None, **kwargs) -> "Dict[str, np.ndarray]":
@@ -575,7 +579,8 @@ class Net:
             end_ind = 0
             outputs = set(self.inputs + list(diffs or []))
         self.backward_from_to(start_ind, end_ind)
-        return {name: self.blobs_list[self.blob_names_index[name]].diff for name in outputs}
+        return {name: self.blobs_list[self.blob_names_index[name]].host_view().diff
+                for name in outputs}
 
     def set_input_arrays(self, data, labels, layer: Optional[str] = None) -> None:
         """pycaffe's Net.set_input_arrays: serve ``data`` (N x C x H x W float32, C-contiguous)

@@ -25,6 +25,18 @@ void CCT_BLAS_SYM(cblas_sgemm)(int order, int trans_a, int trans_b, int m, int n
 void CCT_BLAS_SYM(cblas_dgemm)(int order, int trans_a, int trans_b, int m, int n, int k,
                                double alpha, const double* a, int lda, const double* b, int ldb,
                                double beta, double* c, int ldc);
+// Strided batched GEMM (OpenBLAS >= 0.3.30): weak, so that a BLAS without it still links and
+// gemm_batch_strided falls back to one GEMM per item.
+void CCT_BLAS_SYM(cblas_sgemm_batch_strided)(int order, int trans_a, int trans_b, int m, int n,
+                                             int k, float alpha, const float* a, int lda,
+                                             int stride_a, const float* b, int ldb, int stride_b,
+                                             float beta, float* c, int ldc, int stride_c,
+                                             int count) __attribute__((weak));
+void CCT_BLAS_SYM(cblas_dgemm_batch_strided)(int order, int trans_a, int trans_b, int m, int n,
+                                             int k, double alpha, const double* a, int lda,
+                                             int stride_a, const double* b, int ldb,
+                                             int stride_b, double beta, double* c, int ldc,
+                                             int stride_c, int count) __attribute__((weak));
 #if defined(CCT_BLAS_SCIPY)
 void scipy_openblas_set_num_threads(int num_threads);
 int scipy_openblas_get_num_threads(void);
@@ -52,6 +64,44 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha
                  double* c, int64_t ldc) {
   CCT_BLAS_SYM(cblas_dgemm)(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(m),
                             int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+}
+
+// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count, where X_i = X + i * stride_x (a stride
+// of 0 reuses one operand for every item); the C_i must not overlap. One BLAS call where the
+// BLAS has a strided batched GEMM (which spreads the items over its threads), else one GEMM
+// per item.
+template <typename T>
+void gemm_batch_strided(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                        int64_t lda, int64_t stride_a, const T* b, int64_t ldb, int64_t stride_b,
+                        T beta, T* c, int64_t ldc, int64_t stride_c, int64_t count) {
+  constexpr bool is_float = sizeof(T) == sizeof(float);
+  const bool have = is_float ? CCT_BLAS_SYM(cblas_sgemm_batch_strided) != nullptr
+                             : CCT_BLAS_SYM(cblas_dgemm_batch_strided) != nullptr;
+  // The BLAS takes 32-bit strides: offsets past 2^31 elements go item by item.
+  const int64_t limit = int64_t(1) << 31;
+  if (have && count > 1 && stride_a * count < limit && stride_b * count < limit &&
+      stride_c * count < limit) {
+    if constexpr (is_float) {
+      CCT_BLAS_SYM(cblas_sgemm_batch_strided)(
+          kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(m), int(n), int(k),
+          alpha, a, int(lda), int(stride_a), b, int(ldb), int(stride_b), beta, c, int(ldc),
+          int(stride_c), int(count));
+    } else {
+      CCT_BLAS_SYM(cblas_dgemm_batch_strided)(
+          kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(m), int(n), int(k),
+          alpha, a, int(lda), int(stride_a), b, int(ldb), int(stride_b), beta, c, int(ldc),
+          int(stride_c), int(count));
+    }
+    return;
+  }
+  for (int64_t i = 0; i < count; ++i)
+    gemm(ta, tb, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
+         c + i * stride_c, ldc);
+}
+
+// Whether the linked BLAS has a strided batched GEMM.
+inline bool blas_has_batch_strided() {
+  return CCT_BLAS_SYM(cblas_sgemm_batch_strided) != nullptr;
 }
 
 inline void blas_set_num_threads(int n) {

@@ -17,17 +17,28 @@ template <typename T>
 void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGeom& g);
 template <typename T>
 void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g);
+// dweight = the weight gradient summed over the batch, or dweight += it with accumulate.
 template <typename T>
-void conv_backward_weight(const T* x, const T* dy, T* dweight, const ConvGeom& g);
+void conv_backward_weight(const T* x, const T* dy, T* dweight, const ConvGeom& g,
+                          bool accumulate);
+// dbias[c] = (or += with accumulate) the sum of dy[n, c, q] over n and q, dy being
+// (num, channels, pixels): the bias gradient of Convolution and InnerProduct.
+template <typename T>
+void bias_backward(const T* dy, T* dbias, int64_t num, int64_t channels, int64_t pixels,
+                   bool accumulate);
 // The bytes of lowered matrices a convolution may hold at once (it takes the batch in chunks).
 int64_t col_buffer_limit();
 void set_col_buffer_limit(int64_t bytes);
 // Batch partitioning: 0 measures per kernel and geometry (the default), 1 always one
 // partition with threaded BLAS, 2 always one partition per thread with single-threaded BLAS.
 void set_partition_mode(int mode);
-// The choices measured so far: (kernel 0 forward / 1 backward data / 2 backward weight,
-// geometry n c h w o ho wo kh kw sh sw ph pw dh dw group, partitions).
-std::vector<std::tuple<int, std::vector<int64_t>, int>> partition_choices();
+// Layout of pointwise convolutions (1x1, stride 1, pad 0): 0 measures per kernel and geometry
+// (the default), 1 always lowered, 2 always pointwise (no lowering; other geometries lowered).
+void set_conv_layout(int mode);
+// The plans measured so far: (kernel 0 forward / 1 backward data / 2 backward weight,
+// geometry n c h w o ho wo kh kw sh sw ph pw dh dw group, partitions, "lowered"/"pointwise").
+using PlanChoice = std::tuple<int, std::vector<int64_t>, int, const char*>;
+std::vector<PlanChoice> partition_choices();
 
 // Row-major C = alpha op(A) op(B) + beta C through the linked BLAS.
 template <typename T>

@@ -22,66 +22,89 @@ namespace {
 template <typename T>
 using Arr = py::array_t<T, py::array::c_style | py::array::forcecast>;
 
+// Outputs are taken as they are (no conversion, so an output is never a silent copy):
+// C-contiguous, of the overload's dtype, of the expected shape, and overlapping no input;
+// cct.backend.cpu makes them so or allocates them.
 template <typename T>
-py::tuple max_pool_forward(Arr<T> x, Pair k, Pair s, Pair p, Pair out) {
+using Buf = py::array_t<T, py::array::c_style>;
+
+template <typename A>
+void check_out(const A& out, std::initializer_list<int64_t> shape, const char* kernel) {
+  bool same = out.ndim() == py::ssize_t(shape.size());
+  int axis = 0;
+  for (int64_t d : shape) same = same && out.shape(axis++) == d;
+  if (!same) throw std::invalid_argument(std::string(kernel) + ": out has the wrong shape");
+}
+
+// Refuses an output that shares bytes with an input: the kernels read their inputs while they
+// write (a chunk, a plane or an image at a time), so an overlap would corrupt the result.
+template <typename A, typename B>
+void check_disjoint(const A& out, const B& in, const char* kernel, const char* what) {
+  const char* o = reinterpret_cast<const char*>(out.data());
+  const char* i = reinterpret_cast<const char*>(in.data());
+  if (o < i + in.nbytes() && i < o + out.nbytes())
+    throw std::invalid_argument(std::string(kernel) + ": out overlaps " + what);
+}
+
+using Mask = py::array_t<int64_t, py::array::c_style>;
+
+template <typename T>
+void max_pool_forward(Arr<T> x, Pair k, Pair s, Pair p, Pair pooled, Buf<T> out, Mask mask) {
   if (x.ndim() != 4) throw std::invalid_argument("max_pool_forward: bottom must be 4-D (NCHW)");
   const int64_t n = x.shape(0), c = x.shape(1);
   const int h = int(x.shape(2)), w = int(x.shape(3));
-  Arr<T> y({n, c, int64_t(out[0]), int64_t(out[1])});
-  py::array_t<int64_t> mask({n, c, int64_t(out[0]), int64_t(out[1])});
+  check_out(out, {n, c, pooled[0], pooled[1]}, "max_pool_forward");
+  check_out(mask, {n, c, pooled[0], pooled[1]}, "max_pool_forward (mask)");
+  check_disjoint(out, x, "max_pool_forward", "x");
   const T* xd = x.data();
-  T* yd = y.mutable_data();
+  T* yd = out.mutable_data();
   int64_t* md = mask.mutable_data();
-  {
-    py::gil_scoped_release release;
-    cct::max_pool_forward<T>(xd, yd, md, n * c, h, w, k[0], k[1], s[0], s[1], p[0], p[1],
-                             out[0], out[1]);
-  }
-  return py::make_tuple(y, mask);
+  py::gil_scoped_release release;
+  cct::max_pool_forward<T>(xd, yd, md, n * c, h, w, k[0], k[1], s[0], s[1], p[0], p[1],
+                           pooled[0], pooled[1]);
 }
 
 template <typename T>
-Arr<T> max_pool_backward(Arr<T> dy, py::array_t<int64_t, py::array::c_style | py::array::forcecast> mask,
-                         std::array<int64_t, 4> x_shape) {
-  Arr<T> dx({x_shape[0], x_shape[1], x_shape[2], x_shape[3]});
+void max_pool_backward(Arr<T> dy, Arr<int64_t> mask, Buf<T> out) {
+  if (out.ndim() != 4 || dy.ndim() != 4)
+    throw std::invalid_argument("max_pool_backward: dy and out must be 4-D (NCHW)");
+  if (mask.size() != dy.size() || dy.shape(0) != out.shape(0) || dy.shape(1) != out.shape(1))
+    throw std::invalid_argument("max_pool_backward: dy, mask and out do not fit");
+  check_disjoint(out, dy, "max_pool_backward", "dy");
   const T* dyd = dy.data();
   const int64_t* md = mask.data();
-  T* dxd = dx.mutable_data();
-  {
-    py::gil_scoped_release release;
-    cct::max_pool_backward<T>(dyd, md, dxd, x_shape[0] * x_shape[1], int(x_shape[2]),
-                              int(x_shape[3]), int(dy.shape(2)), int(dy.shape(3)));
-  }
-  return dx;
+  T* dxd = out.mutable_data();
+  py::gil_scoped_release release;
+  cct::max_pool_backward<T>(dyd, md, dxd, out.shape(0) * out.shape(1), int(out.shape(2)),
+                            int(out.shape(3)), int(dy.shape(2)), int(dy.shape(3)));
 }
 
 template <typename T>
-Arr<T> ave_pool_forward(Arr<T> x, Pair k, Pair s, Pair p, Pair out) {
+void ave_pool_forward(Arr<T> x, Pair k, Pair s, Pair p, Pair pooled, Buf<T> out) {
   if (x.ndim() != 4) throw std::invalid_argument("ave_pool_forward: bottom must be 4-D (NCHW)");
   const int64_t n = x.shape(0), c = x.shape(1);
-  Arr<T> y({n, c, int64_t(out[0]), int64_t(out[1])});
+  check_out(out, {n, c, pooled[0], pooled[1]}, "ave_pool_forward");
+  check_disjoint(out, x, "ave_pool_forward", "x");
   const T* xd = x.data();
-  T* yd = y.mutable_data();
-  {
-    py::gil_scoped_release release;
-    cct::ave_pool_forward<T>(xd, yd, n * c, int(x.shape(2)), int(x.shape(3)), k[0], k[1], s[0],
-                             s[1], p[0], p[1], out[0], out[1]);
-  }
-  return y;
+  T* yd = out.mutable_data();
+  py::gil_scoped_release release;
+  cct::ave_pool_forward<T>(xd, yd, n * c, int(x.shape(2)), int(x.shape(3)), k[0], k[1], s[0],
+                           s[1], p[0], p[1], pooled[0], pooled[1]);
 }
 
 template <typename T>
-Arr<T> ave_pool_backward(Arr<T> dy, std::array<int64_t, 4> x_shape, Pair k, Pair s, Pair p) {
-  Arr<T> dx({x_shape[0], x_shape[1], x_shape[2], x_shape[3]});
+void ave_pool_backward(Arr<T> dy, Pair k, Pair s, Pair p, Buf<T> out) {
+  if (out.ndim() != 4 || dy.ndim() != 4)
+    throw std::invalid_argument("ave_pool_backward: dy and out must be 4-D (NCHW)");
+  if (dy.shape(0) != out.shape(0) || dy.shape(1) != out.shape(1))
+    throw std::invalid_argument("ave_pool_backward: dy and out do not fit");
+  check_disjoint(out, dy, "ave_pool_backward", "dy");
   const T* dyd = dy.data();
-  T* dxd = dx.mutable_data();
-  {
-    py::gil_scoped_release release;
-    cct::ave_pool_backward<T>(dyd, dxd, x_shape[0] * x_shape[1], int(x_shape[2]),
-                              int(x_shape[3]), k[0], k[1], s[0], s[1], p[0], p[1],
-                              int(dy.shape(2)), int(dy.shape(3)));
-  }
-  return dx;
+  T* dxd = out.mutable_data();
+  py::gil_scoped_release release;
+  cct::ave_pool_backward<T>(dyd, dxd, out.shape(0) * out.shape(1), int(out.shape(2)),
+                            int(out.shape(3)), k[0], k[1], s[0], s[1], p[0], p[1],
+                            int(dy.shape(2)), int(dy.shape(3)));
 }
 
 // --- convolution ------------------------------------------------------------------------------
@@ -107,75 +130,102 @@ cct::ConvGeom conv_geom(std::array<int64_t, 4> x, std::array<int64_t, 4> w, Pair
           group};
 }
 
-template <typename T>
-std::array<int64_t, 4> shape4(const Arr<T>& a, const char* what) {
+template <typename A>
+std::array<int64_t, 4> shape4(const A& a, const char* what) {
   if (a.ndim() != 4) throw std::invalid_argument(std::string("conv: ") + what + " must be 4-D");
   return {a.shape(0), a.shape(1), a.shape(2), a.shape(3)};
 }
 
 template <typename T>
-Arr<T> conv_forward(Arr<T> x, Arr<T> weight, std::optional<Arr<T>> bias, Pair k, Pair s, Pair p,
-                    Pair d, int group) {
+void conv_forward(Arr<T> x, Arr<T> weight, std::optional<Arr<T>> bias, Pair k, Pair s, Pair p,
+                  Pair d, int group, Buf<T> out) {
   const auto xs = shape4(x, "bottom"), ws = shape4(weight, "weight");
   const int64_t ho = conv_out(xs[2], k[0], s[0], p[0], d[0]);
   const int64_t wo = conv_out(xs[3], k[1], s[1], p[1], d[1]);
   const cct::ConvGeom g = conv_geom(xs, ws, k, s, p, d, group, ho, wo);
   if (bias && bias->size() != g.o) throw std::invalid_argument("conv: bias size != num_output");
-  Arr<T> y({g.n, g.o, ho, wo});
+  check_out(out, {g.n, g.o, ho, wo}, "conv_forward");
+  check_disjoint(out, x, "conv_forward", "x");
+  check_disjoint(out, weight, "conv_forward", "weight");
+  if (bias) check_disjoint(out, *bias, "conv_forward", "bias");
   const T* xd = x.data();
   const T* wd = weight.data();
   const T* bd = bias ? bias->data() : nullptr;
-  T* yd = y.mutable_data();
-  {
-    py::gil_scoped_release release;
-    cct::conv_forward<T>(xd, wd, bd, yd, g);
-  }
-  return y;
+  T* yd = out.mutable_data();
+  py::gil_scoped_release release;
+  cct::conv_forward<T>(xd, wd, bd, yd, g);
 }
 
 template <typename T>
-Arr<T> conv_backward_data(Arr<T> dy, Arr<T> weight, std::array<int64_t, 4> x_shape, Pair k,
-                          Pair s, Pair p, Pair d, int group) {
+void conv_backward_data(Arr<T> dy, Arr<T> weight, Pair k, Pair s, Pair p, Pair d, int group,
+                        Buf<T> out) {
   const auto ys = shape4(dy, "top diff"), ws = shape4(weight, "weight");
-  const cct::ConvGeom g = conv_geom(x_shape, ws, k, s, p, d, group, ys[2], ys[3]);
+  const auto xs = shape4(out, "out");
+  const cct::ConvGeom g = conv_geom(xs, ws, k, s, p, d, group, ys[2], ys[3]);
   if (ys[0] != g.n || ys[1] != g.o) throw std::invalid_argument("conv: top diff shape");
-  Arr<T> dx({x_shape[0], x_shape[1], x_shape[2], x_shape[3]});
+  check_disjoint(out, dy, "conv_backward_data", "dy");
+  check_disjoint(out, weight, "conv_backward_data", "weight");
   const T* dyd = dy.data();
   const T* wd = weight.data();
-  T* dxd = dx.mutable_data();
-  {
-    py::gil_scoped_release release;
-    cct::conv_backward_data<T>(dyd, wd, dxd, g);
-  }
-  return dx;
+  T* dxd = out.mutable_data();
+  py::gil_scoped_release release;
+  cct::conv_backward_data<T>(dyd, wd, dxd, g);
 }
 
 template <typename T>
-Arr<T> conv_backward_weight(Arr<T> x, Arr<T> dy, Pair k, Pair s, Pair p, Pair d, int group) {
+void conv_backward_weight(Arr<T> x, Arr<T> dy, Pair k, Pair s, Pair p, Pair d, int group,
+                          Buf<T> out, bool accumulate) {
   const auto xs = shape4(x, "bottom"), ys = shape4(dy, "top diff");
   const std::array<int64_t, 4> ws{ys[1], xs[1] / group, k[0], k[1]};
   const cct::ConvGeom g = conv_geom(xs, ws, k, s, p, d, group, ys[2], ys[3]);
   if (ys[0] != g.n) throw std::invalid_argument("conv: top diff shape");
-  Arr<T> dw({ws[0], ws[1], ws[2], ws[3]});
+  check_out(out, {ws[0], ws[1], ws[2], ws[3]}, "conv_backward_weight");
+  check_disjoint(out, x, "conv_backward_weight", "x");
+  check_disjoint(out, dy, "conv_backward_weight", "dy");
   const T* xd = x.data();
   const T* dyd = dy.data();
-  T* dwd = dw.mutable_data();
-  {
-    py::gil_scoped_release release;
-    cct::conv_backward_weight<T>(xd, dyd, dwd, g);
+  T* dwd = out.mutable_data();
+  py::gil_scoped_release release;
+  cct::conv_backward_weight<T>(xd, dyd, dwd, g, accumulate);
+}
+
+// dy viewed as (num, channels, pixels): axis 1 is the channel, the axes after it the pixels.
+template <typename T>
+void bias_backward(Arr<T> dy, Buf<T> out, bool accumulate) {
+  if (dy.ndim() < 2) throw std::invalid_argument("bias_backward: dy must have >= 2 axes");
+  const int64_t num = dy.shape(0), channels = dy.shape(1);
+  if (out.size() != channels)
+    throw std::invalid_argument("bias_backward: out size != dy's channels (axis 1)");
+  check_disjoint(out, dy, "bias_backward", "dy");
+  int64_t pixels = 1;
+  for (py::ssize_t axis = 2; axis < dy.ndim(); ++axis) pixels *= dy.shape(axis);
+  const T* dyd = dy.data();
+  T* dbd = out.mutable_data();
+  py::gil_scoped_release release;
+  if (num * pixels == 0) {
+    if (!accumulate) std::fill(dbd, dbd + channels, T(0));
+    return;
   }
-  return dw;
+  cct::bias_backward<T>(dyd, dbd, num, channels, pixels, accumulate);
 }
 
 // c = op(a) @ op(b) for 2-D arrays through the linked BLAS: as asked (the bench times it for
-// the peak), or in the operand order measured fastest for the shape (measured=True).
+// the peak), or in the operand order measured fastest for the shape (measured=True). Into out
+// when given (out += op(a) @ op(b) with accumulate), else a new array.
 template <typename T>
-Arr<T> gemm(Arr<T> a, Arr<T> b, bool trans_a, bool trans_b, bool measured) {
+py::array gemm(Arr<T> a, Arr<T> b, bool trans_a, bool trans_b, bool measured,
+               std::optional<Buf<T>> out, bool accumulate) {
   if (a.ndim() != 2 || b.ndim() != 2) throw std::invalid_argument("gemm: a and b must be 2-D");
   const int64_t m = trans_a ? a.shape(1) : a.shape(0), k = trans_a ? a.shape(0) : a.shape(1);
   const int64_t kb = trans_b ? b.shape(1) : b.shape(0), n = trans_b ? b.shape(0) : b.shape(1);
   if (k != kb) throw std::invalid_argument("gemm: inner dimensions differ");
-  Arr<T> c({m, n});
+  if (accumulate && !out) throw std::invalid_argument("gemm: accumulate needs out");
+  Buf<T> c = out ? *out : Buf<T>({m, n});
+  if (out) {
+    check_out(c, {m, n}, "gemm");
+    check_disjoint(c, a, "gemm", "a");
+    check_disjoint(c, b, "gemm", "b");
+  }
   const T* ad = a.data();
   const T* bd = b.data();
   T* cd = c.mutable_data();
@@ -183,21 +233,18 @@ Arr<T> gemm(Arr<T> a, Arr<T> b, bool trans_a, bool trans_b, bool measured) {
   {
     py::gil_scoped_release release;
     if (k == 0) {
-      std::fill(cd, cd + m * n, T(0));
+      if (!accumulate) std::fill(cd, cd + m * n, T(0));
     } else {
       auto run = measured ? &cct::gemm_measured<T> : &cct::gemm_kernel<T>;
-      run(trans_a, trans_b, m, n, k, T(1), ad, a.shape(1), bd, b.shape(1), T(0), cd, n);
+      run(trans_a, trans_b, m, n, k, T(1), ad, a.shape(1), bd, b.shape(1),
+          accumulate ? T(1) : T(0), cd, n);
     }
   }
   return c;
 }
 
 // --- in-place kernels: ReLU, LRN, softmax, SoftmaxWithLoss, SGD -------------------------------
-// Their arrays are taken as they are (no conversion, so an output is never a silent copy):
-// C-contiguous, of the overload's dtype; cct.backend.cpu makes them so.
-
-template <typename T>
-using Buf = py::array_t<T, py::array::c_style>;
+// All their arrays are taken as they are (Buf), inputs too.
 
 template <typename T>
 void same_size(const Buf<T>& a, const Buf<T>& b, const char* kernel) {
@@ -340,23 +387,27 @@ template <typename T>
 void bind_dtype(py::module_& m) {
   m.def("conv_forward", &conv_forward<T>, py::arg("x"), py::arg("weight"), py::arg("bias"),
         py::arg("kernel"), py::arg("stride"), py::arg("pad"), py::arg("dilation"),
-        py::arg("group"));
+        py::arg("group"), py::arg("out").noconvert());
   m.def("conv_backward_data", &conv_backward_data<T>, py::arg("dy"), py::arg("weight"),
-        py::arg("x_shape"), py::arg("kernel"), py::arg("stride"), py::arg("pad"),
-        py::arg("dilation"), py::arg("group"));
+        py::arg("kernel"), py::arg("stride"), py::arg("pad"), py::arg("dilation"),
+        py::arg("group"), py::arg("out").noconvert());
   m.def("conv_backward_weight", &conv_backward_weight<T>, py::arg("x"), py::arg("dy"),
         py::arg("kernel"), py::arg("stride"), py::arg("pad"), py::arg("dilation"),
-        py::arg("group"));
+        py::arg("group"), py::arg("out").noconvert(), py::arg("accumulate") = false);
+  m.def("bias_backward", &bias_backward<T>, py::arg("dy"), py::arg("out").noconvert(),
+        py::arg("accumulate") = false);
   m.def("gemm", &gemm<T>, py::arg("a"), py::arg("b"), py::arg("trans_a") = false,
-        py::arg("trans_b") = false, py::arg("measured") = false);
+        py::arg("trans_b") = false, py::arg("measured") = false,
+        py::arg("out").noconvert() = py::none(), py::arg("accumulate") = false);
   m.def("max_pool_forward", &max_pool_forward<T>, py::arg("x"), py::arg("kernel"),
-        py::arg("stride"), py::arg("pad"), py::arg("out"));
+        py::arg("stride"), py::arg("pad"), py::arg("pooled"), py::arg("out").noconvert(),
+        py::arg("mask").noconvert());
   m.def("max_pool_backward", &max_pool_backward<T>, py::arg("dy"), py::arg("mask"),
-        py::arg("x_shape"));
+        py::arg("out").noconvert());
   m.def("ave_pool_forward", &ave_pool_forward<T>, py::arg("x"), py::arg("kernel"),
-        py::arg("stride"), py::arg("pad"), py::arg("out"));
-  m.def("ave_pool_backward", &ave_pool_backward<T>, py::arg("dy"), py::arg("x_shape"),
-        py::arg("kernel"), py::arg("stride"), py::arg("pad"));
+        py::arg("stride"), py::arg("pad"), py::arg("pooled"), py::arg("out").noconvert());
+  m.def("ave_pool_backward", &ave_pool_backward<T>, py::arg("dy"), py::arg("kernel"),
+        py::arg("stride"), py::arg("pad"), py::arg("out").noconvert());
   m.def("relu_forward", &relu_forward<T>, py::arg("x").noconvert(), py::arg("out").noconvert(),
         py::arg("negative_slope"));
   m.def("relu_backward", &relu_backward<T>, py::arg("src").noconvert(),
@@ -406,8 +457,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_partition_mode", &cct::set_partition_mode, py::arg("mode"),
         "Convolution batch partitioning: 0 measure per layer (default), 1 one partition with "
         "threaded BLAS, 2 one partition per thread with single-threaded BLAS.");
+  m.def("set_conv_layout", &cct::set_conv_layout, py::arg("mode"),
+        "Pointwise (1x1, stride 1, pad 0) convolutions: 0 measure the layout per layer "
+        "(default), 1 lowered, 2 pointwise (no lowering).");
   m.def("partition_choices", &cct::partition_choices,
-        "(kernel, geometry, partitions) for each convolution measured.");
+        "(kernel, geometry, partitions, layout) for each convolution measured.");
+  m.def("blas_has_batch_strided", &cct::blas_has_batch_strided,
+        "Whether the linked BLAS has a strided batched GEMM (else one GEMM per item).");
   m.def("gemm_choices", &cct::gemm_choices,
         "(trans_a, trans_b, m, n, k, itemsize, BLAS threads, transposed) per shape measured.");
   m.def("set_gemm_order", &cct::set_gemm_order, py::arg("order"),

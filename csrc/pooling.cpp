@@ -8,34 +8,105 @@
 #include "parallel.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
+#include <type_traits>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace cct {
+
+// One MAX window, clipped to the bottom: Caffe's loop (row-major scan, strict `>`, so ties go
+// to the first element and NaN never wins; -FLT_MAX and -1 when the window is empty).
+template <typename T>
+inline void max_window(const T* xp, int hs, int he, int ws, int we, int w, T* y, int64_t* mask) {
+  T best = -std::numeric_limits<T>::max();
+  int64_t arg = -1;
+  for (int i = hs; i < he; ++i)
+    for (int j = ws; j < we; ++j)
+      if (xp[i * w + j] > best) {
+        best = xp[i * w + j];
+        arg = i * w + j;
+      }
+  *y = best;
+  *mask = arg;
+}
+
+#if defined(__SSE2__)
+// Four windows side by side (outputs ow .. ow + 3, all inside the bottom horizontally), in SSE
+// registers: each tap is one compare and two selects for the four, in the same row-major order
+// and with the same strict `>` as max_window. Stride 1 or 2 (the zoo's pooling layers); with
+// stride 2 the taps of the four windows are the even lanes of eight consecutive floats.
+template <int SW>
+inline void max_windows4(const float* xp, int hs, int he, int col0, int kw, int w, float* y,
+                         int64_t* mask) {
+  __m128 best = _mm_set1_ps(-std::numeric_limits<float>::max());
+  __m128i arg = _mm_set1_epi32(-1);
+  const __m128i lanes = _mm_setr_epi32(0, SW, 2 * SW, 3 * SW);
+  for (int i = hs; i < he; ++i) {
+    for (int j = 0; j < kw; ++j) {
+      const int at = i * w + col0 + j;
+      __m128 v;
+      if (SW == 1) {
+        v = _mm_loadu_ps(xp + at);
+      } else {
+        v = _mm_shuffle_ps(_mm_loadu_ps(xp + at), _mm_loadu_ps(xp + at + 4),
+                           _MM_SHUFFLE(2, 0, 2, 0));
+      }
+      const __m128 gt = _mm_cmpgt_ps(v, best);
+      best = _mm_or_ps(_mm_and_ps(gt, v), _mm_andnot_ps(gt, best));
+      const __m128i g = _mm_castps_si128(gt);
+      const __m128i idx = _mm_add_epi32(_mm_set1_epi32(at), lanes);
+      arg = _mm_or_si128(_mm_and_si128(g, idx), _mm_andnot_si128(g, arg));
+    }
+  }
+  alignas(16) int32_t a[4];
+  _mm_storeu_ps(y, best);
+  _mm_store_si128(reinterpret_cast<__m128i*>(a), arg);
+  for (int k = 0; k < 4; ++k) mask[k] = a[k];
+}
+
+// Outputs [ow0, ow1) of a row done four at a time; returns where that stopped. A group must
+// lie inside the bottom horizontally, and with stride 2 its last load reads one float past its
+// last tap, which must still be inside the row.
+template <int SW>
+int max_row_vectorized(const float* xp, int hs, int he, int w, int kw, int pw, int ow0, int ow1,
+                       float* y, int64_t* mask) {
+  int ow = ow0;
+  for (; ow + 4 <= ow1 && (ow + 3) * SW - pw + kw - 1 + (SW - 1) < w; ow += 4)
+    max_windows4<SW>(xp, hs, he, ow * SW - pw, kw, w, y + ow, mask + ow);
+  return ow;
+}
+#endif
 
 template <typename T>
 void max_pool_forward(const T* x, T* y, int64_t* mask, int64_t planes, int h, int w,
                       int kh, int kw, int sh, int sw, int ph, int pw, int ho, int wo) {
+  // Outputs whose windows lie inside the bottom horizontally: [c0, c1).
+  const int c0 = std::min(wo, (pw + sw - 1) / sw);
+  const int c1 = std::max(c0, std::min(wo, w + pw - kw >= 0 ? (w + pw - kw) / sw + 1 : 0));
   parallel_for(planes, int64_t(ho) * wo * kh * kw, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const T* xp = x + p * h * w;
       T* yp = y + p * ho * wo;
       int64_t* mp = mask + p * ho * wo;
-      for (int oh = 0; oh < ho; ++oh) {
-        int hs = oh * sh - ph;
-        int he = std::min(hs + kh, h);
-        hs = std::max(hs, 0);
-        for (int ow = 0; ow < wo; ++ow) {
-          int ws = ow * sw - pw;
-          int we = std::min(ws + kw, w);
-          ws = std::max(ws, 0);
-          T best = -std::numeric_limits<T>::max();
-          int64_t arg = -1;
-          for (int i = hs; i < he; ++i)
-            for (int j = ws; j < we; ++j)
-              if (xp[i * w + j] > best) { best = xp[i * w + j]; arg = i * w + j; }
-          yp[oh * wo + ow] = best;
-          mp[oh * wo + ow] = arg;
+      for (int oh = 0; oh < ho; ++oh, yp += wo, mp += wo) {
+        const int hs = std::max(oh * sh - ph, 0), he = std::min(oh * sh - ph + kh, h);
+        int ow = 0;
+#if defined(__SSE2__)
+        if constexpr (std::is_same_v<T, float>) {
+          for (; ow < c0; ++ow)
+            max_window(xp, hs, he, std::max(ow * sw - pw, 0), std::min(ow * sw - pw + kw, w), w,
+                       yp + ow, mp + ow);
+          if (sw == 1) ow = max_row_vectorized<1>(xp, hs, he, w, kw, pw, ow, c1, yp, mp);
+          if (sw == 2) ow = max_row_vectorized<2>(xp, hs, he, w, kw, pw, ow, c1, yp, mp);
         }
+#endif
+        for (; ow < wo; ++ow)
+          max_window(xp, hs, he, std::max(ow * sw - pw, 0), std::min(ow * sw - pw + kw, w), w,
+                     yp + ow, mp + ow);
       }
     }
   });

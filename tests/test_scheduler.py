@@ -1,7 +1,6 @@
 """The hybrid scheduler on CPU devices: a batch split across devices gives the update of the
 whole batch on one device; the split follows measured throughput; a lost device is survived,
 or ends in a clear error and a usable snapshot."""
-import os
 import subprocess
 import sys
 
@@ -293,3 +292,73 @@ def test_cli_train_on_two_devices(data_list, tmp_path):
     assert bad.returncode == 1
     assert bad.stderr.strip().splitlines()[-1].startswith("cct: error: unknown device 'quantum'")
     assert "Traceback" not in bad.stderr
+
+
+class SeparateMemoryDevice(CPUDevice):
+    """A device with memory of its own, as a GPU has: its replica runs on the ``numpy``
+    backend (the array-generic GPU kernels on NumPy, blobs as DeviceBlobs), and params and
+    gradients move by copies. Exercises the scheduler's GPU path without a GPU."""
+
+    backend = "numpy"
+    host_memory = False
+
+    def to_device(self, host, like=None):
+        if like is None:
+            return np.array(host)
+        like[...] = host
+        return like
+
+    def to_host(self, arr):
+        return np.array(arr)
+
+
+def test_a_device_with_its_own_memory_gives_the_same_update(data_list, tmp_path):
+    param = solver_param(data_list, tmp_path, iter_size=2)
+    whole, whole_history, _ = train(param)
+    cores = available_cores()
+    devices = [CPUDevice([cores[0]]), SeparateMemoryDevice([cores[-1]])]
+    split, split_history, scheduler = train(param, devices, split=[6, 10])
+    assert_same_params(whole, split)
+    assert_same_params(whole_history, split_history)
+    gpu_like = scheduler.replicas[1].net
+    assert gpu_like.backend.name == "numpy"
+    # Its params are copies, not the master's arrays, and hold the values of the last update
+    # sent (the update after it is not sent until the next batch).
+    for rp, mp in zip(gpu_like.learnable_params, scheduler.master.learnable_params):
+        assert not np.shares_memory(rp.data, mp.data)
+
+
+class SlowCPU(CPUDevice):
+    """A CPU device that takes ``delay`` seconds more per image of its training slices (a
+    slower device, or one that another job starts sharing after the first split)."""
+
+    def __init__(self, cores, delay):
+        super().__init__(cores)
+        self.delay = delay
+
+    def submit(self, fn, *args):
+        if getattr(fn, "__name__", "") == "_run_replica":
+            replica, inner = args[0], fn
+
+            def slowed(*a):
+                result = inner(*a)
+                import time
+                time.sleep(self.delay * replica.n)
+                return result[0], result[1] + self.delay * replica.n
+            fn = slowed
+        return super().submit(fn, *args)
+
+
+def test_the_split_follows_speeds_that_drift(data_list, tmp_path, capsys):
+    """The probe sees two equal devices; then one slows down by 10 ms an image: within a few
+    rebalancing rounds it gets a small share, and the update is still the whole batch's."""
+    param = solver_param(data_list, tmp_path, max_iter=30)
+    whole, _, _ = train(param, iters=30)
+    cores = available_cores()
+    devices = [CPUDevice([cores[0]]), SlowCPU([cores[-1]], delay=0.01)]
+    capsys.readouterr()
+    split, _, scheduler = train(param, devices, iters=30)
+    assert_same_params(whole, split, rtol=5e-5)
+    fast, slow = (r.n for r in scheduler.replicas)
+    assert fast + slow == BATCH and fast >= 4 * slow, (fast, slow)
+    assert "Hybrid split of 16 (rebalanced: predicted" in capsys.readouterr().err

@@ -1,15 +1,23 @@
-"""CPU kernels: array-in/array-out functions, the heavy ones in C++ (``cct._C``, csrc/).
+"""CPU kernels: functions of arrays, the heavy ones in C++ (``cct._C``, csrc/).
 
 Convolution is lowered to GEMM for the whole batch at once (Caffe con Troll): per group the
 input is expanded into a K x N*P matrix with K = C/group*kh*kw and P = Ho*Wo, and one large GEMM
 does the group's work for the whole mini-batch, instead of Caffe's one small GEMM per image;
 or the batch is partitioned, one slice per core, each lowered in cache-sized chunks and
-multiplied with single-threaded BLAS. Each layer's kernels take whichever was faster at their
-first call (csrc/conv.cpp). Pooling is csrc/pooling.cpp; ReLU, LRN across channels, softmax,
-SoftmaxWithLoss and the fused SGD update write in place (elementwise.cpp, lrn.cpp, softmax.cpp). The kernels release the GIL and use cct's
-threads: ``set_num_threads(n)`` sets them for the BLAS (OpenBLAS) and cct's own loops together;
-the default is the cores available to the process. NumPy's ``@`` runs on NumPy's own OpenBLAS,
-a separate library with its own threads.
+multiplied with single-threaded BLAS. A 1x1 convolution with stride 1 and no pad may also skip
+the lowering (pointwise layout: one GEMM per image on the blobs themselves, through OpenBLAS's
+strided batched GEMM). Each layer's kernels take whichever plan was fastest at their first call
+(csrc/conv.cpp). Pooling is csrc/pooling.cpp; ReLU, LRN across channels, softmax,
+SoftmaxWithLoss and the fused SGD update are elementwise.cpp, lrn.cpp and softmax.cpp.
+
+Every kernel writes into ``out`` when given (a blob's own array, so layers copy nothing) and
+returns it; the weight-gradient kernels (``conv_backward_weight``, ``matmul``,
+``bias_backward``) add into it with ``accumulate=True`` (for the GEMMs, beta = 1), as Caffe
+accumulates param diffs. An ``out`` that overlaps an input is refused.
+
+The kernels release the GIL and use cct's threads: ``set_num_threads(n)`` sets them for the
+BLAS (OpenBLAS) and cct's own loops together; the default is the cores available to the
+process. NumPy's ``@`` runs on NumPy's own OpenBLAS, a separate library with its own threads.
 
 The NumPy implementations these replace are :mod:`cct.backend.reference`, the tests' oracle.
 Arrays must be float32 or float64; the C++ side works on C-contiguous arrays of one dtype, so
@@ -21,7 +29,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import _C
+from .. import _C  # OPENBLAS_THREAD_TIMEOUT is set by cct/__init__.py first
 
 xp = np
 name = "cpu"
@@ -67,6 +75,44 @@ def deconv_out_size(size: int, kernel: int, stride: int, pad: int, dilation: int
 
 
 # --------------------------------------------------------------------------------------------
+# Outputs. Every kernel writes into ``out`` when given (a blob's array: no copy) and returns it,
+# else into a new array. An ``out`` the C++ side cannot write directly (another dtype, not
+# C-contiguous, read-only) is computed into a temporary and copied in. An ``out`` that shares
+# memory with an input is refused: the kernels read their inputs while they write.
+# --------------------------------------------------------------------------------------------
+def _target(out, shape, dtype: np.dtype, keep: bool = False):
+    """(array the kernel writes, array to copy it into afterwards or None). ``keep``: the
+    kernel adds into its output, so a temporary starts as a copy of ``out``."""
+    if out is None:
+        return np.empty(shape, dtype), None
+    if out.dtype == dtype and out.flags.c_contiguous and out.flags.writeable:
+        return out, None
+    if keep:
+        return np.ascontiguousarray(out, dtype).reshape(shape), out
+    return np.empty(shape, dtype), out
+
+
+def _result(buf, dest):
+    if dest is None:
+        return buf
+    dest[...] = buf.reshape(dest.shape)
+    return dest
+
+
+def _disjoint(kernel: str, out, **inputs) -> None:
+    if out is None:
+        return
+    for what, a in inputs.items():
+        if a is not None and np.may_share_memory(out, a):
+            raise ValueError(f"{kernel}: out overlaps {what}; give a separate output array")
+
+
+def _accumulating(kernel: str, out, accumulate: bool) -> None:
+    if accumulate and out is None:
+        raise ValueError(f"{kernel}: accumulate=True adds into out, so out must be given")
+
+
+# --------------------------------------------------------------------------------------------
 # GEMM
 # --------------------------------------------------------------------------------------------
 def _gemm_operand(a: np.ndarray, dtype: np.dtype) -> Tuple[np.ndarray, bool]:
@@ -77,57 +123,86 @@ def _gemm_operand(a: np.ndarray, dtype: np.dtype) -> Tuple[np.ndarray, bool]:
     return _arr(a, dtype), False
 
 
-def matmul(a, b) -> np.ndarray:
-    """``a @ b`` for 2-D arrays on cct's BLAS, in the operand order (``a @ b`` or
-    ``(b.T @ a.T).T``) measured fastest for the shape on its first call.
+def matmul(a, b, out=None, accumulate: bool = False) -> np.ndarray:
+    """``a @ b`` for 2-D arrays on cct's BLAS (``out += a @ b`` with ``accumulate``), in the
+    operand order (``a @ b`` or ``(b.T @ a.T).T``) measured fastest for the shape on its first
+    call.
 
     Layers use this rather than NumPy's ``@``: NumPy's OpenBLAS is a second library with its own
     thread pool, whose threads keep spinning for a while after each call and would compete with
     cct's for the same cores (LeNet trained 5x slower so)."""
     dt = _dtype(a)
+    _accumulating("matmul", out, accumulate)
+    _disjoint("matmul", out, a=a, b=b)
     a2, ta = _gemm_operand(a, dt)
     b2, tb = _gemm_operand(b, dt)
-    return _C.gemm(a2, b2, ta, tb, measured=True)
+    if out is None:
+        return _C.gemm(a2, b2, ta, tb, measured=True)
+    buf, dest = _target(out, (a.shape[0], b.shape[1]), dt, keep=accumulate)
+    _C.gemm(a2, b2, ta, tb, measured=True, out=buf, accumulate=accumulate)
+    return _result(buf, dest)
 
 
 # --------------------------------------------------------------------------------------------
 # Convolution (csrc/conv.cpp)
 # --------------------------------------------------------------------------------------------
 def conv_forward(x, weight, bias: Optional[np.ndarray], kernel, stride, pad, dilation,
-                 group: int) -> np.ndarray:
+                 group: int, out=None) -> np.ndarray:
     """y = conv(x, weight) + bias. x (N, C, H, W), weight (O, C/group, kh, kw), bias (O,) or
-    None; returns (N, O, Ho, Wo)."""
+    None; y (N, O, Ho, Wo), written into ``out`` when given."""
     dt = _dtype(x)
-    return _C.conv_forward(_arr(x, dt), _arr(weight, dt), None if bias is None else _arr(bias, dt),
-                           _pair(kernel), _pair(stride), _pair(pad), _pair(dilation), int(group))
+    _disjoint("conv_forward", out, x=x, weight=weight, bias=bias)
+    kernel, stride, pad, dilation = (_pair(v) for v in (kernel, stride, pad, dilation))
+    shape = (x.shape[0], weight.shape[0]) + tuple(
+        conv_out_size(x.shape[2 + i], kernel[i], stride[i], pad[i], dilation[i])
+        for i in range(2))
+    buf, dest = _target(out, shape, dt)
+    _C.conv_forward(_arr(x, dt), _arr(weight, dt), None if bias is None else _arr(bias, dt),
+                    kernel, stride, pad, dilation, int(group), buf)
+    return _result(buf, dest)
 
 
-def conv_backward_data(dy, weight, x_shape, kernel, stride, pad, dilation,
-                       group: int) -> np.ndarray:
-    """Gradient of :func:`conv_forward` with respect to x (Caffe's backward_cpu_gemm + col2im).
-
-    ``x_shape`` is (N, C, H, W); Deconvolution's forward pass is this function."""
+def conv_backward_data(dy, weight, x_shape, kernel, stride, pad, dilation, group: int,
+                       out=None) -> np.ndarray:
+    """Gradient of :func:`conv_forward` with respect to x (Caffe's backward_cpu_gemm + col2im),
+    of shape ``x_shape`` (N, C, H, W), written into ``out`` when given (overwritten, as Caffe
+    overwrites a bottom diff). Deconvolution's forward pass is this function."""
     dt = _dtype(dy)
-    return _C.conv_backward_data(_arr(dy, dt), _arr(weight, dt), _shape4(x_shape), _pair(kernel),
-                                 _pair(stride), _pair(pad), _pair(dilation), int(group))
+    _disjoint("conv_backward_data", out, dy=dy, weight=weight)
+    buf, dest = _target(out, _shape4(x_shape), dt)
+    _C.conv_backward_data(_arr(dy, dt), _arr(weight, dt), _pair(kernel), _pair(stride),
+                          _pair(pad), _pair(dilation), int(group), buf)
+    return _result(buf, dest)
 
 
-def conv_backward_weight(x, dy, kernel, stride, pad, dilation, group: int) -> np.ndarray:
+def conv_backward_weight(x, dy, kernel, stride, pad, dilation, group: int, out=None,
+                         accumulate: bool = False) -> np.ndarray:
     """Gradient of :func:`conv_forward` with respect to the weight, shape (O, C/group, kh, kw)
-    (Caffe's weight_cpu_gemm, summed over the batch)."""
+    (Caffe's weight_cpu_gemm, summed over the batch). With ``accumulate`` it is added into
+    ``out`` (a param diff: Caffe accumulates them), by the GEMM itself (beta = 1)."""
     dt = _dtype(x)
-    return _C.conv_backward_weight(_arr(x, dt), _arr(dy, dt), _pair(kernel), _pair(stride),
-                                   _pair(pad), _pair(dilation), int(group))
+    _accumulating("conv_backward_weight", out, accumulate)
+    _disjoint("conv_backward_weight", out, x=x, dy=dy)
+    shape = (dy.shape[1], x.shape[1] // int(group), int(kernel[0]), int(kernel[1]))
+    buf, dest = _target(out, shape, dt, keep=accumulate)
+    _C.conv_backward_weight(_arr(x, dt), _arr(dy, dt), _pair(kernel), _pair(stride), _pair(pad),
+                            _pair(dilation), int(group), buf, accumulate)
+    return _result(buf, dest)
 
 
-def bias_backward(dy):
-    """Sum of dy over every axis but 1: the bias gradient of convolution-like layers."""
-    axes = (0,) + tuple(range(2, dy.ndim))
-    return dy.sum(axis=axes)
+def bias_backward(dy, out=None, accumulate: bool = False) -> np.ndarray:
+    """Sum of dy over every axis but 1: the bias gradient of Convolution-like layers (N, C, ...)
+    and InnerProduct (M, N); added into ``out`` with ``accumulate``."""
+    dt = _dtype(dy)
+    _accumulating("bias_backward", out, accumulate)
+    _disjoint("bias_backward", out, dy=dy)
+    buf, dest = _target(out, (dy.shape[1],), dt, keep=accumulate)
+    _C.bias_backward(_arr(dy, dt), buf, accumulate)
+    return _result(buf, dest)
 
 
 # --------------------------------------------------------------------------------------------
-# Pooling
+# Pooling (csrc/pooling.cpp)
 # --------------------------------------------------------------------------------------------
 def pool_out_size(size: int, kernel: int, stride: int, pad: int, ceil_mode: bool) -> int:
     """Caffe's pooled size: ceil (or floor) rounding, then drop a last window that would start
@@ -139,56 +214,58 @@ def pool_out_size(size: int, kernel: int, stride: int, pad: int, ceil_mode: bool
     return out
 
 
-def max_pool_forward(x, kernel, stride, pad, out) -> Tuple[np.ndarray, np.ndarray]:
+def max_pool_forward(x, kernel, stride, pad, pooled, out=None,
+                     mask=None) -> Tuple[np.ndarray, np.ndarray]:
     """Max over each window of the unpadded bottom, scanned in row-major window order with a
-    strict ``>`` as Caffe does (ties go to the first element). Returns (top, argmax as the
-    flat index h * W + w in the bottom's plane, int64)."""
-    return _C.max_pool_forward(_arr(x, _dtype(x)), _pair(kernel), _pair(stride), _pair(pad),
-                               _pair(out))
+    strict ``>`` as Caffe does (ties go to the first element). ``pooled`` is the top's
+    (height, width). Returns (top, argmax as the flat index h * W + w in the bottom's plane,
+    int64), written into ``out`` and ``mask`` when given."""
+    dt = _dtype(x)
+    _disjoint("max_pool_forward", out, x=x)
+    shape = tuple(x.shape[:2]) + _pair(pooled)
+    buf, dest = _target(out, shape, dt)
+    mbuf, mdest = _target(mask, shape, np.dtype(np.int64))
+    _C.max_pool_forward(_arr(x, dt), _pair(kernel), _pair(stride), _pair(pad), _pair(pooled),
+                        buf, mbuf)
+    return _result(buf, dest), _result(mbuf, mdest)
 
 
-def max_pool_backward(dy, mask, x_shape) -> np.ndarray:
+def max_pool_backward(dy, mask, x_shape, out=None) -> np.ndarray:
     """Route each top diff to the bottom element that won its window (sums where windows
-    overlap)."""
-    return _C.max_pool_backward(_arr(dy, _dtype(dy)), np.ascontiguousarray(mask, np.int64),
-                                _shape4(x_shape))
+    overlap); dx of shape ``x_shape``, written into ``out`` when given."""
+    dt = _dtype(dy)
+    _disjoint("max_pool_backward", out, dy=dy)
+    buf, dest = _target(out, _shape4(x_shape), dt)
+    _C.max_pool_backward(_arr(dy, dt), np.ascontiguousarray(mask, np.int64), buf)
+    return _result(buf, dest)
 
 
-def ave_pool_forward(x, kernel, stride, pad, out) -> np.ndarray:
+def ave_pool_forward(x, kernel, stride, pad, pooled, out=None) -> np.ndarray:
     """Mean over each window; the divisor counts padding but not what lies beyond it (Caffe).
-    Summed in row-major window order, as Caffe does."""
-    return _C.ave_pool_forward(_arr(x, _dtype(x)), _pair(kernel), _pair(stride), _pair(pad),
-                               _pair(out))
+    Summed in row-major window order, as Caffe does. ``pooled`` is the top's (height, width)."""
+    dt = _dtype(x)
+    _disjoint("ave_pool_forward", out, x=x)
+    buf, dest = _target(out, tuple(x.shape[:2]) + _pair(pooled), dt)
+    _C.ave_pool_forward(_arr(x, dt), _pair(kernel), _pair(stride), _pair(pad), _pair(pooled),
+                        buf)
+    return _result(buf, dest)
 
 
-def ave_pool_backward(dy, x_shape, kernel, stride, pad, out) -> np.ndarray:
+def ave_pool_backward(dy, x_shape, kernel, stride, pad, pooled, out=None) -> np.ndarray:
     """Each top diff, divided by its window's divisor, added to every bottom element of the
-    window. ``out`` is dy's spatial shape (kept for the reference's signature)."""
-    return _C.ave_pool_backward(_arr(dy, _dtype(dy)), _shape4(x_shape), _pair(kernel),
-                                _pair(stride), _pair(pad))
+    window; dx of shape ``x_shape``. ``pooled`` is dy's (height, width) (kept for the
+    reference's signature)."""
+    dt = _dtype(dy)
+    _disjoint("ave_pool_backward", out, dy=dy)
+    buf, dest = _target(out, _shape4(x_shape), dt)
+    _C.ave_pool_backward(_arr(dy, dt), _pair(kernel), _pair(stride), _pair(pad), buf)
+    return _result(buf, dest)
 
 
 # --------------------------------------------------------------------------------------------
 # In-place kernels: ReLU, LRN, softmax, SoftmaxWithLoss, SGD (csrc/elementwise.cpp, lrn.cpp,
-# softmax.cpp). Each writes into ``out`` when given (a blob's array: no copy), else into a new
-# array, and returns it.
+# softmax.cpp). Each writes into ``out`` when given, which may be an input where said (in place).
 # --------------------------------------------------------------------------------------------
-def _target(out, shape, dtype: np.dtype):
-    """(array the kernel writes, array to copy it into afterwards or None)."""
-    if out is None:
-        return np.empty(shape, dtype), None
-    if out.dtype == dtype and out.flags.c_contiguous and out.flags.writeable:
-        return out, None
-    return np.empty(shape, dtype), out
-
-
-def _result(buf, dest):
-    if dest is None:
-        return buf
-    dest[...] = buf.reshape(dest.shape)
-    return dest
-
-
 def relu_forward(x, negative_slope: float, out=None) -> np.ndarray:
     """y = max(x, 0) + negative_slope * min(x, 0); ``out`` may be ``x`` (in place)."""
     dt = _dtype(x)

@@ -12,6 +12,17 @@ import numpy as np
 from .cpu import conv_out_size
 
 
+def _store(y, out, accumulate=False):
+    """y written (or, with accumulate, added) into ``out`` when given; the result."""
+    if out is None:
+        return y
+    if accumulate:
+        out += y.reshape(out.shape)
+    else:
+        out[...] = y.reshape(out.shape)
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Convolution lowered to GEMM over the whole mini-batch
 # --------------------------------------------------------------------------------------------
@@ -61,7 +72,7 @@ def _unlower(cols, x_shape, kernel, stride, pad, dilation, group, ho, wo):
     return xpad[:, :, ph:ph + h, pw:pw + w]
 
 
-def conv_forward(x, weight, bias, kernel, stride, pad, dilation, group):
+def conv_forward(x, weight, bias, kernel, stride, pad, dilation, group, out=None):
     """y = conv(x, weight) + bias. weight: (O, C/group, kh, kw); returns (N, O, Ho, Wo)."""
     n = x.shape[0]
     o = weight.shape[0]
@@ -72,10 +83,10 @@ def conv_forward(x, weight, bias, kernel, stride, pad, dilation, group):
     y = np.ascontiguousarray(y)
     if bias is not None:
         y += bias.reshape(1, o, 1, 1)
-    return y
+    return _store(y, out)
 
 
-def conv_backward_data(dy, weight, x_shape, kernel, stride, pad, dilation, group):
+def conv_backward_data(dy, weight, x_shape, kernel, stride, pad, dilation, group, out=None):
     """Gradient of :func:`conv_forward` with respect to x (Caffe's backward_cpu_gemm + col2im).
 
     ``x_shape`` is (N, C, H, W); Deconvolution's forward pass is this function."""
@@ -83,17 +94,28 @@ def conv_backward_data(dy, weight, x_shape, kernel, stride, pad, dilation, group
     dymat = np.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(group, o // group, n * ho * wo)
     wmat = weight.reshape(group, o // group, -1)
     dcols = np.matmul(wmat.transpose(0, 2, 1), dymat)
-    return _unlower(dcols, x_shape, kernel, stride, pad, dilation, group, ho, wo)
+    return _store(_unlower(dcols, x_shape, kernel, stride, pad, dilation, group, ho, wo), out)
 
 
-def conv_backward_weight(x, dy, kernel, stride, pad, dilation, group):
+def conv_backward_weight(x, dy, kernel, stride, pad, dilation, group, out=None,
+                         accumulate=False):
     """Gradient of :func:`conv_forward` with respect to the weight, shape (O, C/group, kh, kw)
-    (Caffe's weight_cpu_gemm, summed over the batch)."""
+    (Caffe's weight_cpu_gemm, summed over the batch); added into ``out`` with accumulate."""
     n, o, ho, wo = dy.shape
     dymat = np.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(group, o // group, n * ho * wo)
     cols, _, _ = _lower(x, kernel, stride, pad, dilation, group)
     dw = np.matmul(dymat, cols.transpose(0, 2, 1))
-    return dw.reshape(o, x.shape[1] // group, kernel[0], kernel[1])
+    return _store(dw.reshape(o, x.shape[1] // group, kernel[0], kernel[1]), out, accumulate)
+
+
+def bias_backward(dy, out=None, accumulate=False):
+    """Sum of dy over every axis but 1 (in float64, then the dy's dtype)."""
+    axes = (0,) + tuple(range(2, dy.ndim))
+    return _store(dy.sum(axis=axes, dtype=np.float64).astype(dy.dtype), out, accumulate)
+
+
+def matmul(a, b, out=None, accumulate=False):
+    return _store(np.matmul(a, b), out, accumulate)
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,14 +143,14 @@ def _pool_taps(xpad, kernel, stride, out):
             yield i, j, xpad[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw]
 
 
-def max_pool_forward(x, kernel, stride, pad, out):
+def max_pool_forward(x, kernel, stride, pad, pooled, out=None, mask=None):
     """Max over each window of the unpadded bottom, scanned in row-major window order with a
     strict ``>`` as Caffe does (ties go to the first element, NaN never wins).
     Returns (top, argmax as the flat index h * W + w in the bottom's plane)."""
     n, c, h, w = x.shape
-    (kh, kw), (sh, sw), (ph, pw), (ho, wo) = kernel, stride, pad, out
-    xpad = _pool_padded(x, kernel, stride, pad, out, -np.inf)
-    taps = list(_pool_taps(xpad, kernel, stride, out))
+    (kh, kw), (sh, sw), (ph, pw), (ho, wo) = kernel, stride, pad, pooled
+    xpad = _pool_padded(x, kernel, stride, pad, pooled, -np.inf)
+    taps = list(_pool_taps(xpad, kernel, stride, pooled))
     y = np.full((n, c, ho, wo), -np.inf, x.dtype)
     for _, _, tap in taps:
         np.fmax(y, tap, out=y)
@@ -138,17 +160,17 @@ def max_pool_forward(x, kernel, stride, pad, out):
         arg = np.where(tap == y, i * kw + j, arg)
     hh = (np.arange(ho) * sh - ph)[:, None] + arg // kw
     ww = (np.arange(wo) * sw - pw)[None, :] + arg % kw
-    return y, hh * w + ww
+    return _store(y, out), _store(hh * w + ww, mask)
 
 
-def max_pool_backward(dy, mask, x_shape):
+def max_pool_backward(dy, mask, x_shape, out=None):
     """Route each top diff to the bottom element that won its window (sums where windows
     overlap)."""
     n, c, h, w = x_shape
     plane = h * w
     offs = (np.arange(n * c) * plane).reshape(n, c, 1, 1)
     dx = np.bincount((mask + offs).ravel(), weights=dy.ravel(), minlength=n * c * plane)
-    return dx.reshape(x_shape).astype(dy.dtype, copy=False)
+    return _store(dx.reshape(x_shape).astype(dy.dtype, copy=False), out)
 
 
 def _ave_divisors(size, kernel, stride, pad, out):
@@ -157,22 +179,22 @@ def _ave_divisors(size, kernel, stride, pad, out):
     return ends - starts
 
 
-def ave_pool_forward(x, kernel, stride, pad, out):
+def ave_pool_forward(x, kernel, stride, pad, pooled, out=None):
     """Mean over each window; the divisor counts padding but not what lies beyond it (Caffe).
     Summed in row-major window order, as Caffe does."""
     n, c, h, w = x.shape
-    xpad = _pool_padded(x, kernel, stride, pad, out, 0)
-    acc = np.zeros((n, c) + tuple(out), x.dtype)
-    for _, _, tap in _pool_taps(xpad, kernel, stride, out):
+    xpad = _pool_padded(x, kernel, stride, pad, pooled, 0)
+    acc = np.zeros((n, c) + tuple(pooled), x.dtype)
+    for _, _, tap in _pool_taps(xpad, kernel, stride, pooled):
         acc += tap
-    div = np.outer(_ave_divisors(h, kernel[0], stride[0], pad[0], out[0]),
-                   _ave_divisors(w, kernel[1], stride[1], pad[1], out[1])).astype(x.dtype)
-    return acc / div
+    div = np.outer(_ave_divisors(h, kernel[0], stride[0], pad[0], pooled[0]),
+                   _ave_divisors(w, kernel[1], stride[1], pad[1], pooled[1])).astype(x.dtype)
+    return _store(acc / div, out)
 
 
-def ave_pool_backward(dy, x_shape, kernel, stride, pad, out):
+def ave_pool_backward(dy, x_shape, kernel, stride, pad, pooled, out=None):
     n, c, h, w = x_shape
-    (kh, kw), (sh, sw), (ph, pw), (ho, wo) = kernel, stride, pad, out
+    (kh, kw), (sh, sw), (ph, pw), (ho, wo) = kernel, stride, pad, pooled
     div = np.outer(_ave_divisors(h, kh, sh, ph, ho),
                    _ave_divisors(w, kw, sw, pw, wo)).astype(dy.dtype)
     g = dy / div
@@ -182,17 +204,12 @@ def ave_pool_backward(dy, x_shape, kernel, stride, pad, out):
     for i in range(kh):
         for j in range(kw):
             dpad[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw] += g
-    return np.ascontiguousarray(dpad[:, :, ph:ph + h, pw:pw + w])
+    return _store(np.ascontiguousarray(dpad[:, :, ph:ph + h, pw:pw + w]), out)
 
 
 # --------------------------------------------------------------------------------------------
 # In-place kernels: same signatures as in cct.backend.cpu (``out`` written when given)
 # --------------------------------------------------------------------------------------------
-def _store(y, out):
-    if out is None:
-        return y
-    out[...] = y.reshape(out.shape)
-    return out
 
 
 def relu_forward(x, negative_slope, out=None):

@@ -76,7 +76,7 @@ def _net_to_raw(net: "Net", write_diff: bool) -> "caffe_raw_pb2.NetParameterRaw"
         # kept in order: re-serialised, the layer has Caffe's field order.
         lr.MergeFromString(head.SerializeToString())
         for b in layer.blobs:
-            _raw_blob(b.data, lr.blobs.add(), b.diff if write_diff else None)
+            _raw_blob(b.cpu_data(), lr.blobs.add(), b.cpu_diff() if write_diff else None)
     return out
 
 
@@ -115,9 +115,9 @@ def save_hdf5(net: "Net", path: str, write_diff: bool = False) -> None:
                 g_data = groups[0].create_group(name)
                 g_diff = groups[1].create_group(name) if write_diff else None
                 for i, b in enumerate(layer.blobs):
-                    g_data.create_dataset(str(i), data=np.asarray(b.data, np.float32))
+                    g_data.create_dataset(str(i), data=np.asarray(b.cpu_data(), np.float32))
                     if g_diff is not None:
-                        g_diff.create_dataset(str(i), data=np.asarray(b.diff, np.float32))
+                        g_diff.create_dataset(str(i), data=np.asarray(b.cpu_diff(), np.float32))
     _atomic_write(path, write)
 
 
@@ -213,7 +213,7 @@ def copy_trained_layers(net: "Net", source: Union[str, caffe_pb2.NetParameter]) 
                         f"Source param shape is {_shape_str(arr.shape)}; target param shape is "
                         f"{blob.shape_string()}. To learn this layer's parameters from scratch "
                         f"rather than copying from a saved net, rename the layer.")
-            blob.data[...] = arr
+            blob.data[...] = blob.xp.asarray(arr)
 
 
 def _strict_shape(arr: np.ndarray, blob) -> bool:

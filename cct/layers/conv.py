@@ -24,6 +24,9 @@ class _ConvolutionBase(Layer):
     def layer_setup(self, bottom: List[Blob], top: List[Blob]) -> None:
         cp = self.layer_param.convolution_param
         b0 = bottom[0]
+        if any(t is b for t in top for b in bottom):
+            raise self.error("cannot run in place (top and bottom are one blob): every top "
+                             "value reads many bottom values; give the top its own name.")
         try:
             self.channel_axis = b0.canonical_axis(cp.axis)
         except LayerError:
@@ -142,31 +145,36 @@ class _ConvolutionBase(Layer):
             t.reshape(top_shape)
 
     # -- the convolution, as the backend sees it ------------------------------------------------
+    # Kernels write straight into the blobs' arrays (out=) and add into the param diffs
+    # (accumulate=True: Caffe accumulates them over iter_size and shared params); the 4-D views
+    # of a blob are views, not copies.
     def _geom(self):
         return self.kernel, self.stride, self.pad, self.dilation, self.group
 
-    def _conv(self, x):
-        """conv_in-shaped x -> conv_out-shaped y."""
-        return self.backend.conv_forward(x, self.blobs[0].data, None, *self._geom())
+    def _conv(self, x, out):
+        """conv_in-shaped x -> conv_out-shaped out."""
+        return self.backend.conv_forward(x, self.blobs[0].data, None, *self._geom(), out=out)
 
-    def _conv_t(self, y, x_shape):
-        """conv_out-shaped y -> conv_in-shaped x (the transposed convolution)."""
-        return self.backend.conv_backward_data(y, self.blobs[0].data, x_shape, *self._geom())
+    def _conv_t(self, y, x_shape, out):
+        """conv_out-shaped y -> conv_in-shaped out (the transposed convolution)."""
+        return self.backend.conv_backward_data(y, self.blobs[0].data, x_shape, *self._geom(),
+                                               out=out)
 
     def _conv_dw(self, x, y):
-        return self.backend.conv_backward_weight(x, y, *self._geom())
+        return self.backend.conv_backward_weight(x, y, *self._geom(), out=self.blobs[0].diff,
+                                                 accumulate=True)
 
     def forward(self, bottom: List[Blob], top: List[Blob]) -> None:
         bias = self.blobs[1].data if self.bias_term else None
         for b, t in zip(bottom, top):
             x = b.data.reshape(self.in_shape4)
+            y = t.data.reshape(self.out_shape4)
             if self.reverse:
-                y = self._conv_t(x, self.out_shape4)
+                self._conv_t(x, self.out_shape4, y)
                 if bias is not None:
-                    y = y + bias.reshape(1, -1, 1, 1)
+                    y += bias.reshape(1, -1, 1, 1)
             else:
-                y = self.backend.conv_forward(x, self.blobs[0].data, bias, *self._geom())
-            t.data[...] = y.reshape(t.shape)
+                self.backend.conv_forward(x, self.blobs[0].data, bias, *self._geom(), out=y)
 
     def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob]) -> None:
         need_dw = self.param_propagate_down[0]
@@ -175,13 +183,18 @@ class _ConvolutionBase(Layer):
             dy = t.diff.reshape(self.out_shape4)
             x = b.data.reshape(self.in_shape4)
             if need_db:
-                self.blobs[1].diff[...] += self.backend.bias_backward(dy)
+                self.backend.bias_backward(dy, out=self.blobs[1].diff, accumulate=True)
             if need_dw:
-                dw = self._conv_dw(dy, x) if self.reverse else self._conv_dw(x, dy)
-                self.blobs[0].diff[...] += dw
+                if self.reverse:
+                    self._conv_dw(dy, x)
+                else:
+                    self._conv_dw(x, dy)
             if propagate_down[i]:
-                dx = self._conv(dy) if self.reverse else self._conv_t(dy, self.in_shape4)
-                b.diff[...] = dx.reshape(b.shape)
+                dx = b.diff.reshape(self.in_shape4)
+                if self.reverse:
+                    self._conv(dy, dx)
+                else:
+                    self._conv_t(dy, self.in_shape4, dx)
 
 
 @register("Convolution")

@@ -197,10 +197,10 @@ class BasePrefetchingDataLayer(Layer):
     def forward(self, bottom, top):
         batch = self.prefetcher.get()
         top[0].reshape(batch.data.shape)
-        top[0].data[...] = batch.data
+        top[0].data[...] = self.xp.asarray(batch.data)  # host -> device off the CPU
         if self.output_labels:
             top[1].reshape(batch.labels.shape)
-            top[1].data[...] = batch.labels
+            top[1].data[...] = self.xp.asarray(batch.labels)
         self._consumed = batch.state
 
     # -- exact resume -------------------------------------------------------------------------

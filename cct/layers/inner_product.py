@@ -32,6 +32,9 @@ class InnerProductLayer(Layer):
 
     def layer_setup(self, bottom: List[Blob], top: List[Blob]) -> None:
         ip = self.layer_param.inner_product_param
+        if top[0] is bottom[0]:
+            raise self.error("cannot run in place (top and bottom are one blob): every top "
+                             "value reads the whole bottom; give the top its own name.")
         self.num_output = ip.num_output
         if self.num_output <= 0:
             raise self.error("inner_product_param.num_output must be given and positive.")
@@ -67,23 +70,28 @@ class InnerProductLayer(Layer):
         w = self.blobs[0].data
         return w.T if self.transpose else w
 
+    # The GEMMs write straight into the top and bottom diff and add into the param diffs (beta =
+    # 1: Caffe accumulates them over iter_size and shared params).
     def forward(self, bottom: List[Blob], top: List[Blob]) -> None:
         x = bottom[0].data.reshape(self.m, self.k)
-        y = self.backend.matmul(x, self._weight_nk().T)
+        y = top[0].data.reshape(self.m, self.num_output)
         if self.bias_term:
-            y += self.blobs[1].data
-        top[0].data[...] = y.reshape(top[0].shape)
+            y[...] = self.blobs[1].data
+            self.backend.matmul(x, self._weight_nk().T, out=y, accumulate=True)
+        else:
+            self.backend.matmul(x, self._weight_nk().T, out=y)
 
     def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob]) -> None:
         dy = top[0].diff.reshape(self.m, self.num_output)
         if self.param_propagate_down[0]:
             x = bottom[0].data.reshape(self.m, self.k)
+            dw = self.blobs[0].diff
             if self.transpose:
-                self.blobs[0].diff[...] += self.backend.matmul(x.T, dy)
+                self.backend.matmul(x.T, dy, out=dw, accumulate=True)
             else:
-                self.blobs[0].diff[...] += self.backend.matmul(dy.T, x)
+                self.backend.matmul(dy.T, x, out=dw, accumulate=True)
         if self.bias_term and self.param_propagate_down[1]:
-            self.blobs[1].diff[...] += dy.sum(axis=0)
+            self.backend.bias_backward(dy, out=self.blobs[1].diff, accumulate=True)
         if propagate_down[0]:
-            bottom[0].diff[...] = self.backend.matmul(dy, self._weight_nk()).reshape(
-                bottom[0].shape)
+            self.backend.matmul(dy, self._weight_nk(),
+                                out=bottom[0].diff.reshape(self.m, self.k))

@@ -82,8 +82,8 @@ class MemoryDataLayer(Layer):
         b = self.batch_size
         top[0].reshape((b, self.channels, self.height, self.width))
         top[1].reshape((b, 1, 1, 1))
-        top[0].data[...] = self.data[self.pos:self.pos + b]
-        top[1].data[...] = self.labels[self.pos:self.pos + b].reshape(b, 1, 1, 1)
+        top[0].data[...] = self.xp.asarray(self.data[self.pos:self.pos + b])
+        top[1].data[...] = self.xp.asarray(self.labels[self.pos:self.pos + b].reshape(b, 1, 1, 1))
         self.pos = (self.pos + b) % self.n
         self.records += b
 

@@ -33,7 +33,11 @@ class PoolingLayer(Layer):
 
     def layer_setup(self, bottom: List[Blob], top: List[Blob]) -> None:
         pp = self.layer_param.pooling_param
+        if any(t is bottom[0] for t in top):
+            raise self.error("cannot run in place (top and bottom are one blob): pooling "
+                             "changes the shape; give the top its own name.")
         self.method = pp.pool
+        self.mask = None
         if len(top) > 1 and self.method != _PP.MAX:
             raise self.error(f"{_PP.PoolMethod.Name(self.method)} pooling produces 1 top, the "
                              f"prototxt gives {len(top)} (only MAX has the optional mask top).")
@@ -108,12 +112,15 @@ class PoolingLayer(Layer):
         x = bottom[0].data
         geom = (self.kernel, self.stride, self.pad, self.out)
         if self.method == _PP.MAX:
-            y, self.mask = self.backend.max_pool_forward(x, *geom)
-            top[0].data[...] = y
+            # The argmax array is kept between iterations (reallocated only when the shape
+            # changes) for the backward pass.
+            if self.mask is None or self.mask.shape != top[0].shape:
+                self.mask = self.backend.xp.empty(top[0].shape, self.backend.xp.int64)
+            self.backend.max_pool_forward(x, *geom, out=top[0].data, mask=self.mask)
             if len(top) > 1:
                 top[1].data[...] = self.mask
         elif self.method == _PP.AVE:
-            top[0].data[...] = self.backend.ave_pool_forward(x, *geom)
+            self.backend.ave_pool_forward(x, *geom, out=top[0].data)
         else:
             raise self.error("STOCHASTIC pooling is not supported on CPU, as in Caffe (which "
                              "has only a GPU implementation); use MAX or AVE.")
@@ -122,9 +129,9 @@ class PoolingLayer(Layer):
         if not propagate_down[0]:
             return
         dy = top[0].diff
-        shape = bottom[0].shape
+        dx = bottom[0].diff
         if self.method == _PP.MAX:
-            bottom[0].diff[...] = self.backend.max_pool_backward(dy, self.mask, shape)
+            self.backend.max_pool_backward(dy, self.mask, dx.shape, out=dx)
         else:
-            bottom[0].diff[...] = self.backend.ave_pool_backward(
-                dy, shape, self.kernel, self.stride, self.pad, self.out)
+            self.backend.ave_pool_backward(dy, dx.shape, self.kernel, self.stride, self.pad,
+                                           self.out, out=dx)

@@ -124,20 +124,26 @@ class PythonLayerAdapter(Layer):
 
     def layer_setup(self, bottom: List[Blob], top: List[Blob]) -> None:
         self._method("forward")
-        self._method("setup")(bottom, top)
+        self._method("setup")(_host(bottom), _host(top))
         if self.impl.blobs is not self.blobs:
             # The user rebound self.blobs (e.g. to a plain list); keep it as the param list.
             self.blobs = BlobVec(self.impl.blobs, self.dtype, self.xp)
             self.impl.blobs = self.blobs
 
     def reshape(self, bottom: List[Blob], top: List[Blob]) -> None:
-        self._method("reshape")(bottom, top)
+        self._method("reshape")(_host(bottom), _host(top))
 
     def forward(self, bottom: List[Blob], top: List[Blob]) -> None:
-        self._method("forward")(bottom, top)
+        self._method("forward")(_host(bottom), _host(top))
 
     def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob]) -> None:
-        self._method("backward")(top, list(propagate_down), bottom)
+        self._method("backward")(_host(top), list(propagate_down), _host(bottom))
+
+
+def _host(blobs: List[Blob]) -> list:
+    """The blobs as pycaffe code sees them: NumPy ``data``/``diff`` on any backend (a Python
+    layer is the user's NumPy code, as in Caffe, where it reads cpu_data)."""
+    return [b.host_view() for b in blobs]
 
 
 def _accepts_one_argument(cls) -> bool:

@@ -271,6 +271,198 @@ def test_matmul_takes_views_and_empty_shapes(dtype, order, gemm_order):
 
 
 # --------------------------------------------------------------------------------------------
+# Outputs given by the caller (out=), accumulation into param diffs, the pointwise layout
+# --------------------------------------------------------------------------------------------
+@pytest.fixture
+def conv_layout():
+    """Force the layout of pointwise convolutions for one test (0 = measure again)."""
+    yield _C.set_conv_layout
+    _C.set_conv_layout(0)
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", [CONV_CASES[1], CONV_CASES[2], CONV_CASES[5], CONV_CASES[10]],
+                         ids=str)
+def test_conv_writes_into_out_and_accumulates(case, dtype, mode, partition_mode):
+    """out= is written in place and returned; whatever it held is overwritten, except with
+    accumulate, where the weight gradient is added to it."""
+    x, weight, bias, dy, geom = _conv_arrays(case, dtype)
+    partition_mode(mode)
+    y = np.full(reference.conv_forward(x, weight, bias, *geom).shape, np.nan, dtype)
+    assert cpu.conv_forward(x, weight, bias, *geom, out=y) is y
+    _close(y, reference.conv_forward(x, weight, bias, *geom), dtype)
+    dx = np.full(x.shape, np.nan, dtype)
+    assert cpu.conv_backward_data(dy, weight, x.shape, *geom, out=dx) is dx
+    _close(dx, reference.conv_backward_data(dy, weight, x.shape, *geom), dtype)
+    grad = reference.conv_backward_weight(x, dy, *geom)
+    dw = np.full(weight.shape, np.nan, dtype)
+    assert cpu.conv_backward_weight(x, dy, *geom, out=dw) is dw
+    _close(dw, grad, dtype)
+    before = _rand(weight.shape, dtype, 7)
+    dw = before.copy()
+    assert cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True) is dw
+    _close(dw, before + grad, dtype)
+
+
+def test_accumulate_is_exact_on_the_first_call_that_measures():
+    """The first call of a geometry runs the kernel once per candidate plan to time them;
+    an accumulating call must still add the gradient exactly once."""
+    saved = cpu.get_num_threads()
+    try:
+        cpu.set_num_threads(2)
+        for case in [(4, 6, 7, 5, 4, (1, 1), (1, 1), (0, 0), (1, 1), 2),  # 4 candidate plans
+                     (4, 3, 9, 8, 5, (3, 2), (1, 2), (1, 0), (1, 1), 1)]:  # 2
+            x, weight, _, dy, geom = _conv_arrays(case, np.float64, seed=11)
+            before = _rand(weight.shape, np.float64, 3)
+            dw = before.copy()
+            cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True)
+            _close(dw, before + reference.conv_backward_weight(x, dy, *geom), np.float64)
+            mine = [c for c in _C.partition_choices() if c[0] == 2 and c[1][:5] == list(case[:5])]
+            assert len(mine) == 1
+    finally:
+        cpu.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("limit", [None, 1, 3000])
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("case", [CONV_CASES[5], CONV_CASES[10],
+                                  (1, 4, 3, 3, 8, (1, 1), (1, 1), (0, 0), (1, 1), 4),
+                                  (5, 8, 6, 5, 6, (1, 1), (1, 1), (0, 0), (1, 1), 2)], ids=str)
+def test_pointwise_layout(case, mode, limit, conv_layout, partition_mode, col_buffer_limit):
+    """1x1 convolutions with stride 1 and no pad, computed on the blobs themselves (no
+    lowering): with groups, batch 1, one or several partitions, whole or chunked batches."""
+    x, weight, bias, dy, geom = _conv_arrays(case, np.float64)
+    conv_layout(2)
+    partition_mode(mode)
+    if limit:
+        col_buffer_limit(limit)
+    saved = cpu.get_num_threads()
+    try:
+        cpu.set_num_threads(3)
+        _close(cpu.conv_forward(x, weight, bias, *geom),
+               reference.conv_forward(x, weight, bias, *geom), np.float64)
+        _close(cpu.conv_forward(x, weight, None, *geom),
+               reference.conv_forward(x, weight, None, *geom), np.float64)
+        _close(cpu.conv_backward_data(dy, weight, x.shape, *geom),
+               reference.conv_backward_data(dy, weight, x.shape, *geom), np.float64)
+        before = _rand(weight.shape, np.float64, 5)
+        dw = before.copy()
+        cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True)
+        _close(dw, before + reference.conv_backward_weight(x, dy, *geom), np.float64)
+    finally:
+        cpu.set_num_threads(saved)
+
+
+def test_layout_is_measured_for_pointwise_layers_only():
+    saved = cpu.get_num_threads()
+    try:
+        cpu.set_num_threads(2)
+        for case in [(3, 5, 6, 7, 4, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+                     (3, 5, 6, 7, 4, (1, 1), (2, 2), (0, 0), (1, 1), 1)]:  # strided: lowered
+            x, weight, bias, dy, geom = _conv_arrays(case, np.float32)
+            cpu.conv_forward(x, weight, bias, *geom)
+    finally:
+        cpu.set_num_threads(saved)
+    layouts = {tuple(c[1][7:11]): c[3] for c in _C.partition_choices()
+               if c[0] == 0 and c[1][:5] == [3, 5, 6, 7, 4]}
+    assert layouts[(1, 1, 1, 1)] in ("lowered", "pointwise")
+    assert layouts[(1, 1, 2, 2)] == "lowered"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_outputs_that_are_not_plain_buffers_are_still_filled(dtype):
+    x, weight, bias, dy, geom = _conv_arrays(CONV_CASES[2], dtype)
+    want = reference.conv_forward(x, weight, bias, *geom)
+    y = np.asfortranarray(np.zeros(want.shape, dtype))
+    assert cpu.conv_forward(x, weight, bias, *geom, out=y) is y
+    _close(y, want, dtype)
+    before = np.asfortranarray(_rand(weight.shape, dtype, 2))
+    dw = before.copy(order="F")
+    assert cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True) is dw
+    _close(dw, before + reference.conv_backward_weight(x, dy, *geom), dtype)
+    dx = np.zeros(x.shape, np.float64 if dtype == np.float32 else np.float32)  # other dtype
+    assert cpu.conv_backward_data(dy, weight, x.shape, *geom, out=dx) is dx
+    np.testing.assert_allclose(dx, reference.conv_backward_data(dy, weight, x.shape, *geom),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_out_that_overlaps_an_input_is_refused():
+    x, weight, bias, dy, geom = _conv_arrays((2, 4, 5, 5, 4, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+                                             np.float32)
+    with pytest.raises(ValueError, match="out overlaps x"):
+        cpu.conv_forward(x, weight, bias, *geom, out=x)
+    with pytest.raises(ValueError, match="out overlaps dy"):
+        cpu.conv_backward_data(dy, weight, x.shape, *geom, out=dy)
+    with pytest.raises(ValueError, match="out overlaps x"):
+        cpu.conv_backward_weight(x, dy, *geom, out=x[0, :, :4, :1].reshape(weight.shape))
+    with pytest.raises(ValueError, match="out overlaps dy"):
+        cpu.bias_backward(dy, out=dy[0, :, 0, 0])
+    with pytest.raises(ValueError, match="out overlaps a"):
+        cpu.matmul(x[0, 0], x[0, 1], out=x[0, 0])
+    with pytest.raises(ValueError, match="out overlaps x"):
+        cpu.max_pool_forward(x, (1, 1), (1, 1), (0, 0), (5, 5), out=x)
+    # The C++ side refuses it too, for callers that go straight to cct._C.
+    with pytest.raises(ValueError, match="out overlaps x"):
+        _C.conv_forward(x, weight, bias, *geom[:4], 1, x)
+
+
+def test_accumulate_needs_out_and_out_needs_the_right_shape():
+    x, weight, bias, dy, geom = _conv_arrays(CONV_CASES[0], np.float32)
+    with pytest.raises(ValueError, match="out must be given"):
+        cpu.conv_backward_weight(x, dy, *geom, accumulate=True)
+    with pytest.raises(ValueError, match="out must be given"):
+        cpu.bias_backward(dy, accumulate=True)
+    with pytest.raises(ValueError, match="wrong shape"):
+        cpu.conv_forward(x, weight, bias, *geom, out=np.zeros((2, 4, 5, 6), np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 5, 1, 1), (7, 4), (3, 6, 11), (33, 1, 9, 9),
+                                   (4, 70)], ids=str)
+def test_bias_backward_matches_reference(shape, dtype):
+    dy = _rand(shape, dtype)
+    _close(cpu.bias_backward(dy), reference.bias_backward(dy), dtype)
+    before = _rand(shape[1], dtype, 1)
+    db = before.copy()
+    assert cpu.bias_backward(dy, out=db, accumulate=True) is db
+    _close(db, before + reference.bias_backward(dy), dtype)
+    db = np.full(shape[1], np.nan, dtype)
+    cpu.bias_backward(dy, out=db)
+    _close(db, reference.bias_backward(dy), dtype)
+
+
+def test_bias_backward_of_an_empty_batch():
+    db = np.ones(3, np.float32)
+    cpu.bias_backward(np.zeros((0, 3, 4, 4), np.float32), out=db, accumulate=True)
+    np.testing.assert_array_equal(db, 1)
+    cpu.bias_backward(np.zeros((0, 3, 4, 4), np.float32), out=db)
+    np.testing.assert_array_equal(db, 0)
+
+
+@pytest.mark.parametrize("order", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matmul_into_out_and_accumulating(dtype, order, gemm_order):
+    """InnerProduct's GEMMs: the top and bottom diff written in place, the weight diff added
+    into (beta = 1), in both operand orders of the measured GEMM."""
+    gemm_order(order)
+    a, b = _rand((9, 6), dtype), _rand((9, 5), dtype, 1)
+    out = np.full((6, 5), np.nan, dtype)
+    assert cpu.matmul(a.T, b, out=out) is out
+    _close(out, a.T @ b, dtype)
+    before = _rand((6, 5), dtype, 2)
+    out = before.copy()
+    assert cpu.matmul(a.T, b, out=out, accumulate=True) is out
+    _close(out, before + a.T @ b, dtype)
+    out_f = np.asfortranarray(before)
+    cpu.matmul(a.T, b, out=out_f, accumulate=True)
+    _close(out_f, before + a.T @ b, dtype)
+    out = before.copy()
+    cpu.matmul(a.T[:, :0], b[:0], out=out, accumulate=True)  # K = 0 adds nothing
+    np.testing.assert_array_equal(out, before)
+
+
+# --------------------------------------------------------------------------------------------
 # Pooling
 # --------------------------------------------------------------------------------------------
 # (n, c, h, w, kernel, stride, pad, ceil_mode)
@@ -281,6 +473,11 @@ POOL_CASES = [
     (3, 1, 10, 7, (2, 2), (3, 3), (1, 0), False),  # stride > kernel, floor mode
     (2, 3, 5, 5, (5, 5), (1, 1), (0, 0), True),    # global
     (1, 4, 13, 13, (3, 3), (2, 2), (2, 2), True),  # pad, last window dropped by the clip rule
+    # Rows wide enough for the four-windows-at-once path of strides 1 and 2, with the scalar
+    # windows on both sides of it.
+    (2, 3, 6, 37, (3, 3), (2, 2), (1, 1), True),
+    (2, 2, 5, 30, (3, 3), (1, 1), (1, 1), True),
+    (1, 2, 4, 41, (2, 4), (1, 2), (0, 1), False),
 ]
 
 
@@ -331,6 +528,26 @@ def test_max_pool_matches_reference(case, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pooling_writes_into_out(dtype):
+    x, dy, geom = _pool_arrays(POOL_CASES[2], dtype)
+    y_ref, mask_ref = reference.max_pool_forward(x, *geom)
+    y, mask = np.full(y_ref.shape, np.nan, dtype), np.full(y_ref.shape, -7, np.int64)
+    got = cpu.max_pool_forward(x, *geom, out=y, mask=mask)
+    assert got[0] is y and got[1] is mask
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_array_equal(mask, mask_ref)
+    dx = np.full(x.shape, np.nan, dtype)
+    assert cpu.max_pool_backward(dy, mask, x.shape, out=dx) is dx
+    _close(dx, reference.max_pool_backward(dy, mask_ref, x.shape), dtype)
+    assert cpu.ave_pool_forward(x, *geom, out=y) is y
+    _close(y, reference.ave_pool_forward(x, *geom), dtype)
+    assert cpu.ave_pool_backward(dy, x.shape, *geom, out=dx) is dx
+    _close(dx, reference.ave_pool_backward(dy, x.shape, *geom), dtype)
+    with pytest.raises(ValueError, match="out overlaps dy"):
+        cpu.ave_pool_backward(dy, dy.shape, (1, 1), (1, 1), (0, 0), dy.shape[2:], out=dy)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", ALL_POOL, ids=str)
 def test_ave_pool_matches_reference(case, dtype):
     x, dy, geom = _pool_arrays(case, dtype)
@@ -344,6 +561,22 @@ def test_max_pool_ties_go_to_the_first_element():
     y, mask = cpu.max_pool_forward(x, (2, 2), (2, 2), (0, 0), (2, 2))
     np.testing.assert_array_equal(mask.ravel(), [0, 2, 8, 10])
     np.testing.assert_array_equal(y, 0)
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3])
+def test_max_pool_ties_and_nan_in_wide_rows(stride):
+    """Caffe's strict `>` in every code path: a NaN never wins (not even against -FLT_MAX
+    padding), and of equal values the first in row-major window order wins."""
+    rng = np.random.default_rng(8)
+    x = rng.integers(-2, 3, (2, 3, 7, 45)).astype(np.float32)  # many ties
+    x[0, 0, 1, ::3] = np.nan
+    x[1, 2, 2:5, 10:20:2] = np.nan  # (no window all NaN: there the reference says -inf)
+    geom = ((3, 3), (stride, stride), (1, 1),
+            tuple(cpu.pool_out_size(s, 3, stride, 1, True) for s in (7, 45)))
+    y, mask = cpu.max_pool_forward(x, *geom)
+    y_ref, mask_ref = reference.max_pool_forward(x, *geom)
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_array_equal(mask, mask_ref)
 
 
 def test_empty_window_is_caffes():

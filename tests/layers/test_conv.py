@@ -3,10 +3,13 @@ finite differences, shape rules, bad parameters, and real Caffe's outputs."""
 import numpy as np
 import pytest
 
+from cct import backend as backends
+from cct.blob import Blob
 from cct.errors import LayerError
+from cct.layers import create_layer
 from tests.caffe_layer_fixture import assert_matches_caffe, run_fixture_layer
 from tests.gradient_check import (assert_param_diffs_accumulate, build_layer, check_gradient,
-                                  run_forward)
+                                  make_layer_param, run_forward)
 
 RNG = np.random.default_rng(0)
 
@@ -162,6 +165,28 @@ def test_param_diffs_accumulate():
     x = RNG.standard_normal((2, 2, 4, 4))
     layer, bottom, top = build_layer(conv_body(num_output=2, kernel_size=3), [x])
     assert_param_diffs_accumulate(layer, bottom, top)
+
+
+@pytest.mark.parametrize("type_", ["Convolution", "Deconvolution"])
+def test_pointwise_param_diffs_accumulate(type_):
+    """1x1 convolutions with stride 1 and no pad may run without lowering (csrc/conv.cpp's
+    pointwise layout); their gradients and accumulation hold either way."""
+    x = RNG.standard_normal((3, 4, 3, 5))
+    layer, bottom, top = build_layer(conv_body(type_, num_output=6, kernel_size=1, group=2),
+                                     [x])
+    check_gradient(layer, bottom, top)
+    for b in layer.blobs:
+        b.diff[...] = 0
+    assert_param_diffs_accumulate(layer, bottom, top)
+
+
+def test_in_place_is_refused():
+    b = Blob((1, 2, 5, 5), np.float64)
+    layer = create_layer(make_layer_param(conv_body(num_output=2, kernel_size=1)),
+                         backends.get("cpu"), np.float64)
+    with pytest.raises(LayerError, match="cannot run in place") as err:
+        layer.setup([b], [b])
+    assert "layer 'under_test'" in str(err.value)
 
 
 def test_no_bottom_diff_without_propagate_down():

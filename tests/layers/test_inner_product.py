@@ -3,10 +3,13 @@ gradients, shape rules and bad parameters, and real Caffe's outputs."""
 import numpy as np
 import pytest
 
+from cct import backend as backends
+from cct.blob import Blob
 from cct.errors import LayerError
+from cct.layers import create_layer
 from tests.caffe_layer_fixture import assert_matches_caffe, run_fixture_layer
 from tests.gradient_check import (assert_param_diffs_accumulate, build_layer, check_gradient,
-                                  run_forward)
+                                  make_layer_param, run_forward)
 
 RNG = np.random.default_rng(2)
 
@@ -76,6 +79,23 @@ def test_param_diffs_accumulate_and_bottom_diff_is_overwritten():
     layer.backward(top, [False], bottom)
     for b, d in zip(layer.blobs, once):
         np.testing.assert_allclose(b.diff, 2 * d)
+
+
+@pytest.mark.parametrize("fields", [dict(num_output=3, transpose="true"),
+                                    dict(num_output=3, bias_term="false")])
+def test_param_diffs_accumulate_transposed_and_without_bias(fields):
+    x = RNG.standard_normal((4, 2, 3))
+    layer, bottom, top = build_layer(ip_body(**fields), [x])
+    assert_param_diffs_accumulate(layer, bottom, top)
+
+
+def test_in_place_is_refused():
+    b = Blob((2, 5), np.float64)
+    layer = create_layer(make_layer_param(ip_body(num_output=5)), backends.get("cpu"),
+                         np.float64)
+    with pytest.raises(LayerError, match="cannot run in place") as err:
+        layer.setup([b], [b])
+    assert "InnerProduct layer 'under_test'" in str(err.value)
 
 
 def test_batch_size_may_change_but_k_may_not():

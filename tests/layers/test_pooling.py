@@ -5,9 +5,12 @@ import math
 import numpy as np
 import pytest
 
+from cct import backend as backends
+from cct.blob import Blob
 from cct.errors import LayerError
+from cct.layers import create_layer
 from tests.caffe_layer_fixture import assert_matches_caffe, run_fixture_layer
-from tests.gradient_check import build_layer, check_gradient, run_forward
+from tests.gradient_check import build_layer, check_gradient, make_layer_param, run_forward
 
 RNG = np.random.default_rng(1)
 
@@ -107,6 +110,32 @@ def test_max_mask_top():
     _, mask = ref_pool(x, "MAX", (3, 3), (2, 2), (1, 1))
     assert top[1].shape == top[0].shape
     np.testing.assert_array_equal(top[1].data, mask)
+
+
+def test_max_mask_follows_a_reshape():
+    """The argmax array is kept between forwards and remade when the bottom changes shape."""
+    layer, bottom, top = build_layer(pool_body("MAX", kernel_size=2, stride=2), [
+        RNG.standard_normal((2, 3, 6, 6))], num_tops=2)
+    for shape in [(2, 3, 6, 6), (1, 3, 9, 7), (1, 3, 9, 7)]:
+        x = RNG.standard_normal(shape)
+        bottom[0].reshape(*shape)
+        bottom[0].data[...] = x
+        run_forward(layer, bottom, top)
+        want, mask = ref_pool(x, "MAX", (2, 2), (2, 2), (0, 0))
+        np.testing.assert_array_equal(top[0].data, want)
+        np.testing.assert_array_equal(top[1].data, mask)
+        top[0].diff[...] = 1.0
+        layer.backward(top, [True], bottom)
+        assert bottom[0].diff.sum() == top[0].count
+
+
+def test_in_place_is_refused():
+    b = Blob((1, 2, 5, 5), np.float64)
+    layer = create_layer(make_layer_param(pool_body("MAX", kernel_size=2)), backends.get("cpu"),
+                         np.float64)
+    with pytest.raises(LayerError, match="cannot run in place") as err:
+        layer.setup([b], [b])
+    assert "Pooling layer 'under_test'" in str(err.value)
 
 
 def test_max_ties_go_to_the_first_element():

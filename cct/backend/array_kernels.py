@@ -1,0 +1,626 @@
+"""The kernels of :mod:`cct.backend.cpu`, written once against an array module ``xp``
+(NumPy or CuPy): the GPU backend (:mod:`cct.backend.gpu`) binds them to CuPy, the ``numpy``
+backend (:mod:`cct.backend.npdevice`) to NumPy so that CI runs the same code.
+
+Lowering is whole-batch and gather-only, so that a GPU needs no custom kernel, no atomics and
+no scatter-add (results are deterministic):
+
+* Arrays are handled batch-last: the bottom (N, C, H, W) is transposed once to (C*H*W, N) with
+  one zero row appended (the "zero slot"). im2col is then ONE ``xp.take`` along axis 0 with an
+  int index array (group, K, P), K = C/group*kh*kw and P = Ho*Wo, that points every padded tap
+  at the zero slot; the columns come out as (group, K, P*N) and each gather moves N contiguous
+  values.
+* The convolution GEMMs are ``xp.matmul`` on (group, ., .) stacks (cuBLAS strided-batched GEMM
+  over the groups on CuPy), every one over the whole mini-batch.
+* col2im is a gather-and-sum: the inverse index (C*H*W, M) lists, for every bottom element, the
+  column entries that read it (M the most any element has), padded with the index of a zero
+  row; one ``take`` and a sum over M.
+* Pooling gathers windows the same way (P, kh*kw, N*C). MAX backward gathers, for every bottom
+  element, the argmax of each window that contains it and adds the top diff where the argmax is
+  that element.
+
+Index arrays are built on the host with NumPy and cached per geometry (not per batch size, the
+batch being the last axis) and device. Semantics are Caffe's, as cpu.py and reference.py have
+them; results are float32 or float64, like the inputs.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Callable, Dict, Hashable, Sequence, Tuple
+
+import numpy as np
+
+from .cpu import conv_out_size, deconv_out_size, pool_out_size
+
+#: the public kernels, the same names and signatures as in cct.backend.cpu
+KERNELS = ("conv_out_size", "deconv_out_size", "matmul", "conv_forward", "conv_backward_data",
+           "conv_backward_weight", "bias_backward", "pool_out_size", "max_pool_forward",
+           "max_pool_backward", "ave_pool_forward", "ave_pool_backward", "relu_forward",
+           "relu_backward", "lrn_across_forward", "lrn_across_backward", "softmax_forward",
+           "softmax_backward", "softmax_loss_forward", "softmax_loss_backward", "sgd_update")
+
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_FLT_MIN = float(np.finfo(np.float32).tiny)
+
+
+def _pair(v: Sequence[int]) -> Tuple[int, int]:
+    return int(v[0]), int(v[1])
+
+
+def _dtype(a) -> np.dtype:
+    dt = np.dtype(a.dtype)
+    if dt not in _DTYPES:
+        raise TypeError(f"array kernels take float32 or float64 arrays, not {dt}")
+    return dt
+
+
+# --------------------------------------------------------------------------------------------
+# Index arrays (host NumPy, int64). Built once per geometry.
+# --------------------------------------------------------------------------------------------
+def conv_columns_index(c, h, w, kernel, stride, pad, dilation, group) -> np.ndarray:
+    """(group, C/group*kh*kw, Ho*Wo): the flat bottom element c*H*W + h*W + w each column
+    entry reads, C*H*W (the zero slot) where the tap falls in the padding. Rows are ordered
+    (channel, kh, kw) like a weight (O, C/group, kh, kw) flattened."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, pad, dilation
+    ho = conv_out_size(h, kh, sh, ph, dh)
+    wo = conv_out_size(w, kw, sw, pw, dw)
+    rows = ((np.arange(kh) * dh)[:, None, None, None]
+            + (np.arange(ho) * sh - ph)[None, None, :, None])
+    cols = ((np.arange(kw) * dw)[None, :, None, None]
+            + (np.arange(wo) * sw - pw)[None, None, None, :])
+    inside = (rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)     # (kh, kw, Ho, Wo)
+    plane = np.where(inside, rows * w + cols, -1)
+    chan = np.arange(c)[:, None, None, None, None] * (h * w)
+    src = np.where(plane[None] >= 0, chan + plane[None], c * h * w)  # (C, kh, kw, Ho, Wo)
+    return src.reshape(group, (c // group) * kh * kw, ho * wo)
+
+
+def inverse_index(src: np.ndarray, targets: int, exclude: int) -> np.ndarray:
+    """(targets, M): for every target t, the positions q (in ``src.ravel()`` order) with
+    ``src[q] == t``, ascending; rows are padded with ``src.size`` (a zero row appended to
+    whatever the positions index). Entries equal to ``exclude`` are left out."""
+    flat = src.ravel()
+    q = np.flatnonzero(flat != exclude)
+    t = flat[q]
+    order = np.argsort(t, kind="stable")
+    t, q = t[order], q[order]
+    counts = np.bincount(t, minlength=targets)
+    start = np.cumsum(counts) - counts
+    rank = np.arange(t.size) - start[t]
+    inv = np.full((targets, int(counts.max(initial=0))), flat.size, np.int64)
+    inv[t, rank] = q
+    return inv
+
+
+def _pool_rows(size, kernel, stride, pad, pooled):
+    """Per window start, per tap: the bottom coordinate, whether MAX reads it (inside the
+    bottom), and the window's extent for AVE's divisor (clipped to the padded bottom)."""
+    start = np.arange(pooled) * stride - pad
+    coord = start[:, None] + np.arange(kernel)[None, :]               # (pooled, kernel)
+    inside = (coord >= 0) & (coord < size)
+    extent = np.minimum(start + kernel, size + pad) - start
+    return coord, inside, extent
+
+
+def pool_windows_index(h, w, kernel, stride, pad, pooled, for_max: bool):
+    """(Ho*Wo, kh*kw) flat bottom element h*W + w of every window tap, in Caffe's row-major
+    window order, and AVE's window divisors (Ho*Wo,). A tap outside the bottom reads the slot
+    H*W (zero for AVE, -inf for MAX); for MAX it repeats instead the window's first element
+    inside the bottom, which can tie but never beat it, so that the first maximum (Caffe's
+    strict ``>``) is still found and its index is a real one. Only a window wholly outside the
+    bottom (ceil rounding without pad) reads the slot for MAX."""
+    (kh, kw), (sh, sw), (ph, pw), (ho, wo) = kernel, stride, pad, pooled
+    rh, ih, eh = _pool_rows(h, kh, sh, ph, ho)
+    rw, iw, ew = _pool_rows(w, kw, sw, pw, wo)
+    inside = ih[:, None, :, None] & iw[None, :, None, :]               # (Ho, Wo, kh, kw)
+    flat = rh[:, None, :, None] * w + rw[None, :, None, :]
+    if for_max:
+        first = np.maximum(rh[:, 0], 0)[:, None] * w + np.maximum(rw[:, 0], 0)[None, :]
+        first = np.where(inside.any(axis=(2, 3)), first, h * w)
+        idx = np.where(inside, flat, first[:, :, None, None])
+    else:
+        idx = np.where(inside, flat, h * w)
+    divisor = (eh[:, None] * ew[None, :]).reshape(ho * wo)
+    return idx.reshape(ho * wo, kh * kw), divisor
+
+
+def pool_members_index(h, w, geometries, pooled) -> np.ndarray:
+    """(H*W, M): for every bottom element, the windows (flat Ho*Wo index) that contain it
+    under any of ``geometries`` ((kernel, stride, pad) triples of the same H, W -> Ho, Wo),
+    padded with Ho*Wo."""
+    p = pooled[0] * pooled[1]
+    keys = []
+    for kernel, stride, pad in geometries:
+        idx, _ = pool_windows_index(h, w, kernel, stride, pad, pooled, for_max=False)
+        win, tap = np.nonzero(idx < h * w)
+        keys.append(idx[win, tap] * (p + 1) + win)
+    keys = np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
+    elem, win = keys // (p + 1), keys % (p + 1)
+    counts = np.bincount(elem, minlength=h * w)
+    start = np.cumsum(counts) - counts
+    inv = np.full((h * w, int(counts.max(initial=0))), p, np.int64)
+    inv[elem, np.arange(elem.size) - start[elem]] = win
+    return inv
+
+
+class _LRU:
+    """A small least-recently-used cache (geometries of a net are few; random test shapes are
+    many)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.items: "OrderedDict[Hashable, object]" = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key, make: Callable[[], object]):
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        value = make()
+        with self.lock:
+            self.items[key] = value
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+        return value
+
+
+class ArrayKernels:
+    """The kernels bound to one array module. ``device`` returns a key for the device that
+    arrays are allocated on now (index arrays are cached per device); ``index_dtype`` is the
+    integer type of the gathers' indices (int32 halves their memory traffic on a GPU)."""
+
+    def __init__(self, xp, device: Callable[[], Hashable] = lambda: None,
+                 index_dtype=np.intp, cache_size: int = 256):
+        self.xp = xp
+        self.device = device
+        self.index_dtype = np.dtype(index_dtype)
+        self._cache = _LRU(cache_size)
+        # MAX backward's signature has no window geometry: forward records it per
+        # (H, W, Ho, Wo) so that backward can find the windows that contain each element.
+        self._pool_geometries: Dict[Tuple[int, int, int, int], frozenset] = {}
+
+    def bind(self, namespace: dict) -> None:
+        """Put the kernels into a backend module's namespace."""
+        for name in KERNELS:
+            namespace[name] = getattr(self, name)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _index(self, key, make: Callable[[], np.ndarray]):
+        """A device copy of a host index array, cached per key and device."""
+        def upload():
+            host = make()
+            dtype = self.index_dtype
+            if host.size and int(host.max()) > np.iinfo(dtype).max:
+                dtype = np.dtype(np.int64)
+            return self.xp.asarray(host.astype(dtype, copy=False))
+        return self._cache.get((key, self.device()), upload)
+
+    def _batch_last(self, a, rows: int, fill: float = 0.0):
+        """(rows + 1, cols) copy of a (cols, rows) view of ``a``, with one last row of
+        ``fill`` (the zero slot the gathers index for padding)."""
+        xp = self.xp
+        flat = a.reshape(-1, rows)
+        t = xp.empty((rows + 1, flat.shape[0]), a.dtype)
+        t[:rows] = flat.T
+        t[rows] = fill
+        return t
+
+    def _target(self, out, shape, dtype):
+        """(array the kernel returns, array to copy it into afterwards or None). The kernel
+        writes through ``buf.reshape(shape)``, a view: the array is ``out`` itself when ``out``
+        is C-contiguous of the dtype, else a new one."""
+        if out is None:
+            return self.xp.empty(shape, dtype), None
+        if (out.dtype == dtype and out.flags.c_contiguous
+                and getattr(out.flags, "writeable", True)):
+            return out, None
+        return self.xp.empty(shape, dtype), out
+
+    @staticmethod
+    def _result(buf, dest):
+        if dest is None:
+            return buf
+        dest[...] = buf.reshape(dest.shape)
+        return dest
+
+    # -- outputs ---------------------------------------------------------------------------
+    # As in cct.backend.cpu: a kernel writes into ``out`` when given and returns it, else a new
+    # array; ``accumulate`` adds into ``out``; an ``out`` overlapping an input is refused.
+    def _disjoint(self, kernel: str, out, **inputs) -> None:
+        if out is None:
+            return
+        for what, a in inputs.items():
+            if a is not None and self.xp.may_share_memory(out, a):
+                raise ValueError(f"{kernel}: out overlaps {what}; give a separate output array")
+
+    @staticmethod
+    def _accumulating(kernel: str, out, accumulate: bool) -> None:
+        if accumulate and out is None:
+            raise ValueError(f"{kernel}: accumulate=True adds into out, so out must be given")
+
+    @staticmethod
+    def _store(y, out, accumulate: bool = False):
+        """``y``, or ``out`` holding (with ``accumulate``: plus) y's values when given."""
+        if out is None:
+            return y
+        if accumulate:
+            out += y.reshape(out.shape)
+        else:
+            out[...] = y.reshape(out.shape)
+        return out
+
+    # -- GEMM --------------------------------------------------------------------------------
+    def matmul(self, a, b, out=None, accumulate=False):
+        """``a @ b`` for 2-D arrays (cuBLAS on CuPy); ``out += a @ b`` with ``accumulate``."""
+        _dtype(a)
+        self._accumulating("matmul", out, accumulate)
+        self._disjoint("matmul", out, a=a, b=b)
+        return self._store(self.xp.matmul(a, b), out, accumulate)
+
+    def bias_backward(self, dy, out=None, accumulate=False):
+        """Sum of dy over every axis but 1: the bias gradient of Convolution-like layers
+        (N, C, ...) and InnerProduct (M, N); added into ``out`` with ``accumulate``."""
+        dt = _dtype(dy)
+        self._accumulating("bias_backward", out, accumulate)
+        self._disjoint("bias_backward", out, dy=dy)
+        axes = (0,) + tuple(range(2, dy.ndim))
+        return self._store(dy.sum(axis=axes, dtype=dt), out, accumulate)
+
+    # -- convolution -------------------------------------------------------------------------
+    def _columns(self, x, kernel, stride, pad, dilation, group):
+        """im2col for the whole batch: (group, K, P*N), one gather."""
+        n, c, h, w = x.shape
+        geom = (c, h, w, _pair(kernel), _pair(stride), _pair(pad), _pair(dilation), int(group))
+        idx = self._index(("conv",) + geom, lambda: conv_columns_index(*geom))
+        cols = self.xp.take(self._batch_last(x, c * h * w), idx, axis=0)  # (G, K, P, N)
+        return cols.reshape(idx.shape[0], idx.shape[1], idx.shape[2] * n)
+
+    def _top_batch_last(self, dy, group):
+        """dy (N, O, Ho, Wo) as (group, O/group, P*N)."""
+        n, o = dy.shape[:2]
+        t = self.xp.ascontiguousarray(dy.reshape(n, o, -1).transpose(1, 2, 0))
+        return t.reshape(group, o // group, -1)
+
+    def conv_forward(self, x, weight, bias, kernel, stride, pad, dilation, group, out=None):
+        """y = conv(x, weight) + bias. x (N, C, H, W), weight (O, C/group, kh, kw), bias (O,)
+        or None; y (N, O, Ho, Wo), written into ``out`` when given."""
+        xp = self.xp
+        dt = _dtype(x)
+        self._disjoint("conv_forward", out, x=x, weight=weight, bias=bias)
+        n, c, h, w = x.shape
+        o = weight.shape[0]
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (_pair(kernel), _pair(stride), _pair(pad),
+                                                  _pair(dilation))
+        ho, wo = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
+        cols = self._columns(x, kernel, stride, pad, dilation, group)
+        ymat = xp.matmul(weight.reshape(group, o // group, -1).astype(dt, copy=False), cols)
+        yt = ymat.reshape(o, ho * wo, n).transpose(2, 0, 1)
+        buf, dest = self._target(out, (n, o, ho, wo), dt)
+        if bias is None:
+            buf.reshape(n, o, ho * wo)[...] = yt
+        else:
+            xp.add(yt, bias.reshape(1, o, 1).astype(dt, copy=False),
+                   out=buf.reshape(n, o, ho * wo))
+        return self._result(buf, dest)
+
+    def conv_backward_data(self, dy, weight, x_shape, kernel, stride, pad, dilation, group,
+                           out=None):
+        """Gradient of :func:`conv_forward` with respect to x (Caffe's backward_cpu_gemm +
+        col2im), of shape ``x_shape`` (N, C, H, W), written into ``out`` when given.
+        Deconvolution's forward pass is this function."""
+        xp = self.xp
+        dt = _dtype(dy)
+        self._disjoint("conv_backward_data", out, dy=dy, weight=weight)
+        n, c, h, w = (int(s) for s in x_shape)
+        o = dy.shape[1]
+        geom = (c, h, w, _pair(kernel), _pair(stride), _pair(pad), _pair(dilation), int(group))
+        wmat = weight.reshape(group, o // group, -1).astype(dt, copy=False)
+        k = wmat.shape[2]
+        p = dy.shape[2] * dy.shape[3]
+        # Column diffs for the whole batch, with one zero row for the inverse index's padding.
+        dcols = xp.empty((group * k * p + 1, n), dt)
+        xp.matmul(wmat.transpose(0, 2, 1), self._top_batch_last(dy, group),
+                  out=dcols[:-1].reshape(group, k, p * n))
+        dcols[-1] = 0
+        inv = self._index(("col2im",) + geom, lambda: inverse_index(
+            conv_columns_index(*geom), c * h * w, exclude=c * h * w))
+        dxt = xp.take(dcols, inv, axis=0).sum(axis=1)                     # (C*H*W, N)
+        buf, dest = self._target(out, (n, c, h, w), dt)
+        buf.reshape(n, c * h * w)[...] = dxt.T
+        return self._result(buf, dest)
+
+    def conv_backward_weight(self, x, dy, kernel, stride, pad, dilation, group, out=None,
+                             accumulate=False):
+        """Gradient of :func:`conv_forward` with respect to the weight, shape
+        (O, C/group, kh, kw) (Caffe's weight_cpu_gemm, summed over the batch); added into
+        ``out`` with ``accumulate`` (a param diff: Caffe accumulates them)."""
+        _dtype(x)
+        self._accumulating("conv_backward_weight", out, accumulate)
+        self._disjoint("conv_backward_weight", out, x=x, dy=dy)
+        o = dy.shape[1]
+        cols = self._columns(x, kernel, stride, pad, dilation, group)
+        dw = self.xp.matmul(self._top_batch_last(dy, group), cols.transpose(0, 2, 1))
+        kh, kw = _pair(kernel)
+        return self._store(dw.reshape(o, x.shape[1] // group, kh, kw), out, accumulate)
+
+    conv_out_size = staticmethod(conv_out_size)
+    deconv_out_size = staticmethod(deconv_out_size)
+    pool_out_size = staticmethod(pool_out_size)
+
+    # -- pooling -----------------------------------------------------------------------------
+    def _windows(self, x, kernel, stride, pad, pooled, for_max):
+        n, c, h, w = x.shape
+        geom = (h, w, kernel, stride, pad, pooled)
+        kind = "max_windows" if for_max else "ave_windows"
+        idx = self._index((kind,) + geom,
+                          lambda: pool_windows_index(*geom, for_max=for_max)[0])
+        fill = -np.inf if for_max else 0.0
+        return self.xp.take(self._batch_last(x, h * w, fill), idx, axis=0), idx  # (P, T, N*C)
+
+    def _planes_first(self, t, shape, out):
+        """(P, N*C) -> (N, C, Ho, Wo) of ``shape``, written into ``out`` when given."""
+        buf, dest = self._target(out, shape, t.dtype)
+        buf.reshape(shape[0] * shape[1], t.shape[0])[...] = t.T
+        return self._result(buf, dest)
+
+    def max_pool_forward(self, x, kernel, stride, pad, pooled, out=None, mask=None):
+        """Max over each window of the unpadded bottom, in row-major window order with a
+        strict ``>`` as Caffe does (ties go to the first element, NaN never wins).
+        ``pooled`` is the top's (height, width). Returns (top, argmax as the flat index
+        h * W + w in the bottom's plane, int64), written into ``out`` and ``mask`` when given;
+        a window with nothing above -FLT_MAX gives -FLT_MAX and index -1, as in Caffe."""
+        xp = self.xp
+        dt = _dtype(x)
+        self._disjoint("max_pool_forward", out, x=x)
+        n, c, h, w = x.shape
+        kernel, stride, pad, pooled = _pair(kernel), _pair(stride), _pair(pad), _pair(pooled)
+        key = (h, w) + pooled
+        geoms = self._pool_geometries.get(key, frozenset())
+        if (kernel, stride, pad) not in geoms:
+            self._pool_geometries[key] = geoms | {(kernel, stride, pad)}
+        win, idx = self._windows(x, kernel, stride, pad, pooled, for_max=True)
+        xp.fmax(win, -np.inf, out=win)           # NaN never wins
+        arg = win.argmax(axis=1)                 # first maximum in window order
+        y = xp.take_along_axis(win, arg[:, None, :], axis=1)[:, 0]
+        taps = idx.shape[1]
+        where = xp.take(idx.reshape(-1), arg + (xp.arange(idx.shape[0]) * taps)[:, None])
+        lowest = dt.type(-np.finfo(dt).max)
+        found = y > lowest
+        y = xp.where(found, y, lowest)
+        where = xp.where(found, where, -1).astype(np.int64)
+        shape = (n, c) + pooled
+        return self._planes_first(y, shape, out), self._planes_first(where, shape, mask)
+
+    def max_pool_backward(self, dy, mask, x_shape, out=None):
+        """Route each top diff to the bottom element that won its window (sums where windows
+        overlap); dx of shape ``x_shape``, written into ``out`` when given. The windows are
+        those of the max_pool_forward calls made on this backend for the same bottom and top
+        sizes."""
+        xp = self.xp
+        dt = _dtype(dy)
+        self._disjoint("max_pool_backward", out, dy=dy)
+        n, c, h, w = (int(s) for s in x_shape)
+        pooled = (int(dy.shape[2]), int(dy.shape[3]))
+        p = pooled[0] * pooled[1]
+        geoms = self._pool_geometries.get((h, w) + pooled)
+        if not geoms:
+            raise RuntimeError(f"max_pool_backward: no max_pool_forward from a {h}x{w} bottom "
+                               f"to a {pooled[0]}x{pooled[1]} top ran on this backend, so "
+                               f"the windows are unknown")
+        inv = self._index(("max_members", h, w, pooled, geoms),
+                          lambda: pool_members_index(h, w, sorted(geoms), pooled))
+        g = self._batch_last(dy.astype(dt, copy=False), p)               # (P + 1, N*C)
+        m = self._batch_last(xp.asarray(mask), p, fill=-1)
+        here = xp.arange(h * w, dtype=m.dtype)[:, None, None]
+        dxt = xp.where(xp.take(m, inv, axis=0) == here, xp.take(g, inv, axis=0),
+                       dt.type(0)).sum(axis=1)
+        return self._planes_first(dxt, (n, c, h, w), out)
+
+    def _divisors(self, h, w, kernel, stride, pad, pooled, dt):
+        """AVE's window divisors as a (P, 1) device array of dtype ``dt``."""
+        geom = (h, w, kernel, stride, pad, pooled)
+        def upload():
+            divisor = pool_windows_index(*geom, for_max=False)[1]
+            return self.xp.asarray(divisor.astype(dt)[:, None])
+        return self._cache.get(("ave_divisors", geom, dt.str, self.device()), upload)
+
+    def ave_pool_forward(self, x, kernel, stride, pad, pooled, out=None):
+        """Mean over each window; the divisor counts padding but not what lies beyond it
+        (Caffe). ``pooled`` is the top's (height, width)."""
+        dt = _dtype(x)
+        self._disjoint("ave_pool_forward", out, x=x)
+        n, c, h, w = x.shape
+        kernel, stride, pad, pooled = _pair(kernel), _pair(stride), _pair(pad), _pair(pooled)
+        win, _ = self._windows(x, kernel, stride, pad, pooled, for_max=False)
+        div = self._divisors(h, w, kernel, stride, pad, pooled, dt)
+        return self._planes_first(win.sum(axis=1) / div, (n, c) + pooled, out)
+
+    def ave_pool_backward(self, dy, x_shape, kernel, stride, pad, pooled, out=None):
+        """Each top diff, divided by its window's divisor, added to every bottom element of
+        the window; dx of shape ``x_shape``. ``pooled`` is dy's (height, width)."""
+        xp = self.xp
+        dt = _dtype(dy)
+        self._disjoint("ave_pool_backward", out, dy=dy)
+        n, c, h, w = (int(s) for s in x_shape)
+        kernel, stride, pad, pooled = _pair(kernel), _pair(stride), _pair(pad), _pair(pooled)
+        p = pooled[0] * pooled[1]
+        g = self._batch_last(dy.astype(dt, copy=False), p)
+        g[:p] /= self._divisors(h, w, kernel, stride, pad, pooled, dt)
+        geom = (h, w, kernel, stride, pad, pooled)
+        inv = self._index(("ave_members", geom),
+                          lambda: pool_members_index(h, w, [(kernel, stride, pad)], pooled))
+        dxt = xp.take(g, inv, axis=0).sum(axis=1)                         # (H*W, N*C)
+        return self._planes_first(dxt, (n, c, h, w), out)
+
+    # -- ReLU --------------------------------------------------------------------------------
+    def relu_forward(self, x, negative_slope, out=None):
+        """y = max(x, 0) + negative_slope * min(x, 0); ``out`` may be ``x`` (in place)."""
+        xp = self.xp
+        dt = _dtype(x)
+        # Caffe's formula as written, also for slope 0: it decides -0, inf and NaN.
+        low = xp.minimum(x, dt.type(0))
+        low *= dt.type(negative_slope)
+        buf, dest = self._target(out, x.shape, dt)
+        y = buf.reshape(x.shape)
+        xp.maximum(x, dt.type(0), out=y)
+        y += low
+        return self._result(buf, dest)
+
+    def relu_backward(self, src, dy, negative_slope, out=None):
+        """dx = dy * ([src > 0] + negative_slope [src <= 0]); ``out`` may be ``dy``."""
+        xp = self.xp
+        dt = _dtype(dy)
+        factor = (src > 0).astype(dt)
+        if negative_slope != 0:
+            factor += (src <= 0).astype(dt) * dt.type(negative_slope)
+        buf, dest = self._target(out, dy.shape, dt)
+        xp.multiply(dy, factor.reshape(dy.shape), out=buf.reshape(dy.shape))
+        return self._result(buf, dest)
+
+    # -- LRN across channels -----------------------------------------------------------------
+    def _channel_window_sum(self, a, size):
+        """Sum over ``size`` channels centred on each channel (zero beyond the ends): ``size``
+        shifted adds, with no running-sum cancellation."""
+        xp = self.xp
+        n, c = a.shape[:2]
+        pre = (size - 1) // 2
+        padded = xp.zeros((n, c + size - 1) + a.shape[2:], a.dtype)
+        padded[:, pre:pre + c] = a
+        acc = padded[:, 0:c].copy()
+        for i in range(1, size):
+            acc += padded[:, i:i + c]
+        return acc
+
+    def lrn_across_forward(self, x, size, alpha, beta, k, out=None, scale=None):
+        """y = x * scale^-beta, scale = k + alpha/size * sum of x^2 over ``size`` neighbouring
+        channels. Returns (y, scale); ``out`` must not be ``x``."""
+        xp = self.xp
+        dt = _dtype(x)
+        if out is not None and xp.may_share_memory(out, x):
+            raise ValueError("lrn_across_forward: out must not be x (the scale is computed "
+                             "from x while y is written)")
+        size = int(size)
+        sbuf, sdest = self._target(scale, x.shape, dt)
+        s = sbuf.reshape(x.shape)
+        acc = self._channel_window_sum(x * x, size)
+        acc *= dt.type(alpha / size)
+        xp.add(acc, dt.type(k), out=s)
+        buf, dest = self._target(out, x.shape, dt)
+        y = buf.reshape(x.shape)
+        xp.power(s, dt.type(-beta), out=y)
+        y *= x
+        return self._result(buf, dest), self._result(sbuf, sdest)
+
+    def lrn_across_backward(self, x, y, scale, dy, size, alpha, beta, out=None):
+        """dx = dy scale^-beta - 2 alpha beta / size * x * (window sum of dy y / scale);
+        ``out`` may be ``dy``."""
+        xp = self.xp
+        dt = _dtype(x)
+        ratio = self._channel_window_sum(dy * y / scale, int(size))
+        ratio *= x
+        ratio *= dt.type(2.0 * alpha * beta / size)
+        dx = xp.power(scale, dt.type(-beta))
+        dx *= dy
+        dx -= ratio
+        return self._store(dx, out)
+
+    # -- softmax -----------------------------------------------------------------------------
+    def softmax_forward(self, x, out=None):
+        """Softmax over axis 1 of an (outer, channels, inner) array, shifted by the channel
+        max as in Caffe so that exp never overflows. ``out`` may be ``x``."""
+        xp = self.xp
+        dt = _dtype(x)
+        top = x.max(axis=1, keepdims=True)
+        buf, dest = self._target(out, x.shape, dt)
+        y = buf.reshape(x.shape)
+        xp.subtract(x, top, out=y)
+        xp.exp(y, out=y)
+        y /= y.sum(axis=1, keepdims=True)
+        return self._result(buf, dest)
+
+    def softmax_backward(self, y, dy, out=None):
+        """dx = (dy - sum over channels of dy y) y; ``out`` may be ``dy``."""
+        xp = self.xp
+        dt = _dtype(y)
+        dot = (dy * y).sum(axis=1, keepdims=True)
+        buf, dest = self._target(out, y.shape, dt)
+        dx = buf.reshape(y.shape)
+        xp.subtract(dy, dot, out=dx)
+        dx *= y
+        return self._result(buf, dest)
+
+    # -- SoftmaxWithLoss ---------------------------------------------------------------------
+    @staticmethod
+    def _labels(label, channels, ignore_label):
+        lab = label.astype(np.int64)  # truncation towards zero, as static_cast<int>
+        keep = None if ignore_label is None else lab != int(ignore_label)
+        in_range = (lab >= 0) & (lab < channels)
+        use = in_range if keep is None else keep & in_range
+        return lab, keep, use
+
+    def softmax_loss_forward(self, x, label, ignore_label, prob=None):
+        """SoftmaxWithLoss's forward core on x (outer, channels, inner) and label (outer,
+        inner), labels truncated to int. Returns (prob, loss, count, bad_label): loss the sum
+        of -log(max(p[label], FLT_MIN)) over the positions whose label is not
+        ``ignore_label`` (a dtype scalar), count those positions, bad_label the first label
+        outside [0, channels) that is not ignored (None when all are fine; the loss skips it).
+        The three host values come back in one device-to-host copy."""
+        xp = self.xp
+        dt = _dtype(x)
+        p = self.softmax_forward(x, prob)
+        pv = p.reshape(x.shape)
+        lab, keep, use = self._labels(label.reshape(x.shape[0], -1), x.shape[1], ignore_label)
+        picked = xp.take_along_axis(pv, xp.where(use, lab, 0)[:, None, :], axis=1)[:, 0, :]
+        nll = -xp.log(xp.maximum(picked, dt.type(_FLT_MIN)))
+        bad = ~use if keep is None else keep & ~use
+        first_bad = bad.reshape(-1).astype(np.int8).argmax()
+        stats = xp.stack([
+            xp.where(use, nll, dt.type(0)).sum(dtype=np.float64),
+            use.sum(dtype=np.float64),
+            bad.any().astype(np.float64),
+            lab.reshape(-1)[first_bad].astype(np.float64)])
+        loss, count, any_bad, bad_label = (float(v) for v in _to_host(stats))
+        return p, dt.type(loss), int(count), (int(bad_label) if any_bad else None)
+
+    def softmax_loss_backward(self, prob, label, ignore_label, scale, out=None):
+        """dx = (prob - onehot(label)) * scale, 0 at positions labelled ``ignore_label``."""
+        xp = self.xp
+        dt = _dtype(prob)
+        outer, channels = prob.shape[:2]
+        lab, keep, _ = self._labels(label.reshape(outer, -1), channels, ignore_label)
+        buf, dest = self._target(out, prob.shape, dt)
+        dx = buf.reshape(prob.shape)
+        onehot = xp.arange(channels)[None, :, None] == lab[:, None, :]
+        xp.subtract(prob, onehot.reshape(prob.shape).astype(dt), out=dx)
+        factor = dt.type(scale)
+        if keep is not None:
+            dx *= (keep.astype(dt) * factor).reshape((outer, 1) + prob.shape[2:])
+        else:
+            dx *= factor
+        return self._result(buf, dest)
+
+    # -- solver ------------------------------------------------------------------------------
+    def sgd_update(self, data, diff, history, local_rate, momentum, local_decay):
+        """SGD with momentum and L2 weight decay, in place: g = local_rate (diff + local_decay
+        data), history = momentum history + g, diff = history, data -= history."""
+        dtype = _dtype(data)
+        if diff.dtype != dtype or history.dtype != dtype:
+            raise TypeError(f"sgd_update: data, diff and history must share one dtype, got "
+                            f"{data.dtype}, {diff.dtype}, {history.dtype}")
+        if not data.size == diff.size == history.size:
+            raise ValueError(f"sgd_update: data, diff and history have different sizes "
+                             f"({data.size}, {diff.size}, {history.size})")
+        dt = dtype.type
+        if dt(local_decay):
+            diff += data * dt(local_decay)
+        diff *= dt(local_rate)
+        history *= dt(momentum)
+        history += diff
+        diff[...] = history
+        data -= history
+
+
+def _to_host(a) -> np.ndarray:
+    return a.get() if hasattr(a, "get") else np.asarray(a)

@@ -1,0 +1,143 @@
+"""The GPU backend: the kernels of :mod:`cct.backend.array_kernels` on CuPy (cuBLAS GEMMs,
+CuPy's gather and elementwise kernels), float32 like Caffe.
+
+CuPy is an optional extra (``pip install '.[gpu]'`` for CUDA 12, ``'.[gpu-cuda13]'`` for CUDA
+13). Importing this module never fails: without CuPy or without a usable device,
+:func:`available` says why, and ``cct.backend.get("gpu")`` raises
+:class:`cct.backend.BackendUnavailable` with that reason; ``cct.backend.resolve`` falls back to
+the CPU with one warning.
+
+Blob arrays live on the device; pycaffe's ``.data``/``.diff`` are host copies kept in step by
+:class:`cct.blob.DeviceBlob` through :func:`to_host` and :func:`to_device`.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Tuple
+
+import numpy as np
+
+from ..blob import register_device_memory
+from .array_kernels import ArrayKernels
+
+name = "gpu"
+INSTALL_HINT = ("pip install '.[gpu]' (CuPy for CUDA 12) or pip install '.[gpu-cuda13]' "
+                "(CUDA 13), matching the NVIDIA driver")
+
+try:
+    import cupy
+    _IMPORT_PROBLEM = ""
+except ImportError as e:
+    cupy = None
+    _IMPORT_PROBLEM = f"CuPy is not installed ({e})"
+except (OSError, RuntimeError) as e:  # a CuPy wheel that cannot load its CUDA libraries
+    cupy = None
+    _IMPORT_PROBLEM = f"CuPy cannot be imported ({e})"
+
+xp = cupy
+
+
+@functools.lru_cache(maxsize=None)
+def _probe() -> Tuple[bool, str, int]:
+    """(usable, reason, device count), found once per process."""
+    if cupy is None:
+        return False, f"{_IMPORT_PROBLEM}; to use a GPU: {INSTALL_HINT}", 0
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as e:  # CUDARuntimeError: no driver, driver too old, no device
+        return False, f"CuPy finds no usable CUDA device ({e})", 0
+    if count == 0:
+        return False, "CuPy finds no CUDA device", 0
+    try:
+        # A kernel and a cuBLAS call: a CuPy wheel built for another CUDA than the driver's, or
+        # missing NVRTC/cuBLAS libraries, fail here rather than in the first layer.
+        with cupy.cuda.Device(0):
+            a = cupy.arange(4, dtype=cupy.float32)
+            float(cupy.matmul(a[None, :], a[:, None])[0, 0])
+    except Exception as e:
+        return False, f"CuPy cannot run on GPU 0 ({type(e).__name__}: {e}); {INSTALL_HINT}", 0
+    return True, f"{count} CUDA device(s)", count
+
+
+def available() -> Tuple[bool, str]:
+    """(True, description) when CuPy runs on this machine's GPU, else (False, the reason and
+    how to fix it)."""
+    ok, reason, _ = _probe()
+    return ok, reason
+
+
+def device_count() -> int:
+    return _probe()[2]
+
+
+def _check_device(device_id: int) -> int:
+    from . import BackendUnavailable
+    from ..errors import CCTError
+    ok, reason, count = _probe()
+    if not ok:
+        raise BackendUnavailable(f"the gpu backend cannot run here: {reason}")
+    device_id = int(device_id)
+    if not 0 <= device_id < count:
+        raise CCTError(f"there is no GPU {device_id}: this machine has {count} "
+                       f"(ids 0 to {count - 1})")
+    return device_id
+
+
+def use_device(device_id: int) -> None:
+    """Make GPU ``device_id`` current for this thread (blobs and kernels allocate there)."""
+    cupy.cuda.Device(_check_device(device_id)).use()
+
+
+def synchronize() -> None:
+    """Wait for the current device's work (for timing)."""
+    cupy.cuda.get_current_stream().synchronize()
+
+
+def to_host(device_array, host_array) -> None:
+    device_array.get(out=host_array)
+
+
+def to_device(host_array, device_array) -> None:
+    device_array.set(host_array)
+
+
+def _sgemm_gflops(n: int, repeats: int) -> float:
+    a = cupy.random.standard_normal((n, n), dtype=cupy.float32)
+    b = cupy.random.standard_normal((n, n), dtype=cupy.float32)
+    c = cupy.empty((n, n), cupy.float32)
+    cupy.matmul(a, b, out=c)  # cuBLAS handle and kernel selection, outside the timing
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(repeats):
+        cupy.matmul(a, b, out=c)
+    stop.record()
+    stop.synchronize()
+    seconds = cupy.cuda.get_elapsed_time(start, stop) / 1e3
+    return 2.0 * n ** 3 * repeats / seconds / 1e9
+
+
+def describe(device_id: int = 0, gemm_size: int = 4096, repeats: int = 10) -> dict:
+    """What ``cct device_query -gpu i`` prints: name, total memory (bytes), compute
+    capability, multiprocessors, and the float32 GEMM rate measured on ``gemm_size`` square
+    matrices (GFLOP/s; TF32 only when CUPY_TF32=1 asks for it)."""
+    device_id = _check_device(device_id)
+    props = cupy.cuda.runtime.getDeviceProperties(device_id)
+    dev_name = props["name"]
+    with cupy.cuda.Device(device_id):
+        gflops = _sgemm_gflops(int(gemm_size), int(repeats))
+    return {
+        "id": device_id,
+        "name": dev_name.decode() if isinstance(dev_name, bytes) else str(dev_name),
+        "total_memory": int(props["totalGlobalMem"]),
+        "compute_capability": f"{props['major']}.{props['minor']}",
+        "multiprocessors": int(props["multiProcessorCount"]),
+        "sgemm_gflops": float(gflops),
+    }
+
+
+if cupy is not None:
+    register_device_memory(cupy, to_host, to_device)
+    # int32 gather indices (half the index traffic of int64); the index arrays are cached per
+    # device, since each GPU needs its own copy.
+    kernels = ArrayKernels(cupy, device=cupy.cuda.runtime.getDevice, index_dtype=np.int32)
+    kernels.bind(globals())

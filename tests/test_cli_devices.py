@@ -1,0 +1,61 @@
+"""The device side of the command line without a GPU: device_query on the CPU, and GPU
+requests that fall back to the CPU with one warning (or a clear error where Caffe fails)."""
+import subprocess
+import sys
+
+import pytest
+
+from cct.backend import gpu
+
+
+def cct(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "cct.cli", *args], cwd=cwd,
+                          capture_output=True, text=True)
+
+
+needs_no_gpu = pytest.mark.skipif(gpu.available()[0], reason="a GPU is usable here; these "
+                                  "tests check the fallback on machines without one")
+
+
+def test_device_query_on_the_cpu_measures_it(tmp_path):
+    run = cct("device_query", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "Querying CPU" in run.stderr
+    line = [l for l in run.stderr.splitlines() if "Measured SGEMM:" in l][0]
+    assert float(line.split("Measured SGEMM:")[1].split()[0]) > 0
+
+
+@needs_no_gpu
+def test_device_query_gpu_without_one_says_why(tmp_path):
+    run = cct("device_query", "-gpu", "0", cwd=tmp_path)
+    assert run.returncode == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("cct: error: device_query -gpu 0: ") and "pip install" in last
+    assert "Traceback" not in run.stderr
+
+
+NET = """name: "t"
+layer { name: "d" type: "DummyData" top: "x" top: "y"
+        dummy_data_param { shape { dim: 4 dim: 3 } shape { dim: 4 }
+                           data_filler { type: "gaussian" } data_filler { type: "constant" } } }
+layer { name: "ip" type: "InnerProduct" bottom: "x" top: "ip"
+        inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "y" top: "loss" }
+"""
+
+
+@needs_no_gpu
+def test_gpu_flags_fall_back_to_the_cpu_once(tmp_path):
+    (tmp_path / "net.prototxt").write_text(NET)
+    run = cct("time", "--model=net.prototxt", "--iterations=1", "-gpu", "0", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stderr.count("Running on the CPU") == 1 and "Use CPU." in run.stderr
+    (tmp_path / "solver.prototxt").write_text('net: "net.prototxt" base_lr: 0.1 '
+                                              'lr_policy: "fixed" max_iter: 2 display: 1 '
+                                              'solver_mode: GPU')
+    run = cct("train", "--solver=solver.prototxt", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "solver_mode: GPU (device_id 0): GPU devices asked for, but" in run.stderr
+    assert "Optimization Done." in run.stderr
+    bad = cct("train", "--solver=solver.prototxt", "-gpu", "zero", cwd=tmp_path)
+    assert bad.returncode == 1 and "-gpu takes GPU ids" in bad.stderr
