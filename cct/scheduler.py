@@ -169,9 +169,10 @@ class HybridScheduler:
     def _configure_blas(self) -> None:
         from .devices import CPUDevice
         cpus = [d for d in self.devices if isinstance(d, CPUDevice)]
-        if len(cpus) > 1:
+        if cpus:
             # The BLAS's thread count is one number for the process: the smallest group's, so
-            # that no device's GEMMs spread onto another device's cores.
+            # that no device's GEMMs spread beyond its own cores (OpenBLAS's worker threads
+            # are not pinned with the device's thread).
             from . import _C
             _C.set_blas_num_threads(min(d.threads for d in cpus))
 

@@ -39,6 +39,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <tuple>
 #include <vector>
@@ -362,11 +363,14 @@ constexpr int64_t kPartitionChunkBytes = int64_t(1) << 20;
 // Batch partitioning (Caffe con Troll): `parts` threads each take a contiguous slice of the
 // images and run the whole kernel on it (lowering in cache-sized chunks and single-threaded
 // GEMMs), with body(part, begin, end, budget); parts == 1 is one slice, lowered in chunks as
-// large as col_buffer_limit() allows, with threaded BLAS and threaded lowering.
+// large as col_buffer_limit() allows, with threaded BLAS and threaded lowering, or in
+// cache-sized chunks (`cache_chunks`: what one partition of several does, for a thread that is
+// a device of one core by itself, cct/devices.py).
 template <typename Body>
-void run_partitioned(int64_t n, int parts, Body&& body) {
+void run_partitioned(int64_t n, int parts, bool cache_chunks, Body&& body) {
   if (parts <= 1) {
-    body(0, int64_t(0), n, g_col_buffer_limit);
+    body(0, int64_t(0), n,
+         cache_chunks ? std::min(g_col_buffer_limit, kPartitionChunkBytes) : g_col_buffer_limit);
     return;
   }
   const int64_t budget = std::min(g_col_buffer_limit / parts, kPartitionChunkBytes);
@@ -382,10 +386,12 @@ void run_partitioned(int64_t n, int parts, Body&& body) {
 enum Kernel : int { kForward, kBackwardData, kBackwardWeight };
 enum Layout : int { kLowered, kPointwise };
 
-// How a kernel runs on one geometry: its batch partitions and its layout.
+// How a kernel runs on one geometry: its batch partitions, its layout, and (one partition)
+// whether it lowers in cache-sized chunks.
 struct Plan {
   int parts;
   Layout layout;
+  bool cache_chunks;
 };
 
 using PlanKey = std::tuple<int, std::array<int64_t, 16>, int64_t, int>;
@@ -404,8 +410,12 @@ std::vector<Plan> candidate_plans(const ConvGeom& g, int threads) {
   if (g_layout_mode != 2 || !is_pointwise(g)) layouts.push_back(kLowered);
   if (g_layout_mode != 1 && is_pointwise(g)) layouts.push_back(kPointwise);
   std::vector<Plan> plans;
-  for (Layout layout : layouts)
-    for (int p : parts) plans.push_back({p, layout});
+  for (Layout layout : layouts) {
+    for (int p : parts) plans.push_back({p, layout, false});
+    // One thread: the partitioned kernel's cache-sized chunks are the other candidate.
+    if (threads == 1 && layout == kLowered && g_partition_mode != 1)
+      plans.push_back({1, layout, true});
+  }
   return plans;
 }
 
@@ -424,11 +434,15 @@ void run_with_plan(Kernel kernel, const ConvGeom& g, Run&& run, T* accumulated =
                     {g.n, g.c, g.h, g.w, g.o, g.ho, g.wo, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
                      g.dh, g.dw, g.group},
                     int64_t(sizeof(T)), threads};
+  std::optional<Plan> known;
   {
+    // Only the lookup holds the lock: threads of different devices (cct/devices.py) run
+    // their convolutions at the same time.
     std::lock_guard<std::mutex> lock(g_plan_mutex);
     auto it = g_plans.find(key);
-    if (it != g_plans.end()) return run(it->second);
+    if (it != g_plans.end()) known = it->second;
   }
+  if (known) return run(*known);
   std::vector<T> saved;
   if (accumulated) saved.assign(accumulated, accumulated + count);
   // Every plan twice, in turn, best of two: one sample is at the mercy of a busy machine.
@@ -475,7 +489,9 @@ std::vector<PlanChoice> partition_choices() {
   for (const auto& [key, plan] : g_plans) {
     const auto& geom = std::get<1>(key);
     out.emplace_back(std::get<0>(key), std::vector<int64_t>(geom.begin(), geom.end()), plan.parts,
-                     plan.layout == kPointwise ? "pointwise" : "lowered");
+                     plan.layout == kPointwise ? "pointwise"
+                     : plan.cache_chunks     ? "lowered-cache-chunks"
+                                             : "lowered");
   }
   return out;
 }
@@ -483,7 +499,7 @@ std::vector<PlanChoice> partition_choices() {
 template <typename T>
 void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGeom& g) {
   run_with_plan<T>(kForward, g, [&](Plan plan) {
-    run_partitioned(g.n, plan.parts, [&](int, int64_t begin, int64_t end, int64_t budget) {
+    run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
       if (plan.layout == kPointwise) {
         forward_pointwise(x, weight, bias, y, g, begin, end, budget);
       } else {
@@ -496,7 +512,7 @@ void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGe
 template <typename T>
 void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g) {
   run_with_plan<T>(kBackwardData, g, [&](Plan plan) {
-    run_partitioned(g.n, plan.parts, [&](int, int64_t begin, int64_t end, int64_t budget) {
+    run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
       if (plan.layout == kPointwise) {
         backward_data_pointwise(dy, weight, dx, g, begin, end);
       } else {
@@ -515,7 +531,7 @@ void conv_backward_weight(const T* x, const T* dy, T* dweight, const ConvGeom& g
       [&](Plan plan) {
         // Part 0 writes (or adds into) dweight; the others their own sums, added in after.
         std::vector<T> partial(size_t(size * (plan.parts - 1)));
-        run_partitioned(g.n, plan.parts,
+        run_partitioned(g.n, plan.parts, plan.cache_chunks,
                         [&](int part, int64_t begin, int64_t end, int64_t budget) {
                           T* out = part == 0 ? dweight : partial.data() + (part - 1) * size;
                           const bool acc = part == 0 && accumulate;
