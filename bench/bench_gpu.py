@@ -27,8 +27,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from bench_train import (BASE_LR, MOMENTUM, WEIGHT_DECAY, default_zoo,  # noqa: E402
-                         num_classes, torch_model, train_net_param)
+from bench_train import (default_zoo, sgd_update, synthetic_net,  # noqa: E402
+                         torch_training_step)
 
 NETS = {
     "caffenet": ("models/bvlc_reference_caffenet/train_val.prototxt", 256),
@@ -51,41 +51,23 @@ def _timed(step, sync, warmup: int, iters: int) -> float:
 
 
 def run_cct(net_name: str, devices: str, zoo: str, warmup: int, iters: int) -> dict:
-    import numpy as np
-
-    from cct import glog
     from cct.backend import gpu
     from cct.devices import parse_devices
-    from cct.net import Net
-    from cct.proto import caffe_pb2
     from cct.scheduler import HybridScheduler
 
     rel, batch = NETS[net_name]
-    param = train_net_param(pathlib.Path(zoo) / rel, batch)
     device_list = parse_devices(devices)
     hybrid = len(device_list) > 1
     if not hybrid:
         gpu.use_device(device_list[0].index)
-    with glog.quiet():
-        net = Net(param, phase=caffe_pb2.TRAIN, backend="cpu" if hybrid else "gpu")
-    classes = num_classes(param)
-    rng = np.random.default_rng(0)
-    for layer, top in zip(net.layers, net.top_vecs):
-        if layer.type == "Input":
-            top[0].data[...] = net.backend.xp.asarray(rng.standard_normal(top[0].shape))
-            for t in top[1:]:
-                t.data[...] = net.backend.xp.asarray(rng.integers(0, classes, t.shape))
+    net = synthetic_net(pathlib.Path(zoo) / rel, batch, backend="cpu" if hybrid else "gpu")
     scheduler = HybridScheduler(net, device_list) if hybrid else None
-    params = net.learnable_params
-    rates = [(BASE_LR * m, WEIGHT_DECAY * d)
-             for m, d in zip(net.params_lr, net.params_weight_decay)]
-    history = [net.backend.xp.zeros_like(p.data) for p in params]
+    update = sgd_update(net)
 
     def step():
         net.clear_param_diffs()
         (scheduler.forward_backward if scheduler else net.forward_backward)()
-        for p, v, (lr, wd) in zip(params, history, rates):
-            net.backend.sgd_update(p.data, p.diff, v, lr, MOMENTUM, wd)
+        update()
 
     seconds = _timed(step, gpu.synchronize, warmup, iters)
     split = [r.n for r in scheduler.replicas] if scheduler else [batch]
@@ -99,27 +81,7 @@ def run_torch(net_name: str, zoo: str, warmup: int, iters: int, tf32: bool) -> d
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cudnn.benchmark = True
     rel, batch = NETS[net_name]
-    param = train_net_param(pathlib.Path(zoo) / rel, batch)
-    classes = num_classes(param)
-    dev = torch.device("cuda")
-    gen = torch.Generator(device=dev).manual_seed(0)
-    blobs = {}
-    for lp in param.layer:
-        if lp.type == "Input":
-            blobs[lp.top[0]] = torch.randn(*lp.input_param.shape[0].dim, generator=gen,
-                                           device=dev)
-            for top in lp.top[1:]:
-                blobs[top] = torch.randint(0, classes, (batch,), generator=gen, device=dev)
-    model = torch_model(param).to(dev)
-    model(dict(blobs))
-    opt = torch.optim.SGD(model.parameters(), lr=BASE_LR, momentum=MOMENTUM,
-                          weight_decay=WEIGHT_DECAY)
-
-    def step():
-        opt.zero_grad()
-        model(dict(blobs)).backward()
-        opt.step()
-
+    step = torch_training_step(pathlib.Path(zoo) / rel, batch, device="cuda")
     seconds = _timed(step, torch.cuda.synchronize, warmup, iters)
     return {"img_s": batch / seconds, "version": torch.__version__}
 

@@ -20,64 +20,34 @@ import pathlib
 import statistics
 import subprocess
 import sys
-import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from bench_train import (BASE_LR, MOMENTUM, NETS, WEIGHT_DECAY, default_zoo,  # noqa: E402
-                         machine, num_classes, train_net_param)
+from bench_train import (NETS, default_zoo, machine, sgd_update, synthetic_net,  # noqa: E402
+                         timed_iterations)
 
 DEFAULT_NETS = "caffenet_b256,cifar10_quick"
 
 
 def run(net_name: str, devices: str, zoo: str, warmup: int, iters: int) -> dict:
-    import numpy as np
-
-    from cct import glog
     from cct.devices import parse_devices
-    from cct.net import Net
-    from cct.proto import caffe_pb2
     from cct.scheduler import HybridScheduler
 
     rel, batch = NETS[net_name]
-    path = pathlib.Path(zoo) / rel
-    param = train_net_param(path, batch)
-    with glog.quiet():
-        net = Net(param, phase=caffe_pb2.TRAIN, source=str(path))
-    classes = num_classes(param)
-    rng = np.random.default_rng(0)
-    for layer, top in zip(net.layers, net.top_vecs):
-        if layer.type == "Input":
-            top[0].data[...] = rng.standard_normal(top[0].data.shape)
-            for t in top[1:]:
-                t.data[...] = rng.integers(0, classes, t.data.shape)
-    device_list = parse_devices(devices)
+    net = synthetic_net(pathlib.Path(zoo) / rel, batch)
     scheduler = None
     if devices != "cpu":   # "cpu" (every core, one device) is the plain net
-        scheduler = HybridScheduler(net, device_list)
-    params = net.learnable_params
-    lrs = [BASE_LR * m for m in net.params_lr]
-    decays = [WEIGHT_DECAY * m for m in net.params_weight_decay]
-    history = [np.zeros_like(p.data) for p in params]
+        scheduler = HybridScheduler(net, parse_devices(devices))
+    update = sgd_update(net)
 
     def step():
         net.clear_param_diffs()
-        if scheduler is None:
-            net.forward_backward()
-        else:
-            scheduler.forward_backward()
-        for p, v, lr, wd in zip(params, history, lrs, decays):
-            net.backend.sgd_update(p.data, p.diff, v, lr, MOMENTUM, wd)
+        (scheduler.forward_backward if scheduler else net.forward_backward)()
+        update()
 
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
+    times = timed_iterations(step, warmup, iters)
     split = [r.n for r in scheduler.replicas] if scheduler else [batch]
     if scheduler:
         scheduler.close()

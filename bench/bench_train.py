@@ -119,7 +119,7 @@ def _input_batch(net) -> int:
 # --------------------------------------------------------------------------------------------
 # Workers (one subprocess per framework and net)
 # --------------------------------------------------------------------------------------------
-def _timed_iterations(step, warmup: int, iters: int) -> list:
+def timed_iterations(step, warmup: int, iters: int) -> list:
     for _ in range(warmup):
         step()
     times = []
@@ -130,25 +130,45 @@ def _timed_iterations(step, warmup: int, iters: int) -> list:
     return times
 
 
-def run_cct(path: pathlib.Path, batch: int, warmup: int, iters: int) -> dict:
+def synthetic_net(path: pathlib.Path, batch: int, backend: str = "cpu"):
+    """The TRAIN net of ``path`` at ``batch`` on ``backend``, its Input blobs filled with
+    standard normal data and labels in the net's class range (the same values every run)."""
     import numpy as np
 
+    from cct import glog
     from cct.net import Net
     from cct.proto import caffe_pb2
 
     param = train_net_param(path, batch)
-    net = Net(param, phase=caffe_pb2.TRAIN, source=str(path))
+    with glog.quiet():
+        net = Net(param, phase=caffe_pb2.TRAIN, backend=backend, source=str(path))
     classes = num_classes(param)
     rng = np.random.default_rng(0)
+    xp = net.backend.xp
     for layer, top in zip(net.layers, net.top_vecs):
         if layer.type == "Input":
-            top[0].data[...] = rng.standard_normal(top[0].data.shape)
+            top[0].data[...] = xp.asarray(rng.standard_normal(top[0].shape))
             for t in top[1:]:
-                t.data[...] = rng.integers(0, classes, t.data.shape)
-    params = net.learnable_params
-    lrs = [BASE_LR * m for m in net.params_lr]
-    decays = [WEIGHT_DECAY * m for m in net.params_weight_decay]
-    history = [np.zeros_like(p.data) for p in params]
+                t.data[...] = xp.asarray(rng.integers(0, classes, t.shape))
+    return net
+
+
+def sgd_update(net):
+    """The solver's SGD update (momentum, weight decay, the prototxt's lr/decay mults) as a
+    function to call after each backward pass."""
+    rates = [(BASE_LR * m, WEIGHT_DECAY * d)
+             for m, d in zip(net.params_lr, net.params_weight_decay)]
+    history = [net.backend.xp.zeros_like(p.data) for p in net.learnable_params]
+
+    def update():
+        for p, v, (lr, wd) in zip(net.learnable_params, history, rates):
+            net.backend.sgd_update(p.data, p.diff, v, lr, MOMENTUM, wd)
+    return update
+
+
+def run_cct(path: pathlib.Path, batch: int, warmup: int, iters: int) -> dict:
+    net = synthetic_net(path, batch)
+    update = sgd_update(net)
     phase = {"forward_backward": [], "update": []}
 
     def step():
@@ -157,13 +177,12 @@ def run_cct(path: pathlib.Path, batch: int, warmup: int, iters: int) -> dict:
         net.forward_prefilled()
         net.backward_all()
         t1 = time.perf_counter()
-        for p, v, lr, wd in zip(params, history, lrs, decays):  # the solver's SGD update
-            net.backend.sgd_update(p.data, p.diff, v, lr, MOMENTUM, wd)
+        update()
         t2 = time.perf_counter()
         phase["forward_backward"].append(t1 - t0)
         phase["update"].append(t2 - t1)
 
-    times = _timed_iterations(step, warmup, iters)
+    times = timed_iterations(step, warmup, iters)
     return {"times": times, "flops_per_image": training_flops_per_image(net),
             "update_s": statistics.median(phase["update"][warmup:]),
             "threads": __import__("cct._C", fromlist=["_C"]).get_num_threads()}
@@ -261,22 +280,22 @@ def torch_model(param):
     return CaffeNet()
 
 
-def run_torch(path: pathlib.Path, batch: int, warmup: int, iters: int) -> dict:
+def torch_training_step(path: pathlib.Path, batch: int, device: str = "cpu"):
+    """PyTorch's training iteration of the same net on synthetic data: zero_grad, forward,
+    backward, SGD step (momentum, weight decay), as a function."""
     import torch
 
-    from cct._C import available_cores
-
-    torch.set_num_threads(available_cores())
     param = train_net_param(path, batch)
     classes = num_classes(param)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(0)
     blobs = {}
     for lp in param.layer:
         if lp.type == "Input":
-            blobs[lp.top[0]] = torch.randn(*lp.input_param.shape[0].dim, generator=gen)
+            blobs[lp.top[0]] = torch.randn(*lp.input_param.shape[0].dim, generator=gen,
+                                           device=device)
             for top in lp.top[1:]:
-                blobs[top] = torch.randint(0, classes, (batch,), generator=gen)
-    model = torch_model(param)
+                blobs[top] = torch.randint(0, classes, (batch,), generator=gen, device=device)
+    model = torch_model(param).to(device)
     model(dict(blobs))  # materialise the lazy InnerProduct weights
     opt = torch.optim.SGD(model.parameters(), lr=BASE_LR, momentum=MOMENTUM,
                           weight_decay=WEIGHT_DECAY)
@@ -285,8 +304,16 @@ def run_torch(path: pathlib.Path, batch: int, warmup: int, iters: int) -> dict:
         opt.zero_grad()
         model(dict(blobs)).backward()
         opt.step()
+    return step
 
-    times = _timed_iterations(step, warmup, iters)
+
+def run_torch(path: pathlib.Path, batch: int, warmup: int, iters: int) -> dict:
+    import torch
+
+    from cct._C import available_cores
+
+    torch.set_num_threads(available_cores())
+    times = timed_iterations(torch_training_step(path, batch), warmup, iters)
     return {"times": times, "threads": torch.get_num_threads(), "version": torch.__version__}
 
 

@@ -85,18 +85,24 @@ class SignalActions:
         return self.pending.pop(0) if self.pending else "none"
 
 
+def _gpu_ids(gpu: str, command: str) -> Optional[List[int]]:
+    """Caffe's -gpu value: ids separated by commas, or None for 'all'."""
+    if gpu == "all":
+        return None
+    try:
+        return [int(i) for i in gpu.split(",")]
+    except ValueError:
+        raise CCTError(f"{command}: -gpu takes GPU ids separated by commas, or 'all' (got "
+                       f"{gpu!r}).") from None
+
+
 def _net_backend(flags: Flags, where: str) -> str:
     """The backend of ``cct test``/``cct time``: the first GPU of -gpu when one is usable
     (Caffe uses the first of a list there too), else the CPU after one warning."""
     from . import backend
     gpu = flags.get("gpu")
     if gpu:
-        first = gpu.split(",")[0]
-        try:
-            device_id = 0 if first == "all" else int(first)
-        except ValueError:
-            raise CCTError(f"-gpu takes GPU ids separated by commas, or 'all' (got "
-                           f"{gpu!r}).") from None
+        device_id = (_gpu_ids(gpu, flags.command) or [0])[0]
         if backend.resolve("gpu", device_id) == "gpu":
             log.info(where, f"Use GPU with device ID {device_id}")
             return "gpu"
@@ -124,11 +130,7 @@ def _train_devices(flags: Flags, param):
     if not gpu:
         log.info("caffe.cpp:197", "Use CPU.")
         return None
-    try:
-        ids = [] if gpu == "all" else [int(i) for i in gpu.split(",")]
-    except ValueError:
-        raise CCTError(f"train: -gpu takes GPU ids separated by commas, or 'all' (got "
-                       f"{gpu!r}).") from None
+    ids = _gpu_ids(gpu, "train")
     try:
         devices = parse_devices(",".join(f"gpu{i}" for i in ids) if ids else "gpu:all")
     except DeviceError as e:
@@ -188,23 +190,19 @@ def cmd_device_query(argv: List[str]) -> int:
         ok, reason = gpu_backend.available()
         if not ok:
             raise CCTError(f"device_query -gpu {gpu}: {reason}")
-        try:
-            ids = (list(range(gpu_backend.device_count())) if gpu == "all"
-                   else [int(i) for i in gpu.split(",")])
-        except ValueError:
-            raise CCTError(f"device_query: -gpu takes GPU ids separated by commas, or 'all' "
-                           f"(got {gpu!r}).") from None
-        for device_id in ids:
+        ids = _gpu_ids(gpu, "device_query")
+        for device_id in range(gpu_backend.device_count()) if ids is None else ids:
             log.info("caffe.cpp:112", f"Querying GPUs {device_id}")
             d = gpu_backend.describe(device_id)
-            log.info("common.cpp:168", f"Device id:                     {d['id']}")
-            log.info("common.cpp:170", f"Name:                          {d['name']}")
-            log.info("common.cpp:171", f"Total global memory:           {d['total_memory']}")
-            log.info("common.cpp:169", f"Compute capability:            "
-                     f"{d['compute_capability']}")
-            log.info("common.cpp:186", f"Number of multiprocessors:     {d['multiprocessors']}")
-            log.info("common.cpp:0", f"Measured SGEMM:                {d['sgemm_gflops']:.0f} "
-                     f"GFLOP/s")
+            # Caffe's common.cpp DeviceQuery lines, then what cct measured.
+            for src, label, value in (
+                    ("common.cpp:168", "Device id", d["id"]),
+                    ("common.cpp:170", "Name", d["name"]),
+                    ("common.cpp:171", "Total global memory", d["total_memory"]),
+                    ("common.cpp:169", "Compute capability", d["compute_capability"]),
+                    ("common.cpp:186", "Number of multiprocessors", d["multiprocessors"]),
+                    ("common.cpp:0", "Measured SGEMM", f"{d['sgemm_gflops']:.0f} GFLOP/s")):
+                log.info(src, f"{label + ':':<31}{value}")
         return 0
     log.info("caffe.cpp:112", "Querying CPU")
     log.info("common.cpp:0", f"Device: CPU ({platform.processor() or platform.machine()})")
