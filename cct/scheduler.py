@@ -77,8 +77,8 @@ def batch_seconds(split: Sequence[int], speeds: Sequence[float],
     return max(busy) + sync if busy else float("inf")
 
 
-def choose_devices(total: int, speeds: Sequence[float],
-                   overheads: Sequence[float]) -> Tuple[List[int], str]:
+def choose_devices(total: int, speeds: Sequence[float], overheads: Sequence[float],
+                   names: Optional[Sequence[str]] = None) -> Tuple[List[int], str]:
     """The split of ``total`` with the shortest predicted batch time over the sets made of the
     k fastest devices (k = 1, 2, ...), and a sentence saying why."""
     order = sorted(range(len(speeds)), key=lambda i: -speeds[i])
@@ -95,7 +95,8 @@ def choose_devices(total: int, speeds: Sequence[float],
     why = "in proportion to measured throughput"
     if left_out:
         alone = batch_seconds(proportional_split(total, speeds), speeds, overheads)
-        why += (f"; left out device(s) {', '.join(str(i) for i in left_out)}: predicted "
+        names = names or [str(i) for i in range(len(speeds))]
+        why += (f"; left out device(s) {', '.join(names[i] for i in left_out)}: predicted "
                 f"{t:.3g} s/batch without them, {alone:.3g} s with all")
     return split, why
 
@@ -279,7 +280,8 @@ class HybridScheduler:
     # -- splitting ---------------------------------------------------------------------------
     def _resplit(self, reason: str) -> None:
         speeds = [r.speed for r in self.replicas]
-        split, why = choose_devices(self.batch, speeds, [r.overhead for r in self.replicas])
+        split, why = choose_devices(self.batch, speeds, [r.overhead for r in self.replicas],
+                                    [r.device.name for r in self.replicas])
         self._apply_split(split)
         parts = ", ".join(f"{r.device} {r.n} ({r.speed:.4g} img/s)" for r in self.replicas)
         glog.info("scheduler.py:0", f"Hybrid split of {self.batch} ({reason}): {parts}; {why}")

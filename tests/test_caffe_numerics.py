@@ -31,12 +31,14 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a.astype(np.float64) - b).max() / scale)
 
 
-def load_and_run(folder, name, phase):
+def load_and_run(folder, name, phase, backend=None):
+    """The fixture's net on ``backend`` after one forward and backward pass from Caffe's
+    params and inputs, and Caffe's arrays (the fixture's npz)."""
     ref = np.load(folder / "numerics" / f"{name}.{phase}.npz")
     set_quiet(True)
     try:
         net = cct.Net(str(folder / "numerics" / f"{name}.prototxt"),
-                      cct.TRAIN if phase == "TRAIN" else cct.TEST)
+                      cct.TRAIN if phase == "TRAIN" else cct.TEST, backend=backend)
     finally:
         set_quiet(False)
     for key in ref.files:
@@ -51,12 +53,9 @@ def load_and_run(folder, name, phase):
     return net, ref
 
 
-@pytest.mark.parametrize("name,phase", FIXTURES, ids=[f"{n}.{p}" for n, p in FIXTURES])
-def test_blobs_and_params_match_caffe(caffe_fixtures, name, phase):
-    net, ref = load_and_run(caffe_fixtures, name, phase)
-    assert list(net.layer_names) == list(ref["meta/layer_names"])
-    assert [l.type for l in net.layers] == list(ref["meta/layer_types"])
-    assert list(net.blobs) == list(ref["meta/blob_names"])
+def errors_against_caffe(net, ref) -> dict:
+    """Relative error (rel_err) of each blob's and param's data and diff, and each net output,
+    against Caffe's, keyed as in ``ref``; each must be a host NumPy array of Caffe's shape."""
     worst = {}
     for key in ref.files:
         parts = key.split("/")
@@ -71,13 +70,28 @@ def test_blobs_and_params_match_caffe(caffe_fixtures, name, phase):
         else:
             continue
         want = ref[key]
+        assert type(got) is np.ndarray, f"{key}: {type(got).__name__}, not a host array"
         assert got.shape == want.shape, f"{key}: shape {got.shape}, Caffe {want.shape}"
         worst[key] = rel_err(got, want)
+    return worst
+
+
+def assert_within_tolerance(worst: dict, what: str) -> None:
+    """Every error in ``worst`` at most REL_TOL; prints the largest (see it with -s)."""
     bad = {k: v for k, v in worst.items() if v > REL_TOL}
-    print(f"\n{name}.{phase}: {len(worst)} arrays, max relative error "
+    print(f"\n{what}: {len(worst)} arrays, max relative error "
           f"{max(worst.values()):.2e} ({max(worst, key=worst.get)})")
     assert not bad, f"arrays off Caffe by more than {REL_TOL}: " + ", ".join(
         f"{k}={v:.2e}" for k, v in sorted(bad.items(), key=lambda kv: -kv[1]))
+
+
+@pytest.mark.parametrize("name,phase", FIXTURES, ids=[f"{n}.{p}" for n, p in FIXTURES])
+def test_blobs_and_params_match_caffe(caffe_fixtures, name, phase):
+    net, ref = load_and_run(caffe_fixtures, name, phase)
+    assert list(net.layer_names) == list(ref["meta/layer_names"])
+    assert [l.type for l in net.layers] == list(ref["meta/layer_types"])
+    assert list(net.blobs) == list(ref["meta/blob_names"])
+    assert_within_tolerance(errors_against_caffe(net, ref), f"{name}.{phase}")
 
 
 @pytest.mark.parametrize("name,phase", FIXTURES, ids=[f"{n}.{p}" for n, p in FIXTURES])

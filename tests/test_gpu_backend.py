@@ -16,7 +16,9 @@ from cct.errors import CCTError
 from cct.glog import set_quiet
 from cct.layers import create_layer
 from tests.gradient_check import check_gradient, make_layer_param
-from tests.test_caffe_numerics import FIXTURES, REL_TOL, rel_err
+from tests.test_caffe_numerics import (FIXTURES, assert_within_tolerance, errors_against_caffe,
+                                       load_and_run)
+from tests.test_solver import lenet_sgd_solver
 
 GPU_OK, GPU_REASON = gpu.available()
 needs_gpu = pytest.mark.skipif(not GPU_OK, reason=f"no usable GPU: {GPU_REASON}")
@@ -253,66 +255,20 @@ def test_pycaffe_on_the_numpy_backend_matches_the_cpu():
                                rtol=1e-5, atol=1e-6)
 
 
-def _numerics(folder, name, phase, backend):
-    ref = np.load(folder / "numerics" / f"{name}.{phase}.npz")
-    set_quiet(True)
-    try:
-        net = cct.Net(str(folder / "numerics" / f"{name}.prototxt"),
-                      cct.TRAIN if phase == "TRAIN" else cct.TEST, backend=backend)
-    finally:
-        set_quiet(False)
-    for key in ref.files:
-        if key.startswith("param_init/"):
-            _, layer, i, _ = key.split("/")
-            net.params[layer][int(i)].data[...] = ref[key]
-        elif key.startswith("input/"):
-            net.blobs[key[len("input/"):]].data[...] = ref[key]
-    net.forward_prefilled()
-    net.clear_param_diffs()
-    net.backward_all()
-    worst = {}
-    for key in ref.files:
-        parts = key.split("/")
-        if parts[0] == "blob":
-            blob = net.blobs[parts[1]]
-            got = blob.data if parts[2] == "data" else blob.diff
-        elif parts[0] == "param":
-            blob = net.params[parts[1]][int(parts[2])]
-            got = blob.data if parts[3] == "data" else blob.diff
-        else:
-            continue
-        assert type(got) is np.ndarray and got.shape == ref[key].shape, key
-        worst[key] = rel_err(got, ref[key])
-    return worst
-
-
 @pytest.mark.parametrize("backend", ["numpy", pytest.param("gpu", marks=needs_gpu)])
 @pytest.mark.parametrize("name,phase", FIXTURES, ids=[f"{n}.{p}" for n, p in FIXTURES])
 def test_caffe_numerics(caffe_fixtures, name, phase, backend):
     """Every blob's and param's data and diff after one forward and backward pass in real
     Caffe, read back through pycaffe's host arrays."""
-    worst = _numerics(caffe_fixtures, name, phase, backend)
-    bad = {k: v for k, v in worst.items() if v > REL_TOL}
-    print(f"\n{backend} {name}.{phase}: {len(worst)} arrays, max relative error "
-          f"{max(worst.values()):.2e}")
-    assert not bad, f"arrays off Caffe by more than {REL_TOL}: {bad}"
+    net, ref = load_and_run(caffe_fixtures, name, phase, backend)
+    assert_within_tolerance(errors_against_caffe(net, ref), f"{backend} {name}.{phase}")
 
 
 @pytest.mark.parametrize("backend", ["numpy", pytest.param("gpu", marks=needs_gpu)])
 def test_two_lenet_sgd_steps_match_caffe(caffe_fixtures, monkeypatch, backend):
     """Caffe's two SGD steps on LeNet (forward, backward, the fused SGD update) with the
     params set and read through the solver net's host arrays."""
-    from cct.solver import solver_from_file
-    monkeypatch.chdir(caffe_fixtures / "numerics")
-    z = np.load("lenet_sgd_step.npz")
-    set_quiet(True)
-    try:
-        s = solver_from_file("lenet_sgd_solver.prototxt", backend=backend)
-    finally:
-        set_quiet(False)
-    for name, blobs in s.net.params.items():
-        for i, b in enumerate(blobs):
-            b.data[...] = z[f"step1/before/{name}/{i}/data"]
+    s, z = lenet_sgd_solver(caffe_fixtures, monkeypatch, backend)
     for k in (1, 2):
         s.net.blobs["data"].data[...] = z[f"step{k}/input/data"]
         s.net.blobs["label"].data[...] = z[f"step{k}/input/label"]

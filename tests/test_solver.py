@@ -54,14 +54,21 @@ def write(path, text):
 # ------------------------------------------------------------------------------------------------
 # Against real Caffe
 # ------------------------------------------------------------------------------------------------
-def test_two_lenet_sgd_steps_match_caffe(caffe_fixtures, monkeypatch):
-    monkeypatch.chdir(caffe_fixtures / "numerics")
+def lenet_sgd_solver(folder, monkeypatch, backend="cpu"):
+    """Caffe's LeNet SGD solver (fixtures/caffe/numerics) on ``backend``, its params set to
+    those Caffe started from, and Caffe's record of its two steps (lenet_sgd_step.npz)."""
+    monkeypatch.chdir(folder / "numerics")
     z = np.load("lenet_sgd_step.npz")
-    s = solver_from_file("lenet_sgd_solver.prototxt")
-    assert s.type == "SGD" and s.test_nets == []
+    s = solver_from_file("lenet_sgd_solver.prototxt", backend=backend)
     for name, blobs in s.net.params.items():
         for i, b in enumerate(blobs):
             b.data[...] = z[f"step1/before/{name}/{i}/data"]
+    return s, z
+
+
+def test_two_lenet_sgd_steps_match_caffe(caffe_fixtures, monkeypatch):
+    s, z = lenet_sgd_solver(caffe_fixtures, monkeypatch)
+    assert s.type == "SGD" and s.test_nets == []
     for k in (1, 2):
         s.net.blobs["data"].data[...] = z[f"step{k}/input/data"]
         s.net.blobs["label"].data[...] = z[f"step{k}/input/label"]

@@ -32,6 +32,7 @@ from typing import Callable, Dict, Hashable, Sequence, Tuple
 import numpy as np
 
 from .cpu import conv_out_size, deconv_out_size, pool_out_size
+from .reference import _store  # generic out= helper; the oracle imports nothing from here
 
 #: the public kernels, the same names and signatures as in cct.backend.cpu
 KERNELS = ("conv_out_size", "deconv_out_size", "matmul", "conv_forward", "conv_backward_data",
@@ -240,24 +241,13 @@ class ArrayKernels:
         if accumulate and out is None:
             raise ValueError(f"{kernel}: accumulate=True adds into out, so out must be given")
 
-    @staticmethod
-    def _store(y, out, accumulate: bool = False):
-        """``y``, or ``out`` holding (with ``accumulate``: plus) y's values when given."""
-        if out is None:
-            return y
-        if accumulate:
-            out += y.reshape(out.shape)
-        else:
-            out[...] = y.reshape(out.shape)
-        return out
-
     # -- GEMM --------------------------------------------------------------------------------
     def matmul(self, a, b, out=None, accumulate=False):
         """``a @ b`` for 2-D arrays (cuBLAS on CuPy); ``out += a @ b`` with ``accumulate``."""
         _dtype(a)
         self._accumulating("matmul", out, accumulate)
         self._disjoint("matmul", out, a=a, b=b)
-        return self._store(self.xp.matmul(a, b), out, accumulate)
+        return _store(self.xp.matmul(a, b), out, accumulate)
 
     def bias_backward(self, dy, out=None, accumulate=False):
         """Sum of dy over every axis but 1: the bias gradient of Convolution-like layers
@@ -266,7 +256,7 @@ class ArrayKernels:
         self._accumulating("bias_backward", out, accumulate)
         self._disjoint("bias_backward", out, dy=dy)
         axes = (0,) + tuple(range(2, dy.ndim))
-        return self._store(dy.sum(axis=axes, dtype=dt), out, accumulate)
+        return _store(dy.sum(axis=axes, dtype=dt), out, accumulate)
 
     # -- convolution -------------------------------------------------------------------------
     def _columns(self, x, kernel, stride, pad, dilation, group):
@@ -343,7 +333,7 @@ class ArrayKernels:
         cols = self._columns(x, kernel, stride, pad, dilation, group)
         dw = self.xp.matmul(self._top_batch_last(dy, group), cols.transpose(0, 2, 1))
         kh, kw = _pair(kernel)
-        return self._store(dw.reshape(o, x.shape[1] // group, kh, kw), out, accumulate)
+        return _store(dw.reshape(o, x.shape[1] // group, kh, kw), out, accumulate)
 
     conv_out_size = staticmethod(conv_out_size)
     deconv_out_size = staticmethod(deconv_out_size)
@@ -524,7 +514,7 @@ class ArrayKernels:
         dx = xp.power(scale, dt.type(-beta))
         dx *= dy
         dx -= ratio
-        return self._store(dx, out)
+        return _store(dx, out)
 
     # -- softmax -----------------------------------------------------------------------------
     def softmax_forward(self, x, out=None):

@@ -11,63 +11,18 @@ import pytest
 
 from cct import _C
 from cct.backend import cpu, reference
+from tests.backend import kernel_cases
+from tests.backend.kernel_cases import (DTYPES, check_ave_pool, check_conv, check_lrn,
+                                        check_max_pool, check_pooling_writes_into_out, check_relu,
+                                        check_sgd_update, check_softmax, check_softmax_loss,
+                                        check_softmax_loss_bad_label, check_softmax_loss_floor,
+                                        close, conv_arrays, rand, random_conv_cases,
+                                        random_pool_cases)
 
-# (n, c, h, w, o, kernel, stride, pad, dilation, group)
-CONV_CASES = [
-    (2, 3, 7, 9, 4, (3, 3), (1, 1), (0, 0), (1, 1), 1),      # plain, odd sizes
-    (1, 3, 8, 8, 5, (3, 3), (1, 1), (1, 1), (1, 1), 1),      # batch 1, pad
-    (3, 4, 11, 10, 6, (3, 5), (2, 1), (1, 2), (1, 1), 2),    # rectangular, groups
-    (2, 6, 9, 9, 6, (3, 3), (1, 1), (2, 2), (2, 2), 3),      # dilation
-    (2, 2, 13, 12, 3, (2, 2), (4, 3), (1, 0), (1, 1), 1),    # stride > kernel
-    (2, 3, 5, 6, 2, (1, 1), (1, 1), (0, 0), (1, 1), 1),      # 1x1
-    (2, 2, 5, 5, 3, (3, 3), (1, 1), (4, 3), (1, 1), 1),      # pad > kernel
-    (1, 2, 6, 7, 2, (6, 7), (1, 1), (0, 0), (1, 1), 1),      # kernel = bottom: 1x1 top
-    (2, 4, 17, 15, 4, (5, 3), (3, 2), (2, 1), (2, 3), 4),    # depthwise-like, everything
-    (2, 3, 27, 27, 8, (11, 11), (4, 4), (0, 0), (1, 1), 1),  # CaffeNet conv1 in small
+CONV_CASES = kernel_cases.CONV_CASES + [
     (3, 6, 5, 7, 4, (1, 1), (1, 1), (0, 0), (3, 2), 2),      # 1x1 with groups (no lowering)
 ]
-
-
-def _random_conv_cases(count, seed):
-    rng = np.random.default_rng(seed)
-    cases = []
-    while len(cases) < count:
-        group = int(rng.choice([1, 1, 2, 3]))
-        c, o = group * int(rng.integers(1, 4)), group * int(rng.integers(1, 4))
-        kernel = tuple(int(k) for k in rng.integers(1, 6, 2))
-        stride = tuple(int(s) for s in rng.integers(1, 5, 2))
-        pad = tuple(int(p) for p in rng.integers(0, 4, 2))
-        dilation = tuple(int(d) for d in rng.integers(1, 3, 2))
-        h, w = (int(s) for s in rng.integers(1, 14, 2))
-        extent = [d * (k - 1) + 1 for k, d in zip(kernel, dilation)]
-        if h + 2 * pad[0] < extent[0] or w + 2 * pad[1] < extent[1]:
-            continue
-        cases.append((int(rng.integers(1, 4)), c, h, w, o, kernel, stride, pad, dilation,
-                      group))
-    return cases
-
-
-ALL_CONV = CONV_CASES + _random_conv_cases(12, seed=3)
-TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-12, atol=1e-12)}
-
-
-def _conv_arrays(case, dtype, seed=0):
-    n, c, h, w, o, kernel, stride, pad, dilation, group = case
-    rng = np.random.default_rng(seed)
-    ho = cpu.conv_out_size(h, kernel[0], stride[0], pad[0], dilation[0])
-    wo = cpu.conv_out_size(w, kernel[1], stride[1], pad[1], dilation[1])
-    x = rng.standard_normal((n, c, h, w)).astype(dtype)
-    weight = rng.standard_normal((o, c // group) + kernel).astype(dtype)
-    bias = rng.standard_normal(o).astype(dtype)
-    dy = rng.standard_normal((n, o, ho, wo)).astype(dtype)
-    return x, weight, bias, dy, (kernel, stride, pad, dilation, group)
-
-
-def _close(got, want, dtype):
-    assert got.dtype == np.dtype(dtype)
-    assert got.shape == want.shape
-    scale = max(1.0, float(np.abs(want).max(initial=0)))
-    np.testing.assert_allclose(got / scale, want / scale, **TOL[dtype])
+ALL_CONV = CONV_CASES + random_conv_cases(12, seed=3)
 
 
 @pytest.fixture
@@ -78,18 +33,11 @@ def col_buffer_limit():
     _C.set_col_buffer_limit(saved)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ALL_CONV, ids=str)
 def test_conv_matches_reference(case, dtype):
-    x, weight, bias, dy, geom = _conv_arrays(case, dtype)
-    _close(cpu.conv_forward(x, weight, bias, *geom),
-           reference.conv_forward(x, weight, bias, *geom), dtype)
-    _close(cpu.conv_forward(x, weight, None, *geom),
-           reference.conv_forward(x, weight, None, *geom), dtype)
-    _close(cpu.conv_backward_data(dy, weight, x.shape, *geom),
-           reference.conv_backward_data(dy, weight, x.shape, *geom), dtype)
-    _close(cpu.conv_backward_weight(x, dy, *geom),
-           reference.conv_backward_weight(x, dy, *geom), dtype)
+    x, weight, bias, dy, geom = conv_arrays(case, dtype)
+    check_conv(cpu, x, weight, bias, dy, geom, dtype, no_bias=True)
 
 
 @pytest.mark.parametrize("limit", [1, 3000])
@@ -99,15 +47,18 @@ def test_conv_in_chunks_of_the_batch(case, limit, col_buffer_limit):
     """A small workspace makes the kernels take the batch a few images (or one) at a time;
     backward weight then accumulates over chunks. One-image chunks read and write the tops in
     place, and 1x1 convolutions then skip the lowering."""
-    x, weight, bias, dy, geom = _conv_arrays(case, np.float64)
+    x, weight, bias, dy, geom = conv_arrays(case, np.float64)
     x, dy = np.concatenate([x] * 3), np.concatenate([dy] * 3)
     col_buffer_limit(limit)
-    _close(cpu.conv_forward(x, weight, bias, *geom),
-           reference.conv_forward(x, weight, bias, *geom), np.float64)
-    _close(cpu.conv_backward_data(dy, weight, x.shape, *geom),
-           reference.conv_backward_data(dy, weight, x.shape, *geom), np.float64)
-    _close(cpu.conv_backward_weight(x, dy, *geom),
-           reference.conv_backward_weight(x, dy, *geom), np.float64)
+    check_conv(cpu, x, weight, bias, dy, geom, np.float64)
+
+
+@pytest.fixture
+def num_threads():
+    """Set the kernels' thread count for one test, restoring it after."""
+    saved = cpu.get_num_threads()
+    yield cpu.set_num_threads
+    cpu.set_num_threads(saved)
 
 
 @pytest.fixture
@@ -122,12 +73,12 @@ def gemm_order():
 def test_conv_weight_gradient_in_both_gemm_orders(case, order, col_buffer_limit, gemm_order):
     """Both operand orders of the weight-gradient GEMM (normally chosen by measurement), whole
     batch and in chunks."""
-    x, weight, bias, dy, geom = _conv_arrays(case, np.float64)
+    x, weight, bias, dy, geom = conv_arrays(case, np.float64)
     want = reference.conv_backward_weight(x, dy, *geom)
     gemm_order(order)
-    _close(cpu.conv_backward_weight(x, dy, *geom), want, np.float64)
+    close(cpu.conv_backward_weight(x, dy, *geom), want, np.float64)
     col_buffer_limit(1)
-    _close(cpu.conv_backward_weight(x, dy, *geom), want, np.float64)
+    close(cpu.conv_backward_weight(x, dy, *geom), want, np.float64)
 
 
 @pytest.fixture
@@ -141,44 +92,32 @@ def partition_mode():
 @pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("case", [CONV_CASES[1], CONV_CASES[2], CONV_CASES[8], CONV_CASES[10]],
                          ids=str)
-def test_conv_batch_partitions(case, mode, limit, partition_mode, col_buffer_limit):
+def test_conv_batch_partitions(case, mode, limit, partition_mode, col_buffer_limit,
+                               num_threads):
     """One partition with threaded BLAS, or one per thread (each its slice of the batch, its
     own lowering and single-threaded GEMM, weight gradients summed after); with and without
     chunks; batch 1 leaves a partition empty."""
-    x, weight, bias, dy, geom = _conv_arrays(case, np.float64)
+    x, weight, bias, dy, geom = conv_arrays(case, np.float64)
     partition_mode(mode)
     if limit:
         col_buffer_limit(limit)
-    saved = cpu.get_num_threads()
-    try:
-        cpu.set_num_threads(3)
-        _close(cpu.conv_forward(x, weight, bias, *geom),
-               reference.conv_forward(x, weight, bias, *geom), np.float64)
-        _close(cpu.conv_backward_data(dy, weight, x.shape, *geom),
-               reference.conv_backward_data(dy, weight, x.shape, *geom), np.float64)
-        _close(cpu.conv_backward_weight(x, dy, *geom),
-               reference.conv_backward_weight(x, dy, *geom), np.float64)
-    finally:
-        cpu.set_num_threads(saved)
+    num_threads(3)
+    check_conv(cpu, x, weight, bias, dy, geom, np.float64)
 
 
-def test_partitioning_is_measured_once_per_layer():
-    saved = cpu.get_num_threads()
-    try:
-        cpu.set_num_threads(2)
-        x, weight, bias, dy, geom = _conv_arrays((4, 3, 9, 9, 5, (3, 3), (1, 1), (1, 1), (1, 1),
-                                                  1), np.float32)
-        for _ in range(3):
-            y = cpu.conv_forward(x, weight, bias, *geom)
-        _close(y, reference.conv_forward(x, weight, bias, *geom), np.float32)
-    finally:
-        cpu.set_num_threads(saved)
+def test_partitioning_is_measured_once_per_layer(num_threads):
+    num_threads(2)
+    x, weight, bias, dy, geom = conv_arrays((4, 3, 9, 9, 5, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+                                            np.float32)
+    for _ in range(3):
+        y = cpu.conv_forward(x, weight, bias, *geom)
+    close(y, reference.conv_forward(x, weight, bias, *geom), np.float32)
     mine = [c for c in _C.partition_choices() if c[0] == 0 and c[1][:5] == [4, 3, 9, 9, 5]]
     assert len(mine) == 1 and mine[0][2] in (1, 2)
 
 
 def test_gemm_order_is_measured_once_per_shape():
-    x, weight, bias, dy, geom = _conv_arrays(CONV_CASES[4], np.float32)
+    x, weight, bias, dy, geom = conv_arrays(CONV_CASES[4], np.float32)
     cpu.conv_backward_weight(x, dy, *geom)
     cpu.conv_backward_weight(x, dy, *geom)
     o, c, h, w = weight.shape[0], x.shape[1], dy.shape[2], dy.shape[3]
@@ -187,16 +126,16 @@ def test_gemm_order_is_measured_once_per_shape():
 
 
 def test_conv_takes_non_contiguous_arrays_and_keeps_float32():
-    x, weight, bias, dy, geom = _conv_arrays(CONV_CASES[0], np.float32)
+    x, weight, bias, dy, geom = conv_arrays(CONV_CASES[0], np.float32)
     xt = np.asfortranarray(x)
     y = cpu.conv_forward(xt, weight, bias, *geom)
-    _close(y, reference.conv_forward(x, weight, bias, *geom), np.float32)
+    close(y, reference.conv_forward(x, weight, bias, *geom), np.float32)
     geom_np = tuple(np.array(g) for g in geom[:4]) + (np.int64(geom[4]),)
-    _close(cpu.conv_forward(x, weight, bias, *geom_np), y, np.float32)
+    close(cpu.conv_forward(x, weight, bias, *geom_np), y, np.float32)
 
 
 def test_conv_rejects_geometry_that_does_not_fit():
-    x, weight, bias, dy, geom = _conv_arrays(CONV_CASES[2], np.float32)
+    x, weight, bias, dy, geom = conv_arrays(CONV_CASES[2], np.float32)
     with pytest.raises(ValueError, match="group"):
         cpu.conv_forward(x, weight, bias, geom[0], geom[1], geom[2], geom[3], 1)
     with pytest.raises(ValueError, match="kernel"):
@@ -209,7 +148,7 @@ def test_conv_rejects_geometry_that_does_not_fit():
 
 def test_conv_from_several_python_threads():
     """The kernels release the GIL and keep their workspace per thread."""
-    cases = [_conv_arrays(case, np.float64, seed=i) for i, case in enumerate(CONV_CASES[:4])]
+    cases = [conv_arrays(case, np.float64, seed=i) for i, case in enumerate(CONV_CASES[:4])]
     want = [reference.conv_backward_weight(x, dy, *g) for x, _, _, dy, g in cases]
     got = [None] * len(cases)
 
@@ -224,28 +163,23 @@ def test_conv_from_several_python_threads():
     for t in threads:
         t.join()
     for g, w in zip(got, want):
-        _close(g, w, np.float64)
+        close(g, w, np.float64)
 
 
-def test_results_do_not_depend_on_thread_count():
-    x, weight, bias, dy, geom = _conv_arrays((8, 8, 40, 40, 8, (3, 3), (1, 1), (1, 1), (1, 1),
-                                              1), np.float64)
-    saved = cpu.get_num_threads()
-    try:
-        cpu.set_num_threads(1)
-        assert cpu.get_num_threads() == 1
-        one = cpu.conv_backward_data(dy, weight, x.shape, *geom)
-        cpu.set_num_threads(2)
-        two = cpu.conv_backward_data(dy, weight, x.shape, *geom)
-    finally:
-        cpu.set_num_threads(saved)
+def test_results_do_not_depend_on_thread_count(num_threads):
+    x, weight, bias, dy, geom = conv_arrays((8, 8, 40, 40, 8, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+                                            np.float64)
+    num_threads(1)
+    assert cpu.get_num_threads() == 1
+    one = cpu.conv_backward_data(dy, weight, x.shape, *geom)
+    num_threads(2)
+    two = cpu.conv_backward_data(dy, weight, x.shape, *geom)
     np.testing.assert_array_equal(one, two)
-    cpu.set_num_threads(0)
+    num_threads(0)
     assert cpu.get_num_threads() == _C.available_cores()
-    cpu.set_num_threads(saved)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True)])
 def test_gemm(trans_a, trans_b, dtype):
     rng = np.random.default_rng(1)
@@ -253,20 +187,20 @@ def test_gemm(trans_a, trans_b, dtype):
     b = rng.standard_normal((5, 9) if not trans_b else (9, 5)).astype(dtype)
     a_op = a.T.copy() if trans_a else a
     want = a @ (b.T if trans_b else b)
-    _close(_C.gemm(a_op, b, trans_a, trans_b), want, dtype)
+    close(_C.gemm(a_op, b, trans_a, trans_b), want, dtype)
 
 
 @pytest.mark.parametrize("order", [0, 1, 2])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_matmul_takes_views_and_empty_shapes(dtype, order, gemm_order):
     gemm_order(order)
     rng = np.random.default_rng(4)
     a = rng.standard_normal((6, 4)).astype(dtype)
     b = rng.standard_normal((6, 5)).astype(dtype)
-    _close(cpu.matmul(a.T, b), a.T @ b, dtype)                 # transposed view, no copy
-    _close(cpu.matmul(b.T, a), b.T @ a, dtype)
-    _close(cpu.matmul(a[::2], a[::2].T), a[::2] @ a[::2].T, dtype)  # strided: copied
-    _close(cpu.matmul(a[:, :0], b[:4].T[:0]), np.zeros((6, 4)), dtype)  # K = 0
+    close(cpu.matmul(a.T, b), a.T @ b, dtype)                 # transposed view, no copy
+    close(cpu.matmul(b.T, a), b.T @ a, dtype)
+    close(cpu.matmul(a[::2], a[::2].T), a[::2] @ a[::2].T, dtype)  # strided: copied
+    close(cpu.matmul(a[:, :0], b[:4].T[:0]), np.zeros((6, 4)), dtype)  # K = 0
     assert cpu.matmul(a[:0], b[:4]).shape == (0, 5)
 
 
@@ -281,47 +215,43 @@ def conv_layout():
 
 
 @pytest.mark.parametrize("mode", [1, 2])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", [CONV_CASES[1], CONV_CASES[2], CONV_CASES[5], CONV_CASES[10]],
                          ids=str)
 def test_conv_writes_into_out_and_accumulates(case, dtype, mode, partition_mode):
     """out= is written in place and returned; whatever it held is overwritten, except with
     accumulate, where the weight gradient is added to it."""
-    x, weight, bias, dy, geom = _conv_arrays(case, dtype)
+    x, weight, bias, dy, geom = conv_arrays(case, dtype)
     partition_mode(mode)
     y = np.full(reference.conv_forward(x, weight, bias, *geom).shape, np.nan, dtype)
     assert cpu.conv_forward(x, weight, bias, *geom, out=y) is y
-    _close(y, reference.conv_forward(x, weight, bias, *geom), dtype)
+    close(y, reference.conv_forward(x, weight, bias, *geom), dtype)
     dx = np.full(x.shape, np.nan, dtype)
     assert cpu.conv_backward_data(dy, weight, x.shape, *geom, out=dx) is dx
-    _close(dx, reference.conv_backward_data(dy, weight, x.shape, *geom), dtype)
+    close(dx, reference.conv_backward_data(dy, weight, x.shape, *geom), dtype)
     grad = reference.conv_backward_weight(x, dy, *geom)
     dw = np.full(weight.shape, np.nan, dtype)
     assert cpu.conv_backward_weight(x, dy, *geom, out=dw) is dw
-    _close(dw, grad, dtype)
-    before = _rand(weight.shape, dtype, 7)
+    close(dw, grad, dtype)
+    before = rand(weight.shape, dtype, 7)
     dw = before.copy()
     assert cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True) is dw
-    _close(dw, before + grad, dtype)
+    close(dw, before + grad, dtype)
 
 
-def test_accumulate_is_exact_on_the_first_call_that_measures():
+def test_accumulate_is_exact_on_the_first_call_that_measures(num_threads):
     """The first call of a geometry runs the kernel once per candidate plan to time them;
     an accumulating call must still add the gradient exactly once."""
-    saved = cpu.get_num_threads()
-    try:
-        cpu.set_num_threads(2)
-        for case in [(4, 6, 7, 5, 4, (1, 1), (1, 1), (0, 0), (1, 1), 2),  # 4 candidate plans
-                     (4, 3, 9, 8, 5, (3, 2), (1, 2), (1, 0), (1, 1), 1)]:  # 2
-            x, weight, _, dy, geom = _conv_arrays(case, np.float64, seed=11)
-            before = _rand(weight.shape, np.float64, 3)
-            dw = before.copy()
-            cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True)
-            _close(dw, before + reference.conv_backward_weight(x, dy, *geom), np.float64)
-            mine = [c for c in _C.partition_choices() if c[0] == 2 and c[1][:5] == list(case[:5])]
-            assert len(mine) == 1
-    finally:
-        cpu.set_num_threads(saved)
+    num_threads(2)
+    for case in [(4, 6, 7, 5, 4, (1, 1), (1, 1), (0, 0), (1, 1), 2),  # 4 candidate plans
+                 (4, 3, 9, 8, 5, (3, 2), (1, 2), (1, 0), (1, 1), 1)]:  # 2
+        x, weight, _, dy, geom = conv_arrays(case, np.float64, seed=11)
+        before = rand(weight.shape, np.float64, 3)
+        dw = before.copy()
+        cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True)
+        close(dw, before + reference.conv_backward_weight(x, dy, *geom), np.float64)
+        mine = [c for c in _C.partition_choices() if c[0] == 2 and c[1][:5] == list(case[:5])]
+        assert len(mine) == 1
 
 
 @pytest.mark.parametrize("limit", [None, 1, 3000])
@@ -329,58 +259,46 @@ def test_accumulate_is_exact_on_the_first_call_that_measures():
 @pytest.mark.parametrize("case", [CONV_CASES[5], CONV_CASES[10],
                                   (1, 4, 3, 3, 8, (1, 1), (1, 1), (0, 0), (1, 1), 4),
                                   (5, 8, 6, 5, 6, (1, 1), (1, 1), (0, 0), (1, 1), 2)], ids=str)
-def test_pointwise_layout(case, mode, limit, conv_layout, partition_mode, col_buffer_limit):
+def test_pointwise_layout(case, mode, limit, conv_layout, partition_mode, col_buffer_limit,
+                          num_threads):
     """1x1 convolutions with stride 1 and no pad, computed on the blobs themselves (no
     lowering): with groups, batch 1, one or several partitions, whole or chunked batches."""
-    x, weight, bias, dy, geom = _conv_arrays(case, np.float64)
+    x, weight, bias, dy, geom = conv_arrays(case, np.float64)
     conv_layout(2)
     partition_mode(mode)
     if limit:
         col_buffer_limit(limit)
-    saved = cpu.get_num_threads()
-    try:
-        cpu.set_num_threads(3)
-        _close(cpu.conv_forward(x, weight, bias, *geom),
-               reference.conv_forward(x, weight, bias, *geom), np.float64)
-        _close(cpu.conv_forward(x, weight, None, *geom),
-               reference.conv_forward(x, weight, None, *geom), np.float64)
-        _close(cpu.conv_backward_data(dy, weight, x.shape, *geom),
-               reference.conv_backward_data(dy, weight, x.shape, *geom), np.float64)
-        before = _rand(weight.shape, np.float64, 5)
-        dw = before.copy()
-        cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True)
-        _close(dw, before + reference.conv_backward_weight(x, dy, *geom), np.float64)
-    finally:
-        cpu.set_num_threads(saved)
+    num_threads(3)
+    check_conv(cpu, x, weight, bias, dy, geom, np.float64, weight_grad=False, no_bias=True)
+    before = rand(weight.shape, np.float64, 5)
+    dw = before.copy()
+    cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True)
+    close(dw, before + reference.conv_backward_weight(x, dy, *geom), np.float64)
 
 
-def test_layout_is_measured_for_pointwise_layers_only():
-    saved = cpu.get_num_threads()
-    try:
-        cpu.set_num_threads(2)
-        for case in [(3, 5, 6, 7, 4, (1, 1), (1, 1), (0, 0), (1, 1), 1),
-                     (3, 5, 6, 7, 4, (1, 1), (2, 2), (0, 0), (1, 1), 1)]:  # strided: lowered
-            x, weight, bias, dy, geom = _conv_arrays(case, np.float32)
-            cpu.conv_forward(x, weight, bias, *geom)
-    finally:
-        cpu.set_num_threads(saved)
+def test_layout_is_measured_for_pointwise_layers_only(num_threads):
+    num_threads(2)
+    for case in [(3, 5, 6, 7, 4, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+                 (3, 5, 6, 7, 4, (1, 1), (2, 2), (0, 0), (1, 1), 1)]:  # strided: lowered
+        x, weight, bias, dy, geom = conv_arrays(case, np.float32)
+        cpu.conv_forward(x, weight, bias, *geom)
     layouts = {tuple(c[1][7:11]): c[3] for c in _C.partition_choices()
                if c[0] == 0 and c[1][:5] == [3, 5, 6, 7, 4]}
     assert layouts[(1, 1, 1, 1)] in ("lowered", "pointwise")
     assert layouts[(1, 1, 2, 2)] == "lowered"
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_outputs_that_are_not_plain_buffers_are_still_filled(dtype):
-    x, weight, bias, dy, geom = _conv_arrays(CONV_CASES[2], dtype)
+    x, weight, bias, dy, geom = conv_arrays(CONV_CASES[2], dtype)
     want = reference.conv_forward(x, weight, bias, *geom)
     y = np.asfortranarray(np.zeros(want.shape, dtype))
     assert cpu.conv_forward(x, weight, bias, *geom, out=y) is y
-    _close(y, want, dtype)
-    before = np.asfortranarray(_rand(weight.shape, dtype, 2))
+    close(y, want, dtype)
+    before = np.asfortranarray(rand(weight.shape, dtype, 2))
     dw = before.copy(order="F")
     assert cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True) is dw
-    _close(dw, before + reference.conv_backward_weight(x, dy, *geom), dtype)
+    close(dw, before + reference.conv_backward_weight(x, dy, *geom), dtype)
     dx = np.zeros(x.shape, np.float64 if dtype == np.float32 else np.float32)  # other dtype
     assert cpu.conv_backward_data(dy, weight, x.shape, *geom, out=dx) is dx
     np.testing.assert_allclose(dx, reference.conv_backward_data(dy, weight, x.shape, *geom),
@@ -388,8 +306,8 @@ def test_outputs_that_are_not_plain_buffers_are_still_filled(dtype):
 
 
 def test_out_that_overlaps_an_input_is_refused():
-    x, weight, bias, dy, geom = _conv_arrays((2, 4, 5, 5, 4, (1, 1), (1, 1), (0, 0), (1, 1), 1),
-                                             np.float32)
+    x, weight, bias, dy, geom = conv_arrays((2, 4, 5, 5, 4, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+                                            np.float32)
     with pytest.raises(ValueError, match="out overlaps x"):
         cpu.conv_forward(x, weight, bias, *geom, out=x)
     with pytest.raises(ValueError, match="out overlaps dy"):
@@ -408,7 +326,7 @@ def test_out_that_overlaps_an_input_is_refused():
 
 
 def test_accumulate_needs_out_and_out_needs_the_right_shape():
-    x, weight, bias, dy, geom = _conv_arrays(CONV_CASES[0], np.float32)
+    x, weight, bias, dy, geom = conv_arrays(CONV_CASES[0], np.float32)
     with pytest.raises(ValueError, match="out must be given"):
         cpu.conv_backward_weight(x, dy, *geom, accumulate=True)
     with pytest.raises(ValueError, match="out must be given"):
@@ -417,19 +335,19 @@ def test_accumulate_needs_out_and_out_needs_the_right_shape():
         cpu.conv_forward(x, weight, bias, *geom, out=np.zeros((2, 4, 5, 6), np.float32))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 5, 1, 1), (7, 4), (3, 6, 11), (33, 1, 9, 9),
                                    (4, 70)], ids=str)
 def test_bias_backward_matches_reference(shape, dtype):
-    dy = _rand(shape, dtype)
-    _close(cpu.bias_backward(dy), reference.bias_backward(dy), dtype)
-    before = _rand(shape[1], dtype, 1)
+    dy = rand(shape, dtype)
+    close(cpu.bias_backward(dy), reference.bias_backward(dy), dtype)
+    before = rand(shape[1], dtype, 1)
     db = before.copy()
     assert cpu.bias_backward(dy, out=db, accumulate=True) is db
-    _close(db, before + reference.bias_backward(dy), dtype)
+    close(db, before + reference.bias_backward(dy), dtype)
     db = np.full(shape[1], np.nan, dtype)
     cpu.bias_backward(dy, out=db)
-    _close(db, reference.bias_backward(dy), dtype)
+    close(db, reference.bias_backward(dy), dtype)
 
 
 def test_bias_backward_of_an_empty_batch():
@@ -441,22 +359,22 @@ def test_bias_backward_of_an_empty_batch():
 
 
 @pytest.mark.parametrize("order", [1, 2])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_matmul_into_out_and_accumulating(dtype, order, gemm_order):
     """InnerProduct's GEMMs: the top and bottom diff written in place, the weight diff added
     into (beta = 1), in both operand orders of the measured GEMM."""
     gemm_order(order)
-    a, b = _rand((9, 6), dtype), _rand((9, 5), dtype, 1)
+    a, b = rand((9, 6), dtype), rand((9, 5), dtype, 1)
     out = np.full((6, 5), np.nan, dtype)
     assert cpu.matmul(a.T, b, out=out) is out
-    _close(out, a.T @ b, dtype)
-    before = _rand((6, 5), dtype, 2)
+    close(out, a.T @ b, dtype)
+    before = rand((6, 5), dtype, 2)
     out = before.copy()
     assert cpu.matmul(a.T, b, out=out, accumulate=True) is out
-    _close(out, before + a.T @ b, dtype)
+    close(out, before + a.T @ b, dtype)
     out_f = np.asfortranarray(before)
     cpu.matmul(a.T, b, out=out_f, accumulate=True)
-    _close(out_f, before + a.T @ b, dtype)
+    close(out_f, before + a.T @ b, dtype)
     out = before.copy()
     cpu.matmul(a.T[:, :0], b[:0], out=out, accumulate=True)  # K = 0 adds nothing
     np.testing.assert_array_equal(out, before)
@@ -465,95 +383,32 @@ def test_matmul_into_out_and_accumulating(dtype, order, gemm_order):
 # --------------------------------------------------------------------------------------------
 # Pooling
 # --------------------------------------------------------------------------------------------
-# (n, c, h, w, kernel, stride, pad, ceil_mode)
-POOL_CASES = [
-    (2, 3, 7, 9, (3, 3), (2, 2), (0, 0), True),    # CaffeNet-like overlapping windows
-    (1, 2, 8, 8, (2, 2), (2, 2), (0, 0), True),    # batch 1, tiling windows
-    (2, 2, 9, 11, (3, 2), (1, 3), (1, 1), True),   # rectangular, pad, stride > kernel in w
-    (3, 1, 10, 7, (2, 2), (3, 3), (1, 0), False),  # stride > kernel, floor mode
-    (2, 3, 5, 5, (5, 5), (1, 1), (0, 0), True),    # global
-    (1, 4, 13, 13, (3, 3), (2, 2), (2, 2), True),  # pad, last window dropped by the clip rule
+POOL_CASES = kernel_cases.POOL_CASES + [
     # Rows wide enough for the four-windows-at-once path of strides 1 and 2, with the scalar
     # windows on both sides of it.
     (2, 3, 6, 37, (3, 3), (2, 2), (1, 1), True),
     (2, 2, 5, 30, (3, 3), (1, 1), (1, 1), True),
     (1, 2, 4, 41, (2, 4), (1, 2), (0, 1), False),
 ]
+# Windows wholly beyond the bottom have their own test (test_empty_window_is_caffes).
+ALL_POOL = POOL_CASES + random_pool_cases(12, seed=5, empty_windows=False)
 
 
-def _random_pool_cases(count, seed):
-    rng = np.random.default_rng(seed)
-    cases = []
-    while len(cases) < count:
-        kernel = tuple(int(k) for k in rng.integers(1, 5, 2))
-        stride = tuple(int(s) for s in rng.integers(1, 5, 2))
-        pad = tuple(int(rng.integers(0, k)) for k in kernel)  # Caffe: pad < kernel
-        h, w = (int(s) for s in rng.integers(1, 15, 2))
-        ceil_mode = bool(rng.integers(0, 2))
-        if h + 2 * pad[0] < kernel[0] or w + 2 * pad[1] < kernel[1]:
-            continue
-        # Skip windows that lie wholly outside the bottom (test_empty_window_is_caffes).
-        if any((cpu.pool_out_size(s, k, st, p, ceil_mode) - 1) * st - p >= s
-               for s, k, st, p in zip((h, w), kernel, stride, pad)):
-            continue
-        cases.append((int(rng.integers(1, 4)), int(rng.integers(1, 4)), h, w, kernel, stride,
-                      pad, ceil_mode))
-    return cases
-
-
-ALL_POOL = POOL_CASES + _random_pool_cases(12, seed=5)
-
-
-def _pool_arrays(case, dtype):
-    n, c, h, w, kernel, stride, pad, ceil_mode = case
-    out = tuple(cpu.pool_out_size(s, k, st, p, ceil_mode)
-                for s, k, st, p in zip((h, w), kernel, stride, pad))
-    rng = np.random.default_rng(2)
-    x = rng.standard_normal((n, c, h, w)).astype(dtype)
-    dy = rng.standard_normal((n, c) + out).astype(dtype)
-    return x, dy, (kernel, stride, pad, out)
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ALL_POOL, ids=str)
 def test_max_pool_matches_reference(case, dtype):
-    x, dy, geom = _pool_arrays(case, dtype)
-    y, mask = cpu.max_pool_forward(x, *geom)
-    y_ref, mask_ref = reference.max_pool_forward(x, *geom)
-    np.testing.assert_array_equal(y, y_ref)
-    np.testing.assert_array_equal(mask, mask_ref)
-    assert y.dtype == np.dtype(dtype) and mask.dtype == np.int64
-    _close(cpu.max_pool_backward(dy, mask, x.shape),
-           reference.max_pool_backward(dy, mask_ref, x.shape), dtype)
+    check_max_pool(cpu, reference, case, dtype)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_pooling_writes_into_out(dtype):
-    x, dy, geom = _pool_arrays(POOL_CASES[2], dtype)
-    y_ref, mask_ref = reference.max_pool_forward(x, *geom)
-    y, mask = np.full(y_ref.shape, np.nan, dtype), np.full(y_ref.shape, -7, np.int64)
-    got = cpu.max_pool_forward(x, *geom, out=y, mask=mask)
-    assert got[0] is y and got[1] is mask
-    np.testing.assert_array_equal(y, y_ref)
-    np.testing.assert_array_equal(mask, mask_ref)
-    dx = np.full(x.shape, np.nan, dtype)
-    assert cpu.max_pool_backward(dy, mask, x.shape, out=dx) is dx
-    _close(dx, reference.max_pool_backward(dy, mask_ref, x.shape), dtype)
-    assert cpu.ave_pool_forward(x, *geom, out=y) is y
-    _close(y, reference.ave_pool_forward(x, *geom), dtype)
-    assert cpu.ave_pool_backward(dy, x.shape, *geom, out=dx) is dx
-    _close(dx, reference.ave_pool_backward(dy, x.shape, *geom), dtype)
-    with pytest.raises(ValueError, match="out overlaps dy"):
-        cpu.ave_pool_backward(dy, dy.shape, (1, 1), (1, 1), (0, 0), dy.shape[2:], out=dy)
+    check_pooling_writes_into_out(cpu, dtype)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ALL_POOL, ids=str)
 def test_ave_pool_matches_reference(case, dtype):
-    x, dy, geom = _pool_arrays(case, dtype)
-    _close(cpu.ave_pool_forward(x, *geom), reference.ave_pool_forward(x, *geom), dtype)
-    _close(cpu.ave_pool_backward(dy, x.shape, *geom),
-           reference.ave_pool_backward(dy, x.shape, *geom), dtype)
+    check_ave_pool(cpu, reference, case, dtype)
 
 
 def test_max_pool_ties_go_to_the_first_element():
@@ -607,25 +462,16 @@ LRN_PARAMS = [(5, 1e-4, 0.75, 1.0), (3, 2.0, 0.5, 2.0), (1, 0.5, 1.3, 1.0), (7, 
 SOFTMAX_SHAPES = [(1, 10, 1), (64, 10, 1), (3, 5, 600), (2, 1, 7), (5, 1000, 1)]
 
 
-def _rand(shape, dtype, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("slope", [0.0, 0.1, -0.5])
 @pytest.mark.parametrize("shape", ELEMENTWISE_SHAPES, ids=str)
 def test_relu_matches_reference(shape, slope, dtype):
-    x, dy = _rand(shape, dtype), _rand(shape, dtype, 1)
-    y = cpu.relu_forward(x, slope)
-    np.testing.assert_array_equal(y, reference.relu_forward(x, slope))
-    np.testing.assert_array_equal(cpu.relu_backward(x, dy, slope),
-                                  reference.relu_backward(x, dy, slope))
-    assert y.dtype == np.dtype(dtype)
+    check_relu(cpu, shape, slope, dtype)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_relu_in_place(dtype):
-    x, dy = _rand((3, 17, 41, 37), dtype), _rand((3, 17, 41, 37), dtype, 1)
+    x, dy = rand((3, 17, 41, 37), dtype), rand((3, 17, 41, 37), dtype, 1)
     want_y = reference.relu_forward(x, 0.2)
     want_dx = reference.relu_backward(x, dy, 0.2)
     buf = x.copy()
@@ -644,30 +490,21 @@ def test_relu_keeps_caffes_special_values():
 
 
 def test_out_that_is_not_a_plain_buffer_is_still_filled():
-    x = _rand((4, 6), np.float32)
+    x = rand((4, 6), np.float32)
     out = np.zeros((6, 4), np.float32).T  # Fortran-ordered view
     assert cpu.relu_forward(x, 0.0, out=out) is out
     np.testing.assert_array_equal(out, np.maximum(x, 0))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("params", LRN_PARAMS, ids=str)
 @pytest.mark.parametrize("shape", LRN_SHAPES, ids=str)
 def test_lrn_across_matches_reference(shape, params, dtype):
-    size, alpha, beta, k = params
-    x, dy = _rand(shape, dtype), _rand(shape, dtype, 1)
-    y, scale = cpu.lrn_across_forward(x, size, alpha, beta, k)
-    want_y, want_scale = reference.lrn_across_forward(x, size, alpha, beta, k)
-    _close(scale, want_scale, dtype)
-    _close(y, want_y, dtype)
-    dx = dy.copy()
-    cpu.lrn_across_backward(x, y, scale, dx, size, alpha, beta, out=dx)  # in place on dy
-    _close(dx, reference.lrn_across_backward(x, want_y, want_scale, dy, size, alpha, beta),
-           dtype)
+    check_lrn(cpu, shape, params, dtype)
 
 
 def test_lrn_writes_into_out_and_scale():
-    x = _rand((2, 7, 4, 3), np.float32)
+    x = rand((2, 7, 4, 3), np.float32)
     out, scale = np.empty_like(x), np.empty_like(x)
     y, s = cpu.lrn_across_forward(x, 5, 1e-4, 0.75, 1.0, out=out, scale=scale)
     assert y is out and s is scale
@@ -675,18 +512,10 @@ def test_lrn_writes_into_out_and_scale():
         cpu.lrn_across_forward(x, 5, 1e-4, 0.75, 1.0, out=x)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SOFTMAX_SHAPES, ids=str)
 def test_softmax_matches_reference(shape, dtype):
-    x, dy = 5 * _rand(shape, dtype), _rand(shape, dtype, 1)
-    y = cpu.softmax_forward(x)
-    _close(y, reference.softmax_forward(x), dtype)
-    _close(cpu.softmax_backward(y, dy), reference.softmax_backward(y, dy), dtype)
-    buf = x.copy()
-    cpu.softmax_forward(buf, out=buf)
-    np.testing.assert_array_equal(buf, y)
-    cpu.softmax_backward(y, dy, out=dy)
-    _close(dy, reference.softmax_backward(y, _rand(shape, dtype, 1)), dtype)
+    check_softmax(cpu, shape, dtype)
 
 
 def test_softmax_does_not_overflow():
@@ -696,57 +525,26 @@ def test_softmax_does_not_overflow():
     np.testing.assert_allclose(y.sum(axis=1), 1, rtol=1e-6)
 
 
-def _labels(outer, channels, inner, seed, ignore=None):
-    lab = np.random.default_rng(seed).integers(0, channels, (outer, inner))
-    if ignore is not None:
-        lab[::2, ::3] = ignore
-    return lab
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("ignore", [None, 1, -1])
 @pytest.mark.parametrize("shape", SOFTMAX_SHAPES, ids=str)
 def test_softmax_loss_matches_reference(shape, ignore, dtype):
-    outer, channels, inner = shape
-    x = 3 * _rand(shape, dtype)
-    label = (_labels(outer, channels, inner, 2, ignore) + 0.7 * (ignore is None)).astype(dtype)
-    prob, loss, count, bad = cpu.softmax_loss_forward(x, label, ignore)
-    want_prob, want_loss, want_count, want_bad = reference.softmax_loss_forward(x, label, ignore)
-    _close(prob, want_prob, dtype)
-    assert isinstance(loss, np.dtype(dtype).type)
-    np.testing.assert_allclose(loss, want_loss, **TOL[dtype])
-    assert (count, bad) == (want_count, want_bad) and bad is None
-    dx = np.full(shape, 9, dtype)
-    cpu.softmax_loss_backward(prob, label, ignore, 0.25, out=dx)
-    _close(dx, reference.softmax_loss_backward(prob, label, ignore, 0.25), dtype)
+    check_softmax_loss(cpu, shape, ignore, dtype)
 
 
 def test_softmax_loss_reports_the_first_bad_label():
-    x = _rand((3, 4, 2), np.float32)
-    label = np.array([[0, 3], [4, -1], [7, 2]], np.float32)
-    _, _, count, bad = cpu.softmax_loss_forward(x, label, None)
-    assert (count, bad) == (3, 4)
-    assert reference.softmax_loss_forward(x, label, None)[2:] == (3, 4)
-    _, _, count, bad = cpu.softmax_loss_forward(x, label, 4)
-    assert (count, bad) == (3, -1)
+    check_softmax_loss_bad_label(cpu)
 
 
 def test_softmax_loss_floors_the_probability_at_flt_min():
-    x = np.array([[[0.0], [-200.0]]], np.float32)
-    _, loss, _, _ = cpu.softmax_loss_forward(x, np.array([[1.0]], np.float32), None)
-    np.testing.assert_allclose(loss, -np.log(np.finfo(np.float32).tiny), rtol=1e-6)
+    check_softmax_loss_floor(cpu)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("decay", [0.0, 5e-4])
 @pytest.mark.parametrize("shape", ELEMENTWISE_SHAPES, ids=str)
 def test_sgd_update_matches_reference(shape, decay, dtype):
-    data, diff, hist = _rand(shape, dtype), _rand(shape, dtype, 1), _rand(shape, dtype, 2)
-    want = [a.copy() for a in (data, diff, hist)]
-    reference.sgd_update(*want, 0.01, 0.9, decay)
-    cpu.sgd_update(data, diff, hist, 0.01, 0.9, decay)
-    for got, w in zip((data, diff, hist), want):
-        np.testing.assert_array_equal(got, w)
+    check_sgd_update(cpu, shape, decay, dtype)
 
 
 def test_in_place_kernels_refuse_arrays_they_would_copy():
@@ -760,17 +558,10 @@ def test_in_place_kernels_refuse_arrays_they_would_copy():
 # --------------------------------------------------------------------------------------------
 # The persistent worker threads (csrc/threads.cpp)
 # --------------------------------------------------------------------------------------------
-@pytest.fixture
-def two_threads():
-    saved = cpu.get_num_threads()
-    cpu.set_num_threads(2)
-    yield
-    cpu.set_num_threads(saved)
-
-
-def test_workers_serve_several_python_threads_at_once(two_threads):
+def test_workers_serve_several_python_threads_at_once(num_threads):
     """One call owns the workers; a concurrent call starts its own threads."""
-    arrays = [_rand((3, 17, 41, 37), np.float32, seed) for seed in range(4)]
+    num_threads(2)
+    arrays = [rand((3, 17, 41, 37), np.float32, seed) for seed in range(4)]
     want = [reference.relu_backward(a, a[::-1].copy(), 0.3) for a in arrays]
     got = [None] * len(arrays)
 
@@ -788,9 +579,10 @@ def test_workers_serve_several_python_threads_at_once(two_threads):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_workers_in_a_forked_child(two_threads):
+def test_workers_in_a_forked_child(num_threads):
     """A child forked after the parent's workers started has none of them: it starts its own."""
-    x = _rand((3, 17, 41, 37), np.float32)
+    num_threads(2)
+    x = rand((3, 17, 41, 37), np.float32)
     want = reference.relu_forward(x, 0.1)
     np.testing.assert_array_equal(cpu.relu_forward(x, 0.1), want)
     pid = os.fork()
