@@ -193,7 +193,13 @@ class HybridScheduler:
 
     def _make_replica(self, device: Device) -> _Replica:
         n = max(1, self.batch // len(self.devices))
-        net = device.build(self._replica_param(n), self.master.dtype)
+        try:
+            net = device.build(self._replica_param(n), self.master.dtype)
+        except CCTError as e:
+            raise DeviceError(f"net '{self.master.name}' cannot be split across devices: its "
+                              f"replica for {n} of the batch's {self.batch} items on {device} "
+                              f"fails to build ({e}). Every layer must work on part of the "
+                              f"batch (e.g. no Reshape with a fixed first dimension).") from None
         if len(net.learnable_params) != len(self.master.learnable_params):
             raise DeviceError(f"replica of '{self.master.name}' on {device} has "
                               f"{len(net.learnable_params)} learnable params, the net "
@@ -218,6 +224,13 @@ class HybridScheduler:
         m = self.master
         return [m.learnable_param_ids[k] for k in range(len(m.learnable_params))
                 if m.params_lr[k] != 0]
+
+    def refresh_replicas(self) -> None:
+        """After the master's params were replaced (a restored snapshot): the replicas'
+        own copies (lr_mult 0, BatchNorm's statistics) follow; updated params are the
+        master's arrays (host devices) or sent every batch (the others)."""
+        for replica in self.replicas:
+            replica.device.run(self._push_frozen_params, replica)
 
     def _push_frozen_params(self, replica: _Replica) -> None:
         updated = set(self._updated_param_ids())
@@ -272,10 +285,43 @@ class HybridScheduler:
             self._apply_split([self.batch])
             return
         self._fill_inputs_all()
+        failed = []
         for r in self.replicas:
-            r.speed = self._probe(r)
-            r.overhead = self._measure_overhead(r) if len(self.replicas) > 1 else 0.0
-        self._resplit("first split")
+            try:
+                r.speed = self._probe(r)
+            except CCTError as e:
+                raise self._in_slice(e, r) from None
+            except Exception as e:         # the device itself
+                failed.append((r, e))
+                continue
+            r.overhead = self._measure_overhead(r)
+        if failed:
+            self._drop(failed)
+        else:
+            self._resplit("first split")
+
+    def _in_slice(self, error: CCTError, replica: _Replica) -> CCTError:
+        """The user's error, saying where it happened."""
+        return type(error)(f"{error} (on device {replica.device}, a slice of {replica.n} of "
+                           f"the batch's {self.batch} items)")
+
+    def _drop(self, failed) -> None:
+        """Leaves out devices that raised and splits the batch over the others (DeviceError
+        when none is left)."""
+        for r, e in failed:
+            glog.logger.error(f"Device {r.device} failed: {type(e).__name__}: {e}",
+                              extra={"caffe_src": "scheduler.py:0"})
+            self.replicas.remove(r)
+            r.device.close()
+        if not self.replicas:
+            r, e = failed[-1]
+            raise DeviceError(f"every device of the hybrid scheduler failed; the last, "
+                              f"{r.device}, with {type(e).__name__}: {e}")
+        self.fixed_split = None
+        for r in self.replicas:
+            r.speed = r.speed or 1.0      # never measured (a fixed split): equal shares
+        self._resplit(f"{', '.join(str(r.device) for r, _ in failed)} lost; redoing the "
+                      f"batch on {', '.join(str(r.device) for r in self.replicas)}")
 
     # -- splitting ---------------------------------------------------------------------------
     def _resplit(self, reason: str) -> None:
@@ -382,26 +428,13 @@ class HybridScheduler:
                 try:
                     loss, seconds = f.result()
                     results.append((r, loss, seconds))
-                except CCTError:
-                    raise                      # the user's net or data, not the device
+                except CCTError as e:          # the user's net or data, not the device
+                    raise self._in_slice(e, r) from None
                 except Exception as e:         # the device itself
                     failed.append((r, e))
             if not failed:
                 return results
-            for r, e in failed:
-                glog.logger.error(f"Device {r.device} failed: {type(e).__name__}: {e}",
-                                  extra={"caffe_src": "scheduler.py:0"})
-                self.replicas.remove(r)
-                r.device.close()
-            if not self.replicas:
-                r, e = failed[-1]
-                raise DeviceError(f"every device of the hybrid scheduler failed; the last, "
-                                  f"{r.device}, with {type(e).__name__}: {e}")
-            self.fixed_split = None
-            for r in self.replicas:
-                r.speed = r.speed or 1.0      # never measured (a fixed split): equal shares
-            self._resplit(f"{', '.join(str(r.device) for r, _ in failed)} lost; redoing the "
-                          f"batch on {', '.join(str(r.device) for r in self.replicas)}")
+            self._drop(failed)
 
     def forward_backward(self, backward: bool = True) -> float:
         """The whole batch's loss; with ``backward``, the master's param diffs gain the whole

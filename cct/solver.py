@@ -557,6 +557,8 @@ class Solver:
         for h, mine in zip(history, self.history):
             mine[...] = self.net.backend.xp.asarray(h.reshape(mine.shape), dtype=mine.dtype)
         self._read_side_file(state_file, state)
+        if self.scheduler is not None:
+            self.scheduler.refresh_replicas()  # what the replicas keep of their own
         self.last_snapshot = state_file
 
     def _read_side_file(self, state_file: str, state: dict) -> None:

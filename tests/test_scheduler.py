@@ -243,9 +243,26 @@ def test_a_user_error_in_a_slice_is_not_a_device_failure(data_list, tmp_path):
     param = solver_param(data_list, tmp_path)
     solver = Solver(param, devices=one_core_devices())
     try:
-        with pytest.raises(CCTError, match="label 9 is out of range"):
+        with pytest.raises(CCTError, match=r"label 9 is out of range.*\(on device cpu:\d, a "
+                           r"slice of 8 of the batch's 16 items\)"):
             solver.step(1)
         assert len(solver.scheduler.replicas) == 2
+    finally:
+        solver.close()
+
+
+def test_a_net_that_cannot_take_part_of_the_batch_says_so(data_list, tmp_path):
+    param = solver_param(data_list, tmp_path)
+    # A Reshape that names the batch size cannot run on a slice of it.
+    layer = param.net_param.layer.add()
+    text_format.Merge('name: "fixed" type: "Reshape" bottom: "ip2" top: "fixed" '
+                      'reshape_param { shape { dim: 16 dim: 3 } }', layer)
+    solver = Solver(param, devices=one_core_devices())
+    try:
+        with pytest.raises(DeviceError, match=r"net 'tiny' cannot be split across devices: its "
+                           r"replica for 8 of the batch's 16 items on cpu:\d fails to build "
+                           r"\(.*'fixed'.*\)\. Every layer must work on part of the batch"):
+            solver.step(1)
     finally:
         solver.close()
 
@@ -362,3 +379,25 @@ def test_the_split_follows_speeds_that_drift(data_list, tmp_path, capsys):
     fast, slow = (r.n for r in scheduler.replicas)
     assert fast + slow == BATCH and fast >= 4 * slow, (fast, slow)
     assert "Hybrid split of 16 (rebalanced: predicted" in capsys.readouterr().err
+
+
+class DeadOnArrival(CPUDevice):
+    """A device that fails from its first job on (the probe)."""
+
+    def submit(self, fn, *args):
+        if getattr(fn, "__name__", "") in ("timed", "_run_replica"):
+            def lost(*_):
+                raise RuntimeError("no such device (simulated)")
+            fn = lost
+        return super().submit(fn, *args)
+
+
+def test_a_device_lost_while_probing_is_left_out(data_list, tmp_path, capsys):
+    param = solver_param(data_list, tmp_path)
+    whole, _, _ = train(param)
+    cores = available_cores()
+    capsys.readouterr()
+    split, _, scheduler = train(param, [DeadOnArrival([cores[0]]), CPUDevice([cores[-1]])])
+    assert_same_params(whole, split)
+    assert [r.n for r in scheduler.replicas] == [BATCH]
+    assert "Device cpu:0 failed: RuntimeError: no such device" in capsys.readouterr().err
