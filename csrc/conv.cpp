@@ -394,7 +394,9 @@ struct Plan {
   bool cache_chunks;
 };
 
-using PlanKey = std::tuple<int, std::array<int64_t, 16>, int64_t, int>;
+// kernel, geometry, element size, threads, and the modes (a plan measured under one forced
+// mode is not the answer under another)
+using PlanKey = std::tuple<int, std::array<int64_t, 16>, int64_t, int, int>;
 std::mutex g_plan_mutex;
 std::map<PlanKey, Plan> g_plans;
 std::atomic<int> g_partition_mode{0};  // 0 measure, 1 one partition, 2 one per thread
@@ -433,7 +435,7 @@ void run_with_plan(Kernel kernel, const ConvGeom& g, Run&& run, T* accumulated =
   const PlanKey key{kernel,
                     {g.n, g.c, g.h, g.w, g.o, g.ho, g.wo, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
                      g.dh, g.dw, g.group},
-                    int64_t(sizeof(T)), threads};
+                    int64_t(sizeof(T)), threads, g_layout_mode * 3 + g_partition_mode};
   std::optional<Plan> known;
   {
     // Only the lookup holds the lock: threads of different devices (cct/devices.py) run
