@@ -74,7 +74,7 @@ class Layer:
             from ..io.weights import blob_from_proto
             arr = blob_from_proto(bp)
             b = Blob(arr.shape, self.dtype, self.xp)
-            b.data[...] = arr
+            b.data[...] = self.xp.asarray(arr)
             self.blobs.append(b)
 
     # -- helpers for subclasses ----------------------------------------------------------------

@@ -153,7 +153,7 @@ class HDF5DataLayer(Layer):
             take = min(self.batch_size - filled, self.arrays[0].shape[0] - self.row)
             rows = self.row_order[self.row:self.row + take]
             for t, a in zip(top, self.arrays):
-                t.data[filled:filled + take] = a[rows]
+                t.data[filled:filled + take] = self.xp.asarray(a[rows])
             filled += take
             self.row += take
             if self.row == self.arrays[0].shape[0]:
