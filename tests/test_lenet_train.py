@@ -1,6 +1,7 @@
 """Full-length LeNet training with Caffe's own solver settings on Caffe's LMDBs reaches the
 test accuracy real Caffe reached (lenet_train.log: 0.9815 at 2000 iterations), and
-continuing from Caffe's own iteration-1000 snapshot ends where Caffe's resumed run did.
+continuing from Caffe's own iteration-1000 snapshot ends where Caffe's resumed run did, and
+so does training with every batch split across two devices.
 These are the slowest tests in the suite (tens of seconds each)."""
 import re
 import shutil
@@ -24,13 +25,13 @@ def lenet_dir(caffe_fixtures, tmp_path, monkeypatch):
     return tmp_path
 
 
-def run(resume, capfd) -> float:
+def run(resume, capfd, devices=None) -> float:
     param = read_solver_text("lenet_solver.prototxt")
     param.test_interval = param.max_iter  # test once, at the end
     param.test_initialization = False
     param.snapshot = 0
     param.snapshot_after_train = False
-    solver = Solver(param, "lenet_solver.prototxt")
+    solver = Solver(param, "lenet_solver.prototxt", devices=devices)
     try:
         capfd.readouterr()
         if resume:
@@ -51,4 +52,14 @@ def test_lenet_2000_iterations_reaches_caffes_accuracy(lenet_dir, capfd):
 def test_resuming_caffes_snapshot_ends_where_caffe_did(lenet_dir, capfd):
     accuracy = run("lenet_iter_1000.solverstate", capfd)
     print(f"cct accuracy after resuming Caffe's 1000 to 2000: {accuracy}")
+    assert abs(accuracy - CAFFE_FINAL_ACCURACY) <= 0.005
+
+
+def test_lenet_split_across_two_devices_reaches_caffes_accuracy(lenet_dir, capfd):
+    """The hybrid scheduler (every batch split over two 1-core CPU devices in proportion to
+    their measured speed) trains as well as one device: its update is the whole batch's."""
+    from cct.devices import CPUDevice, available_cores
+    cores = available_cores()
+    accuracy = run(None, capfd, devices=[CPUDevice([cores[0]]), CPUDevice([cores[-1]])])
+    print(f"cct LeNet on two devices, accuracy at 2000: {accuracy}")
     assert abs(accuracy - CAFFE_FINAL_ACCURACY) <= 0.005
