@@ -22,9 +22,8 @@ first batch (cached per device, net and slice shape; logged). While training the
 a moving average of each device's images/s from the time its slice took, re-splits when another
 split would be predicted faster by more than ``rebalance_margin`` (10%, checked every
 ``rebalance_every`` = 20 iterations: a LeNet-sized net's slice times jitter by 5-10%, and each
-re-split is a log line and a reshape), and leaves out a device whose
-images do not pay for the cost of sending it params and gathering its gradients. It logs every
-split with its reason.
+re-split is a log line and a reshape), and leaves out a device whose images do not pay for the
+cost of sending it params and gathering its gradients. It logs every split with its reason.
 
 A device that fails (an exception that is not a user error, e.g. a GPU lost or out of memory)
 is dropped with an error line and the same batch is redone on the remaining devices, so no
