@@ -148,7 +148,7 @@ def max_pool_forward(x, kernel, stride, pad, pooled, out=None, mask=None):
     strict ``>`` as Caffe does (ties go to the first element, NaN never wins).
     Returns (top, argmax as the flat index h * W + w in the bottom's plane)."""
     n, c, h, w = x.shape
-    (_, kw), (ho, wo) = kernel, pooled
+    (_, kw), (sh, sw), (ph, pw), (ho, wo) = kernel, stride, pad, pooled
     xpad = _pool_padded(x, kernel, stride, pad, pooled, -np.inf)
     taps = list(_pool_taps(xpad, kernel, stride, pooled))
     y = np.full((n, c, ho, wo), -np.inf, x.dtype)
