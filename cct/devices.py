@@ -135,8 +135,8 @@ class GPUDevice(Device):
         self.index = index
 
     def activate(self) -> None:
-        import cupy
-        cupy.cuda.Device(self.index).use()
+        from .backend import gpu
+        gpu.use_device(self.index)
 
     def to_device(self, host: np.ndarray, like=None):
         import cupy
@@ -149,23 +149,16 @@ class GPUDevice(Device):
         return arr.get()
 
     def synchronize(self) -> None:
-        import cupy
-        cupy.cuda.Device(self.index).synchronize()
+        from .backend import gpu
+        gpu.synchronize()  # the device thread's current GPU is this one
 
 
 def _gpu_count() -> int:
-    try:
-        import cupy
-        count = cupy.cuda.runtime.getDeviceCount()
-    except ImportError:
-        raise DeviceError("GPU devices asked for, but CuPy is not installed; install cct with "
-                          "its GPU extra (pip install '.[gpu]', or '.[gpu-cuda13]' for CUDA "
-                          "13) or drop the GPU devices.") from None
-    except Exception as e:  # cupy's CUDARuntimeError: no driver, no device
-        raise DeviceError(f"GPU devices asked for, but CUDA reports none ({e}).") from None
-    if count < 1:
-        raise DeviceError("GPU devices asked for, but CUDA reports no GPU on this machine.")
-    return count
+    from .backend import gpu
+    ok, reason = gpu.available()
+    if not ok:
+        raise DeviceError(f"GPU devices asked for, but {reason}.")
+    return gpu.device_count()
 
 
 def _core_range(item: str, cores: List[int]) -> List[int]:

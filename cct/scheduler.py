@@ -144,6 +144,10 @@ class HybridScheduler:
                             for i in self.sources for b in master.top_id_vecs[i]]
         self.batch = self._batch_size()
         self.digest = self._digest()
+        # The params the solver updates: shared with (host) or sent to the replicas each batch.
+        m = master
+        self.updated_ids = [m.learnable_param_ids[k] for k in range(len(m.learnable_params))
+                            if m.params_lr[k] != 0]
         self._configure_blas()
         self.replicas: List[_Replica] = [self._make_replica(d) for d in self.devices]
         self._free_master_activations()
@@ -216,15 +220,10 @@ class HybridScheduler:
         if device.host_memory:
             # Params the solver updates are the master's arrays; the others (lr_mult 0,
             # BatchNorm's running statistics) are the replica's own, copied from the master.
-            for j in self._updated_param_ids():
+            for j in self.updated_ids:
                 net.params_list[j].share_data(self.master.params_list[j])
         self._push_frozen_params(replica)
         return replica
-
-    def _updated_param_ids(self) -> List[int]:
-        m = self.master
-        return [m.learnable_param_ids[k] for k in range(len(m.learnable_params))
-                if m.params_lr[k] != 0]
 
     def refresh_replicas(self) -> None:
         """After the master's params were replaced (a restored snapshot): the replicas'
@@ -234,7 +233,7 @@ class HybridScheduler:
             replica.device.run(self._push_frozen_params, replica)
 
     def _push_frozen_params(self, replica: _Replica) -> None:
-        updated = set(self._updated_param_ids())
+        updated = set(self.updated_ids)
         for j, (rp, mp) in enumerate(zip(replica.net.params_list, self.master.params_list)):
             if j not in updated and self.master.param_owners[j] < 0:
                 replica.device.to_device(mp.data, like=rp.data)
@@ -372,7 +371,7 @@ class HybridScheduler:
     def _sync_params(self, replica: _Replica) -> None:
         if replica.device.host_memory:
             return
-        for j in self._updated_param_ids():
+        for j in self.updated_ids:
             rp = replica.net.params_list[j]
             replica.device.to_device(self.master.params_list[j].data, like=rp.data)
 
@@ -488,7 +487,7 @@ class HybridScheduler:
         if not self.replicas:
             return
         first = self.replicas[0]
-        updated = set(self._updated_param_ids())
+        updated = set(self.updated_ids)
         for j, (rp, mp) in enumerate(zip(first.net.params_list, self.master.params_list)):
             if j not in updated and self.master.param_owners[j] < 0:
                 mp.data[...] = first.device.to_host(rp.data)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import cct
-from cct import glog, rng
+from cct import rng
 from cct.errors import CCTError
 from cct.io import weights
 from cct.io.prototxt import read_solver_text
@@ -17,17 +17,10 @@ from cct.proto import caffe_pb2
 from cct.io.solverstate import read_solver_state, read_solver_state_hdf5, solver_state_bytes
 from cct.solver import (SIDE_SUFFIX, Solver,
                         solver_from_file)
-from tests.test_solver_rules import batches, chunk_net, feed, ls_net, solver_param
+from tests.test_solver_rules import (_info_logging, batches, chunk_net, feed,  # noqa: F401
+                                     ls_net, solver_param)
 
 LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ (\S+)\] (.*)$")
-
-
-@pytest.fixture(autouse=True)
-def _info_logging():
-    level = glog.logger.level
-    glog.set_quiet(False)
-    yield
-    glog.logger.setLevel(level)
 
 
 def solver_log(err: str, prefixes=("solver.cpp", "sgd_solver.cpp", "caffe.cpp")):
