@@ -322,7 +322,10 @@ def worker(args) -> None:
         result = {"gflops": sgemm_peak(), "machine": machine()}
     else:
         rel, batch = NETS[args.net]
-        run = run_cct if args.worker == "cct" else run_torch
+        if args.worker == "cct-rule":
+            from cct.backend import plans
+            plans.set_deterministic(True)
+        run = run_torch if args.worker == "torch" else run_cct
         result = run(pathlib.Path(args.zoo) / rel, args.batch or batch, args.warmup, args.iters)
         result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print("RESULT " + json.dumps(result))
@@ -396,7 +399,11 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=0, help="override every net's batch")
     ap.add_argument("--zoo", default=str(default_zoo()), help="the caffe-zoo folder")
     ap.add_argument("--no-torch", action="store_true", help="skip PyTorch even if installed")
-    ap.add_argument("--worker", choices=["cct", "torch", "peak"], help=argparse.SUPPRESS)
+    ap.add_argument("--deterministic", action="store_true",
+                    help="also train each net with --deterministic's fixed kernel plans and "
+                         "print that speed as a ratio of the measured plans'")
+    ap.add_argument("--worker", choices=["cct", "cct-rule", "torch", "peak"],
+                    help=argparse.SUPPRESS)
     ap.add_argument("--net", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -420,6 +427,8 @@ def main(argv=None) -> None:
               f"{'update':>8}")
     if have_torch:
         header += f"{'torch img/s':>13}{'torch RSS':>11}{'ratio':>7}"
+    if args.deterministic:
+        header += f"{'rule img/s':>12}{'rule/measured':>15}"
     print(header)
     rows = []
     for name in nets:
@@ -434,6 +443,9 @@ def main(argv=None) -> None:
             tres = spawn("torch", name, args)
             tips = batch / statistics.median(tres["times"])
             line += f"{tips:>13.1f}{tres['peak_rss_mb']:>11.0f}{ips / tips:>7.2f}"
+        if args.deterministic:
+            rips = batch / statistics.median(spawn("cct-rule", name, args)["times"])
+            line += f"{rips:>12.1f}{rips / ips:>15.2f}"
         rows.append((line, gflops))
         print(line, flush=True)
     end_peak = spawn("peak", "", args)["gflops"]
@@ -445,6 +457,9 @@ def main(argv=None) -> None:
     else:
         print(f"SGEMM peak at the end: {end_peak:.1f} GFLOP/s")
     print("update: share of the iteration spent in the SGD update (the solver's fused kernel)")
+    if args.deterministic:
+        print("rule: the same net with --deterministic's fixed plans (one batch partition per "
+              "thread, lowered, direct GEMM order), nothing timed")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,25 @@ The names here follow pycaffe: ``Net``, ``TRAIN``/``TEST``, ``set_mode_cpu``, ``
 (NetSpec), ``io``, ``proto.caffe_pb2``.
 """
 import os as _os
+import sys as _sys
+
+# Ctrl-C while this package loads (a third of a second or more, before the ``cct`` command can
+# catch anything) ends the program with one line instead of a traceback; Python then exits as
+# killed by SIGINT, as Caffe does before its signal handler is set. Python's own hook is back
+# once the package has loaded.
+_excepthook = _sys.excepthook
+
+
+def _interrupted_while_loading(kind, value, traceback) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        print("cct: interrupted", file=_sys.stderr)
+    else:
+        _excepthook(kind, value, traceback)
+
+
+_sys.excepthook = _interrupted_while_loading
+
+__version__ = "0.1.0"   # before the imports below: cct.backend.plans keys its cache by it
 
 # OpenBLAS's idle threads spin for 2^28 cycles (about 0.1 s) after each threaded call before they
 # sleep; meanwhile they take the cores from cct's own threads, which run the next kernel (a
@@ -25,4 +44,6 @@ from . import proto  # noqa: F401
 # NetSpec pseudo-module, which still forwards the package's own names (see net_spec.Layers).
 from .net_spec import NetSpec, layers, params, to_proto  # noqa: F401
 
-__version__ = "0.1.0"
+_sys.excepthook = _excepthook
+del _excepthook, _interrupted_while_loading
+

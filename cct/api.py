@@ -16,6 +16,7 @@ from .net import TEST, TRAIN
 from .net import Net as _CoreNet
 from .proto import caffe_pb2
 from .rng import set_random_seed  # noqa: F401
+from .scheduler import gradient_source, single_gpu
 from .solver import Solver as _CoreSolver
 
 _mode = "cpu"
@@ -113,15 +114,23 @@ class Solver(_CoreSolver):
 
     TYPE: Optional[str] = None   # None: the file's own ``type``
 
-    def __init__(self, solver_file, **kw):
+    def __init__(self, solver_file, devices=None, **kw):
         if isinstance(solver_file, caffe_pb2.SolverParameter):
             param, source = solver_file, kw.pop("source", "<SolverParameter>")
         else:
             source = os.fsdecode(solver_file)
             param = read_solver_text(source)
         kw.setdefault("solver_type", self.TYPE)
-        kw.setdefault("backend", _backend)
+        devices, kw["backend"] = single_gpu(devices, kw.get("backend", _backend))
         super().__init__(param, source, **kw)
+        if devices is not None:
+            self.use_devices(devices)
+
+    def use_devices(self, devices) -> None:
+        """Train on these devices from the next iteration on: a spelling such as
+        ``"cpu:1,cpu:1"`` or ``"cpu,gpu0"`` (cct/devices.py) or a list of Devices. Several
+        devices share every batch through the hybrid scheduler (cct/scheduler.py)."""
+        self.set_gradient_source(gradient_source(self.net, devices))
 
 
 class SGDSolver(Solver):

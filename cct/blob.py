@@ -9,11 +9,14 @@ touching the array after host code asked for it copies host -> device first.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Dict, Sequence, Tuple
 
 import numpy as np
 
 from .errors import LayerError
+
+INT_MAX = 2 ** 31 - 1
 
 # array module -> (to_host(device, host), to_device(host, device)): the modules whose arrays
 # live apart from host memory (registered by the GPU and numpy backends).
@@ -27,12 +30,33 @@ def register_device_memory(xp, to_host: Callable, to_device: Callable) -> None:
     _DEVICE_MEMORY[xp] = (to_host, to_device)
 
 
+class BlobShapeError(LayerError):
+    """A shape Caffe's Blob::Reshape refuses; the layer that asked for it adds its name."""
+
+
+def checked_shape(shape: Sequence[int]) -> tuple:
+    """``shape`` as a tuple of ints, refused as Caffe's Blob::Reshape refuses it: a negative
+    dimension, or more than INT_MAX values (Caffe counts them in an int)."""
+    shape = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise BlobShapeError(f"blob shape {shape} has a negative dimension")
+    count = math.prod(shape)
+    if count > INT_MAX or (count == 0 and any(s > INT_MAX for s in shape)):
+        raise BlobShapeError(f"blob shape {shape} holds {count} values, more than Caffe's "
+                             f"limit of INT_MAX = {INT_MAX} (blob size exceeds INT_MAX)")
+    return shape
+
+
 class Blob:
     """Holds ``data`` and ``diff`` of one shape, on the array module ``xp`` of a backend.
 
     As in Caffe, reshaping to the same element count keeps the values; a different count
     allocates fresh zeroed memory. ``Blob(shape, dtype, xp)`` makes a :class:`DeviceBlob`
     when ``xp`` is a device's array module.
+
+    The diff is allocated, zeroed, when something first asks for it (as Caffe's SyncedMemory
+    allocates on first use): a net that only runs forward, or the params of a net being built,
+    then cost their data alone.
     """
 
     __slots__ = ("_data", "_diff", "xp", "dtype")
@@ -45,11 +69,20 @@ class Blob:
     def __init__(self, shape: Sequence[int] = (), dtype=np.float32, xp=np):
         self.xp = xp
         self.dtype = np.dtype(dtype)
-        self._alloc(tuple(int(s) for s in shape))
+        self._alloc(checked_shape(shape))
 
     def _alloc(self, shape: tuple) -> None:
         self._data = self.xp.zeros(shape, self.dtype)
-        self._diff = self.xp.zeros(shape, self.dtype)
+        self._diff = None
+
+    def _diff_array(self):
+        """The diff array, allocated (zeros of the blob's shape) on first use."""
+        if self._diff is None:
+            self._alloc_diff()
+        return self._diff
+
+    def _alloc_diff(self) -> None:
+        self._diff = self.xp.zeros(self.shape, self.dtype)
 
     # shape ---------------------------------------------------------------------------------
     @property
@@ -88,13 +121,12 @@ class Blob:
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         shape = tuple(int(s) for s in shape)
-        if any(s < 0 for s in shape):
-            raise LayerError(f"blob shape {shape} has a negative dimension")
         if shape == self.shape:
             return
-        if int(np.prod(shape, dtype=np.int64)) == self.count:
+        if math.prod(checked_shape(shape)) == self.count:
             self._data = self._data.reshape(shape)
-            self._diff = self._diff.reshape(shape)
+            if self._diff is not None:
+                self._diff = self._diff.reshape(shape)
         else:
             self._alloc(shape)
 
@@ -112,11 +144,11 @@ class Blob:
 
     @property
     def diff(self):
-        return self._diff
+        return self._diff_array()
 
     @diff.setter
     def diff(self, value) -> None:
-        self._diff[...] = value
+        self._diff_array()[...] = value
 
     def cpu_data(self) -> np.ndarray:
         """The data as a read-only NumPy array (Caffe's ``cpu_data()``): for code that saves
@@ -124,7 +156,7 @@ class Blob:
         return _read_only(self._data)
 
     def cpu_diff(self) -> np.ndarray:
-        return _read_only(self._diff)
+        return _read_only(self._diff_array())
 
     def host_view(self) -> "Blob":
         """The blob as pycaffe code sees it, ``data``/``diff`` NumPy arrays: the blob itself
@@ -136,7 +168,7 @@ class Blob:
         self._data = other._data.reshape(self.shape)
 
     def share_diff(self, other: "Blob") -> None:
-        self._diff = other._diff.reshape(self.shape)
+        self._diff = other._diff_array().reshape(self.shape)
 
     def __repr__(self) -> str:
         return f"Blob(shape={self.shape}, dtype={self.dtype})"
@@ -212,9 +244,16 @@ class DeviceBlob(Blob):
 
     def _alloc(self, shape: tuple) -> None:
         super()._alloc(shape)
-        transfer = _DEVICE_MEMORY[self.xp]
-        self._data_mem = SyncedMemory(self._data, transfer)
-        self._diff_mem = SyncedMemory(self._diff, transfer)
+        self._data_mem = SyncedMemory(self._data, _DEVICE_MEMORY[self.xp])
+        self._diff_mem = None
+
+    def _alloc_diff(self) -> None:
+        super()._alloc_diff()
+        self._diff_mem = SyncedMemory(self._diff, _DEVICE_MEMORY[self.xp])
+
+    def _diff_synced(self) -> SyncedMemory:
+        self._diff_array()
+        return self._diff_mem
 
     def _get_data(self):
         if self._data_mem.head is not AT_DEVICE:
@@ -225,8 +264,9 @@ class DeviceBlob(Blob):
         self._get_data()[...] = self.xp.asarray(value, dtype=self.dtype)
 
     def _get_diff(self):
-        if self._diff_mem.head is not AT_DEVICE:
-            self._diff_mem.device_side()
+        mem = self._diff_synced()
+        if mem.head is not AT_DEVICE:
+            mem.device_side()
         return self._diff
 
     def _set_diff(self, value) -> None:
@@ -239,7 +279,7 @@ class DeviceBlob(Blob):
         return _read_only(self._data_mem.host_side(mutable=False).reshape(self.shape))
 
     def cpu_diff(self) -> np.ndarray:
-        return _read_only(self._diff_mem.host_side(mutable=False).reshape(self.shape))
+        return _read_only(self._diff_synced().host_side(mutable=False).reshape(self.shape))
 
     def host_view(self) -> "HostBlob":
         if self._host_view is None:
@@ -252,7 +292,7 @@ class DeviceBlob(Blob):
 
     def share_diff(self, other: "Blob") -> None:
         super().share_diff(other)
-        self._diff_mem = other._diff_mem
+        self._diff_mem = other._diff_synced()
 
     def __repr__(self) -> str:
         return f"DeviceBlob(shape={self.shape}, dtype={self.dtype}, xp={self.xp.__name__})"
@@ -281,11 +321,11 @@ class HostBlob:
 
     @property
     def diff(self) -> np.ndarray:
-        return self._blob._diff_mem.host_side(mutable=True).reshape(self._blob.shape)
+        return self._blob._diff_synced().host_side(mutable=True).reshape(self._blob.shape)
 
     @diff.setter
     def diff(self, value) -> None:
-        self._blob._diff_mem.host_write(self._blob.shape, value)
+        self._blob._diff_synced().host_write(self._blob.shape, value)
 
     @property
     def blob(self) -> DeviceBlob:

@@ -22,7 +22,11 @@ USAGE = """usage: cct <command> <args>
 commands:
   train           train or finetune a model (-solver, -weights, -snapshot, -level, -stage,
                   -sigint_effect, -sighup_effect, -gpu, -devices: e.g. cpu:1,cpu:1 or cpu,gpu0
-                  to split every batch across devices)
+                  to split every batch across devices, -deterministic: fixed kernel plans,
+                  none timed, so runs repeat to the bit whatever the machine's load;
+                  -strategy=sync|async -groups=G -engine=threads|simulated
+                  -staleness=round-robin|exponential -momentum=auto|X
+                  -allow-negative-momentum: asynchronous compute groups, cct/driver)
   test            score a model (-model, -weights, -iterations, -level, -stage)
   time            benchmark forward/backward of a model (-model, -iterations, -phase, -level,
                   -stage)
@@ -49,6 +53,16 @@ def _phase(name: str):
     if name not in phases:
         raise CCTError(f"-phase must be TRAIN or TEST, got '{name}'")
     return phases[name]
+
+
+def _iterations(flags: Flags, what: str) -> int:
+    """-iterations of ``cct test`` and ``cct time``. Caffe runs no pass for a value below 1 and
+    then divides by it, printing nan or inf; cct refuses it."""
+    n = flags.int("iterations")
+    if n < 1:
+        raise CCTError(f"{flags.command}: -iterations must be at least 1 (got {n}): it is the "
+                       f"number of {what}.")
+    return n
 
 
 def _require(flags: Flags, name: str, why: str) -> str:
@@ -141,15 +155,28 @@ def _train_devices(flags: Flags, param):
     return devices
 
 
+def _momentum_value(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise CCTError(f"train: -momentum must be a number (or 'auto' with -strategy=async), "
+                       f"got '{text}'") from None
+
+
 def cmd_train(argv: List[str]) -> int:
     """Caffe's ``caffe train``: solve from a solver prototxt, optionally resuming from a
     .solverstate (-snapshot) or starting from trained weights (-weights a,b)."""
+    from .driver import STRATEGIES, AsyncDriver
     from .io.prototxt import read_solver_text
+    from .scheduler import gradient_source, single_gpu
     from .solver import Solver
 
     flags = Flags("train", argv, {"solver": "", "weights": "", "snapshot": "", "gpu": "",
                                   "devices": "", "level": "0", "stage": "", "sigint_effect": "stop",
-                                  "sighup_effect": "snapshot"})
+                                  "sighup_effect": "snapshot", "strategy": "sync", "groups": "1",
+                                  "engine": "threads", "staleness": "round-robin",
+                                  "momentum": "", "seed": "0"},
+                  booleans=("deterministic", "allow-negative-momentum"))
     solver_path = _require(flags, "solver", "Need a solver definition to train.")
     if flags.get("snapshot") and flags.get("weights"):
         raise CCTError("train: give a snapshot to resume training (-snapshot) or weights to "
@@ -162,13 +189,36 @@ def cmd_train(argv: List[str]) -> int:
     if flags.get("weights"):
         param.weights.append(flags.get("weights"))
     devices = _train_devices(flags, param)
+    if flags.bool("deterministic"):
+        from .backend import plans
+        plans.set_deterministic(True)
     actions = SignalActions(flags.get("sigint_effect"), flags.get("sighup_effect"))
-    solver = Solver(param, solver_path, action_request=actions, devices=devices)
+    strategy = flags.get("strategy")
+    if strategy not in STRATEGIES:
+        raise CCTError(f"train: unknown -strategy '{strategy}'; known: {', '.join(STRATEGIES)}")
+    if strategy == "sync" and flags.int("groups") != 1:
+        raise CCTError("train: -groups needs -strategy=async (sync is one group)")
+    if strategy == "sync" and flags.get("momentum"):
+        param.momentum = _momentum_value(flags.get("momentum"))
+    if strategy == "sync":
+        devices, backend = single_gpu(devices, "cpu")
+    else:
+        backend = "cpu"
+    solver = Solver(param, solver_path, action_request=actions, backend=backend)
+    driver = None
     try:
+        if strategy == "async":
+            driver = AsyncDriver(solver, groups=flags.int("groups"), engine=flags.get("engine"),
+                                 devices=devices, staleness=flags.get("staleness"),
+                                 momentum=flags.get("momentum") or None,
+                                 allow_negative_momentum=flags.bool("allow-negative-momentum"),
+                                 seed=flags.int("seed"))
+        elif devices is not None:
+            solver.set_gradient_source(gradient_source(solver.net, devices))
         if flags.get("snapshot"):
             solver.restore(flags.get("snapshot"))  # logs caffe.cpp's "Resuming from ..."
         log.info("caffe.cpp:239", "Starting Optimization")
-        solver.solve()
+        (driver.solve if driver else solver.solve)()
     finally:
         solver.close()
     log.info("caffe.cpp:250", "Optimization Done.")
@@ -237,7 +287,7 @@ def cmd_test(argv: List[str]) -> int:
                                  "level": "0", "stage": ""})
     model = _require(flags, "model", "Need a model definition to score.")
     weights = _require(flags, "weights", "Need model weights to score.")
-    iterations = flags.int("iterations")
+    iterations = _iterations(flags, "batches to score")
     net = Net(model, TEST, level=flags.int("level"), stages=flags.list("stage"), weights=weights,
               backend=_net_backend(flags, "caffe.cpp:290"))
     log.info("caffe.cpp:308", f"Running for {iterations} iterations.")
@@ -258,10 +308,10 @@ def cmd_test(argv: List[str]) -> int:
                     scores[idx] += float(v)
                 log.info("caffe.cpp:331", f"Batch {i}, {name} = {_g(v)}")
                 idx += 1
-    log.info("caffe.cpp:336", f"Loss: {_g(total_loss / max(iterations, 1))}")
+    log.info("caffe.cpp:336", f"Loss: {_g(total_loss / iterations)}")
     for score, j in zip(scores, owners):
         blob_id = net.output_blob_indices[j]
-        mean = score / max(iterations, 1)
+        mean = score / iterations
         weight = net.blob_loss_weights[blob_id]
         extra = f" (* {_g(weight)} = {_g(weight * mean)} loss)" if weight else ""
         log.info("caffe.cpp:348", f"{net.blob_names[blob_id]} = {_g(mean)}{extra}")
@@ -275,7 +325,7 @@ def cmd_time(argv: List[str]) -> int:
     flags = Flags("time", argv, {"model": "", "iterations": "50", "phase": "TRAIN", "gpu": "",
                                  "level": "0", "stage": "", "weights": ""})
     model = _require(flags, "model", "Need a model definition to time.")
-    iterations = flags.int("iterations")
+    iterations = _iterations(flags, "forward-backward passes to time")
     net = Net(model, _phase(flags.get("phase")), level=flags.int("level"),
               stages=flags.list("stage"), weights=flags.get("weights") or None,
               backend=_net_backend(flags, "caffe.cpp:352"))
@@ -308,14 +358,13 @@ def cmd_time(argv: List[str]) -> int:
         log.info("caffe.cpp:396", f"Iteration: {it + 1} forward-backward time: "
                  f"{_g((t_end - t_iter) * 1e3)} ms.")
     total = time.perf_counter() - start_all
-    it = max(iterations, 1)
     log.info("caffe.cpp:399", "Average time per layer: ")
     for i, name in enumerate(net.layer_names):
-        log.info("caffe.cpp:402", f"{name:>10}\tforward: {_g(fwd[i] * 1e3 / it)} ms.")
-        log.info("caffe.cpp:405", f"{name:>10}\tbackward: {_g(bwd[i] * 1e3 / it)} ms.")
-    log.info("caffe.cpp:410", f"Average Forward pass: {_g(total_fwd * 1e3 / it)} ms.")
-    log.info("caffe.cpp:412", f"Average Backward pass: {_g(total_bwd * 1e3 / it)} ms.")
-    log.info("caffe.cpp:414", f"Average Forward-Backward: {_g(total * 1e3 / it)} ms.")
+        log.info("caffe.cpp:402", f"{name:>10}\tforward: {_g(fwd[i] * 1e3 / iterations)} ms.")
+        log.info("caffe.cpp:405", f"{name:>10}\tbackward: {_g(bwd[i] * 1e3 / iterations)} ms.")
+    log.info("caffe.cpp:410", f"Average Forward pass: {_g(total_fwd * 1e3 / iterations)} ms.")
+    log.info("caffe.cpp:412", f"Average Backward pass: {_g(total_bwd * 1e3 / iterations)} ms.")
+    log.info("caffe.cpp:414", f"Average Forward-Backward: {_g(total * 1e3 / iterations)} ms.")
     log.info("caffe.cpp:416", f"Total Time: {_g(total * 1e3)} ms.")
     log.info("caffe.cpp:417", "*** Benchmark ends ***")
     return 0

@@ -93,8 +93,19 @@ def decode_image(data: bytes, color: Optional[bool] = None) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
     try:
         return _pil_to_array(Image.open(io.BytesIO(data)), color)
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise CCTError(f"cannot decode the image ({len(data)} bytes): {e}") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError,
+            Image.DecompressionBombError) as e:
+        raise CCTError(f"cannot decode the image ({len(data)} bytes): "
+                       f"{image_error_reason(e, data)}") from None
+
+
+def image_error_reason(e: Exception, data: bytes) -> str:
+    """Pillow's reason for not decoding ``data``, without the repr of the in-memory file it
+    names when it does not know the format ("cannot identify image file <_io.BytesIO ...>")."""
+    from PIL import UnidentifiedImageError
+    if isinstance(e, UnidentifiedImageError):
+        return f"not an image Pillow can identify (the data start with {data[:8]!r})"
+    return str(e)
 
 
 def read_image(path: str, height: int = 0, width: int = 0, is_color: bool = True) -> np.ndarray:
@@ -106,7 +117,8 @@ def read_image(path: str, height: int = 0, width: int = 0, is_color: bool = True
             arr = _pil_to_array(img, bool(is_color))
     except FileNotFoundError:
         raise CCTError(f"cannot read image '{path}': no such file") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError,
+            Image.DecompressionBombError) as e:
         raise CCTError(f"cannot read image '{path}': {e}") from None
     if height > 0 and width > 0:
         arr = resize_linear(arr, height, width)

@@ -21,10 +21,10 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from .errors import CCTError
+from .errors import CCTError, SourceLost
 
 
-class DeviceError(CCTError):
+class DeviceError(SourceLost):
     """A device list that cannot be honoured, or a device that failed while training."""
 
 

@@ -26,6 +26,11 @@ class WeightsError(CCTError):
     """A weights file is unreadable or its blobs do not fit the net."""
 
 
+class SourceLost(CCTError):
+    """A gradient source can compute no more (every device it had failed): the solver writes a
+    snapshot of the last update before it stops."""
+
+
 def close_matches(word: str, choices, n: int = 3) -> str:
     """Phrase like "did you mean 'ReLU', 'PReLU'?" for an unknown name, or ''."""
     import difflib

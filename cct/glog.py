@@ -58,6 +58,10 @@ def warning(src: str, msg: str) -> None:
     logger.warning(msg, extra={"caffe_src": src})
 
 
+def error(src: str, msg: str) -> None:
+    logger.error(msg, extra={"caffe_src": src})
+
+
 @contextlib.contextmanager
 def quiet():
     """INFO lines off for a while (a net replica's construction repeats the net's log)."""

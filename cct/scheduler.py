@@ -39,8 +39,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import glog
-from .devices import Device, DeviceError
+from .devices import (CPUDevice, Device, DeviceError, GPUDevice, available_cores,
+                      parse_devices)
 from .errors import CCTError
+from .params import GradientSource, NetSource
 from .proto import caffe_pb2
 
 #: Device throughput measurements: (device, net digest, slice shape) -> images/s.
@@ -102,6 +104,61 @@ def choose_devices(total: int, speeds: Sequence[float], overheads: Sequence[floa
     return split, why
 
 
+def gradient_source(net, devices) -> GradientSource:
+    """What computes ``net``'s gradients on ``devices`` (a spelling such as ``"cpu:1,cpu:1"``
+    or ``"cpu,gpu0"``, cct/devices.py, or a list of Devices): the net itself when that is one
+    device of every core, else a HybridScheduler sharing every batch among them."""
+    if isinstance(devices, str):
+        devices = parse_devices(devices)
+    devices = list(devices)
+    names = ", ".join(d.name for d in devices)
+    glog.info("solver.cpp:0", f"Training on {len(devices)} device(s): {names}")
+    if (len(devices) == 1 and isinstance(devices[0], CPUDevice)
+            and list(devices[0].cores) == available_cores()):
+        return NetSource(net)
+    return HybridScheduler(net, devices)
+
+
+def single_gpu(devices, backend: str):
+    """One GPU is the plain single-net path on the GPU backend (no scheduler): (devices left
+    for the scheduler, backend of the solver's nets)."""
+    if isinstance(devices, str):
+        devices = parse_devices(devices)
+    if devices is not None and len(devices) == 1 and isinstance(devices[0], GPUDevice):
+        devices[0].activate()     # the GPU current on this thread, where the nets run
+        return None, "gpu"
+    return devices, backend
+
+
+def source_layers(master) -> List[int]:
+    """The layers that produce the batch: no bottoms, no params (Data, ImageData, HDF5Data,
+    DummyData, MemoryData, Input, Python data layers)."""
+    return [i for i, layer in enumerate(master.layers)
+            if not master.bottom_vecs[i] and not layer.blobs]
+
+
+def next_batch(master, sources: Sequence[int]) -> None:
+    """Run the master's source layers alone: their tops hold the next batch."""
+    for i in sources:
+        master.layers[i].reshape(master.bottom_vecs[i], master.top_vecs[i])
+        master.layers[i].forward(master.bottom_vecs[i], master.top_vecs[i])
+
+
+def replica_param(master, sources: Sequence[int], n: int) -> caffe_pb2.NetParameter:
+    """The master's (filtered, split-inserted) NetParameter with every source layer turned
+    into an Input layer of batch ``n``: a net that computes on batches it is given."""
+    param = caffe_pb2.NetParameter()
+    param.CopyFrom(master.param)
+    for i in sources:
+        old = param.layer[i]
+        new = caffe_pb2.LayerParameter(name=old.name, type="Input", top=list(old.top))
+        for b in master.top_id_vecs[i]:
+            shape = (n,) + tuple(master.blobs_list[b].shape[1:])
+            new.input_param.shape.add().dim.extend(shape)
+        param.layer[i].CopyFrom(new)
+    return param
+
+
 def _blob(net, name: str):
     """The net's own Blob (the layers' arrays, not pycaffe's host view)."""
     return net.blobs_list[net.blob_names_index[name]]
@@ -135,8 +192,7 @@ class HybridScheduler:
         self.rebalance_every = rebalance_every
         self.probe_iters = probe_iters
         self.smoothing = smoothing
-        self.sources = [i for i, layer in enumerate(master.layers)
-                        if not master.bottom_vecs[i] and not layer.blobs]
+        self.sources = source_layers(master)
         if len(self.sources) == len(master.layers):
             raise DeviceError(f"net '{master.name}' has nothing to split across devices: every "
                               f"layer is a data layer.")
@@ -173,7 +229,6 @@ class HybridScheduler:
         return hashlib.sha1(self.master.param.SerializeToString()).hexdigest()[:16]
 
     def _configure_blas(self) -> None:
-        from .devices import CPUDevice
         cpus = [d for d in self.devices if isinstance(d, CPUDevice)]
         if cpus:
             # The BLAS's thread count is one number for the process: the smallest group's, so
@@ -182,24 +237,10 @@ class HybridScheduler:
             from . import _C
             _C.set_blas_num_threads(min(d.threads for d in cpus))
 
-    def _replica_param(self, n: int) -> caffe_pb2.NetParameter:
-        """The master's (filtered, split-inserted) NetParameter with every source layer turned
-        into an Input layer of batch ``n``."""
-        param = caffe_pb2.NetParameter()
-        param.CopyFrom(self.master.param)
-        for i in self.sources:
-            old = param.layer[i]
-            new = caffe_pb2.LayerParameter(name=old.name, type="Input", top=list(old.top))
-            for b in self.master.top_id_vecs[i]:
-                shape = (n,) + tuple(self.master.blobs_list[b].shape[1:])
-                new.input_param.shape.add().dim.extend(shape)
-            param.layer[i].CopyFrom(new)
-        return param
-
     def _make_replica(self, device: Device) -> _Replica:
         n = max(1, self.batch // len(self.devices))
         try:
-            net = device.build(self._replica_param(n), self.master.dtype)
+            net = device.build(replica_param(self.master, self.sources, n), self.master.dtype)
         except CCTError as e:
             raise DeviceError(f"net '{self.master.name}' cannot be split across devices: its "
                               f"replica for {n} of the batch's {self.batch} items on {device} "
@@ -440,9 +481,7 @@ class HybridScheduler:
         """The whole batch's loss; with ``backward``, the master's param diffs gain the whole
         batch's gradient (Caffe's Net::ForwardBackward, spread over the devices)."""
         m = self.master
-        for i in self.sources:
-            m.layers[i].reshape(m.bottom_vecs[i], m.top_vecs[i])
-            m.layers[i].forward(m.bottom_vecs[i], m.top_vecs[i])
+        next_batch(m, self.sources)
         if self.split is None:
             self._first_split()
 
@@ -462,6 +501,13 @@ class HybridScheduler:
 
     def forward(self) -> float:
         return self.forward_backward(backward=False)
+
+    # A gradient source (cct/params.py) for the solver.
+    compute_gradients = forward_backward
+    compute_loss = forward
+
+    def refresh(self) -> None:
+        self.refresh_replicas()
 
     def _report_outputs(self, results) -> None:
         """The master's output blobs (what the solver displays) from the replicas': slices put

@@ -11,19 +11,22 @@ import json
 import math
 import os
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from . import rng
-from .errors import CCTError, ProtoError, WeightsError
-from .glog import info
+from .backend import plans
+from .errors import CCTError, ProtoError, SourceLost, WeightsError
+from .glog import info, logger, warning
 from .io import weights
+from .io.atomic import atomic_write, remove_stale_temp_files
 from .io.prototxt import debug_string, read_net_text, read_solver_text
 from .io.solverstate import (is_hdf5, read_solver_state, read_solver_state_hdf5,
                              write_solver_state, write_solver_state_hdf5)
 from .io.upgrade import upgrade_net
 from .net import TEST, TRAIN, Net
+from .params import GradientSource, NetSource, ParamSet
 from .proto import caffe_pb2
 from .solver_rules import UpdatePipeline, check_solver_param, get_rule, learning_rate
 
@@ -56,7 +59,7 @@ class Solver:
     def __init__(self, param: caffe_pb2.SolverParameter, source: str = "<solver>", *,
                  action_request: Optional[Callable[[], str]] = None,
                  solver_type: Optional[str] = None, dtype=np.float32, backend: str = "cpu",
-                 devices=None):
+                 gradient_source=None):
         info("solver.cpp:45", "Initializing solver from parameters: \n"
              + debug_string(param).rstrip("\n"))
         self.param = caffe_pb2.SolverParameter()
@@ -64,7 +67,6 @@ class Solver:
         self.source = source
         self.action_request = action_request
         self.dtype = np.dtype(dtype)
-        devices, backend = _single_gpu(devices, backend)
         self.backend = backend
         self.type = solver_type or self.param.type
         self.rule = get_rule(self.type, source)
@@ -72,22 +74,28 @@ class Solver:
         self._check_snapshot_write_permissions()
         if self.param.random_seed >= 0:
             rng.set_random_seed(self.param.random_seed)
+        plans.use_machine_cache()
+        self._weights_files: List[str] = []   # -weights files copied in, named if loss diverges
         self.net: Net = self._init_train_net()
         self.test_nets: List[Net] = self._init_test_nets()
         info("solver.cpp:57", "Solver scaffolding done.")
         self.iter = 0
         self.current_step = 0
-        self.pipeline = UpdatePipeline(self.rule, self.param, self.net)
+        self.params = ParamSet.of_net(self.net)
+        self.pipeline = UpdatePipeline(self.rule, self.param, self.params)
         self.smoothed_loss = self.dtype.type(0)
         self._losses: List = []
         self._iterations_last = 0
+        self._start_iter = 0
+        self._timer = time.perf_counter()
         self.requested_early_exit = False
         self.last_snapshot: Optional[str] = None   # the last solver state written or restored
         self._callbacks: List = []
-        self.devices = None
-        self.scheduler = None
-        if devices is not None:
-            self.use_devices(devices)
+        self.source: GradientSource = NetSource(self.net)
+        # What drivers on top keep beside a snapshot: name -> (save() -> JSON, load(JSON)).
+        self.side_state: Dict[str, Tuple[Callable[[], object], Callable[[object], None]]] = {}
+        if gradient_source is not None:
+            self.set_gradient_source(gradient_source)
 
     # -- construction ------------------------------------------------------------------------
     def _check_param(self) -> None:
@@ -211,13 +219,14 @@ class Solver:
             nets.append(net)
         return nets
 
-    @staticmethod
-    def _load_net_weights(net: Net, model_list: str) -> None:
+    def _load_net_weights(self, net: Net, model_list: str) -> None:
         """Caffe's LoadNetWeights: a comma-separated list of weights files, copied by name."""
         for name in model_list.split(","):
             name = name.strip()
             info("solver.cpp:72", f"Finetuning from {name}")
             net.copy_trained_layers_from(name)
+            if name not in self._weights_files:
+                self._weights_files.append(name)
 
     def copy_weights(self, paths: List[str]) -> None:
         """Fine-tuning (``caffe train -weights a.caffemodel,b.caffemodel``): copy the layers
@@ -226,35 +235,18 @@ class Solver:
             for net in [self.net] + self.test_nets:
                 self._load_net_weights(net, model_list)
 
-    def use_devices(self, devices) -> None:
-        """Train on these devices from the next iteration on: a spelling such as
-        ``"cpu:1,cpu:1"`` or ``"cpu,gpu0"`` (cct/devices.py) or a list of Devices. Several
-        devices share every batch through the hybrid scheduler (cct/scheduler.py)."""
-        from .devices import CPUDevice, available_cores, parse_devices
-        if isinstance(devices, str):
-            devices = parse_devices(devices)
-        devices = list(devices)
-        if self.scheduler is not None:
-            self.scheduler.pull_statistics()
-            self.scheduler.close()
-            self.scheduler = None
-        # One device that is every core is the plain single-net path.
-        whole_cpu = (len(devices) == 1 and isinstance(devices[0], CPUDevice)
-                     and list(devices[0].cores) == available_cores())
-        self.devices = None if whole_cpu else devices
-        names = ", ".join(d.name for d in devices)
-        info("solver.cpp:0", f"Training on {len(devices)} device(s): {names}")
+    def set_gradient_source(self, source: GradientSource) -> None:
+        """Compute each iteration's gradient with ``source`` (over the train net's params: a
+        HybridScheduler over devices, cct/scheduler.py) from the next iteration on; the one it
+        replaces keeps nothing back (its statistics are pulled) and is closed."""
+        self.source.pull_statistics()
+        self.source.close()
+        self.source = source
 
     def _forward_backward(self) -> float:
-        if self.devices is None:
-            return self.net.forward_backward()
-        from .devices import DeviceError
-        from .scheduler import HybridScheduler
-        if self.scheduler is None:
-            self.scheduler = HybridScheduler(self.net, self.devices)
         try:
-            return self.scheduler.forward_backward()
-        except DeviceError:
+            return self.source.compute_gradients()
+        except SourceLost:
             # The params are those of the last update: keep them before stopping.
             self.requested_early_exit = True
             if self.param.snapshot_prefix:
@@ -262,14 +254,12 @@ class Solver:
             raise
 
     def _pull_statistics(self) -> None:
-        if self.scheduler is not None and self.scheduler.replicas:
-            self.scheduler.pull_statistics()
+        self.source.pull_statistics()
 
     def close(self) -> None:
         """Stop the nets' data prefetch threads and close their databases."""
-        if self.scheduler is not None:
-            self.scheduler.close()
-            self.scheduler = None
+        self.source.close()
+        self.source = NetSource(self.net)
         for net in [self.net] + self.test_nets:
             close = getattr(net, "close", None)
             if callable(close):
@@ -293,9 +283,11 @@ class Solver:
             return "none"
         return self.action_request() or "none"
 
-    def solve(self, resume_file: Optional[str] = None) -> None:
+    def solve(self, resume_file: Optional[str] = None,
+              step: Optional[Callable[[int], None]] = None) -> None:
         """Caffe's Solver::Solve: optionally restore, step to max_iter, snapshot, and run the
-        final display/test passes."""
+        final display/test passes. ``step(iters)`` replaces :meth:`step` (a driver whose
+        updates come from several groups, cct/driver)."""
         p = self.param
         info("solver.cpp:289", f"Solving {self.net.name}")
         info("solver.cpp:290", f"Learning Rate Policy: {p.lr_policy}")
@@ -304,15 +296,14 @@ class Solver:
             info("solver.cpp:296", f"Restoring previous solver status from {resume_file}")
             self._restore(resume_file)
         start_iter = self.iter
-        self.step(p.max_iter - self.iter)
+        (step or self.step)(p.max_iter - self.iter)
         if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
             self.snapshot()
         if self.requested_early_exit:
             info("solver.cpp:311", "Optimization stopped early.")
             return
         if p.display and self.iter % p.display == 0:
-            loss = (self.scheduler.forward() if self.scheduler is not None
-                    else self.net.forward_prefilled())
+            loss = self.source.compute_loss()
             self._update_smoothed_loss(loss, start_iter, p.average_loss)
             info("solver.cpp:327", f"Iteration {self.iter}, loss = {_g(self.smoothed_loss)}")
         if p.test_interval and self.iter % p.test_interval == 0:
@@ -322,56 +313,108 @@ class Solver:
     def step(self, iters: int) -> None:
         """Caffe's Solver::Step: ``iters`` iterations of test (when due), forward/backward
         ``iter_size`` times, display, update, snapshot (when due)."""
+        self.start_steps()
+        stop_iter = self.iter + iters
+        while self.iter < stop_iter:
+            if not self.begin_iteration():
+                break
+            self.record_loss(self.compute_gradients())
+            self.apply_update()
+            if not self.end_iteration():
+                break
+
+    # The three parts of an iteration, for drivers that compute gradients elsewhere (cct/driver):
+    # begin (test when due, callbacks), the gradient with its loss, the update, and the end
+    # (iter, snapshot, signals). Caffe's log lines come out in Caffe's order either way.
+    def start_steps(self) -> None:
+        """Reset the smoothed loss and the display timer, as each Caffe Step call does."""
+        self._start_iter = self.iter
+        self._losses = []
+        self.smoothed_loss = self.dtype.type(0)
+        self._timer = time.perf_counter()
+
+    def begin_iteration(self) -> bool:
+        """Clear the diffs, test when due, call the on_start callbacks; False when a request
+        to stop came during the test."""
+        p = self.param
+        self.net.clear_param_diffs()
+        if (p.test_interval and self.iter % p.test_interval == 0
+                and (self.iter > 0 or p.test_initialization)):
+            self.test_all()
+            if self.requested_early_exit:
+                return False
+        for on_start, _ in self._callbacks:
+            on_start()
+        return True
+
+    def compute_gradients(self) -> float:
+        """``iter_size`` forward/backward passes of the gradient source into the param diffs;
+        returns their mean loss."""
+        dt = self.dtype.type
+        loss = dt(0)
+        for _ in range(self.param.iter_size):
+            loss += dt(self._forward_backward())
+        return loss / dt(self.param.iter_size)
+
+    def record_loss(self, loss, outputs_of=None) -> None:
+        """The iteration's loss: the NaN check, the smoothed loss, the display lines (with
+        the train outputs of ``outputs_of``, the train net by default), then the
+        on_gradients_ready callbacks."""
         p = self.param
         dt = self.dtype.type
-        start_iter, stop_iter = self.iter, self.iter + iters
-        self._losses = []
-        self.smoothed_loss = dt(0)
-        timer = time.perf_counter()
-        while self.iter < stop_iter:
-            self.net.clear_param_diffs()
-            if (p.test_interval and self.iter % p.test_interval == 0
-                    and (self.iter > 0 or p.test_initialization)):
-                self.test_all()
-                if self.requested_early_exit:
-                    break
-            for on_start, _ in self._callbacks:
-                on_start()
-            display = p.display and self.iter % p.display == 0
-            loss = dt(0)
-            for _ in range(p.iter_size):
-                loss += dt(self._forward_backward())
-            loss /= dt(p.iter_size)
-            if not math.isfinite(loss):
-                self._diverged(loss)
-            self._update_smoothed_loss(loss, start_iter, p.average_loss)
-            if display:
-                # Caffe's CPU timer counts whole milliseconds.
-                lapse = dt(math.floor((time.perf_counter() - timer) * 1000.0) / 1000.0)
-                per_s = dt(self.iter - self._iterations_last) / (lapse if lapse else dt(1))
-                info("solver.cpp:239", f"Iteration {self.iter} ({_g(per_s)} iter/s, "
-                     f"{_g(lapse)}s/{p.display} iters), loss = {_g(self.smoothed_loss)}")
-                timer = time.perf_counter()
-                self._iterations_last = self.iter
-                self._log_outputs(self.net, "solver.cpp:258", "Train")
-            for _, on_gradients_ready in self._callbacks:
-                on_gradients_ready()
-            self.apply_update()
-            self.iter += 1
-            request = self._requested_action()
-            if (p.snapshot and self.iter % p.snapshot == 0) or request == "snapshot":
-                self.snapshot()
-            if request == "stop":
-                self.requested_early_exit = True
-                break
+        loss = dt(loss)
+        if not math.isfinite(loss):
+            self._diverged(loss)
+        self._update_smoothed_loss(loss, self._start_iter, p.average_loss)
+        if p.display and self.iter % p.display == 0:
+            # Caffe's CPU timer counts whole milliseconds.
+            lapse = dt(math.floor((time.perf_counter() - self._timer) * 1000.0) / 1000.0)
+            per_s = dt(self.iter - self._iterations_last) / (lapse if lapse else dt(1))
+            info("solver.cpp:239", f"Iteration {self.iter} ({_g(per_s)} iter/s, "
+                 f"{_g(lapse)}s/{p.display} iters), loss = {_g(self.smoothed_loss)}")
+            self._timer = time.perf_counter()
+            self._iterations_last = self.iter
+            self._log_outputs(outputs_of or self.net, "solver.cpp:258", "Train")
+        for _, on_gradients_ready in self._callbacks:
+            on_gradients_ready()
+
+    def end_iteration(self) -> bool:
+        """Count the update, keep the kernel plans, snapshot when due or asked; False when
+        asked to stop."""
+        p = self.param
+        self.iter += 1
+        plans.persist()
+        request = self._requested_action()
+        if (p.snapshot and self.iter % p.snapshot == 0) or request == "snapshot":
+            self.snapshot()
+        if request == "stop":
+            self.requested_early_exit = True
+            return False
+        return True
 
     def _diverged(self, loss) -> None:
         what = "NaN" if math.isnan(loss) else "infinite"
         last = (f"the last good snapshot is {self.last_snapshot}" if self.last_snapshot
                 else "no snapshot was written before it")
+        advice = self._non_finite_weights_file() or (
+            "Lower base_lr, set clip_gradients, or check the input data for NaN/inf values.")
         raise CCTError(f"{self.source}: loss is {what} at iteration {self.iter}; training "
-                       f"stopped without writing a snapshot ({last}). Lower base_lr, set "
-                       f"clip_gradients, or check the input data for NaN/inf values.")
+                       f"stopped without writing a snapshot ({last}). {advice}")
+
+    def _non_finite_weights_file(self) -> str:
+        """Advice naming the weights file that put NaN/inf values into a train net param that
+        still holds them, or '' (then the training itself diverged). Read again only here, when
+        the loss has already failed."""
+        for name, layer in zip(self.net.layer_names, self.net.layers):
+            for i, blob in enumerate(layer.blobs):
+                if _finite(blob.data):
+                    continue
+                for path in self._weights_files:
+                    arrays = weights.load_weights(path).get(name, [])
+                    if i < len(arrays) and not _finite(arrays[i]):
+                        return (f"The weights file '{path}' holds NaN/inf values (layer "
+                                f"'{name}' param {i}); fix or replace it.")
+        return ""
 
     def _update_smoothed_loss(self, loss, start_iter: int, average_loss: int) -> None:
         """Caffe's UpdateSmoothedLoss, in Dtype: a running mean of the last ``average_loss``
@@ -402,14 +445,15 @@ class Solver:
             tail = f" (* {_g(lw)} = {_g(lw * dt(v))} loss)" if lw else ""
             info(src, f"    {kind} net output #{k}: {net.blob_names[blob_id]} = {_g(v)}{tail}")
 
-    def apply_update(self) -> None:
-        """SGDSolver::ApplyUpdate: the rate for this iteration, then the update pipeline
-        (does not advance ``iter``, as in Caffe)."""
+    def apply_update(self, momentum: Optional[float] = None) -> None:
+        """SGDSolver::ApplyUpdate: the rate for this iteration, then the update pipeline on
+        the param diffs (does not advance ``iter``, as in Caffe). ``momentum`` replaces the
+        solver's for this update (a driver's staleness-corrected value)."""
         p = self.param
         rate, self.current_step = learning_rate(p, self.iter, self.current_step, self.dtype)
         if p.display and self.iter % p.display == 0:
             info("sgd_solver.cpp:112", f"Iteration {self.iter}, lr = {_g(rate)}")
-        self.pipeline.apply(rate, self.iter)
+        self.pipeline.apply(rate, self.iter, momentum)
 
     def test_all(self) -> None:
         self._pull_statistics()
@@ -467,14 +511,21 @@ class Solver:
 
     def snapshot(self) -> str:
         """Write the train net's weights and the solver state (Caffe's Snapshot); returns the
-        model file's name. Both are written to a temporary name and renamed."""
+        model file's name. Each file is written to a temporary name and renamed, in the order
+        model, side file, state: wherever the writing stops, a new state (what a resume starts
+        from) exists only with the model and side file written with it, and a side file
+        without its state is never read. (Overwriting another run's snapshot of the same
+        name can still pair its old state with the new model, as in Caffe, and with the new
+        side file.)"""
         p = self.param
         self._pull_statistics()
+        self._remove_stale_temp_files()
         if p.snapshot_format == HDF5:
             model = self.snapshot_filename(".caffemodel.h5")
             info("solver.cpp:474", f"Snapshotting to HDF5 file {model}")
             weights.save_hdf5(self.net, model, p.snapshot_diff)
             state = self.snapshot_filename(".solverstate.h5")
+            self._write_side_file(state, model)
             info("sgd_solver.cpp:296", f"Snapshotting solver state to HDF5 file {state}")
             self._write_state_hdf5(state, model)
         else:
@@ -482,11 +533,19 @@ class Solver:
             info("solver.cpp:464", f"Snapshotting to binary proto file {model}")
             weights.save_caffemodel(self.net, model, p.snapshot_diff)
             state = self.snapshot_filename(".solverstate")
+            self._write_side_file(state, model)
             info("sgd_solver.cpp:284", f"Snapshotting solver state to binary proto file {state}")
             self._write_state_binary(state, model)
-        self._write_side_file(state, model)
         self.last_snapshot = state
         return model
+
+    def _remove_stale_temp_files(self) -> None:
+        """Temporary snapshot files left by a process killed while writing (any
+        ``<prefix>_iter_*.tmp-<pid>`` whose writer is gone)."""
+        prefix = self.param.snapshot_prefix
+        for path in remove_stale_temp_files(os.path.dirname(prefix),
+                                            os.path.basename(prefix) + "_iter_"):
+            info("solver.cpp:0", f"Removed {path}, left by an interrupted snapshot")
 
     def _write_state_binary(self, path: str, model: str) -> None:
         write_solver_state(path, self.iter, model, self.current_step,
@@ -507,15 +566,17 @@ class Solver:
     def _write_side_file(self, state: str, model: str) -> None:
         """cct's extras for an exact resume, beside the state (Caffe's files stay pure)."""
         side = {"format": 1, "iter": self.iter, "learned_net": model,
-                "rng": rng.get_rng().bit_generator.state, "data": {}}
+                "rng": rng.get_rng().bit_generator.state, "data": {}, "plans": plans.table()}
         for key, name, layer in self._data_layers():
             side["data"].setdefault(key, {})[name] = layer.data_state()
+        for key, (save, _) in self.side_state.items():
+            side[key] = save()
         try:
             text = json.dumps(side, default=_json_default)
         except TypeError as e:
             raise CCTError(f"cannot save the data layers' positions beside '{state}': {e} "
                            f"(data_state() must return JSON-compatible values).") from None
-        weights._atomic_write(state + SIDE_SUFFIX, lambda tmp: _write_bytes(tmp, text.encode()))
+        atomic_write(state + SIDE_SUFFIX, lambda tmp: _write_bytes(tmp, text.encode()))
 
     def restore(self, state_file: str) -> None:
         """Resume from a ``.solverstate`` (binary) or ``.solverstate.h5`` written by Caffe or
@@ -550,41 +611,111 @@ class Solver:
             model = _find_learned_net(model, state_file)
         self.iter = state["iter"]
         if model:
-            self.net.copy_trained_layers_from(model)
+            try:
+                self.net.copy_trained_layers_from(model)
+            except CCTError as e:
+                raise WeightsError(f"solver state '{state_file}' names the weights file "
+                                   f"'{model}' (learned_net), which cannot be used: {e}") from None
         self.current_step = state["current_step"]
         if not state["hdf5"]:
             info("sgd_solver.cpp:336", "SGDSolver: restoring history")
         for h, mine in zip(history, self.history):
             mine[...] = self.net.backend.xp.asarray(h.reshape(mine.shape), dtype=mine.dtype)
         self._read_side_file(state_file, state)
-        if self.scheduler is not None:
-            self.scheduler.refresh_replicas()  # what the replicas keep of their own
+        self.source.refresh()  # what a source's replicas keep of their own
         self.last_snapshot = state_file
 
     def _read_side_file(self, state_file: str, state: dict) -> None:
+        """Restore what cct's side file keeps beside the state: the random generator, the
+        data layers' positions, the kernel plans. A missing, damaged or mismatched side file
+        is logged and never fatal: the run resumes as from a Caffe state, only not bit for
+        bit."""
         path = state_file + SIDE_SUFFIX
-        if not os.path.isfile(path):
+        side = _load_side_file(path, state)
+        if side is None:
             return
-        try:
-            with open(path) as f:
-                side = json.load(f)
-        except (OSError, ValueError):
-            return
-        if side.get("iter") != state["iter"] or os.path.basename(
-                str(side.get("learned_net"))) != os.path.basename(state["learned_net"] or ""):
-            return   # left over from another run: ignore it, as Caffe would
-        if side.get("rng"):
-            rng.get_rng().bit_generator.state = side["rng"]
+        if side.get("rng") is not None:
+            generator = rng.get_rng().bit_generator
+            before = generator.state
+            try:
+                generator.state = side["rng"]
+            except Exception as e:  # NumPy refuses a damaged state with various errors
+                generator.state = before
+                _side_warning(path, f"its random generator state is unusable "
+                                    f"({type(e).__name__}: {e})")
+        if "plans" in side:
+            # The kernels' plans round differently: the interrupted run's plans, not this
+            # machine's, make the resumed run repeat it to the bit.
+            try:
+                plans.install(side["plans"])
+            except ValueError as e:
+                warning("solver.cpp:0", f"{path}: the kernel plans are unreadable ({e}); "
+                        f"the resumed run will not repeat the interrupted one bit for bit.")
+        for key, (_, load) in self.side_state.items():
+            if key in side:
+                try:
+                    load(side[key])
+                except (KeyError, TypeError, ValueError, AttributeError) as e:
+                    _side_warning(path, f"its '{key}' entry is unusable ({type(e).__name__}: "
+                                        f"{e})")
         saved = side.get("data", {})
         for key, name, layer in self._data_layers():
             d = saved.get(key, {}).get(name)
-            if d is not None and callable(getattr(layer, "load_data_state", None)):
+            if d is None or not callable(getattr(layer, "load_data_state", None)):
+                continue
+            before = layer.data_state()
+            try:
                 layer.load_data_state(d)
+            except Exception as e:  # the saved values may be damaged in any way
+                layer.load_data_state(before)
+                _side_warning(path, f"the data position of layer '{name}' ({key} net) is "
+                                    f"unusable ({type(e).__name__}: {e}); it goes on from "
+                                    f"where it is")
 
 
 # ------------------------------------------------------------------------------------------------
 # SolverState files
 # ------------------------------------------------------------------------------------------------
+def _load_side_file(path: str, state: dict) -> Optional[dict]:
+    """The side file's contents when they belong to ``state`` and have the layout
+    :meth:`Solver._write_side_file` writes (other keys are ignored); otherwise None, logged."""
+    if not os.path.isfile(path):
+        logger.info(f"{path} is absent (a state written by Caffe, or by cct before side "
+                    f"files): the random generator and the data layers start afresh, so the "
+                    f"resumed run will not repeat an uninterrupted one bit for bit.")
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            side = json.load(f)
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        _side_warning(path, f"it cannot be read ({e})")
+        return None
+    if not isinstance(side, dict):
+        _side_warning(path, f"it holds a JSON {type(side).__name__}, not cct's object of "
+                            f"format 1")
+        return None
+    if side.get("format") != 1:
+        _side_warning(path, f"its format is {side.get('format')!r}; this cct reads format 1")
+        return None
+    learned_net = side.get("learned_net")
+    if side.get("iter") != state["iter"] or not isinstance(learned_net, str) or \
+            os.path.basename(learned_net) != os.path.basename(state["learned_net"]):
+        _side_warning(path, f"it was written for iteration {side.get('iter')!r} and weights "
+                            f"{learned_net!r}, the state is at iteration {state['iter']} with "
+                            f"weights '{state['learned_net']}' (left over from another run?)")
+        return None
+    data = side.get("data", {})
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        _side_warning(path, "its 'data' entry is not an object of {net: {layer: position}}")
+        return None
+    return side
+
+
+def _side_warning(path: str, why: str) -> None:
+    logger.warning(f"{path}: {why}; the resumed run will not repeat the interrupted one bit "
+                   f"for bit.")
+
+
 def _find_learned_net(model: str, state_file: str) -> str:
     """The learned_net path as Caffe takes it (relative to the current directory), else
     beside the state file."""
@@ -598,6 +729,12 @@ def _find_learned_net(model: str, state_file: str) -> str:
     raise WeightsError(f"solver state '{state_file}' names the weights file '{model}' "
                        f"(learned_net), which does not exist (looked in the current directory "
                        f"and beside the state: {', '.join(dict.fromkeys(candidates))}).")
+
+
+def _finite(a) -> bool:
+    """Whether every value of a (host or device) array is finite: its min and max are (they
+    are NaN or infinite exactly when some value is), which needs no temporary array."""
+    return a.size == 0 or (math.isfinite(float(a.min())) and math.isfinite(float(a.max())))
 
 
 def _write_bytes(path: str, data: bytes) -> None:
@@ -620,18 +757,6 @@ def _copy_net(param: caffe_pb2.NetParameter) -> caffe_pb2.NetParameter:
     out = caffe_pb2.NetParameter()
     out.CopyFrom(param)
     return upgrade_net(out, "<net in solver>")
-
-
-def _single_gpu(devices, backend: str):
-    """One GPU is the plain single-net path on the GPU backend (no scheduler): (devices left
-    for the scheduler, backend of the solver's nets)."""
-    from .devices import GPUDevice, parse_devices
-    if isinstance(devices, str):
-        devices = parse_devices(devices)
-    if devices is not None and len(devices) == 1 and isinstance(devices[0], GPUDevice):
-        devices[0].activate()     # the GPU current on this thread, where the nets run
-        return None, "gpu"
-    return devices, backend
 
 
 def solver_from_file(path: str, **kw) -> Solver:

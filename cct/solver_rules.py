@@ -282,16 +282,17 @@ def check_solver_param(param: caffe_pb2.SolverParameter, rule: UpdateRule, sourc
 # The pipeline
 # ------------------------------------------------------------------------------------------------
 class UpdatePipeline:
-    """History and scratch of one solver, and :meth:`apply` (ApplyUpdate after the rate)."""
+    """History and scratch of one solver over a :class:`~cct.params.ParamSet`, and
+    :meth:`apply` (ApplyUpdate after the rate). The learning rate and the momentum come with
+    each call: a schedule, a tuner or a staleness estimate may change them between updates."""
 
-    def __init__(self, rule: UpdateRule, param: caffe_pb2.SolverParameter, net):
+    def __init__(self, rule: UpdateRule, param: caffe_pb2.SolverParameter, params):
         self.rule = rule
         self.param = param
-        self.net = net
-        params = net.learnable_params
+        self.params = params
         self.history: List = []   # Caffe's history_: set 1 for every param, then set 2
         for _ in range(rule.history_sets):
-            self.history.extend(p.xp.zeros(p.shape, p.dtype) for p in params)
+            self.history.extend(b.xp.zeros(b.shape, b.dtype) for b in params.blobs)
         self.scratch: List = [None] * len(params)   # allocated at first use
 
     def _scratch(self, i: int, blob) -> List:
@@ -304,44 +305,45 @@ class UpdatePipeline:
         clip = self.param.clip_gradients
         if clip < 0:
             return
-        params = self.net.learnable_params
-        if not params:
+        blobs = self.params.blobs
+        if not blobs:
             return
-        dt = params[0].dtype.type
+        dt = blobs[0].dtype.type
         sumsq = dt(0)
-        for p in params:
-            d = p.diff.reshape(-1)
+        for b in blobs:
+            d = b.diff.reshape(-1)
             sumsq += dt(d @ d)
         norm = dt(np.sqrt(sumsq))
         if norm > dt(clip):
             scale = dt(clip) / norm
             info("sgd_solver.cpp:99", f"Gradient clipping: scaling down gradients (L2 norm "
                  f"{_g(norm)} > {_g(dt(clip))}) by scale factor {_g(scale)}")
-            for p in params:
-                p.diff *= scale
+            for b in blobs:
+                b.diff *= scale
 
-    def apply(self, rate, iter_: int) -> None:
+    def apply(self, rate, iter_: int, momentum: Optional[float] = None) -> None:
         """Clip, then per param normalize, regularize and compute the update value, then
-        ``w -= update`` for every param. ``iter_`` is the count of updates done so far."""
+        ``w -= update`` for every param. ``iter_`` is the count of updates done so far;
+        ``momentum`` replaces the SolverParameter's (negative values allowed)."""
         p = self.param
-        net = self.net
-        params = net.learnable_params
+        params = self.params
+        momentum = p.momentum if momentum is None else momentum
         self.clip_gradients()
         n = len(params)
         fused = self.rule.fused if p.regularization_type == "L2" else None
         staged = []
-        for i, blob in enumerate(params):
+        for i, blob in enumerate(params.blobs):
             xp = blob.xp
             dt = blob.dtype.type
             g = blob.diff
             if p.iter_size != 1:
                 g *= dt(1) / dt(p.iter_size)
-            local_decay = dt(p.weight_decay) * dt(net.params_weight_decay[i])
-            k = Hyper(local_rate=dt(rate) * dt(net.params_lr[i]), momentum=dt(p.momentum),
+            local_decay = dt(p.weight_decay) * dt(params.decay_mult[i])
+            k = Hyper(local_rate=dt(rate) * dt(params.lr_mult[i]), momentum=dt(momentum),
                       momentum2=dt(p.momentum2), delta=dt(p.delta), rms_decay=dt(p.rms_decay),
                       t=iter_ + 1)
             if fused is not None:
-                fused(net.backend, blob.data, g, self.history[i], k, local_decay)
+                fused(params.backend, blob.data, g, self.history[i], k, local_decay)
                 continue
             tmp = self._scratch(i, blob)
             if local_decay:

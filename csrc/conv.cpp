@@ -401,6 +401,9 @@ std::mutex g_plan_mutex;
 std::map<PlanKey, Plan> g_plans;
 std::atomic<int> g_partition_mode{0};  // 0 measure, 1 one partition, 2 one per thread
 std::atomic<int> g_layout_mode{0};     // 0 measure, 1 lowered, 2 pointwise where it applies
+std::atomic<bool> g_measure{true};     // time new shapes, or give them rule_plan's plan
+// Added to a key's modes for plans given by the rule, so they never stand for measured ones.
+constexpr int kRuleModes = 9;
 
 // The plans a kernel may use on this geometry under the current modes.
 std::vector<Plan> candidate_plans(const ConvGeom& g, int threads) {
@@ -421,28 +424,57 @@ std::vector<Plan> candidate_plans(const ConvGeom& g, int threads) {
   return plans;
 }
 
+// The plan used when shapes are not timed (set_plan_measurement(false)): one partition per
+// thread (Caffe con Troll's batch partitioning, the faster one on most layers measured here),
+// cache-sized chunks on one thread, lowered rather than pointwise; within the forced modes.
+Plan rule_plan(const std::vector<Plan>& plans) {
+  Plan best = plans.front();
+  for (const Plan& p : plans) {
+    const auto rank = [](const Plan& q) {
+      return std::make_tuple(q.parts, q.layout == kLowered, q.cache_chunks);
+    };
+    if (rank(p) > rank(best)) best = p;
+  }
+  return best;
+}
+
+bool same_plan(const Plan& a, const Plan& b) {
+  return a.parts == b.parts && a.layout == b.layout && a.cache_chunks == b.cache_chunks;
+}
+
 // Runs a kernel with the plan measured fastest on this geometry: the first call runs it with
 // every candidate plan (one partition with threaded BLAS or one per thread with single-threaded
 // BLAS; lowered or pointwise), keeps the fastest and caches it. run(plan) must compute the full
-// result, so any run's result stands; a kernel that adds into its output passes that output
-// (accumulated, count) so that every measured run starts from what the caller gave.
+// result; a kernel that adds into its output passes that output (accumulated, count) so that
+// every measured run starts from what the caller gave.
+//
+// The plans round differently, so which one produced a result matters for reproducibility:
+// the result of the first call is always the chosen plan's (rerun if the last one timed was
+// another), the same as every later call's and as a process that installs the table
+// (load_conv_plans) gets from its first call on.
 template <typename T, typename Run>
 void run_with_plan(Kernel kernel, const ConvGeom& g, Run&& run, T* accumulated = nullptr,
                    int64_t count = 0) {
   const int threads = std::max<int>(1, std::min<int64_t>(num_threads(), g.n));
   const std::vector<Plan> plans = candidate_plans(g, threads);
   if (plans.size() == 1) return run(plans[0]);
+  const bool measure = g_measure;
   const PlanKey key{kernel,
                     {g.n, g.c, g.h, g.w, g.o, g.ho, g.wo, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
                      g.dh, g.dw, g.group},
-                    int64_t(sizeof(T)), threads, g_layout_mode * 3 + g_partition_mode};
+                    int64_t(sizeof(T)), threads,
+                    g_layout_mode * 3 + g_partition_mode + (measure ? 0 : kRuleModes)};
   std::optional<Plan> known;
   {
     // Only the lookup holds the lock: threads of different devices (cct/devices.py) run
     // their convolutions at the same time.
     std::lock_guard<std::mutex> lock(g_plan_mutex);
     auto it = g_plans.find(key);
-    if (it != g_plans.end()) known = it->second;
+    if (it != g_plans.end()) {
+      known = it->second;
+    } else if (!measure) {
+      known = g_plans.emplace(key, rule_plan(plans)).first->second;
+    }
   }
   if (known) return run(*known);
   std::vector<T> saved;
@@ -462,8 +494,16 @@ void run_with_plan(Kernel kernel, const ConvGeom& g, Run&& run, T* accumulated =
     }
   }
   const size_t fastest = size_t(std::min_element(best.begin(), best.end()) - best.begin());
-  std::lock_guard<std::mutex> lock(g_plan_mutex);
-  g_plans.emplace(key, plans[fastest]);
+  Plan chosen;
+  {
+    // Another device's thread may have measured the same key meanwhile: its entry stands.
+    std::lock_guard<std::mutex> lock(g_plan_mutex);
+    chosen = g_plans.emplace(key, plans[fastest]).first->second;
+  }
+  if (!same_plan(chosen, plans.back())) {
+    if (accumulated) std::copy(saved.begin(), saved.end(), accumulated);
+    run(chosen);
+  }
 }
 
 }  // namespace
@@ -496,6 +536,52 @@ std::vector<PlanChoice> partition_choices() {
                                              : "lowered");
   }
   return out;
+}
+
+std::vector<ConvPlanEntry> conv_plan_table() {
+  std::lock_guard<std::mutex> lock(g_plan_mutex);
+  std::vector<ConvPlanEntry> out;
+  for (const auto& [key, plan] : g_plans) {
+    const auto& geom = std::get<1>(key);
+    out.emplace_back(std::get<0>(key), std::vector<int64_t>(geom.begin(), geom.end()),
+                     std::get<2>(key), std::get<3>(key), std::get<4>(key), plan.parts,
+                     int(plan.layout), plan.cache_chunks);
+  }
+  return out;
+}
+
+void load_conv_plans(const std::vector<ConvPlanEntry>& entries) {
+  std::vector<std::pair<PlanKey, Plan>> parsed;
+  for (const auto& [kernel, geom, size, threads, modes, parts, layout, chunks] : entries) {
+    if (kernel < kForward || kernel > kBackwardWeight || geom.size() != 16 || threads < 1 ||
+        parts < 1 || (layout != kLowered && layout != kPointwise))
+      throw std::invalid_argument("not a convolution plan");
+    PlanKey key{kernel, {}, size, threads, modes};
+    std::copy(geom.begin(), geom.end(), std::get<1>(key).begin());
+    parsed.emplace_back(key, Plan{parts, Layout(layout), chunks});
+  }
+  std::lock_guard<std::mutex> lock(g_plan_mutex);
+  for (const auto& [key, plan] : parsed) g_plans[key] = plan;
+}
+
+void set_plan_measurement(bool measure) { g_measure = measure; }
+bool plan_measurement() { return g_measure; }
+
+int64_t plan_count() {
+  int64_t conv;
+  {
+    std::lock_guard<std::mutex> lock(g_plan_mutex);
+    conv = int64_t(g_plans.size());
+  }
+  return conv + gemm_choice_count();
+}
+
+void clear_plans() {
+  {
+    std::lock_guard<std::mutex> lock(g_plan_mutex);
+    g_plans.clear();
+  }
+  clear_gemm_choices();
 }
 
 template <typename T>

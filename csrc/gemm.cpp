@@ -4,7 +4,9 @@
 // m x n result. On shapes with a long inner dimension and a small result (the weight gradients
 // of convolution and inner product layers) OpenBLAS's speed depends strongly on that order:
 // measured here, up to 4x either way, with no simple rule. The first call with a given shape
-// times both orders on scratch outputs and caches the faster; later calls just run it.
+// times both orders on scratch outputs and caches the faster; later calls just run it. The
+// two orders round differently, so the choice is part of what makes a run reproducible: the
+// table can be saved and installed in another process (cct/backend/plans.py).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -68,6 +70,7 @@ bool choose_transposed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const 
     std::lock_guard<std::mutex> lock(g_mutex);
     auto it = g_transposed.find(key);
     if (it != g_transposed.end()) return it->second;
+    if (!plan_measurement()) return g_transposed.emplace(key, false).first->second;
   }
   std::vector<T> out(size_t(m * n));
   const double direct =
@@ -99,6 +102,22 @@ std::vector<GemmChoice> gemm_choices() {
     out.emplace_back(std::get<0>(key), std::get<1>(key), std::get<2>(key), std::get<3>(key),
                      std::get<4>(key), std::get<5>(key), std::get<6>(key), transposed);
   return out;
+}
+
+void load_gemm_choices(const std::vector<GemmChoice>& entries) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (const auto& [ta, tb, m, n, k, size, threads, transposed] : entries)
+    g_transposed[Key{ta, tb, m, n, k, size, threads}] = transposed;
+}
+
+int64_t gemm_choice_count() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return int64_t(g_transposed.size());
+}
+
+void clear_gemm_choices() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_transposed.clear();
 }
 
 void set_gemm_order(int order) {

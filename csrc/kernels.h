@@ -39,6 +39,22 @@ void set_conv_layout(int mode);
 // geometry n c h w o ho wo kh kw sh sw ph pw dh dw group, partitions, "lowered"/"pointwise").
 using PlanChoice = std::tuple<int, std::vector<int64_t>, int, const char*>;
 std::vector<PlanChoice> partition_choices();
+// Every convolution plan in the table, key and plan, so that it can be saved and installed in
+// another process: (kernel, geometry, element size, threads, modes, partitions, layout
+// 0 lowered / 1 pointwise, cache-sized chunks).
+using ConvPlanEntry =
+    std::tuple<int, std::vector<int64_t>, int64_t, int, int, int, int, bool>;
+std::vector<ConvPlanEntry> conv_plan_table();
+// Installs plans (replacing any with the same key); a later call with that key runs them
+// without measuring.
+void load_conv_plans(const std::vector<ConvPlanEntry>& entries);
+// Whether a shape met for the first time is timed (the default) or given the fixed plan of
+// the rule in conv.cpp / the direct GEMM order, so that nothing depends on the machine's load.
+void set_plan_measurement(bool measure);
+bool plan_measurement();
+// Number of entries in the plan and GEMM-order tables, and emptying both (tests).
+int64_t plan_count();
+void clear_plans();
 
 // Row-major C = alpha op(A) op(B) + beta C through the linked BLAS.
 template <typename T>
@@ -52,6 +68,9 @@ void gemm_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, c
 // The orders chosen so far: (ta, tb, m, n, k, element size, BLAS threads, transposed).
 using GemmChoice = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int, bool>;
 std::vector<GemmChoice> gemm_choices();
+void load_gemm_choices(const std::vector<GemmChoice>& entries);
+int64_t gemm_choice_count();
+void clear_gemm_choices();
 // 0: measure and cache (the default); 1: always direct; 2: always transposed.
 void set_gemm_order(int order);
 

@@ -466,6 +466,18 @@ PYBIND11_MODULE(_C, m) {
         "Whether the linked BLAS has a strided batched GEMM (else one GEMM per item).");
   m.def("gemm_choices", &cct::gemm_choices,
         "(trans_a, trans_b, m, n, k, itemsize, BLAS threads, transposed) per shape measured.");
+  m.def("conv_plan_table", &cct::conv_plan_table,
+        "(kernel, geometry, itemsize, threads, modes, partitions, layout, cache_chunks) per "
+        "convolution plan in the table.");
+  m.def("load_conv_plans", &cct::load_conv_plans, py::arg("entries"),
+        "Installs convolution plans (conv_plan_table's rows), replacing those of the same key.");
+  m.def("load_gemm_choices", &cct::load_gemm_choices, py::arg("entries"),
+        "Installs GEMM operand orders (gemm_choices' rows), replacing those of the same key.");
+  m.def("set_plan_measurement", &cct::set_plan_measurement, py::arg("measure"),
+        "True: time every new shape's plans (default); False: a fixed rule, no timing.");
+  m.def("plan_measurement", &cct::plan_measurement);
+  m.def("plan_count", &cct::plan_count, "Entries in the convolution-plan and GEMM tables.");
+  m.def("clear_plans", &cct::clear_plans, "Empties the convolution-plan and GEMM tables.");
   m.def("set_gemm_order", &cct::set_gemm_order, py::arg("order"),
         "0: measure the two operand orders per shape (default); 1: direct; 2: transposed.");
   cct::set_num_threads(0);

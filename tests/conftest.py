@@ -8,6 +8,10 @@ import pathlib
 
 import pytest
 
+# Kernel plans are timed per test process, not read from or written to the user's cache
+# (tests/test_reproducible.py and tests/backend/test_plans.py give it a folder of their own).
+os.environ.setdefault("CCT_PLAN_CACHE", "off")
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SHARED = pathlib.Path(os.environ.get("CCT_SHARED", REPO.parent / "shared"))
 CAFFE_FIXTURES = SHARED / "fixtures" / "caffe"

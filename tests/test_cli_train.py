@@ -136,6 +136,34 @@ def test_signals_snapshot_and_stop(workdir):
     assert len(snaps) == 2 and snaps[0] < snaps[1]  # the SIGINT snapshot, then the final one
 
 
+INTERRUPT_WHILE_BUILDING = """
+import os, signal, sys
+import cct.net
+from cct import cli
+
+build = cct.net.Net.__init__
+
+def interrupted_build(self, *args, **kw):
+    os.kill(os.getpid(), signal.SIGINT)   # Ctrl-C while the train net is being built
+    build(self, *args, **kw)
+
+cct.net.Net.__init__ = interrupted_build
+sys.exit(cli.main(["train", "-solver", "solver.prototxt"]))
+"""
+
+
+def test_sigint_while_the_net_is_built_stops_before_training(workdir):
+    """As in Caffe, the signal handler is set before the solver is built: the interrupt waits
+    for the solver's first check and stops there, cleanly, with nothing to snapshot."""
+    run = subprocess.run([sys.executable, "-c", INTERRUPT_WHILE_BUILDING], cwd=workdir,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    assert "solver.cpp:311] Optimization stopped early." in run.stderr
+    assert "solver.cpp:239] Iteration" not in run.stderr
+    assert not [f for f in os.listdir(workdir) if f.startswith("lenet_iter_")]
+
+
 def skeletons(log: str) -> set:
     """Each solver/CLI log line with numbers and names blanked: what a parser relies on."""
     out = set()

@@ -63,3 +63,24 @@ def test_bilinear_matches_caffes_upsampling_kernel():
 def test_unknown_filler_type_is_a_clear_error():
     with pytest.raises(LayerError, match="unknown filler type 'xavir'"):
         filled('type: "xavir"', (2, 2))
+
+
+@pytest.mark.parametrize("text,reference", [
+    ('type: "uniform" min: -2 max: 3', lambda g, s: g.uniform(-2, 3, s)),
+    ('type: "gaussian" mean: 1 std: 2', lambda g, s: g.normal(1, 2, s)),
+    ('type: "gaussian" std: 1 sparse: 3', lambda g, s: g.normal(0, 1, s) * (g.random(s) < 0.3)),
+    ('type: "positive_unitball"', lambda g, s: (lambda v: v / v.sum(axis=1, keepdims=True))(
+        g.uniform(0, 1, s))),
+])
+def test_drawing_in_blocks_gives_the_values_of_one_float64_draw(monkeypatch, text, reference):
+    """Fillers draw a block at a time to save memory: the float32 values are those of one
+    float64 draw of the whole blob, rounded (what cct has always drawn for a seed)."""
+    import cct.filler
+
+    monkeypatch.setattr(cct.filler, "_BLOCK", 7)
+    fp = text_format.Parse(text, caffe_pb2.FillerParameter())
+    set_random_seed(5)
+    a = np.zeros((10, 9), np.float32)
+    fill(a, fp)
+    want = reference(np.random.default_rng(5), (10, 9)).astype(np.float32)
+    np.testing.assert_array_equal(a, want)

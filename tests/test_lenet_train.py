@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
+from cct.api import Solver
 from cct.io.prototxt import read_solver_text
-from cct.solver import Solver
 
 CAFFE_FINAL_ACCURACY = 0.9815  # lenet_train.log and lenet_resume.log, iteration 2000
 
@@ -31,7 +31,7 @@ def run(resume, capfd, devices=None) -> float:
     param.test_initialization = False
     param.snapshot = 0
     param.snapshot_after_train = False
-    solver = Solver(param, "lenet_solver.prototxt", devices=devices)
+    solver = Solver(param, source="lenet_solver.prototxt", devices=devices)
     try:
         capfd.readouterr()
         if resume:

@@ -234,3 +234,25 @@ def test_set_mode_gpu_without_a_gpu_backend_warns_once_and_runs_on_cpu(capfd):
     assert caffe.get_solver_mode() == "cpu"
     make(FANOUT).forward()
     caffe.set_mode_cpu()
+
+
+# -- memory ---------------------------------------------------------------------------------------
+def test_building_a_net_needs_little_more_than_its_parameter_bytes():
+    """Params take their data alone while the net is built: diffs come when first used and
+    fillers draw a block at a time (it used to be 4x: data, diff and a float64 draw)."""
+    import tracemalloc
+
+    param = net_from_text('''
+      layer { name: "in" type: "Input" top: "data" input_param { shape { dim: 1 dim: 4096 } } }
+      layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+        inner_product_param { num_output: 2048 weight_filler { type: "gaussian" std: 0.01 }
+                              bias_filler { type: "uniform" } } }''')
+    tracemalloc.start()
+    try:
+        net = Net(param, phase=caffe.TRAIN)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    param_bytes = sum(b.data.nbytes for blobs in net.params.values() for b in blobs)
+    assert param_bytes == (2048 * 4096 + 2048) * 4
+    assert peak < 2.5 * param_bytes, f"peak {peak / param_bytes:.2f}x the parameter bytes"

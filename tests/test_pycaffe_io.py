@@ -264,6 +264,14 @@ def test_encoded_datum_decodes_to_bgr():
                                   rgb[:, :, ::-1].transpose(2, 0, 1))
 
 
+def test_an_undecodable_encoded_datum_says_what_it_holds():
+    datum = caffe_pb2.Datum(data=b"\x00\x01 not an image", encoded=True)
+    with pytest.raises(CCTError) as e:
+        cct.io.datum_to_array(datum)
+    assert str(e.value) == ("cannot read the encoded Datum (15 bytes) as an image: not an image "
+                            "Pillow can identify (the data start with b'\\x00\\x01 not a')")
+
+
 # -- blob protos ----------------------------------------------------------------------------------
 
 def test_blobproto_round_trip_with_diff():

@@ -12,8 +12,8 @@ from google.protobuf import text_format
 from cct.devices import CPUDevice, DeviceError, available_cores, parse_devices
 from cct.errors import CCTError
 from cct.proto import caffe_pb2
-from cct.scheduler import batch_seconds, choose_devices, proportional_split
-from cct.solver import Solver
+from cct.api import Solver
+from cct.scheduler import HybridScheduler, batch_seconds, choose_devices, proportional_split
 
 BATCH = 16
 
@@ -81,13 +81,16 @@ def assert_same_params(a, b, rtol=2e-5):
 
 
 def train(param, devices=None, split=None, iters=6):
-    solver = Solver(param, devices=devices)
+    if split is None:
+        solver = Solver(param, devices=devices)
+    else:
+        solver = Solver(param)
+        if isinstance(devices, str):
+            devices = parse_devices(devices)
+        solver.set_gradient_source(HybridScheduler(solver.net, devices, split=split))
     try:
-        if split is not None:
-            from cct.scheduler import HybridScheduler
-            solver.scheduler = HybridScheduler(solver.net, solver.devices, split=split)
         solver.step(iters)
-        return params_of(solver), [h.copy() for h in solver.history], solver.scheduler
+        return params_of(solver), [h.copy() for h in solver.history], solver.source
     finally:
         solver.close()
 
@@ -147,13 +150,11 @@ def test_train_outputs_are_the_whole_batch_values(data_list, tmp_path):
     """What the solver displays (loss, accuracy) is the whole batch's, not one slice's."""
     param = solver_param(data_list, tmp_path)
     whole = Solver(param)
-    hybrid = Solver(param, devices=one_core_devices())
+    hybrid = Solver(param)
     try:
         loss_whole = whole.net.forward_backward()
-        hybrid.step(0)
-        from cct.scheduler import HybridScheduler
-        hybrid.scheduler = HybridScheduler(hybrid.net, hybrid.devices, split=[7, 9])
-        loss_split = hybrid.scheduler.forward_backward()
+        hybrid.set_gradient_source(HybridScheduler(hybrid.net, one_core_devices(), split=[7, 9]))
+        loss_split = hybrid.source.compute_gradients()
         np.testing.assert_allclose(loss_split, loss_whole, rtol=1e-5)
         for name in ("acc", "loss", "l2"):
             np.testing.assert_allclose(hybrid.net.blobs[name].data, whole.net.blobs[name].data,
@@ -246,7 +247,7 @@ def test_a_user_error_in_a_slice_is_not_a_device_failure(data_list, tmp_path):
         with pytest.raises(CCTError, match=r"label 9 is out of range.*\(on device cpu:\d, a "
                            r"slice of 8 of the batch's 16 items\)"):
             solver.step(1)
-        assert len(solver.scheduler.replicas) == 2
+        assert len(solver.source.replicas) == 2
     finally:
         solver.close()
 
@@ -257,14 +258,10 @@ def test_a_net_that_cannot_take_part_of_the_batch_says_so(data_list, tmp_path):
     layer = param.net_param.layer.add()
     text_format.Merge('name: "fixed" type: "Reshape" bottom: "ip2" top: "fixed" '
                       'reshape_param { shape { dim: 16 dim: 3 } }', layer)
-    solver = Solver(param, devices=one_core_devices())
-    try:
-        with pytest.raises(DeviceError, match=r"net 'tiny' cannot be split across devices: its "
-                           r"replica for 8 of the batch's 16 items on cpu:\d fails to build "
-                           r"\(.*'fixed'.*\)\. Every layer must work on part of the batch"):
-            solver.step(1)
-    finally:
-        solver.close()
+    with pytest.raises(DeviceError, match=r"net 'tiny' cannot be split across devices: its "
+                       r"replica for 8 of the batch's 16 items on cpu:\d fails to build "
+                       r"\(.*'fixed'.*\)\. Every layer must work on part of the batch"):
+        Solver(param, devices=one_core_devices())
 
 
 # -- spelling ------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ against real Caffe: two LeNet SGD steps and the resume from Caffe's lenet_iter_1
 import os
 import re
 import shutil
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -434,6 +436,20 @@ def test_nan_loss_stops_with_a_clear_error_and_no_snapshot(tmp_path):
     assert np.isfinite(s.net.params["ip"][0].data).all()
 
 
+def test_nan_loss_from_nan_weights_names_the_weights_file(tmp_path):
+    src = make()
+    src.net.params["ip"][0].data[0, 1] = np.nan
+    path = str(tmp_path / "bad.caffemodel")
+    src.net.save(path)
+    data = batches(1, seed=13)
+    s = make(tmp_path, weights=[path])
+    s.add_callback(lambda: feed(s, *data[0]), lambda: None)
+    with pytest.raises(CCTError, match=r"loss is NaN at iteration 0; .* The weights file "
+                                       + re.escape(f"'{path}' holds NaN/inf values (layer "
+                                                   f"'ip' param 0); fix or replace it.")):
+        s.solve()
+
+
 def test_a_failed_state_write_leaves_no_partial_file(tmp_path, monkeypatch):
     s = make(tmp_path)
 
@@ -457,6 +473,62 @@ def test_a_failed_state_write_leaves_no_partial_file(tmp_path, monkeypatch):
         s.snapshot()
     assert not os.path.exists(tmp_path / "snap_iter_0.solverstate")
     assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+
+
+@pytest.mark.parametrize("fmt,model,state", [("BINARYPROTO", ".caffemodel", ".solverstate"),
+                                              ("HDF5", ".caffemodel.h5", ".solverstate.h5")])
+def test_snapshot_renames_model_then_side_file_then_state(tmp_path, monkeypatch, fmt, model,
+                                                          state):
+    """A kill between two renames never leaves a state without its side file: the state,
+    which a resume starts from, comes last."""
+    kw = dict(type="SGD", momentum=0.9,
+              snapshot_format=caffe_pb2.SolverParameter.SnapshotFormat.Value(fmt))
+    s = make(tmp_path, **kw)
+    s.step(1)
+    s.snapshot()
+    renamed, real_replace = [], os.replace
+
+    def replace(src, dst):
+        renamed.append(os.path.basename(dst))
+        if dst.endswith(state):
+            raise KeyboardInterrupt   # the process dies between the last two renames
+        real_replace(src, dst)
+
+    s.step(1)
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        s.snapshot()
+    monkeypatch.undo()
+    assert renamed == [f"snap_iter_2{model}", f"snap_iter_2{state}{SIDE_SUFFIX}",
+                       f"snap_iter_2{state}"]
+    assert sorted(os.listdir(tmp_path)) == sorted([
+        f"snap_iter_1{model}", f"snap_iter_1{state}", f"snap_iter_1{state}{SIDE_SUFFIX}",
+        f"snap_iter_2{model}", f"snap_iter_2{state}{SIDE_SUFFIX}"])
+    # The run resumes from the last complete snapshot; the orphan side file is overwritten
+    # with the next snapshot of its iteration.
+    resumed = make(tmp_path, **kw)
+    resumed.restore(str(tmp_path / f"snap_iter_1{state}"))
+    resumed.step(1)
+    resumed.snapshot()
+    np.testing.assert_array_equal(resumed.net.params["ip"][0].data, s.net.params["ip"][0].data)
+    assert os.path.exists(tmp_path / f"snap_iter_2{state}")
+
+
+def test_snapshot_removes_temp_files_left_by_killed_writers(tmp_path, capsys):
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    left = [f"snap_iter_20.caffemodel.tmp-{child.pid}",
+            f"snap_iter_20.solverstate.cct.json.tmp-{child.pid}",
+            f"snap_iter_40.solverstate.tmp-{os.getpid()}"]   # an earlier process with our pid
+    kept = [f"snap_iter_40.caffemodel.tmp-{os.getppid()}",   # a live writer's
+            f"other_iter_20.caffemodel.tmp-{child.pid}"]     # another prefix's
+    for name in left + kept:
+        (tmp_path / name).write_bytes(b"partial")
+    make(tmp_path).snapshot()
+    assert sorted(p for p in os.listdir(tmp_path) if ".tmp-" in p) == sorted(kept)
+    err = capsys.readouterr().err
+    for name in left:
+        assert f"Removed {tmp_path / name}, left by an interrupted snapshot" in err
 
 
 # ------------------------------------------------------------------------------------------------

@@ -74,38 +74,53 @@ class LMDBCursor:
             hint = (" It looks like a LevelDB: set `backend: LEVELDB` in data_param."
                     if os.path.isdir(path) and _looks_like_leveldb(path) else "")
             raise CCTError(f"'{path}' is not an LMDB (expected a folder holding data.mdb).{hint}")
+        import lmdb
         self.path = path
+        self._lmdb_error = lmdb.Error
         self.env, self._handle_key = _acquire(path, _open_lmdb)
         self.txn = self.env.begin(buffers=False)
         self.cursor = self.txn.cursor()
-        self.valid = self.cursor.first()
+        try:
+            self.valid = self._read(self.cursor.first)
+        except CCTError:
+            self.close()
+            raise
         if not self.valid:
             self.close()
             raise CCTError(f"LMDB '{path}' holds no records")
         info("db_lmdb.cpp:35", f"Opened lmdb {path}")
 
+    def _read(self, call, *args):
+        """``call`` into py-lmdb; its errors (a damaged page: MDB_CORRUPTED,
+        MDB_PAGE_NOTFOUND) name the database."""
+        try:
+            return call(*args)
+        except self._lmdb_error as e:
+            raise CCTError(f"LMDB '{self.path}' cannot be read, its data.mdb is damaged: "
+                           f"{e}") from None
+
     def __len__(self) -> int:
-        return self.env.stat()["entries"]
+        return self._read(self.env.stat)["entries"]
 
     def seek_to_first(self) -> None:
-        self.valid = self.cursor.first()
+        self.valid = self._read(self.cursor.first)
 
     def seek(self, key: bytes) -> bool:
         """Position at ``key``; False (and the cursor at the first record) if it is absent."""
-        if self.cursor.set_key(key):
+        if self._read(self.cursor.set_key, key):
             self.valid = True
             return True
         self.seek_to_first()
         return False
 
     def next(self) -> None:
-        self.valid = self.cursor.next()
+        self.valid = self._read(self.cursor.next)
 
     def key(self) -> bytes:
-        return self.cursor.key()
+        return self._read(self.cursor.key)
 
     def value(self) -> bytes:
-        return self.cursor.value()
+        return self._read(self.cursor.value)
 
     def close(self) -> None:
         if self.env is not None:

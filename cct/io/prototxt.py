@@ -3,7 +3,6 @@ and apply Caffe's upgrades of legacy formats on load (``upgrade_proto.cpp``)."""
 from __future__ import annotations
 
 import math
-import os
 import re
 
 import numpy as np
@@ -12,12 +11,14 @@ from google.protobuf import message, text_encoding, text_format
 from ..errors import ProtoError, close_matches
 from ..proto import caffe_pb2
 from . import upgrade
+from .atomic import atomic_write
 
 _POS = re.compile(r"^(\d+):(\d+)\s*:\s*")
 _NO_FIELD = re.compile(r'Message type "([\w.]+)" has no field named "(\w+)"')
 _NO_ENUM_VALUE = re.compile(r'Enum type "([\w.]+)" has no value named (\w+)')
-# Bytes a text prototxt never holds (controls other than tab, newline, vt, form feed, return);
-# every binary protobuf holds some (field tags and lengths below 0x20).
+# Control bytes other than tab, newline, vt, form feed and return: a text prototxt holds
+# next to none (a stray one in a comment, say), a binary protobuf many (field tags and lengths
+# below 0x20).
 _BINARY_BYTES = re.compile(rb"[\x00-\x08\x0e-\x1f]")
 
 
@@ -36,7 +37,10 @@ def _read_bytes(path: str, what: str) -> bytes:
 
 
 def _looks_binary(data: bytes) -> bool:
-    return _BINARY_BYTES.search(data) is not None
+    """Whether bytes that do not parse are rather a binary file than a damaged prototxt: more
+    than 5% of them are control bytes (about 10% of random float bytes are, and more of a
+    message's tags and lengths)."""
+    return len(_BINARY_BYTES.findall(data)) * 20 > len(data)
 
 
 def _decode(data: bytes) -> str:
@@ -99,10 +103,14 @@ def parse_text(text: str, msg: message.Message, source: str = "<string>") -> mes
 
 def read_text(path: str, msg: message.Message, what: str) -> message.Message:
     data = _read_bytes(path, what)
-    if _looks_binary(data):
-        raise ProtoError(f"{what} file '{path}' is a binary file, not a text prototxt (a "
-                         f".caffemodel or other binary given where a prototxt was expected?)")
-    return parse_text(_decode(data), msg, path)
+    try:
+        return parse_text(_decode(data), msg, path)
+    except ProtoError:
+        if _looks_binary(data):
+            raise ProtoError(f"{what} file '{path}' is a binary file, not a text prototxt (a "
+                             f".caffemodel or other binary given where a prototxt was "
+                             f"expected?)") from None
+        raise
 
 
 def read_binary(path: str, msg: message.Message, what: str) -> message.Message:
@@ -134,11 +142,21 @@ def read_net_binary(path: str) -> caffe_pb2.NetParameter:
 
 
 def read_net(path: str) -> caffe_pb2.NetParameter:
-    """A net from either format: binary if the bytes are binary, text otherwise."""
+    """A net from either format: text if the file parses as text, else binary. When it
+    parses neither way, the error is the one of the format it looks like."""
     data = _read_bytes(path, "net")
-    if _looks_binary(data):
-        return read_net_binary(path)
-    return upgrade.upgrade_net(parse_text(_decode(data), caffe_pb2.NetParameter(), path), path)
+    try:
+        net = parse_text(_decode(data), caffe_pb2.NetParameter(), path)
+    except ProtoError as text_error:
+        if not _BINARY_BYTES.search(data):
+            raise
+        try:
+            return read_net_binary(path)
+        except ProtoError:
+            if _looks_binary(data):
+                raise
+            raise text_error from None
+    return upgrade.upgrade_net(net, path)
 
 
 def read_solver_text(path: str) -> caffe_pb2.SolverParameter:
@@ -151,10 +169,13 @@ def read_solver_text(path: str) -> caffe_pb2.SolverParameter:
 
 
 def write_text(msg: message.Message, path: str) -> None:
-    tmp = path + ".tmp-%d" % os.getpid()
-    with open(tmp, "w") as f:
-        f.write(text_format.MessageToString(msg))
-    os.replace(tmp, path)
+    """Write ``msg`` as protobuf text, atomically (:func:`cct.io.atomic.atomic_write`)."""
+    text = text_format.MessageToString(msg)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+    atomic_write(path, write)
 
 
 def debug_string(msg, indent: int = 0) -> str:

@@ -6,10 +6,11 @@ Without scikit-image: images load through Pillow and resize by NumPy interpolati
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ..data_transformer import image_error_reason
 from ..errors import CCTError
 from ..proto import caffe_pb2
 
@@ -112,9 +113,7 @@ def datum_to_array(datum: caffe_pb2.Datum) -> np.ndarray:
 
 
 def _decode_datum(datum: caffe_pb2.Datum) -> np.ndarray:
-    import io
-
-    image = _open_image(io.BytesIO(datum.data), "the encoded Datum")
+    image = _open_image(datum.data, f"the encoded Datum ({len(datum.data)} bytes)")
     # Caffe decodes with OpenCV: grey stays one channel, colour comes out BGR.
     if image.mode not in ("L", "RGB"):
         image = image.convert("L" if image.mode in ("1", "LA", "I", "I;16", "F") else "RGB")
@@ -256,18 +255,22 @@ class Transformer:
 _GRAY_WEIGHTS = np.array([0.2125, 0.7154, 0.0721])
 
 
-def _open_image(source, what: str):
+def _open_image(source: Union[str, bytes], what: str):
+    """An image file, or image file bytes, opened and loaded with Pillow."""
+    import io
+
     try:
         from PIL import Image
     except ImportError:
         raise CCTError("reading images needs Pillow: pip install Pillow") from None
     try:
-        image = Image.open(source)
+        image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
         image.load()
     except FileNotFoundError:
         raise CaffeIOError(f"image file '{source}' does not exist") from None
     except OSError as e:
-        raise CaffeIOError(f"cannot read {what} as an image: {e}") from None
+        reason = image_error_reason(e, source) if isinstance(source, bytes) else e
+        raise CaffeIOError(f"cannot read {what} as an image: {reason}") from None
     return image
 
 

@@ -6,6 +6,7 @@ History blobs travel through ``caffe_raw.proto``'s SolverStateRaw, whose blob da
 """
 from __future__ import annotations
 
+import math
 from typing import List
 
 import numpy as np
@@ -13,9 +14,10 @@ from google.protobuf import unknown_fields
 
 from ..errors import CCTError
 from ..proto import caffe_raw_pb2
-from .weights import _atomic_write, blob_shape_of
+from .atomic import atomic_write
+from .weights import H5_ERRORS, HDF5_MAGIC, blob_shape_of, h5_array, h5_numbered
 
-HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+INT_MAX = 2 ** 31 - 1
 
 
 def is_hdf5(path: str) -> bool:
@@ -36,7 +38,7 @@ def _history_array(bp) -> np.ndarray:
            else np.frombuffer(bp.data, "<f4"))
     has_shape = bp.HasField("shape") or bp.num or bp.channels or bp.height or bp.width
     shape = blob_shape_of(bp) if has_shape else (arr.size,)
-    if int(np.prod(shape, dtype=np.int64)) != arr.size:
+    if math.prod(shape) != arr.size:
         raise ValueError(f"a history blob of shape {shape} holds {arr.size} values")
     return arr.reshape(shape)
 
@@ -46,8 +48,11 @@ def read_solver_state(path: str) -> dict:
     A ``.caffemodel`` given instead is recognised and refused with a message saying so."""
     if path.endswith(".caffemodel"):
         raise not_a_state(path)
-    with open(path, "rb") as f:
-        data = f.read()
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CCTError(f"cannot read solver state '{path}': {e.strerror or e}") from None
     try:
         state = caffe_raw_pb2.SolverStateRaw.FromString(data)
         history = [_history_array(bp) for bp in state.history]
@@ -57,8 +62,11 @@ def read_solver_state(path: str) -> dict:
     if len(unknown_fields.UnknownFieldSet(state)):
         # A NetParameter's name (field 1 as a string) and layers (field 100) land here.
         raise not_a_state(path)
-    return {"iter": state.iter, "learned_net": state.learned_net,
-            "current_step": state.current_step, "history": history, "hdf5": False}
+    # protobuf hands back a string field that is not UTF-8 as bytes.
+    learned_net = _text(state.learned_net, f"solver state '{path}': learned_net")
+    return _checked({"iter": state.iter, "learned_net": learned_net,
+                     "current_step": state.current_step, "history": history, "hdf5": False},
+                    path)
 
 
 def solver_state_bytes(iter_: int, learned_net: str, current_step: int,
@@ -85,7 +93,7 @@ def write_solver_state(path: str, iter_: int, learned_net: str, current_step: in
     def write(tmp):
         with open(tmp, "wb") as f:
             f.write(data)
-    _atomic_write(path, write)
+    atomic_write(path, write)
 
 
 def read_solver_state_hdf5(path: str) -> dict:
@@ -98,25 +106,66 @@ def read_solver_state_hdf5(path: str) -> dict:
                     raise not_a_state(path)
                 raise CCTError(f"HDF5 file '{path}' is not a solver state: it has no 'iter' "
                                f"dataset (expected iter, learned_net, current_step, history/).")
-            out = {"iter": int(np.asarray(f["iter"]).reshape(-1)[0]), "learned_net": "",
-                   "current_step": 0, "history": [], "hdf5": True}
+            out = {"iter": _h5_int(f, "iter", path), "learned_net": "", "current_step": 0,
+                   "history": [], "hdf5": True}
             if "learned_net" in f:
-                raw = f["learned_net"][()]
-                raw = raw.tobytes() if isinstance(raw, np.ndarray) else raw
-                out["learned_net"] = (raw.split(b"\0")[0].decode("utf-8")
-                                      if isinstance(raw, bytes) else str(raw))
+                out["learned_net"] = _h5_string(f.get("learned_net"), path)
             if "current_step" in f:
-                out["current_step"] = int(np.asarray(f["current_step"]).reshape(-1)[0])
+                out["current_step"] = _h5_int(f, "current_step", path)
             if "history" not in f:
                 raise CCTError(f"solver state '{path}' has no 'history' group.")
-            group = f["history"]
-            for i in range(len(group)):
-                if str(i) not in group:
-                    raise CCTError(f"solver state '{path}': history/{i} is missing.")
-                out["history"].append(np.asarray(group[str(i)]))
-    except OSError as e:
-        raise CCTError(f"cannot read HDF5 solver state '{path}': {e}") from None
-    return out
+            where = f"solver state '{path}': history"
+            out["history"] = [h5_array(ds, f"{where}/{i}", "history values")
+                              for i, ds in enumerate(h5_numbered(f.get("history"), where))]
+    except H5_ERRORS as e:
+        raise CCTError(f"cannot read HDF5 solver state '{path}': it is damaged or not written "
+                       f"by Caffe ({type(e).__name__}: {e})") from None
+    return _checked(out, path)
+
+
+def _h5_int(f, name: str, path: str) -> int:
+    """Caffe's hdf5_load_int: a dataset holding one integer."""
+    value = h5_array(f.get(name), f"solver state '{path}': {name}", "one integer")
+    if value.size != 1 or value.dtype.kind not in "iu":
+        raise CCTError(f"solver state '{path}': {name} holds {value.size} value(s) of type "
+                       f"'{value.dtype}'; expected one integer")
+    return int(value.reshape(-1)[0])
+
+
+def _h5_string(obj, path: str) -> str:
+    """Caffe's hdf5_load_string: one string, fixed length (NUL-terminated) or variable."""
+    import h5py
+    where = f"solver state '{path}': learned_net"
+    if not (isinstance(obj, h5py.Dataset) and obj.shape is not None
+            and obj.dtype.kind in "SO" and obj.size == 1):
+        raise CCTError(f"{where} is not a dataset holding one string; expected the path of the "
+                       f".caffemodel written with the state")
+    raw = np.asarray(obj[()]).reshape(-1)[0]
+    if isinstance(raw, bytes):
+        raw = raw.split(b"\0")[0]
+    return _text(raw, where)
+
+
+def _text(raw, where: str) -> str:
+    """learned_net as text: a file name, which must be UTF-8 to be opened here."""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return bytes(raw).decode("utf-8")
+    except (UnicodeDecodeError, TypeError):
+        raise CCTError(f"{where} is {bytes(raw)[:80]!r}, which is not UTF-8 text; expected the "
+                       f"path of the .caffemodel written with the state") from None
+
+
+def _checked(state: dict, path: str) -> dict:
+    """Refuse field values no solver writes: a negative iteration reaches the learning rate
+    policies (a negative power of a negative number, say), and a negative step index would
+    read the multistep list from its end."""
+    for key in ("iter", "current_step"):
+        if not 0 <= state[key] <= INT_MAX:
+            raise CCTError(f"solver state '{path}': {key} is {state[key]}; expected a count "
+                           f"from 0 to {INT_MAX}, as a solver writes it")
+    return state
 
 
 def _h5_save_string(f, name: str, value: str) -> None:
@@ -143,4 +192,4 @@ def write_solver_state_hdf5(path: str, iter_: int, learned_net: str, current_ste
             g = f.create_group("history")
             for i, h in enumerate(history):
                 g.create_dataset(str(i), data=h)
-    _atomic_write(path, write)
+    atomic_write(path, write)

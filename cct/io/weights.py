@@ -2,17 +2,21 @@
 without per-element Python loops (blob data moves as whole NumPy arrays)."""
 from __future__ import annotations
 
+import math
 import os
 from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
-from ..errors import CCTError, WeightsError
+from ..errors import WeightsError
 from ..glog import info
 from ..proto import caffe_pb2, caffe_raw_pb2
+from .atomic import atomic_write
 
 if TYPE_CHECKING:
     from ..net import Net
+
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 
 def blob_shape_of(bp: caffe_pb2.BlobProto) -> tuple:
@@ -36,7 +40,7 @@ def blob_from_proto(bp: caffe_pb2.BlobProto, diff: bool = False) -> np.ndarray:
     else:
         arr = (np.frombuffer(raw.double_data, "<f8") if raw.double_data
                else np.frombuffer(raw.data, "<f4"))
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     if arr.size != count:
         raise WeightsError(f"a blob of shape {shape} holds {arr.size} values, expected {count}")
     return arr.reshape(shape).copy()
@@ -80,19 +84,6 @@ def _net_to_raw(net: "Net", write_diff: bool) -> "caffe_raw_pb2.NetParameterRaw"
     return out
 
 
-def _atomic_write(path: str, write) -> None:
-    """Write via a temporary name in the same folder, then rename: a crash or a full disk
-    never leaves a half-written file under ``path``."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise CCTError(f"cannot write '{path}': {e.strerror or e}") from None
-
-
 def save_caffemodel(net: "Net", path: str, write_diff: bool = False) -> None:
     """Write the net's params as a binary NetParameter (Caffe's .caffemodel), atomically."""
     data = _net_to_raw(net, write_diff).SerializeToString()
@@ -100,7 +91,7 @@ def save_caffemodel(net: "Net", path: str, write_diff: bool = False) -> None:
     def write(tmp):
         with open(tmp, "wb") as f:
             f.write(data)
-    _atomic_write(path, write)
+    atomic_write(path, write)
 
 
 def save_hdf5(net: "Net", path: str, write_diff: bool = False) -> None:
@@ -118,12 +109,7 @@ def save_hdf5(net: "Net", path: str, write_diff: bool = False) -> None:
                     g_data.create_dataset(str(i), data=np.asarray(b.cpu_data(), np.float32))
                     if g_diff is not None:
                         g_diff.create_dataset(str(i), data=np.asarray(b.cpu_diff(), np.float32))
-    _atomic_write(path, write)
-
-
-def _is_hdf5(path: str) -> bool:
-    with open(path, "rb") as f:
-        return f.read(8) == b"\x89HDF\r\n\x1a\n"
+    atomic_write(path, write)
 
 
 def _raw_array(bp) -> "np.ndarray | None":
@@ -133,7 +119,7 @@ def _raw_array(bp) -> "np.ndarray | None":
         arr = np.frombuffer(bp.double_data, "<f8").astype(np.float32)
     else:
         arr = np.frombuffer(bp.data, "<f4")
-    if arr.size != int(np.prod(shape, dtype=np.int64)):
+    if arr.size != math.prod(shape):
         return None
     return arr.reshape(shape)
 
@@ -143,10 +129,15 @@ def load_weights(path: str) -> "dict[str, list[np.ndarray]]":
     HDF5 weights file."""
     if not os.path.isfile(path):
         raise WeightsError(f"weights file '{path}' does not exist")
-    if _is_hdf5(path):
+    try:
+        with open(path, "rb") as f:
+            data = f.read(len(HDF5_MAGIC))
+            if data != HDF5_MAGIC:
+                data += f.read()
+    except OSError as e:
+        raise WeightsError(f"cannot read weights file '{path}': {e.strerror or e}") from None
+    if data == HDF5_MAGIC:
         return _load_hdf5(path)
-    with open(path, "rb") as f:
-        data = f.read()
     try:
         raw = caffe_raw_pb2.NetParameterRaw.FromString(data)
     except Exception:
@@ -161,11 +152,63 @@ def load_weights(path: str) -> "dict[str, list[np.ndarray]]":
     if any(a is None for arrays in out.values() for a in arrays):
         from .prototxt import read_net_binary
         param = read_net_binary(path)
-        out = {lp.name: [blob_from_proto(bp) for bp in lp.blobs] for lp in param.layer}
+        out = {}
+        for lp in param.layer:
+            try:
+                out[lp.name] = [blob_from_proto(bp) for bp in lp.blobs]
+            except WeightsError as e:
+                raise WeightsError(f"weights file '{path}', layer '{lp.name}': {e}") from None
     if not out:
         raise WeightsError(f"weights file '{path}' holds no layers: not a .caffemodel "
                            f"(a binary NetParameter with trained blobs)")
     return out
+
+
+# What h5py raises when an HDF5 file's own structures (object headers, B-trees, heaps,
+# datatypes) are damaged: the library's errors come out as any of these.
+H5_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError, AttributeError, IndexError,
+             UnicodeDecodeError, OverflowError)
+
+
+def h5_array(obj, where: str, what: str) -> np.ndarray:
+    """The values of an HDF5 dataset that Caffe's ``hdf5_load_nd_dataset`` reads (integer or
+    floating-point data); anything else is a WeightsError naming ``where`` (the file and the
+    object)."""
+    import h5py
+    if not isinstance(obj, h5py.Dataset):
+        raise WeightsError(f"{where} is a {_h5_kind(obj)}, expected a dataset of {what}")
+    if obj.shape is None or obj.dtype.kind not in "iuf":
+        raise WeightsError(f"{where} holds {_h5_dtype(obj)} data, expected {what} (integer or "
+                           f"floating-point numbers)")
+    return np.asarray(obj[()])
+
+
+def h5_numbered(group, where: str) -> list:
+    """The members of an HDF5 group Caffe reads by index: named 0, 1, ..., n-1, in order."""
+    import h5py
+    if not isinstance(group, h5py.Group):
+        raise WeightsError(f"{where} is a {_h5_kind(group)}, expected a group of datasets "
+                           f"named 0, 1, ...")
+    names = list(group.keys())
+    expected = [str(i) for i in range(len(names))]
+    if sorted(names) != sorted(expected):
+        shown = ", ".join(sorted(names)[:8]) + (", ..." if len(names) > 8 else "")
+        raise WeightsError(f"{where} holds {shown}; expected datasets named 0 to "
+                           f"{len(names) - 1} (one per blob, as Caffe writes them)")
+    return [group[k] for k in expected]
+
+
+def _h5_kind(obj) -> str:
+    import h5py
+    if isinstance(obj, h5py.Group):
+        return "group"
+    if isinstance(obj, h5py.Dataset):
+        return "dataset"
+    return "broken link" if obj is None else type(obj).__name__
+
+
+def _h5_dtype(ds) -> str:
+    return "no (empty dataspace)" if ds.shape is None else f"'{ds.dtype}'"
 
 
 def _load_hdf5(path: str) -> "dict[str, list[np.ndarray]]":
@@ -173,14 +216,17 @@ def _load_hdf5(path: str) -> "dict[str, list[np.ndarray]]":
     out = {}
     try:
         with h5py.File(path, "r") as f:
-            if "data" not in f:
+            data = f.get("data")
+            if not isinstance(data, h5py.Group):
                 raise WeightsError(f"weights file '{path}' is HDF5 but has no 'data' group; "
                                    f"expected Caffe's layout data/<layer>/<index>")
-            for name, group in f["data"].items():
-                keys = sorted(group.keys(), key=int)
-                out[name] = [np.asarray(group[k], dtype=np.float32) for k in keys]
-    except OSError as e:
-        raise WeightsError(f"cannot read HDF5 weights file '{path}': {e}") from None
+            for name in data.keys():
+                where = f"weights file '{path}': data/{name}"
+                out[name] = [h5_array(ds, f"{where}/{i}", "float weights").astype(np.float32)
+                             for i, ds in enumerate(h5_numbered(data.get(name), where))]
+    except H5_ERRORS as e:
+        raise WeightsError(f"cannot read HDF5 weights file '{path}': it is damaged or not "
+                           f"written by Caffe ({type(e).__name__}: {e})") from None
     return out
 
 

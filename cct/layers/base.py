@@ -11,8 +11,8 @@ from typing import Callable, Dict, List, Sequence, Tuple, Type
 
 import numpy as np
 
-from ..blob import Blob
-from ..errors import LayerError, NetError, close_matches
+from ..blob import INT_MAX, Blob, BlobShapeError
+from ..errors import CCTError, LayerError, NetError, close_matches
 
 LAYER_REGISTRY: Dict[str, Type["Layer"]] = {}
 
@@ -72,8 +72,11 @@ class Layer:
         # Caffe copies blobs stored in the LayerParameter (e.g. a V0 net with weights).
         for bp in layer_param.blobs:
             from ..io.weights import blob_from_proto
-            arr = blob_from_proto(bp)
-            b = Blob(arr.shape, self.dtype, self.xp)
+            try:
+                arr = blob_from_proto(bp)
+                b = Blob(arr.shape, self.dtype, self.xp)
+            except CCTError as e:
+                raise self.error(f"the blobs given in the net: {e}") from None
             b.data[...] = self.xp.asarray(arr)
             self.blobs.append(b)
 
@@ -88,13 +91,26 @@ class Layer:
     def new_blob(self, shape: Sequence[int]) -> Blob:
         return Blob(shape, self.dtype, self.xp)
 
+    def int_params(self, field: str, *values: int) -> Tuple[int, ...]:
+        """Values of a uint32 prototxt field that Caffe keeps in an int (kernel, stride, pad,
+        sizes): one above INT_MAX would wrap to a negative number there, and cannot reach
+        the kernels here."""
+        for v in values:
+            if v > INT_MAX:
+                raise self.error(f"{field} {v} is larger than {INT_MAX} (INT_MAX), the largest "
+                                 f"value Caffe holds in it")
+        return values
+
     # -- lifecycle -----------------------------------------------------------------------------
     def setup(self, bottom: List[Blob], top: List[Blob]) -> None:
         self.check_blob_counts(bottom, top)
-        self.layer_setup(bottom, top)
-        # Every param learns unless the net says otherwise (lr_mult 0), as in Caffe.
-        self.param_propagate_down = [True] * len(self.blobs)
-        self.reshape(bottom, top)
+        try:
+            self.layer_setup(bottom, top)
+            # Every param learns unless the net says otherwise (lr_mult 0), as in Caffe.
+            self.param_propagate_down = [True] * len(self.blobs)
+            self.reshape(bottom, top)
+        except BlobShapeError as e:
+            raise self.error(str(e)) from None
         self.set_loss_weights(top)
 
     def layer_setup(self, bottom: List[Blob], top: List[Blob]) -> None:

@@ -95,13 +95,14 @@ class _ConvolutionBase(Layer):
             if values:
                 raise self.error(f"either {field} or {h_field}/{w_field} should be specified; "
                                  f"not both.")
-            return int(getattr(cp, h_field)), int(getattr(cp, w_field))
+            return self.int_params(h_field + "/" + w_field, int(getattr(cp, h_field)),
+                                   int(getattr(cp, w_field)))
         if not values and default is not None:
             return default, default
         if len(values) not in (1, 2):
             raise self.error(f"{field} must be specified once, or once per spatial dimension "
                              f"({field} specified {len(values)} times; 2 spatial dims).")
-        return int(values[0]), int(values[-1])
+        return self.int_params(field, int(values[0]), int(values[-1]))
 
     def reshape(self, bottom: List[Blob], top: List[Blob]) -> None:
         b0 = bottom[0]

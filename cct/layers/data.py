@@ -265,12 +265,15 @@ class DatumReader:
         self.records = 0
 
     def next(self) -> None:
-        self.cursor.next()
-        self.position += 1
-        if not self.cursor.valid:
-            info("data_layer.cpp:73", "Restarting data prefetching from start.")
-            self.cursor.seek_to_first()
-            self.position = 0
+        try:
+            self.cursor.next()
+            self.position += 1
+            if not self.cursor.valid:
+                info("data_layer.cpp:73", "Restarting data prefetching from start.")
+                self.cursor.seek_to_first()
+                self.position = 0
+        except CCTError as e:  # a damaged database
+            raise CCTError(f"{self.where}: {e}") from None
 
     def read(self) -> Tuple[np.ndarray, int]:
         """The current record as (C, H, W), with its label; errors name the key."""

@@ -27,7 +27,7 @@ class LRNLayer(Layer):
 
     def layer_setup(self, bottom: List[Blob], top: List[Blob]) -> None:
         lp = self.layer_param.lrn_param
-        self.size = lp.local_size
+        (self.size,) = self.int_params("local_size", lp.local_size)
         if self.size % 2 != 1:
             raise self.error(f"LRN only supports odd values for local_size, got "
                              f"{self.size}.")

@@ -83,9 +83,10 @@ class PoolingLayer(Layer):
             if pp.HasField(field) or not (has_h and has_w):
                 raise self.error(f"{field} is given as {field} OR as both {h_field} and "
                                  f"{w_field}.")
-            return int(getattr(pp, h_field)), int(getattr(pp, w_field))
+            return self.int_params(h_field + "/" + w_field, int(getattr(pp, h_field)),
+                                   int(getattr(pp, w_field)))
         v = int(getattr(pp, field))
-        return v, v
+        return self.int_params(field, v, v)
 
     def reshape(self, bottom: List[Blob], top: List[Blob]) -> None:
         b = bottom[0]

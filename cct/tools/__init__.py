@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional
 
 from ..errors import CCTError
 from ..glog import logger
+from ..io.atomic import TEMP_MARK, fsync_folder
 
 #: command -> the module of cct.tools that implements it
 TOOLS: Dict[str, str] = {
@@ -110,7 +111,8 @@ class LMDBWriter:
         if not os.path.isdir(parent):
             raise CCTError(f"{tool}: cannot create database '{path}': folder '{parent}' does "
                            f"not exist")
-        self.tmp = os.path.join(parent, f".{os.path.basename(self.path)}.tmp-{os.getpid()}")
+        self.tmp = os.path.join(parent,
+                                f".{os.path.basename(self.path)}{TEMP_MARK}{os.getpid()}")
         shutil.rmtree(self.tmp, ignore_errors=True)
         try:
             os.mkdir(self.tmp, 0o744)
@@ -143,7 +145,14 @@ class LMDBWriter:
         if self.pending:
             self.commit()
         self.env.close()
-        os.rename(self.tmp, self.path)
+        try:
+            os.rename(self.tmp, self.path)
+            # LMDB synced the data at each commit; this makes the new name durable too.
+            fsync_folder(os.path.dirname(os.path.abspath(self.path)))
+        except OSError as e:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise CCTError(f"{self.tool}: cannot create database '{self.path}': "
+                           f"{e.strerror or e}") from None
 
     def abort(self) -> None:
         self.env.close()

@@ -17,8 +17,8 @@ import numpy as np
 from ..errors import CCTError
 from ..flags import Flags
 from ..glog import info
+from ..io.atomic import atomic_write
 from ..io.db import LMDBCursor
-from ..io.weights import _atomic_write
 from ..proto import caffe_pb2
 from . import check_backend
 from .convert_imageset import decode_datum_native
@@ -32,13 +32,22 @@ def _values(datum: caffe_pb2.Datum) -> np.ndarray:
     return np.asarray(datum.float_data, np.float32)
 
 
+def _decode(datum: caffe_pb2.Datum, key: bytes, db_path: str) -> bool:
+    """decode_datum_native, its error naming the record."""
+    try:
+        return decode_datum_native(datum)
+    except CCTError as e:
+        raise CCTError(f"{TOOL}: record '{key.decode(errors='replace')}' of '{db_path}': "
+                       f"{e}") from None
+
+
 def compute_mean(db_path: str) -> caffe_pb2.BlobProto:
     """The mean image of the LMDB ``db_path`` as Caffe's BlobProto."""
     cursor = LMDBCursor(db_path)
     try:
         datum = caffe_pb2.Datum()
         datum.ParseFromString(cursor.value())
-        if decode_datum_native(datum):
+        if _decode(datum, cursor.key(), db_path):
             info("compute_image_mean.cpp:57", "Decoding Datum")
         shape = (datum.channels, datum.height, datum.width)
         data_size = datum.channels * datum.height * datum.width
@@ -49,7 +58,7 @@ def compute_mean(db_path: str) -> caffe_pb2.BlobProto:
         for key, value in cursor.txn.cursor():
             record = caffe_pb2.Datum()
             record.ParseFromString(value)
-            decode_datum_native(record)
+            _decode(record, key, db_path)
             values = _values(record)
             if values.size != data_size:
                 raise CCTError(f"{TOOL}: Incorrect data field size {values.size} in record "
@@ -100,6 +109,6 @@ def main(argv: List[str]) -> int:
         def write(path: str) -> None:
             with open(path, "wb") as f:
                 f.write(data)
-        _atomic_write(out, write)
+        atomic_write(out, write)
     log_channel_means(blob)
     return 0

@@ -163,12 +163,12 @@ def draw_with_pydot(net: caffe_pb2.NetParameter, layers: List, path: str, rankdi
 
 
 def _write_bytes(path: str, data: bytes) -> None:
-    from ..io.weights import _atomic_write
+    from ..io.atomic import atomic_write
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
             f.write(data)
-    _atomic_write(path, write)
+    atomic_write(path, write)
 
 
 # -- cct's own layered drawing (Pillow) ---------------------------------------------------------

@@ -66,14 +66,14 @@ def _is_accuracy(name: str) -> bool:
 
 
 def _save(figure, path: str) -> None:
-    from ..io.weights import _atomic_write
+    from ..io.atomic import atomic_write
 
     ext = os.path.splitext(path)[1][1:].lower() or "png"
 
     def write(tmp: str) -> None:
         figure.savefig(tmp, format=ext)
     try:
-        _atomic_write(path, write)
+        atomic_write(path, write)
     except ValueError as e:
         raise CCTError(f"{TOOL}: cannot write '{path}': {e}") from None
 

@@ -18,8 +18,8 @@ from google.protobuf import message, text_format
 from ..flags import Flags
 from ..glog import info
 from ..io import prototxt, upgrade
+from ..io.atomic import atomic_write
 from ..proto import caffe_pb2
-from ..io.weights import _atomic_write
 from . import log_error
 
 _WHOLE_FLOAT = re.compile(r"^(\s*\w+: -?\d+)\.0$", re.MULTILINE)
@@ -32,7 +32,7 @@ def write_text(msg: message.Message, path: str) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "w") as f:
             f.write(text)
-    _atomic_write(path, write)
+    atomic_write(path, write)
 
 
 def _upgrade_text(tool: str, argv: List[str], what: str, message_type, needs_upgrade,

@@ -240,6 +240,15 @@ def test_a_corrupt_record_fails_the_forward_that_reads_it_naming_its_key(tmp_pat
     layer.close()
 
 
+def test_an_undecodable_image_names_the_database_and_key(tmp_path):
+    db = write_lmdb(tmp_path / "db", [encoded_datum(b"GIF89a, cut short", 0)])
+    with pytest.raises(CCTError) as e:
+        layer_of(db, batch=1)   # set-up reads the first record for the top shapes
+    message = str(e.value)
+    assert f"record b'00000000' of '{db}': cannot decode the image (17 bytes)" in message
+    assert "the data start with b'GIF89a, '" in message and "BytesIO" not in message
+
+
 def test_records_of_different_shapes_in_one_batch_are_an_error_unless_cropped(tmp_path):
     db = write_lmdb(tmp_path / "db", [raw_datum(np.zeros((1, 4, 4), np.uint8), 0),
                                       raw_datum(np.ones((1, 5, 6), np.uint8), 1)])

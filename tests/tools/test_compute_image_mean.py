@@ -97,3 +97,14 @@ def test_errors(tmp_path, capsys):
     env.close()
     with pytest.raises(CCTError, match="Incorrect data field size 6 in record '1'"):
         compute_mean(str(tmp_path / "mixed"))
+
+
+def test_an_undecodable_record_names_the_database_and_key(tmp_path):
+    db = tmp_path / "db"
+    env = lmdb.open(str(db), map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        txn.put(b"00000000", caffe_pb2.Datum(data=b"not an image", encoded=True)
+                .SerializeToString())
+    env.close()
+    with pytest.raises(CCTError, match=f"record '00000000' of '{db}': Could not decode datum"):
+        compute_mean(str(db))

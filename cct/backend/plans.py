@@ -1,0 +1,207 @@
+"""Kernel plans, chosen once and kept, so that a run repeats to the bit.
+
+The C++ kernels time their candidate plans the first time a shape comes and keep the fastest
+(csrc/conv.cpp: batch partitions x lowered or pointwise layout x cache-sized chunks per
+convolution kernel; csrc/gemm.cpp: the operand order of the weight-gradient GEMMs). The plans
+round differently, so a choice that changes from one process to the next (a busy machine
+times them differently) changes the weights. Three things keep the choice fixed:
+
+* **the machine's plan cache**, one JSON file per machine fingerprint (CPU model, cores, BLAS
+  build, cct version) in ``$CCT_PLAN_CACHE`` (a folder; ``off`` disables it), else
+  ``$XDG_CACHE_HOME/cct``, else ``~/.cache/cct``. A solver loads it before it builds its nets
+  (:func:`use_machine_cache`) and writes it back, merged, whenever new shapes were timed
+  (:func:`persist`): a rerun on the same machine runs the first run's plans;
+* **the snapshot side file** holds :func:`table` and a resume :func:`install`\\ s it, so a
+  resumed run runs the plans of the run it continues, whatever the cache holds;
+* **deterministic mode** (:func:`set_deterministic`, ``cct train --deterministic``): nothing
+  is timed, every shape gets the plan of a fixed rule (one partition per thread, lowered, the
+  direct GEMM order) and the cache is neither read nor written, so the plans do not depend on
+  the load, the cache or concurrent runs. It is slower where the rule's plan is not the
+  fastest (bench/RESULTS.md).
+
+A table is ``{"conv": [[kernel, geometry(16), itemsize, threads, modes, partitions, layout,
+cache_chunks], ...], "gemm": [[trans_a, trans_b, m, n, k, itemsize, threads, transposed],
+...]}``: the C++ tables' keys and choices as they are.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from typing import Optional
+
+from .. import _C, __version__
+from ..errors import CCTError
+from ..glog import info, warning
+from ..io.atomic import atomic_write
+
+FORMAT = 1
+_CONV_FIELDS = 8
+_GEMM_FIELDS = 8
+
+_state = {"loaded": False, "path": None, "saved_count": None}
+
+
+def table() -> dict:
+    """The plans of this process: every convolution plan and GEMM order chosen so far."""
+    conv = [[k, list(geom), size, threads, modes, parts, layout, bool(chunks)]
+            for k, geom, size, threads, modes, parts, layout, chunks in _C.conv_plan_table()]
+    gemm = [[bool(ta), bool(tb), m, n, k, size, threads, bool(tr)]
+            for ta, tb, m, n, k, size, threads, tr in _C.gemm_choices()]
+    return {"conv": conv, "gemm": gemm}
+
+
+def _rows(tab, key: str, width: int) -> list:
+    rows = tab.get(key, [])
+    if not isinstance(rows, list):
+        raise ValueError(f"'{key}' is not a list")
+    for row in rows:
+        if not isinstance(row, list) or len(row) != width:
+            raise ValueError(f"a '{key}' entry is not a list of {width} values: {row!r:.80}")
+    return rows
+
+
+def _conv_row(row) -> tuple:
+    kernel, geom, size, threads, modes, parts, layout, chunks = row
+    if not (isinstance(geom, list) and len(geom) == 16):
+        raise ValueError(f"a convolution plan's geometry is not 16 numbers: {geom!r:.80}")
+    ints = [kernel, size, threads, modes, parts, layout] + geom
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
+        raise ValueError(f"a convolution plan holds a value that is not an integer: {row!r:.80}")
+    if not isinstance(chunks, bool):
+        raise ValueError(f"a convolution plan's cache_chunks is not true/false: {row!r:.80}")
+    return kernel, geom, size, threads, modes, parts, layout, chunks
+
+
+def _gemm_row(row) -> tuple:
+    ta, tb, m, n, k, size, threads, transposed = row
+    if not all(isinstance(v, bool) for v in (ta, tb, transposed)):
+        raise ValueError(f"a GEMM order's flags are not true/false: {row!r:.80}")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (m, n, k, size, threads)):
+        raise ValueError(f"a GEMM order holds a size that is not an integer: {row!r:.80}")
+    return ta, tb, m, n, k, size, threads, transposed
+
+
+def install(tab) -> int:
+    """Install a table's plans (replacing those of the same shapes); returns how many. Raises
+    ValueError, saying what is wrong, for anything that is not such a table; then nothing
+    is installed."""
+    if not isinstance(tab, dict):
+        raise ValueError("the plan table is not a JSON object")
+    conv = [_conv_row(r) for r in _rows(tab, "conv", _CONV_FIELDS)]
+    gemm = [_gemm_row(r) for r in _rows(tab, "gemm", _GEMM_FIELDS)]
+    try:
+        _C.load_conv_plans(conv)
+        _C.load_gemm_choices(gemm)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"a plan does not fit the kernels' tables: {e}") from None
+    return len(conv) + len(gemm)
+
+
+def fingerprint() -> dict:
+    """What a cached plan depends on: the CPU, its cores, the BLAS build, cct's kernels."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": model, "cores": _C.available_cores(), "blas": _C.blas_config(),
+            "cct": __version__}
+
+
+def cache_path() -> Optional[str]:
+    """The machine's plan cache file, or None when ``CCT_PLAN_CACHE=off``."""
+    folder = os.environ.get("CCT_PLAN_CACHE")
+    if folder is not None and folder.strip().lower() in ("off", "0", "none", ""):
+        return None
+    if not folder:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        folder = os.path.join(base, "cct")
+    digest = hashlib.sha1(json.dumps(fingerprint(), sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(folder, f"plans-{digest}.json")
+
+
+def _read_cache(path: str) -> Optional[dict]:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        warning("plans.py:0", f"ignoring the kernel plan cache '{path}': {e}")
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        warning("plans.py:0", f"ignoring the kernel plan cache '{path}': not a format-{FORMAT} "
+                f"plan table")
+        return None
+    return data
+
+
+def set_deterministic(on: bool = True) -> None:
+    """Fixed plans by rule, no timing and no machine cache (see the module's docstring)."""
+    _C.set_plan_measurement(not on)
+
+
+def deterministic() -> bool:
+    return not _C.plan_measurement()
+
+
+def use_machine_cache() -> None:
+    """Load the machine's plan cache into the kernels' tables, once per process (nothing in
+    deterministic mode or with the cache off). A damaged cache is ignored with a warning."""
+    if _state["loaded"] or deterministic():
+        return
+    _state["loaded"] = True
+    path = cache_path()
+    _state["path"] = path
+    if path is None:
+        return
+    data = _read_cache(path)
+    if data is not None:
+        try:
+            n = install(data)
+        except ValueError as e:
+            warning("plans.py:0", f"ignoring the kernel plan cache '{path}': {e}")
+        else:
+            info("plans.py:0", f"Kernel plans: {n} loaded from {path}")
+    _state["saved_count"] = _C.plan_count()
+
+
+def persist() -> None:
+    """Write the machine's plan cache when this process has timed new shapes since it was read
+    or written: the file's plans and this process's, the file's winning where both timed a
+    shape (another run wrote it first; its runs and the next ones then agree). A cache that
+    cannot be written costs a warning, never the run."""
+    path = _state["path"]
+    if path is None or deterministic() or _C.plan_count() == _state["saved_count"]:
+        return
+    _state["saved_count"] = _C.plan_count()
+    ours = table()
+    theirs = _read_cache(path) or {}
+    merged = {"format": FORMAT, "fingerprint": fingerprint()}
+    for key, width in (("conv", _CONV_FIELDS), ("gemm", _GEMM_FIELDS)):
+        rows = {}
+        for source in (ours, theirs):
+            try:
+                source_rows = _rows(source, key, width)
+            except ValueError:
+                continue
+            for row in source_rows:
+                rows[json.dumps(row[:-3 if key == "conv" else -1])] = row
+        merged[key] = list(rows.values())
+    text = json.dumps(merged)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        atomic_write(path, lambda tmp: _write_text(tmp, text))
+    except (OSError, CCTError) as e:
+        warning("plans.py:0", f"cannot write the kernel plan cache '{path}': {e}")
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)

@@ -1,0 +1,95 @@
+"""Compute groups: each a copy of the train net below its data layers, with params of its own,
+computing gradients on batches taken in turn from the solver's data layers.
+
+Omnivore's groups are synchronous inside (the batch split across members) and asynchronous
+between them. A group here is a gradient source over its own net: that net alone on one
+device, or a HybridScheduler splitting each batch across the group's devices (a group's net
+is then the scheduler's master). Every group computes on a whole mini-batch, as Omnivore's do.
+"""
+from __future__ import annotations
+
+import threading
+from typing import List, Optional, Sequence
+
+from ..devices import Device
+from ..glog import quiet
+from ..net import Net
+from ..params import NetSource, ParamSet
+from ..scheduler import HybridScheduler, next_batch, replica_param, source_layers
+
+
+class BatchFeeder:
+    """The solver's train net's data layers, handing out batches one at a time (in the order
+    groups ask), so that groups never see the same batch and g = 1 sees plain training's."""
+
+    def __init__(self, master):
+        self.master = master
+        self.sources = source_layers(master)
+        self.tops = [master.blobs_list[b] for i in self.sources for b in master.top_id_vecs[i]]
+        self.lock = threading.Lock()
+
+    def feed(self, inputs: Sequence) -> None:
+        """The next batch into ``inputs`` (a group net's Input blobs, in the same order)."""
+        with self.lock:
+            next_batch(self.master, self.sources)
+            for src, dst in zip(self.tops, inputs):
+                if dst.shape != src.shape:
+                    dst.reshape(src.shape)
+                dst.data[...] = src.data
+
+
+class Group:
+    """One compute group: its net (Input layers where the train net has data layers), its
+    params, the version of the weights it last read and its gradient source."""
+
+    def __init__(self, index: int, feeder: BatchFeeder, devices: Optional[List[Device]] = None,
+                 iter_size: int = 1):
+        master = feeder.master
+        self.index = index
+        self.feeder = feeder
+        self.devices = list(devices or [])
+        self.iter_size = iter_size
+        param = replica_param(master, feeder.sources, feeder.tops[0].shape[0])
+        if len(self.devices) == 1:
+            self.net = self.devices[0].build(param, master.dtype)
+        else:
+            with quiet():
+                self.net = Net(param, backend=master.backend.name, dtype=master.dtype,
+                               source=f"<group {index}>")
+        self.inputs = [self.net.blobs_list[i] for i in self.net.input_blob_indices]
+        for mine, theirs in zip(self.net.params_list, master.params_list):
+            mine.data[...] = theirs.data           # lr_mult 0 params and statistics too
+        self.params = ParamSet.of_net(self.net)
+        self.source = (HybridScheduler(self.net, self.devices) if len(self.devices) > 1
+                       else NetSource(self.net))
+        self.read_version = 0
+
+    @property
+    def name(self) -> str:
+        where = ",".join(d.name for d in self.devices) or "this thread"
+        return f"group {self.index} ({where})"
+
+    def compute(self) -> float:
+        """``iter_size`` batches' gradients summed in the group's param diffs; the mean loss."""
+        self.net.clear_param_diffs()
+        loss = 0.0
+        for _ in range(self.iter_size):
+            self.feeder.feed(self.inputs)
+            loss += self.source.compute_gradients()
+        return loss / self.iter_size
+
+    def copy_statistics_to(self, master) -> None:
+        """What only this group's net holds (BatchNorm's running averages, lr_mult 0 params)
+        back into the train net, for tests and snapshots."""
+        learnable = {id(b) for b in self.net.learnable_params}
+        self.source.pull_statistics()
+        for mine, theirs, owner in zip(self.net.params_list, master.params_list,
+                                       master.param_owners):
+            if id(mine) not in learnable and owner < 0:
+                theirs.data[...] = mine.data
+
+    def close(self) -> None:
+        self.source.close()
+        self.net.close()
+        for d in self.devices:
+            d.close()

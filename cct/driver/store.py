@@ -1,0 +1,89 @@
+"""The parameter store: the weights, the solver's history and a version counter, shared by
+asynchronous groups (Omnivore's model server).
+
+The store is a :class:`~cct.solver.Solver` used from above: its train net's learnable params
+are the weights, its update pipeline (every solver type, clipping, decay, lr policy) applies
+each pushed gradient, its iteration count is the version, and its loop pieces write Caffe's
+log, run the test nets and take snapshots, so an asynchronous run's files are ordinary Caffe
+files. A group pulls the weights (the version it read), computes a gradient on its own copy,
+and pushes it; the push records staleness = versions applied since that read.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Optional, Tuple
+
+from ..glog import info
+from ..params import ParamSet
+from .staleness import StalenessStats, implicit_momentum
+
+
+class MomentumPolicy:
+    """The explicit momentum of each update: a literal value, or ``auto``: the solver's
+    momentum minus the implicit momentum of the staleness measured so far (a window of recent
+    updates), floored at 0 unless negative values are allowed."""
+
+    def __init__(self, setting: str, solver_momentum: float, allow_negative: bool = False):
+        self.auto = setting == "auto"
+        self.value = None if self.auto else float(setting)
+        self.base = float(solver_momentum)
+        self.allow_negative = allow_negative
+
+    def __call__(self, stats: StalenessStats) -> Tuple[float, float]:
+        """(explicit momentum for the next update, implicit momentum estimated)."""
+        recent = stats.recent_mean()
+        implicit = implicit_momentum(recent if recent is not None else 0.0)
+        if not self.auto:
+            return self.value, implicit
+        explicit = self.base - implicit
+        return (explicit if self.allow_negative else max(0.0, explicit)), implicit
+
+    def describe(self) -> str:
+        if not self.auto:
+            return f"explicit momentum {self.value:g} (given)"
+        floor = "negative allowed" if self.allow_negative else "floored at 0"
+        return (f"momentum auto: the solver's {self.base:g} minus the implicit momentum "
+                f"E[tau]/(1+E[tau]) of the measured staleness, {floor}")
+
+
+class ParameterStore:
+    """Pull and push around a solver (see the module doc); thread-safe."""
+
+    def __init__(self, solver, momentum: MomentumPolicy,
+                 stats: Optional[StalenessStats] = None):
+        self.solver = solver
+        self.params: ParamSet = solver.params
+        self.momentum = momentum
+        self.stats = stats or StalenessStats()
+        self.lock = threading.Lock()
+        self.last_momentum = (momentum.value if not momentum.auto else momentum.base, 0.0)
+
+    @property
+    def version(self) -> int:
+        return self.solver.iter
+
+    def pull(self, into: ParamSet) -> int:
+        """Copy the weights into a group's params; the version read."""
+        with self.lock:
+            self.params.copy_weights_to(into)
+            return self.solver.iter
+
+    def push(self, gradients: ParamSet, read_version: int, loss, outputs_of=None) -> bool:
+        """Apply one group's gradient with the solver's rule, as the solver's next iteration
+        (test when due, display, update, snapshot when due). False when training must stop
+        (a stop request)."""
+        with self.lock:
+            s = self.solver
+            if not s.begin_iteration():
+                return False
+            gradients.copy_gradients_to(self.params)
+            self.stats.record(s.iter - read_version)
+            s.record_loss(loss, outputs_of)
+            explicit, implicit = self.momentum(self.stats)
+            self.last_momentum = (explicit, implicit)
+            if s.param.display and s.iter % s.param.display == 0:
+                mean, top, count = self.stats.take_interval()
+                info("driver.cpp:0", f"Staleness mean {mean:.4g} max {top} over {count} "
+                     f"updates; momentum explicit {explicit:.4g} (implicit ~{implicit:.4g})")
+            s.apply_update(explicit)
+            return s.end_iteration()

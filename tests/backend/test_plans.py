@@ -1,0 +1,174 @@
+"""Kernel plans chosen once and kept (cct/backend/plans.py, csrc/conv.cpp, csrc/gemm.cpp): the
+first call's result is the chosen plan's, an installed table is what runs, deterministic mode
+times nothing, and the machine's cache is written, merged and read back."""
+import json
+
+import numpy as np
+import pytest
+
+from cct import _C
+from cct.backend import cpu, plans
+
+from .kernel_cases import conv_arrays
+
+# Big enough that both partitionings and both GEMM orders are candidates, small enough to be quick.
+GEOMETRY = (6, 5, 11, 11, 7, (3, 3), (1, 1), (1, 1), (1, 1), 1)
+
+
+@pytest.fixture
+def fresh_plans():
+    """Empty plan tables and two threads; afterwards empty again, measuring, threads restored."""
+    threads = cpu.get_num_threads()
+    cpu.set_num_threads(2)
+    _C.clear_plans()
+    yield
+    plans.set_deterministic(False)
+    _C.clear_plans()
+    cpu.set_num_threads(threads)
+
+
+def conv_step(x, weight, bias, dy, geom, dweight):
+    """Forward, backward data and an accumulating backward weight: every planned kernel."""
+    y = cpu.conv_forward(x, weight, bias, *geom)
+    dx = cpu.conv_backward_data(dy, weight, x.shape, *geom)
+    cpu.conv_backward_weight(x, dy, *geom, out=dweight, accumulate=True)
+    return y, dx, dweight
+
+
+def test_first_call_gives_the_chosen_plans_result(fresh_plans):
+    """The call that times the plans returns what every later call returns, although the
+    plans it timed round differently (the last one timed need not be the fastest)."""
+    x, weight, bias, dy, geom = conv_arrays(GEOMETRY, np.float32)
+    start = np.random.default_rng(3).standard_normal(weight.shape).astype(np.float32)
+    first = conv_step(x, weight, bias, dy, geom, start.copy())
+    assert _C.plan_count() >= 3
+    for _ in range(2):
+        again = conv_step(x, weight, bias, dy, geom, start.copy())
+        for a, b in zip(first, again):
+            assert np.array_equal(a, b)
+
+
+def forced_result(x, weight, bias, dy, geom, start, mode):
+    _C.set_partition_mode(mode)
+    try:
+        return conv_step(x, weight, bias, dy, geom, start.copy())
+    finally:
+        _C.set_partition_mode(0)
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_an_installed_table_is_what_runs(fresh_plans, parts):
+    x, weight, bias, dy, geom = conv_arrays(GEOMETRY, np.float32)
+    start = np.zeros(weight.shape, np.float32)
+    conv_step(x, weight, bias, dy, geom, start.copy())
+    table = plans.table()
+    for row in table["conv"]:
+        row[5:8] = [parts, 0, False]
+    _C.clear_plans()
+    assert plans.install(table) == len(table["conv"]) + len(table["gemm"])
+    mine = conv_step(x, weight, bias, dy, geom, start.copy())
+    assert _C.plan_count() == len(table["conv"]) + len(table["gemm"])   # nothing timed
+    want = forced_result(x, weight, bias, dy, geom, start, parts)
+    for a, b in zip(mine, want):
+        assert np.array_equal(a, b)
+
+
+def test_table_round_trips_through_json(fresh_plans):
+    x, weight, bias, dy, geom = conv_arrays(GEOMETRY, np.float32)
+    conv_step(x, weight, bias, dy, geom, np.zeros(weight.shape, np.float32))
+    table = json.loads(json.dumps(plans.table()))
+    _C.clear_plans()
+    plans.install(table)
+    assert plans.table() == table
+
+
+@pytest.mark.parametrize("bad", [
+    [], {"conv": 3}, {"conv": [[0, [1] * 16, 4, 1, 0, 1, 0]]},
+    {"conv": [[0, [1] * 15, 4, 1, 0, 1, 0, False]]},
+    {"conv": [[0, [1] * 16, 4, 1, 0, 1, 0, "no"]]},
+    {"conv": [[7, [1] * 16, 4, 1, 0, 1, 0, False]]},
+    {"conv": [[0, [1] * 16, 4, 0, 0, 1, 0, False]]},
+    {"conv": [[0, [1] * 16, 4, 1, 0, 1, 0, False]], "gemm": [[True, False, 1, 2, 3, 4, 1, 1]]},
+    {"gemm": [[True, False, 1.5, 2, 3, 4, 1, True]]},
+    {"gemm": [[True, False, 2 ** 70, 2, 3, 4, 1, True]]},
+], ids=str)
+def test_a_damaged_table_is_refused_whole(fresh_plans, bad):
+    with pytest.raises(ValueError):
+        plans.install(bad)
+    assert _C.plan_count() == 0
+
+
+def test_deterministic_mode_gives_the_rule_plan_without_timing(fresh_plans):
+    plans.set_deterministic(True)
+    assert plans.deterministic()
+    x, weight, bias, dy, geom = conv_arrays(GEOMETRY, np.float32)
+    start = np.zeros(weight.shape, np.float32)
+    mine = conv_step(x, weight, bias, dy, geom, start.copy())
+    table = plans.table()
+    assert {tuple(r[5:8]) for r in table["conv"]} == {(2, 0, False)}   # one partition a thread
+    assert all(r[4] >= 9 for r in table["conv"])      # never taken for a measured plan
+    assert not any(r[7] for r in table["gemm"])       # the direct operand order
+    plans.set_deterministic(False)
+    _C.set_gemm_order(1)
+    try:
+        want = forced_result(x, weight, bias, dy, geom, start, 2)
+    finally:
+        _C.set_gemm_order(0)
+    for a, b in zip(mine, want):
+        assert np.array_equal(a, b)
+
+
+@pytest.fixture
+def machine_cache(tmp_path, monkeypatch):
+    """The machine cache in a scratch folder, as if this process had not loaded it yet."""
+    monkeypatch.setenv("CCT_PLAN_CACHE", str(tmp_path))
+    monkeypatch.setitem(plans._state, "loaded", False)
+    monkeypatch.setitem(plans._state, "path", None)
+    monkeypatch.setitem(plans._state, "saved_count", None)
+    return tmp_path
+
+
+def test_machine_cache_is_written_merged_and_read(fresh_plans, machine_cache):
+    plans.use_machine_cache()
+    path = plans.cache_path()
+    assert path.startswith(str(machine_cache))
+    plans.persist()                               # nothing timed yet: nothing written
+    assert not (machine_cache / path.split("/")[-1]).exists()
+    x, weight, bias, dy, geom = conv_arrays(GEOMETRY, np.float32)
+    conv_step(x, weight, bias, dy, geom, np.zeros(weight.shape, np.float32))
+    # Another run wrote a different choice for one of our shapes first: the file keeps its.
+    theirs = plans.table()
+    theirs["conv"][0][5] = 3 - theirs["conv"][0][5]
+    with open(path, "w") as f:
+        json.dump(dict(theirs, format=plans.FORMAT), f)
+    plans.persist()
+    with open(path) as f:
+        saved = json.load(f)
+    assert saved["fingerprint"] == plans.fingerprint()
+    assert sorted(map(json.dumps, saved["conv"])) == sorted(map(json.dumps, theirs["conv"]))
+    assert len(saved["gemm"]) == len(theirs["gemm"])
+    _C.clear_plans()
+    plans._state["loaded"] = False
+    plans.use_machine_cache()
+    assert _C.plan_count() == len(saved["conv"]) + len(saved["gemm"])
+    assert sorted(map(json.dumps, plans.table()["conv"])) == sorted(map(json.dumps, saved["conv"]))
+
+
+def test_a_damaged_machine_cache_is_ignored_with_a_warning(fresh_plans, machine_cache, capfd):
+    path = plans.cache_path()
+    (machine_cache / path.split("/")[-1]).write_text('{"format": 1, "conv": [[1, 2]]}')
+    plans.use_machine_cache()
+    assert _C.plan_count() == 0
+    assert "ignoring the kernel plan cache" in capfd.readouterr().err
+
+
+def test_cache_off_and_deterministic_mode_leave_it_alone(fresh_plans, machine_cache, monkeypatch):
+    monkeypatch.setenv("CCT_PLAN_CACHE", "off")
+    assert plans.cache_path() is None
+    monkeypatch.setenv("CCT_PLAN_CACHE", str(machine_cache))
+    plans.set_deterministic(True)
+    plans.use_machine_cache()
+    x, weight, bias, dy, geom = conv_arrays(GEOMETRY, np.float32)
+    conv_step(x, weight, bias, dy, geom, np.zeros(weight.shape, np.float32))
+    plans.persist()
+    assert list(machine_cache.iterdir()) == []

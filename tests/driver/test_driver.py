@@ -1,0 +1,160 @@
+"""The asynchronous driver (cct/driver): one group is plain training, loss for loss and bit for
+bit; simulated staleness has the mean its model says; momentum auto follows the staleness; a
+failing group is dropped and the others go on; the losses of every group reach the log."""
+import re
+
+import numpy as np
+import pytest
+
+from cct.api import Solver
+from cct.driver import (AsyncDriver, MomentumPolicy, StalenessStats, group_devices,
+                        implicit_momentum, schedule)
+from cct.errors import CCTError
+
+from ..test_scheduler import data_list, params_of, solver_param  # noqa: F401  (fixture)
+
+
+def losses(log: str):
+    return [float(x) for x in re.findall(r"Iteration \d+ \(.*\), loss = ([\d.e+-]+)", log)]
+
+
+def plain(param, capfd, iters):
+    solver = Solver(param)
+    try:
+        capfd.readouterr()
+        solver.step(iters)
+        return params_of(solver), losses(capfd.readouterr().err)
+    finally:
+        solver.close()
+
+
+def driven(param, capfd, iters, **kw):
+    solver = Solver(param)
+    driver = AsyncDriver(solver, **kw)
+    try:
+        capfd.readouterr()
+        driver.step(iters)
+        return params_of(solver), losses(capfd.readouterr().err), driver
+    finally:
+        driver.close()
+        solver.close()
+
+
+@pytest.mark.parametrize("engine", ["threads", "simulated"])
+def test_one_group_is_plain_training_bit_for_bit(data_list, tmp_path, capfd, engine):  # noqa: F811
+    param = solver_param(data_list, tmp_path)
+    want_params, want_losses = plain(param, capfd, 6)
+    got_params, got_losses, _ = driven(param, capfd, 6, groups=1, engine=engine)
+    assert got_losses == want_losses and len(got_losses) == 6
+    for a, b in zip(want_params, got_params):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("groups", [2, 3, 5])
+def test_round_robin_staleness_is_g_minus_1_after_the_first_round(data_list, tmp_path, capfd,  # noqa: F811
+                                                                   groups):
+    param = solver_param(data_list, tmp_path, display=0)
+    _, _, driver = driven(param, capfd, 4 * groups, groups=groups, engine="simulated")
+    hist = driver.store.stats.histogram
+    # The first round reads version 0: group k's update is k versions late.
+    assert hist == {**{k: 1 for k in range(groups - 1)}, groups - 1: 3 * groups + 1}
+
+
+def test_exponential_staleness_has_mean_g_minus_1():
+    groups, n = 6, 60000
+    order = schedule("exponential", groups, seed=3)
+    read = [0] * groups
+    stats = StalenessStats()
+    for version in range(n):
+        k = next(order)
+        stats.record(version - read[k])
+        read[k] = version + 1
+    # Geometric with mean g - 1 (Theorem 5): variance (g - 1) g.
+    sigma = np.sqrt((groups - 1) * groups / n)
+    assert abs(stats.mean() - (groups - 1)) < 4 * sigma
+    assert stats.histogram[0] / n == pytest.approx(1 / groups, abs=0.01)
+
+
+def test_staleness_line_in_the_log(data_list, tmp_path, capfd):  # noqa: F811
+    param = solver_param(data_list, tmp_path, display=4)
+    solver = Solver(param)
+    driver = AsyncDriver(solver, groups=3, engine="simulated", momentum="auto")
+    try:
+        capfd.readouterr()
+        driver.step(9)
+        log = capfd.readouterr().err
+    finally:
+        driver.close()
+        solver.close()
+    lines = re.findall(r"Staleness mean ([\d.]+) max (\d+) over (\d+) updates; momentum "
+                       r"explicit ([\d.e+-]+) \(implicit ~([\d.e+-]+)\)", log)
+    assert [(float(m), int(k), int(n)) for m, k, n, _, _ in lines] == [
+        (0.0, 0, 1), (1.75, 2, 4), (2.0, 2, 4)]
+    explicit, implicit = float(lines[-1][3]), float(lines[-1][4])
+    assert explicit == pytest.approx(max(0.0, 0.9 - implicit), abs=1e-4)
+
+
+def test_momentum_policy():
+    stats = StalenessStats()
+    for _ in range(10):
+        stats.record(3)
+    assert implicit_momentum(3) == 0.75
+    assert MomentumPolicy("auto", 0.9)(stats) == pytest.approx((0.15, 0.75))
+    assert MomentumPolicy("auto", 0.5)(stats) == pytest.approx((0.0, 0.75))
+    assert MomentumPolicy("auto", 0.5, allow_negative=True)(stats) == pytest.approx((-0.25, 0.75))
+    assert MomentumPolicy("0.3", 0.9)(stats)[0] == 0.3
+
+
+def test_groups_partition_the_devices():
+    parts = group_devices(2, "cpu:1,cpu:1")
+    assert [[d.name for d in p] for p in parts] == [["cpu:0"], ["cpu:1"]] or len(parts) == 2
+    with pytest.raises(CCTError, match="--groups=3 needs at least 3 devices"):
+        group_devices(3, "cpu:1,cpu:1")
+
+
+def test_a_failing_group_is_dropped_and_training_goes_on(data_list, tmp_path, capfd,  # noqa: F811
+                                                         monkeypatch):
+    param = solver_param(data_list, tmp_path, display=0)
+    solver = Solver(param)
+    driver = AsyncDriver(solver, groups=2, engine="threads")
+    calls = {"n": 0}
+    original = driver.groups[1].compute
+
+    def dies_on_its_second_batch():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("device lost")
+        return original()
+
+    monkeypatch.setattr(driver.groups[1], "compute", dies_on_its_second_batch)
+    try:
+        capfd.readouterr()
+        driver.step(10)
+        log = capfd.readouterr().err
+        assert solver.iter == 10
+        assert len(driver.groups) == 1
+        assert "group 1" in log and "failed and is dropped: RuntimeError: device lost" in log
+    finally:
+        driver.close()
+        solver.close()
+
+
+def test_staleness_distribution_is_kept_with_the_snapshot(data_list, tmp_path, capfd):  # noqa: F811
+    param = solver_param(data_list, tmp_path, display=0)
+    solver = Solver(param)
+    driver = AsyncDriver(solver, groups=2, engine="simulated")
+    try:
+        driver.step(5)
+        solver.snapshot()
+        kept = driver.store.stats.state()
+    finally:
+        driver.close()
+        solver.close()
+    again = Solver(param)
+    resumed = AsyncDriver(again, groups=2, engine="simulated")
+    try:
+        again.restore(str(tmp_path / "snap_iter_5.solverstate"))
+        assert resumed.store.stats.state() == kept
+    finally:
+        resumed.close()
+        again.close()
