@@ -119,10 +119,10 @@ class Solver:
             with open(probe, "w"):
                 pass
             os.remove(probe)
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: a NUL byte in the prefix
             raise CCTError(f"{self.source}: Cannot write to snapshot prefix "
-                           f"'{p.snapshot_prefix}' ({e.strerror}). Make sure that the directory "
-                           f"exists and is writable.") from None
+                           f"'{p.snapshot_prefix}' ({getattr(e, 'strerror', None) or e}). Make "
+                           f"sure that the directory exists and is writable.") from None
 
     def _read_net_file(self, path: str) -> caffe_pb2.NetParameter:
         if not os.path.exists(path):

@@ -7,8 +7,9 @@
   copy, and pushes it; the store applies it with the solver's rule and records its staleness
   (versions applied since the read). g = 1 is plain training, loss for loss.
 
-Engines (cct/driver/engines.py): ``threads`` (default) and ``simulated`` (deterministic
-staleness: round-robin, seeded exponential, replayed). ``--momentum=auto`` sets the explicit
+Engines (cct/driver/engines.py): ``threads`` (default), ``processes`` (a group is an OS
+process with shared memory; killing it costs only its batch; cct/driver/processes.py) and
+``simulated`` (deterministic staleness: round-robin, seeded exponential, replayed). ``--momentum=auto`` sets the explicit
 momentum from the measured staleness (cct/driver/staleness.py). From Python::
 
     solver = cct.get_solver("solver.prototxt")
@@ -25,14 +26,16 @@ from ..errors import CCTError
 from ..glog import info
 from .engines import ENGINES, AllGroupsLost, SimulatedEngine, ThreadEngine, describe
 from .groups import BatchFeeder, Group
+from .processes import ProcessEngine, ProcessGroup
 from .staleness import STALENESS_MODELS, StalenessStats, implicit_momentum, schedule
 from .store import MomentumPolicy, ParameterStore
 
 STRATEGIES = ("sync", "async")
 
 __all__ = ["AsyncDriver", "ParameterStore", "MomentumPolicy", "StalenessStats", "Group",
-           "BatchFeeder", "ThreadEngine", "SimulatedEngine", "AllGroupsLost", "STRATEGIES",
-           "ENGINES", "STALENESS_MODELS", "implicit_momentum", "schedule", "group_devices"]
+           "ProcessGroup", "BatchFeeder", "ThreadEngine", "ProcessEngine", "SimulatedEngine",
+           "AllGroupsLost", "STRATEGIES", "ENGINES", "STALENESS_MODELS", "implicit_momentum",
+           "schedule", "group_devices"]
 
 
 def group_devices(groups: int, devices=None) -> List[List[Device]]:
@@ -82,12 +85,23 @@ class AsyncDriver:
         self.feeder = BatchFeeder(solver.net)
         if engine == "threads":
             self.engine = ThreadEngine()
+            self.groups = [Group(k, self.feeder, d, solver.param.iter_size)
+                           for k, d in enumerate(group_devices(groups, devices))]
+        elif engine == "processes":
+            self.engine = ProcessEngine()
             places = group_devices(groups, devices)
+            if not all(isinstance(d, CPUDevice) for p in places for d in p):
+                raise CCTError("the processes engine runs CPU groups: give --devices of cpu "
+                               "cores only (cpu:N, cpu@I-J)")
+            cores = [[c for d in p for c in d.cores] for p in places]
+            for d in (d for p in places for d in p):
+                d.close()           # only their cores are used: each group is a process
+            self.groups = [ProcessGroup(k, self.feeder, c, solver.param.iter_size)
+                           for k, c in enumerate(cores)]
         else:
             self.engine = SimulatedEngine(staleness, seed, trace)
-            places = [[] for _ in range(groups)]
-        self.groups = [Group(k, self.feeder, d, solver.param.iter_size)
-                       for k, d in enumerate(places)]
+            self.groups = [Group(k, self.feeder, [], solver.param.iter_size)
+                           for k in range(groups)]
         solver.set_gradient_source(self)
         solver.side_state["driver"] = (self.state, self.load_state)
         describe(self.engine, self.groups)
@@ -111,19 +125,12 @@ class AsyncDriver:
 
     # -- the solver's gradient source between steps ------------------------------------------
     def compute_gradients(self) -> float:
-        """One group's gradient on the current weights into the solver's diffs (a plain
-        ``solver.step`` on a driven solver: synchronous, group 0)."""
-        first = self.groups[0]
-        self.store.pull(first.params)
-        loss = first.compute()
-        first.params.copy_gradients_to(self.solver.params)
-        return loss
+        """A plain ``solver.step`` on a driven solver: the train net itself, synchronous."""
+        return self.solver.net.forward_backward()
 
     def compute_loss(self) -> float:
-        first = self.groups[0]
-        self.store.pull(first.params)
-        self.feeder.feed(first.inputs)
-        return first.net.forward_prefilled()
+        """The final display's loss, on the train net (the store's weights), as Caffe's."""
+        return self.solver.net.forward_prefilled()
 
     def pull_statistics(self) -> None:
         if self.groups:

@@ -28,8 +28,9 @@ class AllGroupsLost(SourceLost):
     """Every group failed: the solver snapshots the last update before stopping."""
 
 
-def _dropped(groups: List[Group], group: Group, e: BaseException) -> None:
+def _dropped(groups: List, group, e: BaseException) -> None:
     groups.remove(group)
+    group.close()
     error("driver.cpp:0", f"{group.name} failed and is dropped: {type(e).__name__}: {e}; "
           f"{len(groups)} group(s) go on")
     if not groups:
@@ -96,9 +97,9 @@ class SimulatedEngine:
             group.read_version = store.pull(group.params)
 
 
-ENGINES = ("threads", "simulated")
+ENGINES = ("threads", "processes", "simulated")
 
 
-def describe(engine, groups: Sequence[Group]) -> None:
+def describe(engine, groups: Sequence) -> None:
     info("driver.cpp:0", f"Engine {engine.name}: {len(groups)} group(s): "
          + "; ".join(g.name for g in groups))

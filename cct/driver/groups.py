@@ -37,6 +37,14 @@ class BatchFeeder:
                     dst.reshape(src.shape)
                 dst.data[...] = src.data
 
+    def feed_arrays(self, arrays: Sequence) -> None:
+        """The next batch into preallocated arrays of the tops' shapes (a group process's
+        shared block)."""
+        with self.lock:
+            next_batch(self.master, self.sources)
+            for src, dst in zip(self.tops, arrays):
+                dst[...] = src.data
+
 
 class Group:
     """One compute group: its net (Input layers where the train net has data layers), its

@@ -32,8 +32,9 @@ def _read_bytes(path: str, what: str) -> bytes:
         raise ProtoError(f"{what} file '{path}' does not exist") from None
     except IsADirectoryError:
         raise ProtoError(f"{what} file '{path}' is a directory, expected a file") from None
-    except OSError as e:
-        raise ProtoError(f"cannot read {what} file '{path}': {e.strerror}") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        raise ProtoError(f"cannot read {what} file '{path}': "
+                         f"{getattr(e, 'strerror', None) or e}") from None
 
 
 def _looks_binary(data: bytes) -> bool:

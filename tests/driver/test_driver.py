@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from cct.api import Solver
+from cct.devices import CPUDevice
 from cct.driver import (AsyncDriver, MomentumPolicy, StalenessStats, group_devices,
                         implicit_momentum, schedule)
 from cct.errors import CCTError
@@ -106,8 +107,9 @@ def test_momentum_policy():
 
 
 def test_groups_partition_the_devices():
-    parts = group_devices(2, "cpu:1,cpu:1")
-    assert [[d.name for d in p] for p in parts] == [["cpu:0"], ["cpu:1"]] or len(parts) == 2
+    devices = [CPUDevice([0]), CPUDevice([0]), CPUDevice([0])]
+    parts = group_devices(2, devices)
+    assert parts == [devices[:1], devices[1:]]
     with pytest.raises(CCTError, match="--groups=3 needs at least 3 devices"):
         group_devices(3, "cpu:1,cpu:1")
 
@@ -158,3 +160,38 @@ def test_staleness_distribution_is_kept_with_the_snapshot(data_list, tmp_path, c
     finally:
         resumed.close()
         again.close()
+
+
+def test_processes_engine_one_group_is_plain_training(data_list, tmp_path, capfd):  # noqa: F811
+    param = solver_param(data_list, tmp_path)
+    want_params, want_losses = plain(param, capfd, 6)
+    got_params, got_losses, _ = driven(param, capfd, 6, groups=1, engine="processes",
+                                       devices="cpu")
+    assert got_losses == want_losses
+    for a, b in zip(want_params, got_params):
+        assert np.array_equal(a, b)
+
+
+def test_a_killed_group_process_is_dropped_and_training_reaches_the_end(data_list, tmp_path,  # noqa: F811
+                                                                        capfd):
+    import os
+    import signal
+
+    param = solver_param(data_list, tmp_path, display=0, max_iter=40)
+    solver = Solver(param)
+    driver = AsyncDriver(solver, groups=2, engine="processes", momentum="auto")
+    try:
+        log = capfd.readouterr().err
+        assert re.findall(r"group \d \(pid (\d+), cores", log) == [
+            str(g.process.pid) for g in driver.groups]
+        driver.step(8)
+        victim = driver.groups[1]
+        os.kill(victim.process.pid, signal.SIGKILL)
+        driver.step(32)
+        log = capfd.readouterr().err
+        assert solver.iter == 40
+        assert [g.index for g in driver.groups] == [0]
+        assert f"group 1 (pid {victim.process.pid}" in log and "failed and is dropped" in log
+    finally:
+        driver.close()
+        solver.close()

@@ -1,0 +1,240 @@
+"""The processes engine: each compute group an OS process, weights, gradients and batches in
+shared memory, so that a group killed (even with SIGKILL) costs only its own batch.
+
+The driver process keeps the parameter store and the data layers. Per group it allocates one
+shared block holding the weights the group reads, the gradient it writes and its next
+``iter_size`` batches, all preallocated (first-touch of fresh memory costs about 20x a copy
+on these machines). A step is: the driver copies the store's weights and the next batches
+into the block and sends ``step`` on the group's pipe; the group copies them into its net,
+runs forward and backward, writes its param diffs into the block and answers with its loss
+and output values. The driver waits for whichever group answers first, as the threads engine
+does. A pipe that closes (the process died) drops the group; the log names every group's pid.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from multiprocessing import shared_memory
+from multiprocessing.connection import wait
+from typing import List, Sequence
+
+import numpy as np
+
+from ..backend import plans
+from ..errors import CCTError
+from ..glog import info
+from ..params import ParamSet, StoreBlob
+from ..scheduler import replica_param
+from .engines import _dropped
+
+_STARTUP_SECONDS = 300
+
+
+class _Layout:
+    """Offsets of a group's arrays in its shared block: weights, gradients, batches."""
+
+    def __init__(self, param_shapes, input_shapes, iter_size: int, dtype):
+        self.dtype = np.dtype(dtype)
+        self.param_shapes = [tuple(s) for s in param_shapes]
+        self.input_shapes = [tuple(s) for s in input_shapes]
+        self.iter_size = iter_size
+        sizes = ([int(np.prod(s)) for s in self.param_shapes] * 2
+                 + [int(np.prod(s)) for s in self.input_shapes] * iter_size)
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int) * self.dtype.itemsize
+        self.nbytes = max(int(self.offsets[-1]), 1)
+
+    def arrays(self, buf) -> tuple:
+        """(weights, gradients, batches[pass][input]) as views of ``buf``."""
+        views, k = [], 0
+        shapes = (self.param_shapes * 2) + self.input_shapes * self.iter_size
+        for shape in shapes:
+            views.append(np.ndarray(shape, self.dtype, buf, int(self.offsets[k])))
+            k += 1
+        n = len(self.param_shapes)
+        m = len(self.input_shapes)
+        batches = [views[2 * n + i * m: 2 * n + (i + 1) * m] for i in range(self.iter_size)]
+        return views[:n], views[n:2 * n], batches
+
+
+def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layout,
+                cores: Sequence[int]) -> None:
+    """A group process: build the net, then compute on request until told to stop."""
+    from .. import _C, glog
+    from ..net import Net
+    from ..proto import caffe_pb2
+
+    shm = shared_memory.SharedMemory(name=shm_name)
+    weights = grads = batches = None
+    try:
+        if cores and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cores)
+        _C.set_num_threads(len(cores) or 0)
+        plans.use_machine_cache()
+        param = caffe_pb2.NetParameter()
+        param.ParseFromString(net_bytes)
+        with glog.quiet():
+            net = Net(param, dtype=np.dtype(dtype), source="<group process>")
+        weights, grads, batches = layout.arrays(shm.buf)
+        inputs = [net.blobs_list[i] for i in net.input_blob_indices]
+        outputs = [net.blobs_list[b] for b in net.output_blob_indices]
+        conn.send(("ready", os.getpid()))
+        while True:
+            msg, table = conn.recv()
+            if msg == "stop":
+                break
+            if table is not None:
+                plans.install(table)   # the driver's plans (a resumed run's side file's)
+            for blob, w in zip(net.learnable_params, weights):
+                blob.data[...] = w
+            net.clear_param_diffs()
+            loss = 0.0
+            for batch in batches:
+                for blob, x in zip(inputs, batch):
+                    blob.data[...] = x
+                loss += net.forward_backward()
+            for blob, g in zip(net.learnable_params, grads):
+                g[...] = blob.diff
+            plans.persist()
+            conn.send(("done", loss / len(batches), [np.array(o.data) for o in outputs]))
+    except CCTError as e:       # the user's net or data: the driver stops the run with it
+        conn.send(("error", str(e)))
+    finally:
+        del weights, grads, batches   # views of the block, released before it is closed
+        shm.close()
+
+
+class ProcessGroup:
+    """The driver's side of one group process."""
+
+    def __init__(self, index: int, feeder, cores: Sequence[int], iter_size: int):
+        master = feeder.master
+        self.index = index
+        self.feeder = feeder
+        self.cores = tuple(cores)
+        self.net = master           # whose output blobs the log reads back
+        param = replica_param(master, feeder.sources, feeder.tops[0].shape[0])
+        layout = _Layout([b.shape for b in master.learnable_params],
+                         [t.shape for t in feeder.tops], iter_size, master.dtype)
+        self.shm = shared_memory.SharedMemory(create=True, size=layout.nbytes)
+        self.weights, self.grads, self.batches = layout.arrays(self.shm.buf)
+        self.params = ParamSet([_SharedBlob(w, g) for w, g in zip(self.weights, self.grads)],
+                               [0.0] * len(self.weights), [0.0] * len(self.weights))
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_group_main, daemon=True,
+                                   args=(child, param.SerializeToString(), master.dtype.str,
+                                         self.shm.name, layout, self.cores))
+        self.process.start()
+        child.close()
+        self.read_version = 0
+        self.sent_plans = False
+        self.outputs: List[np.ndarray] = []
+
+    def wait_ready(self) -> None:
+        if not self.conn.poll(_STARTUP_SECONDS):
+            raise CCTError(f"{self.name}: the group process did not start within "
+                           f"{_STARTUP_SECONDS} s")
+        kind, payload = self.conn.recv()
+        if kind == "error":
+            raise CCTError(payload)
+        self.pid = payload
+
+    @property
+    def name(self) -> str:
+        cores = ",".join(map(str, self.cores))
+        return f"group {self.index} (pid {self.process.pid}, cores {cores})"
+
+    def start(self, store) -> None:
+        self.read_version = store.pull(self.params)
+        for batch in self.batches:
+            self.feeder.feed_arrays(batch)
+        # The kernels' plans round differently: the group runs the driver's (first step only).
+        self.conn.send(("step", None if self.sent_plans else plans.table()))
+        self.sent_plans = True
+
+    def result(self) -> float:
+        """The loss of the step just finished; raises EOFError when the process died."""
+        kind, *payload = self.conn.recv()
+        if kind == "error":
+            raise CCTError(payload[0])
+        loss, self.outputs = payload
+        master = self.feeder.master
+        for b, value in zip(master.output_blob_indices, self.outputs):
+            blob = master.blobs_list[b]
+            if blob.shape != value.shape:
+                blob.reshape(value.shape)
+            blob.data[...] = value
+        return loss
+
+    def copy_statistics_to(self, master) -> None:
+        """BatchNorm's running averages stay in the group processes: tests and snapshots see
+        the train net's own (a known limit of this engine)."""
+
+    def close(self) -> None:
+        try:
+            if self.process.is_alive():
+                self.conn.send(("stop", None))
+                self.process.join(5)
+        except (BrokenPipeError, EOFError, OSError):
+            pass
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
+        del self.weights, self.grads, self.batches, self.params
+        self.shm.close()
+        self.shm.unlink()
+
+
+class _SharedBlob(StoreBlob):
+    """A weight and gradient pair that live in a group's shared block."""
+
+    def __init__(self, data: np.ndarray, diff: np.ndarray):
+        self.data = data
+        self.diff = diff
+
+
+class ProcessEngine:
+    name = "processes"
+
+    def run(self, store, groups: List[ProcessGroup], updates: int) -> None:
+        for g in groups:
+            if not hasattr(g, "pid"):
+                g.wait_ready()
+        busy = {}
+        for g in groups:
+            g.start(store)
+            busy[g.conn] = g
+        applied = 0
+        try:
+            while applied < updates and busy:
+                ready = wait(list(busy))
+                for conn in sorted(ready, key=lambda c: busy[c].index):
+                    group = busy.pop(conn)
+                    try:
+                        loss = group.result()
+                    except (EOFError, OSError) as e:
+                        group.process.join(1)
+                        _dropped(groups, group, RuntimeError(
+                            f"the process ended (exit code {group.process.exitcode}): "
+                            f"{type(e).__name__}"))
+                        continue
+                    if applied >= updates:
+                        continue
+                    if not store.push(group.params, group.read_version, loss, group.net):
+                        return
+                    applied += 1
+                    if applied < updates:
+                        group.start(store)
+                        busy[group.conn] = group
+        finally:
+            for conn, group in busy.items():   # let them finish before the caller goes on
+                try:
+                    group.result()
+                except (EOFError, OSError, CCTError):
+                    pass
+
+
+def log_pids(groups: Sequence[ProcessGroup]) -> None:
+    for g in groups:
+        info("driver.cpp:0", f"Group {g.index}: pid {g.process.pid}")
