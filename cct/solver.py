@@ -91,7 +91,7 @@ class Solver:
         self.requested_early_exit = False
         self.last_snapshot: Optional[str] = None   # the last solver state written or restored
         self._callbacks: List = []
-        self.source: GradientSource = NetSource(self.net)
+        self.gradient_source: GradientSource = NetSource(self.net)
         # What drivers on top keep beside a snapshot: name -> (save() -> JSON, load(JSON)).
         self.side_state: Dict[str, Tuple[Callable[[], object], Callable[[object], None]]] = {}
         if gradient_source is not None:
@@ -239,13 +239,13 @@ class Solver:
         """Compute each iteration's gradient with ``source`` (over the train net's params: a
         HybridScheduler over devices, cct/scheduler.py) from the next iteration on; the one it
         replaces keeps nothing back (its statistics are pulled) and is closed."""
-        self.source.pull_statistics()
-        self.source.close()
-        self.source = source
+        self.gradient_source.pull_statistics()
+        self.gradient_source.close()
+        self.gradient_source = source
 
     def _forward_backward(self) -> float:
         try:
-            return self.source.compute_gradients()
+            return self.gradient_source.compute_gradients()
         except SourceLost:
             # The params are those of the last update: keep them before stopping.
             self.requested_early_exit = True
@@ -254,12 +254,12 @@ class Solver:
             raise
 
     def _pull_statistics(self) -> None:
-        self.source.pull_statistics()
+        self.gradient_source.pull_statistics()
 
     def close(self) -> None:
         """Stop the nets' data prefetch threads and close their databases."""
-        self.source.close()
-        self.source = NetSource(self.net)
+        self.gradient_source.close()
+        self.gradient_source = NetSource(self.net)
         for net in [self.net] + self.test_nets:
             close = getattr(net, "close", None)
             if callable(close):
@@ -303,7 +303,7 @@ class Solver:
             info("solver.cpp:311", "Optimization stopped early.")
             return
         if p.display and self.iter % p.display == 0:
-            loss = self.source.compute_loss()
+            loss = self.gradient_source.compute_loss()
             self._update_smoothed_loss(loss, start_iter, p.average_loss)
             info("solver.cpp:327", f"Iteration {self.iter}, loss = {_g(self.smoothed_loss)}")
         if p.test_interval and self.iter % p.test_interval == 0:
@@ -622,7 +622,7 @@ class Solver:
         for h, mine in zip(history, self.history):
             mine[...] = self.net.backend.xp.asarray(h.reshape(mine.shape), dtype=mine.dtype)
         self._read_side_file(state_file, state)
-        self.source.refresh()  # what a source's replicas keep of their own
+        self.gradient_source.refresh()  # what a source's replicas keep of their own
         self.last_snapshot = state_file
 
     def _read_side_file(self, state_file: str, state: dict) -> None:

@@ -90,7 +90,7 @@ def train(param, devices=None, split=None, iters=6):
         solver.set_gradient_source(HybridScheduler(solver.net, devices, split=split))
     try:
         solver.step(iters)
-        return params_of(solver), [h.copy() for h in solver.history], solver.source
+        return params_of(solver), [h.copy() for h in solver.history], solver.gradient_source
     finally:
         solver.close()
 
@@ -154,7 +154,7 @@ def test_train_outputs_are_the_whole_batch_values(data_list, tmp_path):
     try:
         loss_whole = whole.net.forward_backward()
         hybrid.set_gradient_source(HybridScheduler(hybrid.net, one_core_devices(), split=[7, 9]))
-        loss_split = hybrid.source.compute_gradients()
+        loss_split = hybrid.gradient_source.compute_gradients()
         np.testing.assert_allclose(loss_split, loss_whole, rtol=1e-5)
         for name in ("acc", "loss", "l2"):
             np.testing.assert_allclose(hybrid.net.blobs[name].data, whole.net.blobs[name].data,
@@ -247,7 +247,7 @@ def test_a_user_error_in_a_slice_is_not_a_device_failure(data_list, tmp_path):
         with pytest.raises(CCTError, match=r"label 9 is out of range.*\(on device cpu:\d, a "
                            r"slice of 8 of the batch's 16 items\)"):
             solver.step(1)
-        assert len(solver.source.replicas) == 2
+        assert len(solver.gradient_source.replicas) == 2
     finally:
         solver.close()
 

@@ -211,7 +211,7 @@ def encode_varint(value: int) -> bytes:
             return bytes(out)
 
 
-_NUMBER = re.compile(rb"(?<![\w.])-?\d+(\.\d*)?([eE][-+]?\d+)?")
+_NUMBER = re.compile(rb"(?<=: )-?\d+(\.\d*)?([eE][-+]?\d+)?")  # a field's value
 
 
 def apply(seed: bytes, mutation) -> bytes:
