@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import multiprocessing
 import os
 import pathlib
@@ -110,6 +109,7 @@ def mnist_lmdbs(data_dir: pathlib.Path) -> Tuple[str, str]:
     example = (MNIST / "mnist_train_lmdb", MNIST / "mnist_test_lmdb")
     if all((p / "data.mdb").exists() for p in example):
         return str(example[0]), str(example[1])
+    from cct.glog import quiet
     from cct.tools.convert_mnist_data import convert_dataset
     made = []
     for phase, prefix in (("train", "train"), ("test", "t10k")):
@@ -117,9 +117,10 @@ def mnist_lmdbs(data_dir: pathlib.Path) -> Tuple[str, str]:
         if not (db / "data.mdb").exists():
             data_dir.mkdir(parents=True, exist_ok=True)
             part = data_dir / f"mnist_{phase}_lmdb.part{os.getpid()}"
-            convert_dataset(str(MNIST / "data" / f"{prefix}-images-idx3-ubyte.gz"),
-                            str(MNIST / "data" / f"{prefix}-labels-idx1-ubyte.gz"),
-                            str(part), "lmdb")
+            with quiet():
+                convert_dataset(str(MNIST / "data" / f"{prefix}-images-idx3-ubyte.gz"),
+                                str(MNIST / "data" / f"{prefix}-labels-idx1-ubyte.gz"),
+                                str(part), "lmdb")
             os.replace(part, db)
         made.append(str(db))
     return made[0], made[1]

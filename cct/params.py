@@ -79,6 +79,13 @@ class ParamSet:
         for b in self.blobs:
             b.diff[...] = 0
 
+    def with_gradients_of(self, other: "ParamSet") -> "ParamSet":
+        """These weights with ``other``'s gradients, neither copied: an update through it
+        changes these weights and reads (and scales in place) ``other``'s diffs."""
+        return ParamSet([StoreBlob.pair(b.data, o.diff, b.xp)
+                         for b, o in zip(self.blobs, other.blobs)],
+                        self.lr_mult, self.decay_mult, self.backend)
+
 
 class GradientSource(Protocol):
     """What computes a solver's gradients: "forward/backward the next batch with the current
@@ -125,13 +132,21 @@ class NetSource:
 
 
 class StoreBlob:
-    """A learnable array and its gradient in host memory, outside any net."""
+    """A learnable array and its gradient outside any net (host memory unless paired with
+    device arrays)."""
 
     xp = np
 
     def __init__(self, data: np.ndarray):
         self.data = data
         self.diff = np.zeros_like(data)
+
+    @classmethod
+    def pair(cls, data, diff, xp=np) -> "StoreBlob":
+        """A data array and a diff array that live elsewhere (``xp``: their array module)."""
+        blob = cls.__new__(cls)
+        blob.data, blob.diff, blob.xp = data, diff, xp
+        return blob
 
     @property
     def shape(self):

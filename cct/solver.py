@@ -333,11 +333,12 @@ class Solver:
         self.smoothed_loss = self.dtype.type(0)
         self._timer = time.perf_counter()
 
-    def begin_iteration(self) -> bool:
-        """Clear the diffs, test when due, call the on_start callbacks; False when a request
-        to stop came during the test."""
+    def begin_iteration(self, clear_diffs: bool = True) -> bool:
+        """Clear the diffs (unless the update will read another's), test when due, call the
+        on_start callbacks; False when a request to stop came during the test."""
         p = self.param
-        self.net.clear_param_diffs()
+        if clear_diffs:
+            self.net.clear_param_diffs()
         if (p.test_interval and self.iter % p.test_interval == 0
                 and (self.iter > 0 or p.test_initialization)):
             self.test_all()
@@ -445,15 +446,16 @@ class Solver:
             tail = f" (* {_g(lw)} = {_g(lw * dt(v))} loss)" if lw else ""
             info(src, f"    {kind} net output #{k}: {net.blob_names[blob_id]} = {_g(v)}{tail}")
 
-    def apply_update(self, momentum: Optional[float] = None) -> None:
+    def apply_update(self, momentum: Optional[float] = None, params=None) -> None:
         """SGDSolver::ApplyUpdate: the rate for this iteration, then the update pipeline on
         the param diffs (does not advance ``iter``, as in Caffe). ``momentum`` replaces the
-        solver's for this update (a driver's staleness-corrected value)."""
+        solver's for this update (a driver's staleness-corrected value); ``params`` the
+        ParamSet it acts on (the train net's weights with another net's diffs)."""
         p = self.param
         rate, self.current_step = learning_rate(p, self.iter, self.current_step, self.dtype)
         if p.display and self.iter % p.display == 0:
             info("sgd_solver.cpp:112", f"Iteration {self.iter}, lr = {_g(rate)}")
-        self.pipeline.apply(rate, self.iter, momentum)
+        self.pipeline.apply(rate, self.iter, momentum, params)
 
     def test_all(self) -> None:
         self._pull_statistics()

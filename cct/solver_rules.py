@@ -301,11 +301,11 @@ class UpdatePipeline:
                                for _ in range(max(self.rule.scratch, 1))]
         return self.scratch[i]
 
-    def clip_gradients(self) -> None:
+    def clip_gradients(self, params) -> None:
         clip = self.param.clip_gradients
         if clip < 0:
             return
-        blobs = self.params.blobs
+        blobs = params.blobs
         if not blobs:
             return
         dt = blobs[0].dtype.type
@@ -321,14 +321,16 @@ class UpdatePipeline:
             for b in blobs:
                 b.diff *= scale
 
-    def apply(self, rate, iter_: int, momentum: Optional[float] = None) -> None:
+    def apply(self, rate, iter_: int, momentum: Optional[float] = None, params=None) -> None:
         """Clip, then per param normalize, regularize and compute the update value, then
         ``w -= update`` for every param. ``iter_`` is the count of updates done so far;
-        ``momentum`` replaces the SolverParameter's (negative values allowed)."""
+        ``momentum`` replaces the SolverParameter's (negative values allowed); ``params``, a
+        ParamSet of the same shapes and multipliers, replaces the pipeline's own for this
+        call (a parameter store's weights with a group's gradients, uncopied)."""
         p = self.param
-        params = self.params
+        params = self.params if params is None else params
         momentum = p.momentum if momentum is None else momentum
-        self.clip_gradients()
+        self.clip_gradients(params)
         n = len(params)
         fused = self.rule.fused if p.regularization_type == "L2" else None
         staged = []

@@ -132,3 +132,83 @@ def test_save_is_atomic_on_failure(lenet_train, tmp_path, monkeypatch):
     monkeypatch.undo()
     assert path.read_bytes() == b"previous"
     assert [p.name for p in tmp_path.iterdir()] == ["m.caffemodel"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Damaged HDF5 weights: a WeightsError naming the file and what is wrong, whatever h5py raised
+# ------------------------------------------------------------------------------------------------
+def caffe_hdf5(path):
+    """Caffe's HDF5 layout for one InnerProduct layer: data/ip/0 (weights), data/ip/1 (bias)."""
+    import h5py
+    with h5py.File(path, "w") as f:
+        layer = f.create_group("data").create_group("ip")
+        layer.create_dataset("0", data=np.ones((2, 3), np.float32))
+        layer.create_dataset("1", data=np.zeros(2, np.float32))
+    return str(path)
+
+
+def _soft_link(f, name):
+    import h5py
+    del f[name]
+    f[name] = h5py.SoftLink("/nowhere")
+
+
+@pytest.mark.parametrize("damage, words", [
+    # Before: ValueError from int() of a dataset name.
+    (lambda f: f["data/ip"].create_dataset("w", data=[1.0]),
+     ["data/ip holds 0, 1, w", "expected datasets named 0 to 2"]),
+    # Before: ValueError converting strings to float.
+    (lambda f: (f.__delitem__("data/ip/0"), f["data/ip"].create_dataset("0", data=b"ab")),
+     ["data/ip/0 holds string data, expected float weights"]),
+    # Before: AttributeError (a dataset has no keys()).
+    (lambda f: (f.__delitem__("data/ip"), f["data"].create_dataset("ip", data=[1.0])),
+     ["data/ip is a dataset, expected a group of datasets named 0, 1, ..."]),
+    # Before: KeyError from the link's target.
+    (lambda f: _soft_link(f, "data/ip/1"), ["data/ip/1 is a broken link"]),
+    (lambda f: _soft_link(f, "data/ip"), ["data/ip is a broken link"]),
+    (lambda f: (f.__delitem__("data"), f.create_dataset("data", data=[1])),
+     ["is HDF5 but has no 'data' group"]),
+])
+def test_hdf5_weights_of_the_wrong_layout(tmp_path, damage, words):
+    import h5py
+    path = caffe_hdf5(tmp_path / "w.caffemodel.h5")
+    with h5py.File(path, "r+") as f:
+        damage(f)
+    with pytest.raises(WeightsError) as e:
+        load_weights(path)
+    assert f"weights file '{path}'" in str(e.value)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_hdf5_weights_with_damaged_metadata(tmp_path):
+    """Damaged HDF5 structures come out of h5py as RuntimeError, KeyError, ... (here: the
+    'data' group's B-tree signature): reported as a damaged file."""
+    path = caffe_hdf5(tmp_path / "w.caffemodel.h5")
+    data = bytearray(open(path, "rb").read())
+    trees = [i for i in range(len(data)) if data.startswith(b"TREE", i)]
+    data[trees[1] + 1] ^= 0xFF
+    open(path, "wb").write(data)
+    with pytest.raises(WeightsError, match=rf"cannot read HDF5 weights file '{path}': it is "
+                                           r"damaged or not written by Caffe \(RuntimeError"):
+        load_weights(path)
+
+
+def test_a_layer_name_holding_a_slash_is_a_broken_link(tmp_path):
+    """A name a file's heap holds but h5py cannot follow (before: AttributeError on None)."""
+    path = caffe_hdf5(tmp_path / "w.caffemodel.h5")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data.replace(b"ip\0", b"i/\0"))
+    with pytest.raises(WeightsError, match=rf"'{path}': data/i/ is a broken link"):
+        load_weights(path)
+
+
+def test_unreadable_weights_file(tmp_path, monkeypatch):
+    path = caffe_hdf5(tmp_path / "w.caffemodel.h5")
+
+    def refuse(*args, **kw):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr("cct.io.weights.open", refuse, raising=False)
+    with pytest.raises(WeightsError, match=rf"cannot read weights file '{path}': Permission "
+                                           r"denied"):
+        load_weights(path)

@@ -117,7 +117,7 @@ class ProcessGroup:
                          [t.shape for t in feeder.tops], iter_size, master.dtype)
         self.shm = shared_memory.SharedMemory(create=True, size=layout.nbytes)
         self.weights, self.grads, self.batches = layout.arrays(self.shm.buf)
-        self.params = ParamSet([_SharedBlob(w, g) for w, g in zip(self.weights, self.grads)],
+        self.params = ParamSet([StoreBlob.pair(w, g) for w, g in zip(self.weights, self.grads)],
                                [0.0] * len(self.weights), [0.0] * len(self.weights))
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
@@ -184,14 +184,6 @@ class ProcessGroup:
         del self.weights, self.grads, self.batches, self.params
         self.shm.close()
         self.shm.unlink()
-
-
-class _SharedBlob(StoreBlob):
-    """A weight and gradient pair that live in a group's shared block."""
-
-    def __init__(self, data: np.ndarray, diff: np.ndarray):
-        self.data = data
-        self.diff = diff
 
 
 class ProcessEngine:

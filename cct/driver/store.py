@@ -56,6 +56,7 @@ class ParameterStore:
         self.momentum = momentum
         self.stats = stats or StalenessStats()
         self.lock = threading.Lock()
+        self._views = {}
         self.last_momentum = (momentum.value if not momentum.auto else momentum.base, 0.0)
 
     @property
@@ -74,9 +75,8 @@ class ParameterStore:
         (a stop request)."""
         with self.lock:
             s = self.solver
-            if not s.begin_iteration():
+            if not s.begin_iteration(clear_diffs=False):
                 return False
-            gradients.copy_gradients_to(self.params)
             self.stats.record(s.iter - read_version)
             s.record_loss(loss, outputs_of)
             explicit, implicit = self.momentum(self.stats)
@@ -85,5 +85,12 @@ class ParameterStore:
                 mean, top, count = self.stats.take_interval()
                 info("driver.cpp:0", f"Staleness mean {mean:.4g} max {top} over {count} "
                      f"updates; momentum explicit {explicit:.4g} (implicit ~{implicit:.4g})")
-            s.apply_update(explicit)
+            # The update reads the group's diffs where they are: no model-sized copy.
+            s.apply_update(explicit, self._update_view(gradients))
             return s.end_iteration()
+
+    def _update_view(self, gradients: ParamSet) -> ParamSet:
+        key = id(gradients)
+        if key not in self._views:
+            self._views[key] = self.params.with_gradients_of(gradients)
+        return self._views[key]

@@ -195,7 +195,7 @@ def h5_numbered(group, where: str) -> list:
         shown = ", ".join(sorted(names)[:8]) + (", ..." if len(names) > 8 else "")
         raise WeightsError(f"{where} holds {shown}; expected datasets named 0 to "
                            f"{len(names) - 1} (one per blob, as Caffe writes them)")
-    return [group[k] for k in expected]
+    return [group.get(k) for k in expected]  # None for a broken link
 
 
 def _h5_kind(obj) -> str:
@@ -208,7 +208,10 @@ def _h5_kind(obj) -> str:
 
 
 def _h5_dtype(ds) -> str:
-    return "no (empty dataspace)" if ds.shape is None else f"'{ds.dtype}'"
+    if ds.shape is None:
+        return "no (empty dataspace)"
+    kind = {"S": "string", "O": "string", "V": "compound", "b": "boolean"}.get(ds.dtype.kind)
+    return kind or f"'{ds.dtype}'"
 
 
 def _load_hdf5(path: str) -> "dict[str, list[np.ndarray]]":

@@ -122,13 +122,13 @@ def test_a_failing_group_is_dropped_and_training_goes_on(data_list, tmp_path, ca
     calls = {"n": 0}
     original = driver.groups[1].compute
 
-    def dies_on_its_second_batch():
+    def dies_on_its_first_batch():
         calls["n"] += 1
-        if calls["n"] == 2:
+        if calls["n"] == 1:
             raise RuntimeError("device lost")
         return original()
 
-    monkeypatch.setattr(driver.groups[1], "compute", dies_on_its_second_batch)
+    monkeypatch.setattr(driver.groups[1], "compute", dies_on_its_first_batch)
     try:
         capfd.readouterr()
         driver.step(10)

@@ -23,6 +23,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from hypothesis import HealthCheck, Phase, event, note, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
+from hypothesis.errors import UnsatisfiedAssumption
 
 from cct.errors import CCTError
 
@@ -332,7 +333,11 @@ def only_cct_errors(read: Callable[[], object], what: str, data: bytes = b"",
     try:
         read()
         event("read")
+    except UnsatisfiedAssumption:
+        raise
     except CCTError as e:
+        if isinstance(e.__cause__, UnsatisfiedAssumption):
+            raise e.__cause__ from None
         wrapped = e.__cause__ is not None and not isinstance(e.__cause__, CCTError)
         if cct_errors and not wrapped:
             note(f"CCTError: {e}")

@@ -1,0 +1,164 @@
+"""The asynchronous driver on this machine: what the parameter store costs per update, and the
+real engines against synchronous training on LeNet / mnist10k.
+
+    python bench/bench_driver.py                     # both parts
+    python bench/bench_driver.py --part overhead --nets lenet,cifar10_quick
+    python bench/bench_driver.py --part engines --cap 3000
+
+**overhead**: for each net (the zoo's prototxts on synthetic data, as bench_train.py builds
+them), one group's training step (forward, backward and the solver's fused SGD update) against
+what the store adds per update: the pull (the store's weights copied into the group's params)
+and the push's copy of the group's gradients into the store's diffs, both into preallocated
+arrays through cct.params.ParamSet. Printed: milliseconds of each, and the share of the step
+(target below 5% for CIFAR10-quick and CaffeNet).
+
+**engines**: LeNet with examples/mnist/lenet_solver.prototxt's settings from the same seed
+under sync on one 2-core device, sync split over two 1-core devices (the hybrid scheduler),
+and async with 2 groups (threads; processes), each in a process of its own, with this
+machine's plan cache. Printed: updates/s over the run, and the seconds and iterations until the
+test accuracy on the 2,000 held-out digits first reaches 0.98 (checked every ``--every``
+iterations, not counted in the seconds), or ">cap".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.bench_momentum import cpu_model, default_data_dir, mnist_lmdbs  # noqa: E402
+from bench.bench_momentum import solver_param, test_accuracy  # noqa: E402
+from bench.bench_train import NETS, default_zoo, sgd_update, synthetic_net  # noqa: E402
+
+OVERHEAD_NETS = ("lenet", "cifar10_quick", "caffenet_b32")
+CONFIGS = {
+    "sync, 1 device of 2 cores": {"strategy": "sync", "devices": None},
+    "sync, 2 devices of 1 core": {"strategy": "sync", "devices": "cpu:1,cpu:1"},
+    "async g=2, threads": {"strategy": "async", "engine": "threads"},
+    "async g=2, processes": {"strategy": "async", "engine": "processes"},
+}
+
+
+def overhead(name: str, zoo: str, iters: int) -> dict:
+    from cct.params import ParamSet
+
+    rel, batch = NETS[name]
+    net = synthetic_net(pathlib.Path(zoo) / rel, batch)
+    update = sgd_update(net)
+    group = ParamSet.of_net(net)
+    store = ParamSet.copy_of(group)
+
+    def step():
+        net.clear_param_diffs()
+        net.forward_backward()
+        update()
+
+    def pull():
+        store.copy_weights_to(group)
+
+    def push():
+        group.copy_gradients_to(store)
+
+    times = {}
+    for label, fn in (("step", step), ("pull", pull), ("push", push)):
+        fn()
+        samples = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+        times[label] = statistics.median(samples)
+    return {"net": name, "batch": batch, "mb": store.nbytes / 2 ** 20, **times}
+
+
+def engine_run(config: str, data_dir: str, cap: int, every: int) -> dict:
+    """One configuration to the target, in this (fresh) process."""
+    from cct.api import Solver
+    from cct.driver import AsyncDriver
+    from cct.glog import set_quiet
+
+    set_quiet(True)
+    spec = CONFIGS[config]
+    train_db, test_db = mnist_lmdbs(pathlib.Path(data_dir))
+    param = solver_param(train_db, test_db, 0.01, cap)
+    solver = Solver(param, source=str(REPO / "examples/mnist/lenet_solver.prototxt"),
+                    devices=spec.get("devices"))
+    driver = None
+    if spec["strategy"] == "async":
+        driver = AsyncDriver(solver, groups=2, engine=spec["engine"])
+    step = driver.step if driver else solver.step
+    trained, reached, curve = 0.0, None, []
+    try:
+        while solver.iter < cap:
+            t0 = time.perf_counter()
+            step(every)
+            trained += time.perf_counter() - t0
+            acc = test_accuracy(solver, driver or solver.gradient_source)
+            curve.append((solver.iter, acc))
+            if acc >= 0.98 - 1e-6:
+                reached = (solver.iter, trained)
+                break
+    finally:
+        if driver:
+            driver.close()
+        solver.close()
+    return {"config": config, "updates_per_s": solver.iter / trained, "reached": reached,
+            "curve": curve}
+
+
+def spawn(args, config: str) -> dict:
+    cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", config,
+           "--data-dir", args.data_dir, "--cap", str(args.cap), "--every", str(args.every)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = "\n".join(proc.stderr.splitlines()[-15:])
+    raise SystemExit(f"bench: {config} failed (exit {proc.returncode}):\n{tail}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--part", choices=["overhead", "engines", "both"], default="both")
+    ap.add_argument("--nets", default=",".join(OVERHEAD_NETS))
+    ap.add_argument("--zoo", default=str(default_zoo()))
+    ap.add_argument("--iters", type=int, default=5, help="timed repeats per overhead figure")
+    ap.add_argument("--data-dir", default=str(default_data_dir()))
+    ap.add_argument("--cap", type=int, default=3000)
+    ap.add_argument("--every", type=int, default=100)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print("RESULT " + json.dumps(engine_run(args.worker, args.data_dir, args.cap,
+                                                args.every)))
+        return
+    print(cpu_model())
+    if args.part in ("overhead", "both"):
+        print(f"{'net':<15}{'batch':>6}{'params MB':>11}{'step ms':>10}{'pull ms':>9}"
+              f"{'push ms':>9}{'share':>8}")
+        for name in args.nets.split(","):
+            r = overhead(name, args.zoo, args.iters)
+            share = (r["pull"] + r["push"]) / r["step"]
+            print(f"{name:<15}{r['batch']:>6}{r['mb']:>11.1f}{1e3 * r['step']:>10.1f}"
+                  f"{1e3 * r['pull']:>9.2f}{1e3 * r['push']:>9.2f}{100 * share:>7.1f}%",
+                  flush=True)
+        print("share: (pull + push copy) / step; the update itself is in the step, as in "
+              "sync training")
+    if args.part in ("engines", "both"):
+        print(f"{'configuration':<28}{'updates/s':>10}{'iters to 98%':>14}{'s to 98%':>10}")
+        for config in CONFIGS:
+            r = spawn(args, config)
+            it, sec = (r["reached"] or (None, None))
+            print(f"{config:<28}{r['updates_per_s']:>10.1f}"
+                  f"{(str(it) if it else '>' + str(args.cap)):>14}"
+                  f"{(f'{sec:.1f}' if sec else '-'):>10}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
