@@ -7,10 +7,10 @@ real engines against synchronous training on LeNet / mnist10k.
 
 **overhead**: for each net (the zoo's prototxts on synthetic data, as bench_train.py builds
 them), one group's training step (forward, backward and the solver's fused SGD update) against
-what the store adds per update: the pull (the store's weights copied into the group's params)
-and the push's copy of the group's gradients into the store's diffs, both into preallocated
-arrays through cct.params.ParamSet. Printed: milliseconds of each, and the share of the step
-(target below 5% for CIFAR10-quick and CaffeNet).
+what the store adds per update: the pull, the store's weights copied into the group's
+preallocated params (cct.params.ParamSet). The push copies nothing: the store's update reads
+the group's diffs where they are (ParamSet.with_gradients_of). Printed: milliseconds of each
+and the pull's share of the step (target below 5% for CIFAR10-quick and CaffeNet).
 
 **engines**: LeNet with examples/mnist/lenet_solver.prototxt's settings from the same seed
 under sync on one 2-core device, sync split over two 1-core devices (the hybrid scheduler),
@@ -62,11 +62,8 @@ def overhead(name: str, zoo: str, iters: int) -> dict:
     def pull():
         store.copy_weights_to(group)
 
-    def push():
-        group.copy_gradients_to(store)
-
     times = {}
-    for label, fn in (("step", step), ("pull", pull), ("push", push)):
+    for label, fn in (("step", step), ("pull", pull)):
         fn()
         samples = []
         for _ in range(iters):
@@ -141,15 +138,13 @@ def main(argv=None) -> None:
     print(cpu_model())
     if args.part in ("overhead", "both"):
         print(f"{'net':<15}{'batch':>6}{'params MB':>11}{'step ms':>10}{'pull ms':>9}"
-              f"{'push ms':>9}{'share':>8}")
+              f"{'share':>8}")
         for name in args.nets.split(","):
             r = overhead(name, args.zoo, args.iters)
-            share = (r["pull"] + r["push"]) / r["step"]
+            share = r["pull"] / r["step"]
             print(f"{name:<15}{r['batch']:>6}{r['mb']:>11.1f}{1e3 * r['step']:>10.1f}"
-                  f"{1e3 * r['pull']:>9.2f}{1e3 * r['push']:>9.2f}{100 * share:>7.1f}%",
-                  flush=True)
-        print("share: (pull + push copy) / step; the update itself is in the step, as in "
-              "sync training")
+                  f"{1e3 * r['pull']:>9.2f}{100 * share:>7.1f}%", flush=True)
+        print("share: pull / step; the update itself is in the step, as in sync training")
     if args.part in ("engines", "both"):
         print(f"{'configuration':<28}{'updates/s':>10}{'iters to 98%':>14}{'s to 98%':>10}")
         for config in CONFIGS:

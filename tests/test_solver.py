@@ -587,6 +587,110 @@ def test_restore_errors(tmp_path):
         sgd.restore(state)
 
 
+def state_with(tmp_path, name, **fields):
+    """The tiny solver's snapshot at iteration 0 with some SolverState fields replaced
+    (learned_net as bytes, to write what protobuf would refuse to encode)."""
+    from cct.proto import caffe_raw_pb2
+    state = caffe_raw_pb2.SolverStateRaw.FromString(
+        (tmp_path / "snap_iter_0.solverstate").read_bytes())
+    learned_net = fields.pop("learned_net", None)
+    for k, v in fields.items():
+        setattr(state, k, v)
+    data = state.SerializeToString()
+    if learned_net is not None:
+        state.ClearField("learned_net")
+        data = state.SerializeToString() + b"\x12" + bytes([len(learned_net)]) + learned_net
+    path = tmp_path / name
+    path.write_bytes(data)
+    return str(path)
+
+
+@pytest.mark.parametrize("fields, words", [
+    # Before: ValueError (math domain error) from the "inv" policy at the first step.
+    ({"iter": -2 ** 31}, ["iter is -2147483648; expected a count from 0 to 2147483647"]),
+    ({"iter": -1}, ["iter is -1"]),
+    ({"current_step": -3}, ["current_step is -3"]),
+    # Before: TypeError (protobuf hands the field back as bytes).
+    ({"learned_net": b"snap\xff.caffemodel"},
+     ["learned_net is b'snap\\xff.caffemodel', which is not UTF-8 text"]),
+])
+def test_solverstate_fields_no_solver_writes(tmp_path, fields, words):
+    sgd = make(tmp_path, type="SGD", momentum=0.9, lr_policy="inv", gamma=0.1, power=0.75)
+    sgd.snapshot()
+    path = state_with(tmp_path, "bad.solverstate", **fields)
+    with pytest.raises(CCTError) as e:
+        sgd.restore(path)
+    assert f"solver state '{path}'" in str(e.value)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_unreadable_learned_net_names_the_state(tmp_path, monkeypatch):
+    sgd = make(tmp_path, type="SGD", momentum=0.9)
+    sgd.snapshot()
+    state = str(tmp_path / "snap_iter_0.solverstate")
+
+    def refuse(*args, **kw):  # what a file without read permission gives (tests run as root)
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr("cct.io.weights.open", refuse, raising=False)
+    with pytest.raises(CCTError, match=rf"solver state '{state}' names the weights file "
+                                       r"'.*snap_iter_0\.caffemodel' \(learned_net\), which "
+                                       r"cannot be used: cannot read weights file .*Permission "
+                                       r"denied"):
+        sgd.restore(state)
+
+
+def _h5_replace(name, value):
+    def change(f):
+        del f[name]
+        f.create_dataset(name, data=value)
+    return change
+
+
+@pytest.mark.parametrize("change, words", [
+    (_h5_replace("iter", b"1000"), ["iter holds string data, expected one integer"]),
+    (_h5_replace("iter", np.array([2 ** 40])), ["iter is 1099511627776; expected a count"]),
+    (_h5_replace("iter", np.array([-5], np.int32)), ["iter is -5; expected a count"]),
+    (_h5_replace("iter", np.array([1.5])), ["iter holds 1 value(s) of type 'float64'; "
+                                            "expected one integer"]),
+    (_h5_replace("current_step", np.zeros(0, np.int32)), ["current_step holds 0 value(s)"]),
+    # Before: UnicodeDecodeError.
+    (_h5_replace("learned_net", np.bytes_(b"\xff\xfe")),
+     ["learned_net is b'\\xff\\xfe', which is not UTF-8 text"]),
+    (_h5_replace("learned_net", np.arange(3)), ["learned_net is not a dataset holding one "
+                                                "string"]),
+    # Before: KeyError, AttributeError, TypeError.
+    (lambda f: f["history"].create_dataset("x", data=[1.0]),
+     ["history holds 0, 1, x; expected datasets named 0 to 2"]),
+    (_h5_replace("history", np.ones(2)), ["history is a dataset, expected a group"]),
+    (lambda f: (f["history"].__delitem__("1"), f["history"].create_group("1")),
+     ["history/1 is a group, expected a dataset of history values"]),
+])
+def test_hdf5_solverstate_of_the_wrong_layout(tmp_path, change, words):
+    sgd = make(tmp_path, type="SGD", momentum=0.9, snapshot_format=caffe_pb2.SolverParameter.HDF5)
+    sgd.snapshot()
+    path = str(tmp_path / "snap_iter_0.solverstate.h5")
+    with h5py.File(path, "r+") as f:
+        change(f)
+    with pytest.raises(CCTError) as e:
+        sgd.restore(path)
+    assert f"solver state '{path}'" in str(e.value)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_hdf5_solverstate_with_damaged_metadata(tmp_path):
+    sgd = make(tmp_path, type="SGD", momentum=0.9, snapshot_format=caffe_pb2.SolverParameter.HDF5)
+    sgd.snapshot()
+    path = tmp_path / "snap_iter_0.solverstate.h5"
+    data = bytearray(path.read_bytes())
+    heaps = [i for i in range(len(data)) if data.startswith(b"HEAP", i)]
+    data[heaps[-1] + 1] ^= 0xFF  # the history group's name heap
+    path.write_bytes(data)
+    with pytest.raises(CCTError, match=rf"cannot read HDF5 solver state '{path}': it is damaged"):
+        sgd.restore(str(path))
+
+
 def test_learned_net_is_found_beside_the_state(tmp_path, monkeypatch):
     (tmp_path / "run").mkdir()
     monkeypatch.chdir(tmp_path / "run")
