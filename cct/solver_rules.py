@@ -55,39 +55,57 @@ def _g(x) -> str:
 # follow Caffe's C++: Dtype (float) where Caffe computes in Dtype, double where it calls ``pow``
 # or ``exp`` (which take and return double there), cast back to Dtype at the end.
 
+def _pow(base: float, exp: float) -> float:
+    """C's ``pow``, which Caffe calls: inf where the result overflows, NaN where it has no real
+    value (poly past max_iter: a negative base to a fractional power); math.pow raises there."""
+    try:
+        return math.pow(base, exp)
+    except (OverflowError, ValueError):
+        with np.errstate(all="ignore"):
+            return float(np.power(np.float64(base), np.float64(exp)))
+
+
+def _exp(x: float) -> float:
+    """C's ``exp``: inf where the result overflows (math.exp raises)."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
 def _lr_fixed(p, it, step, dt):
     return dt(p.base_lr), step
 
 
 def _lr_step(p, it, step, dt):
     step = it // p.stepsize
-    return dt(float(dt(p.base_lr)) * math.pow(float(dt(p.gamma)), step)), step
+    return dt(float(dt(p.base_lr)) * _pow(float(dt(p.gamma)), step)), step
 
 
 def _lr_exp(p, it, step, dt):
-    return dt(float(dt(p.base_lr)) * math.pow(float(dt(p.gamma)), it)), step
+    return dt(float(dt(p.base_lr)) * _pow(float(dt(p.gamma)), it)), step
 
 
 def _lr_inv(p, it, step, dt):
     base = dt(1) + dt(p.gamma) * dt(it)
-    return dt(float(dt(p.base_lr)) * math.pow(float(base), -float(dt(p.power)))), step
+    return dt(float(dt(p.base_lr)) * _pow(float(base), -float(dt(p.power)))), step
 
 
 def _lr_multistep(p, it, step, dt):
     if step < len(p.stepvalue) and it >= p.stepvalue[step]:
         step += 1
         info("sgd_solver.cpp:50", f"MultiStep Status: Iteration {it}, step = {step}")
-    return dt(float(dt(p.base_lr)) * math.pow(float(dt(p.gamma)), step)), step
+    return dt(float(dt(p.base_lr)) * _pow(float(dt(p.gamma)), step)), step
 
 
 def _lr_poly(p, it, step, dt):
     frac = dt(1) - dt(it) / dt(p.max_iter)
-    return dt(float(dt(p.base_lr)) * math.pow(float(frac), float(dt(p.power)))), step
+    return dt(float(dt(p.base_lr)) * _pow(float(frac), float(dt(p.power)))), step
 
 
 def _lr_sigmoid(p, it, step, dt):
     z = -float(dt(p.gamma)) * float(dt(it) - dt(p.stepsize))
-    return dt(float(dt(p.base_lr)) * (1.0 / (1.0 + math.exp(z)))), step
+    return dt(float(dt(p.base_lr)) * (1.0 / (1.0 + _exp(z)))), step
 
 
 LR_POLICIES: Dict[str, Callable] = {

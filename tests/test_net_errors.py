@@ -43,6 +43,54 @@ CASES = {
                       ["net.prototxt:3", "botom"]),
 }
 
+# uint32 extremes Caffe refuses (Blob::Reshape's CHECK_LE(count, INT_MAX); the kernel geometry
+# Caffe keeps in ints), which before reached NumPy's allocator or the C++ binding (TypeError).
+INT_MAX_CASES = {
+    "input_over_int_max": ('layer { name: "in" type: "Input" top: "data" '
+                           'input_param { shape { dim: 70000 dim: 70000 } } }',
+                           ["Input layer 'in'", "blob shape (70000, 70000) holds 4900000000 "
+                            "values, more than Caffe's limit of INT_MAX = 2147483647"]),
+    "zero_sized_over_int_max": ('layer { name: "in" type: "Input" top: "data" '
+                                'input_param { shape { dim: 0 dim: 4294967296 } } }',
+                                ["Input layer 'in'", "blob shape (0, 4294967296)"]),
+    "num_output_over_int_max": (INPUT + 'layer { name: "ip" type: "InnerProduct" '
+                                'bottom: "data" top: "ip" '
+                                'inner_product_param { num_output: 4294967295 } }',
+                                ["InnerProduct layer 'ip'", "blob shape (4294967295, 192)"]),
+    "conv_stride": (INPUT + 'layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
+                    'convolution_param { num_output: 2 kernel_size: 3 stride: 4294967295 } }',
+                    ["Convolution layer 'c': stride 4294967295 is larger than 2147483647 "
+                     "(INT_MAX)"]),
+    "conv_stride_h": (INPUT + 'layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
+                      'convolution_param { num_output: 2 kernel_size: 3 stride_h: 1 '
+                      'stride_w: 2147483648 } }',
+                      ["Convolution layer 'c': stride_h/stride_w 2147483648 is larger"]),
+    "conv_pad": (INPUT + 'layer { name: "c" type: "Deconvolution" bottom: "data" top: "c" '
+                 'convolution_param { num_output: 2 kernel_size: 3 pad: 4294967295 } }',
+                 ["Deconvolution layer 'c': pad 4294967295 is larger"]),
+    "conv_dilation": (INPUT + 'layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
+                      'convolution_param { num_output: 2 kernel_size: 3 dilation: 2147483648 '
+                      '} }', ["Convolution layer 'c': dilation 2147483648 is larger"]),
+    "pool_stride": (INPUT + 'layer { name: "p" type: "Pooling" bottom: "data" top: "p" '
+                    'pooling_param { pool: AVE kernel_size: 3 stride: 4294967295 } }',
+                    ["Pooling layer 'p': stride 4294967295 is larger than 2147483647"]),
+    "pool_kernel": (INPUT + 'layer { name: "p" type: "Pooling" bottom: "data" top: "p" '
+                    'pooling_param { kernel_h: 4294967295 kernel_w: 2 } }',
+                    ["Pooling layer 'p': kernel_h/kernel_w 4294967295 is larger"]),
+    "lrn_size": (INPUT + 'layer { name: "n" type: "LRN" bottom: "data" top: "n" '
+                 'lrn_param { local_size: 4294967295 } }',
+                 ["LRN layer 'n': local_size 4294967295 is larger than 2147483647"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INT_MAX_CASES))
+def test_uint32_extremes_are_refused_as_caffe_does(case, tmp_path):
+    body, needles = INT_MAX_CASES[case]
+    with pytest.raises(CCTError) as e:
+        build(tmp_path, body).forward()
+    for needle in needles:
+        assert needle in str(e.value)
+
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_api_error_is_clear(case, tmp_path):

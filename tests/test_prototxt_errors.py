@@ -162,3 +162,21 @@ def test_non_utf8_comments_are_read_like_caffe(tmp_path):
                  + RELU_NET.encode())
     assert [lp.name for lp in read_net_text(path).layer] == ["relu"]
     assert [lp.name for lp in read_net(path).layer] == ["relu"]
+
+
+def test_a_control_byte_in_a_comment_is_still_text(tmp_path):
+    """Before: taken for a binary file, and reported as "weights file ... not a valid binary
+    NetParameter"."""
+    path = write(tmp_path, "ctrl.prototxt", b"# made by a tool \x01 that wrote a control byte\n"
+                 + RELU_NET.encode())
+    for read in (read_net_text, read_net):
+        assert [lp.name for lp in read(path).layer] == ["relu"]
+    solver = write(tmp_path, "ctrl_solver.prototxt", b"# \x07\nbase_lr: 0.01\n")
+    assert read_solver_text(solver).base_lr == pytest.approx(0.01)
+
+
+def test_a_prototxt_with_a_stray_control_byte_reports_the_text_error(tmp_path):
+    path = write(tmp_path, "ctrl.prototxt", RELU_NET.replace('"ReLU"', '\x02"ReLU"'))
+    for read in (read_net_text, read_net):
+        with pytest.raises(ProtoError, match=rf"^{path}:4:9: cannot parse NetParameter: "):
+            read(path)

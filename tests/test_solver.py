@@ -563,6 +563,92 @@ def test_side_file_restores_data_position_and_rng(tmp_path):
                               straight.net.params["ip"][0].data)
 
 
+LMDB_NET = """
+  name: "digits"
+  layer {{ name: "data" type: "Data" top: "data" top: "label"
+    data_param {{ source: "{db}" batch_size: 2 backend: LMDB }}
+    transform_param {{ mirror: true }} }}
+  layer {{ name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+    inner_product_param {{ num_output: 10 weight_filler {{ type: "gaussian" std: 0.1 }} }} }}
+  layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
+"""
+
+
+@pytest.fixture
+def lmdb_snapshot(tmp_path):
+    """(solver factory, state file) of a net on an LMDB, snapshotted after 3 iterations."""
+    from tests.layers.test_data import digits_db
+    net = LMDB_NET.format(db=digits_db(tmp_path, 7))
+
+    def solver():
+        return make(tmp_path, net=net, type="SGD", momentum=0.9)
+    first = solver()
+    first.step(3)
+    first.snapshot()
+    first.close()
+    return solver, str(tmp_path / "snap_iter_3.solverstate")
+
+
+def _side(state: str, change) -> None:
+    import json
+    with open(state + SIDE_SUFFIX) as f:
+        side = json.load(f)
+    change(side)
+    with open(state + SIDE_SUFFIX, "w") as f:
+        json.dump(side, f)
+
+
+@pytest.mark.parametrize("damage, words", [
+    (b"{not json", "it cannot be read"),
+    (b"\xff\xfe{}", "it cannot be read"),
+    (b"[1, 2]", "it holds a JSON list, not cct's object of format 1"),
+    (lambda side: side.update(format=2), "its format is 2; this cct reads format 1"),
+    (lambda side: side.update(iter=7), "it was written for iteration 7 and weights"),
+    (lambda side: side.update(learned_net=["x"]), "it was written for iteration 3 and weights "
+                                                  "['x']"),
+    (lambda side: side.update(data=[]), "its 'data' entry is not an object"),
+    # Before: TypeError/KeyError from NumPy and from the data layer's restore.
+    (lambda side: side.update(rng={"bit_generator": "PCG64", "state": "x"}),
+     "its random generator state is unusable"),
+    (lambda side: side["data"]["train"]["data"].update(position="x", key=5),
+     "the data position of layer 'data' (train net) is unusable"),
+    (lambda side: side["data"]["train"].update(data=[]),
+     "the data position of layer 'data' (train net) is unusable"),
+])
+def test_a_damaged_side_file_is_a_warning(lmdb_snapshot, capsys, damage, words):
+    """The resume goes on (as from a Caffe state) and the log says it is not exact."""
+    solver, state = lmdb_snapshot
+    if isinstance(damage, bytes):
+        with open(state + SIDE_SUFFIX, "wb") as f:
+            f.write(damage)
+    else:
+        _side(state, damage)
+    s = solver()
+    generator = rng.get_rng().bit_generator.state
+    capsys.readouterr()
+    s.restore(state)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("W")]
+    assert len(warnings) == 1, warnings
+    assert f"{state}{SIDE_SUFFIX}: {words}" in warnings[0]
+    assert warnings[0].endswith("; the resumed run will not repeat the interrupted one bit "
+                                "for bit.")
+    if "random generator" in words:
+        assert rng.get_rng().bit_generator.state == generator
+    s.step(4)   # the data layer reads on, wrapping around the 7 records
+    assert s.iter == 7
+    s.close()
+
+
+def test_a_missing_side_file_is_logged(lmdb_snapshot, capsys):
+    solver, state = lmdb_snapshot
+    os.remove(state + SIDE_SUFFIX)
+    s = solver()
+    capsys.readouterr()
+    s.restore(state)
+    assert f"{state}{SIDE_SUFFIX} is absent (a state written by Caffe" in capsys.readouterr().err
+    s.close()
+
+
 # ------------------------------------------------------------------------------------------------
 # Restore errors and paths
 # ------------------------------------------------------------------------------------------------

@@ -399,6 +399,19 @@ def test_lr_policy_formulas(fields, formula):
         assert rate32 == pytest.approx(formula(it), rel=1e-5)
 
 
+@pytest.mark.parametrize("fields, it, rate", [
+    (dict(lr_policy="inv", gamma=0.0001, power=-2147483648), 2 ** 31 - 1, math.inf),
+    (dict(lr_policy="exp", gamma=1e30), 100, math.inf),
+    (dict(lr_policy="poly", power=0.5, max_iter=10), 20, math.nan),   # past max_iter
+    (dict(lr_policy="sigmoid", gamma=100, stepsize=10 ** 6), 0, 0.0),
+])
+def test_lr_policies_overflow_as_caffes_pow_and_exp_do(fields, it, rate):
+    """Caffe's C pow/exp give inf or NaN where Python's math.pow/exp raised OverflowError or
+    ValueError (a training with such a rate then stops as diverged)."""
+    got, _ = learning_rate(_policy(**fields), it, 0)
+    assert got == rate or (math.isnan(rate) and math.isnan(got))
+
+
 def test_step_policy_tracks_current_step():
     p = _policy(lr_policy="step", gamma=0.1, stepsize=10)
     assert learning_rate(p, 25, 0)[1] == 2

@@ -16,7 +16,7 @@ dropped with an error line and the others go on; the store keeps every update al
 from __future__ import annotations
 
 from concurrent.futures import FIRST_COMPLETED, wait
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import CCTError, SourceLost
 from ..glog import error, info
@@ -38,6 +38,50 @@ def _dropped(groups: List, group, e: BaseException) -> None:
                             "snapshot") from None
 
 
+def wait_any(store, groups: List, updates: int, start: Callable, finished: Callable,
+             result: Callable, drain: Callable) -> None:
+    """The driver's loop over real groups: start every group (``start(group)`` returns a
+    handle), then until ``updates`` were pushed: take whichever handles are ``finished``
+    (lowest group first when several are), ``result(handle, group)`` (its loss; an exception
+    that is not a CCTError drops the group), push, and start that group again. Afterwards
+    ``drain`` waits for the handles still pending (so that no group computes when the caller
+    moves on) and their results are read, unused, a failure among them still dropping its
+    group."""
+    pending: Dict = {start(g): g for g in groups}
+    try:
+        _loop(store, groups, updates, pending, start, finished, result)
+    finally:
+        drain(pending)
+    for handle, group in sorted(pending.items(), key=lambda item: item[1].index):
+        try:      # computed past the last update: its result is not used, a failure is
+            result(handle, group)
+        except CCTError:
+            pass
+        except Exception as e:
+            _dropped(groups, group, e)
+
+
+def _loop(store, groups, updates, pending, start, finished, result) -> None:
+    applied = 0
+    while applied < updates and pending:
+        for handle in sorted(finished(list(pending)), key=lambda h: pending[h].index):
+            group = pending.pop(handle)
+            try:
+                loss = result(handle, group)
+            except CCTError:
+                raise
+            except Exception as e:    # the group's device or process, not the user's net
+                _dropped(groups, group, e)
+                continue
+            if applied >= updates:
+                continue          # computed past the last update: not used
+            if not store.push(group.params, group.read_version, loss, group.net):
+                return
+            applied += 1
+            if applied < updates:
+                pending[start(group)] = group
+
+
 class ThreadEngine:
     name = "threads"
 
@@ -46,32 +90,11 @@ class ThreadEngine:
             group.read_version = store.pull(group.params)
             return group.compute()
 
-        def submit(group: Group):
-            return group.devices[0].submit(work, group)
-
-        pending: Dict = {submit(g): g for g in groups}
-        applied = 0
-        try:
-            while applied < updates and pending:
-                done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-                for future in sorted(done, key=lambda f: pending[f].index):
-                    group = pending.pop(future)
-                    try:
-                        loss = future.result()
-                    except CCTError:
-                        raise
-                    except Exception as e:    # the group's device, not the user's net or data
-                        _dropped(groups, group, e)
-                        continue
-                    if applied >= updates:
-                        continue
-                    if not store.push(group.params, group.read_version, loss, group.net):
-                        return
-                    applied += 1
-                    if applied < updates:
-                        pending[submit(group)] = group
-        finally:
-            wait(list(pending))     # no group still computes when the caller moves on
+        wait_any(store, groups, updates,
+                 start=lambda g: g.devices[0].submit(work, g),
+                 finished=lambda futures: wait(futures, return_when=FIRST_COMPLETED)[0],
+                 result=lambda future, _: future.result(),
+                 drain=lambda pending: wait(list(pending)))
 
 
 class SimulatedEngine:

@@ -22,10 +22,9 @@ import numpy as np
 
 from ..backend import plans
 from ..errors import CCTError
-from ..glog import info
 from ..params import ParamSet, StoreBlob
 from ..scheduler import replica_param
-from .engines import _dropped
+from .engines import wait_any
 
 _STARTUP_SECONDS = 300
 
@@ -127,6 +126,7 @@ class ProcessGroup:
         self.process.start()
         child.close()
         self.read_version = 0
+        self.pid = None
         self.sent_plans = False
         self.outputs: List[np.ndarray] = []
 
@@ -153,8 +153,13 @@ class ProcessGroup:
         self.sent_plans = True
 
     def result(self) -> float:
-        """The loss of the step just finished; raises EOFError when the process died."""
-        kind, *payload = self.conn.recv()
+        """The loss of the step just finished; RuntimeError when the process died."""
+        try:
+            kind, *payload = self.conn.recv()
+        except (EOFError, OSError) as e:
+            self.process.join(1)
+            raise RuntimeError(f"the process ended (exit code {self.process.exitcode}): "
+                               f"{type(e).__name__}") from None
         if kind == "error":
             raise CCTError(payload[0])
         loss, self.outputs = payload
@@ -191,42 +196,13 @@ class ProcessEngine:
 
     def run(self, store, groups: List[ProcessGroup], updates: int) -> None:
         for g in groups:
-            if not hasattr(g, "pid"):
+            if g.pid is None:
                 g.wait_ready()
-        busy = {}
-        for g in groups:
-            g.start(store)
-            busy[g.conn] = g
-        applied = 0
-        try:
-            while applied < updates and busy:
-                ready = wait(list(busy))
-                for conn in sorted(ready, key=lambda c: busy[c].index):
-                    group = busy.pop(conn)
-                    try:
-                        loss = group.result()
-                    except (EOFError, OSError) as e:
-                        group.process.join(1)
-                        _dropped(groups, group, RuntimeError(
-                            f"the process ended (exit code {group.process.exitcode}): "
-                            f"{type(e).__name__}"))
-                        continue
-                    if applied >= updates:
-                        continue
-                    if not store.push(group.params, group.read_version, loss, group.net):
-                        return
-                    applied += 1
-                    if applied < updates:
-                        group.start(store)
-                        busy[group.conn] = group
-        finally:
-            for conn, group in busy.items():   # let them finish before the caller goes on
-                try:
-                    group.result()
-                except (EOFError, OSError, CCTError):
-                    pass
 
+        def start(group: ProcessGroup):
+            group.start(store)
+            return group.conn
 
-def log_pids(groups: Sequence[ProcessGroup]) -> None:
-    for g in groups:
-        info("driver.cpp:0", f"Group {g.index}: pid {g.process.pid}")
+        # Nothing to drain: reading a pending group's answer afterwards waits for it.
+        wait_any(store, groups, updates, start=start, finished=wait,
+                 result=lambda _, group: group.result(), drain=lambda pending: None)
