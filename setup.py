@@ -104,7 +104,8 @@ setup(
         "Pillow>=9.0",
     ],
     extras_require={
-        "test": ["pytest>=7", "grpcio-tools==1.75.1", "matplotlib>=3.5"],
+        # hypothesis drives the fuzzing harness (tests/fuzz).
+        "test": ["pytest>=7", "grpcio-tools==1.75.1", "matplotlib>=3.5", "hypothesis>=6.100"],
         # cct plot_log needs matplotlib; cct draw_net uses Graphviz through pydot when both
         # are there (`dot` comes from the system's graphviz package) and Pillow otherwise.
         "plot": ["matplotlib>=3.5", "pydot>=1.4"],

@@ -11,6 +11,7 @@ from . import glog as _log
 from .backend import resolve
 from .errors import CCTError
 from .io.prototxt import read_net, read_solver_text
+from .io.upgrade import upgrade_net
 from .layers import layer_type_list  # noqa: F401  (re-exported)
 from .net import TEST, TRAIN
 from .net import Net as _CoreNet
@@ -92,11 +93,9 @@ class Net(_CoreNet):
         if phase not in (TRAIN, TEST):
             raise CCTError(f"Net(): phase must be caffe.TRAIN or caffe.TEST, got {phase!r}")
         if isinstance(network_file, (str, bytes)) or hasattr(network_file, "__fspath__"):
-            import os
             source = os.fsdecode(network_file)
             param = read_net(source)
         else:
-            from .io.upgrade import upgrade_net
             source = "<NetParameter>"
             param = upgrade_net(network_file)
         super().__init__(param, phase=phase, level=level, stages=list(stages or []),

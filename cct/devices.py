@@ -21,7 +21,9 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
+from . import _C, glog
 from .errors import CCTError, SourceLost
+from .net import Net
 
 
 class DeviceError(SourceLost):
@@ -90,9 +92,6 @@ class Device:
     # Replicas --------------------------------------------------------------------------------
     def build(self, net_param, dtype):
         """A Net for ``net_param`` on this device's backend, built on its thread."""
-        from . import glog
-        from .net import Net
-
         def build():
             with glog.quiet():
                 return Net(net_param, backend=self.backend, dtype=dtype,
@@ -118,7 +117,6 @@ class CPUDevice(Device):
         return len(self.cores)
 
     def activate(self) -> None:
-        from . import _C
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, self.cores)  # Linux: the calling thread only
         _C.set_thread_num_threads(self.threads)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import LayerError
+from .proto import caffe_pb2
 from .rng import get_rng
 
 _BLOCK = 1 << 20   # values drawn at once: 8 MiB of float64
@@ -24,7 +25,6 @@ def _fan(shape, variance_norm: int) -> float:
     count = int(np.prod(shape))
     fan_in = count / shape[0] if len(shape) > 0 and shape[0] else 1.0
     fan_out = count / shape[1] if len(shape) > 1 and shape[1] else 1.0
-    from .proto import caffe_pb2
     if variance_norm == caffe_pb2.FillerParameter.FAN_OUT:
         return fan_out
     if variance_norm == caffe_pb2.FillerParameter.AVERAGE:

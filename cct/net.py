@@ -12,6 +12,7 @@ from .blob import Blob
 from .errors import CCTError, NetError
 from .layers.base import Layer, create_layer
 from .glog import info
+from .io import weights
 from .io.prototxt import debug_string
 from .proto import caffe_pb2
 
@@ -479,11 +480,9 @@ class Net:
     def copy_trained_layers_from(self, source) -> None:
         """Copy params by layer name from a NetParameter or a weights file path (``.caffemodel``
         binary or ``.h5``). Unknown source layers are ignored, as in Caffe."""
-        from .io import weights
         weights.copy_trained_layers(self, source)
 
     def to_proto(self, write_diff: bool = False) -> caffe_pb2.NetParameter:
-        from .io import weights
         return weights.net_to_proto(self, write_diff)
 
     # -- pycaffe-compatible API -------------------------------------------------------------
@@ -610,11 +609,9 @@ class Net:
 
     def save(self, path: str) -> None:
         """Write the params as a binary ``.caffemodel`` (atomically)."""
-        from .io import weights
         weights.save_caffemodel(self, path)
 
     def save_hdf5(self, path: str) -> None:
-        from .io import weights
         weights.save_hdf5(self, path)
 
     def load_hdf5(self, path: str) -> None:

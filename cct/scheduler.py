@@ -38,7 +38,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import glog
+from . import _C, glog
 from .devices import (CPUDevice, Device, DeviceError, GPUDevice, available_cores,
                       parse_devices)
 from .errors import CCTError
@@ -234,7 +234,6 @@ class HybridScheduler:
             # The BLAS's thread count is one number for the process: the smallest group's, so
             # that no device's GEMMs spread beyond its own cores (OpenBLAS's worker threads
             # are not pinned with the device's thread).
-            from . import _C
             _C.set_blas_num_threads(min(d.threads for d in cpus))
 
     def _make_replica(self, device: Device) -> _Replica:

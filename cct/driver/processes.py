@@ -20,9 +20,12 @@ from typing import List, Sequence
 
 import numpy as np
 
+from .. import _C, glog
 from ..backend import plans
 from ..errors import CCTError
+from ..net import Net
 from ..params import ParamSet, StoreBlob
+from ..proto import caffe_pb2
 from ..scheduler import replica_param
 from .engines import wait_any
 
@@ -58,10 +61,6 @@ class _Layout:
 def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layout,
                 cores: Sequence[int]) -> None:
     """A group process: build the net, then compute on request until told to stop."""
-    from .. import _C, glog
-    from ..net import Net
-    from ..proto import caffe_pb2
-
     shm = shared_memory.SharedMemory(name=shm_name)
     weights = grads = batches = None
     try:

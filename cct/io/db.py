@@ -11,6 +11,7 @@ import threading
 
 from ..errors import CCTError
 from ..glog import info
+from ..proto import caffe_pb2
 
 
 def _looks_like_lmdb(path: str) -> bool:
@@ -187,7 +188,6 @@ class LevelDBCursor:
 
 def open_db(path: str, backend: int):
     """Open ``path`` with the cursor for ``data_param.backend`` (``DataParameter.DB``)."""
-    from ..proto import caffe_pb2
     path = os.fspath(path)
     if backend == caffe_pb2.DataParameter.LMDB:
         return LMDBCursor(path)

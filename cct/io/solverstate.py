@@ -15,7 +15,8 @@ from google.protobuf import unknown_fields
 from ..errors import CCTError
 from ..proto import caffe_raw_pb2
 from .atomic import atomic_write
-from .weights import H5_ERRORS, HDF5_MAGIC, blob_shape_of, h5_array, h5_numbered
+from .blobproto import blob_shape_of
+from .weights import H5_ERRORS, HDF5_MAGIC, h5_array, h5_numbered
 
 INT_MAX = 2 ** 31 - 1
 

@@ -2,7 +2,6 @@
 without per-element Python loops (blob data moves as whole NumPy arrays)."""
 from __future__ import annotations
 
-import math
 import os
 from typing import TYPE_CHECKING, Union
 
@@ -11,7 +10,10 @@ import numpy as np
 from ..errors import WeightsError
 from ..glog import info
 from ..proto import caffe_pb2, caffe_raw_pb2
+from . import upgrade
 from .atomic import atomic_write
+from .blobproto import blob_from_proto, raw_array, raw_blob
+from .prototxt import read_net_binary
 
 if TYPE_CHECKING:
     from ..net import Net
@@ -19,54 +21,10 @@ if TYPE_CHECKING:
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 
-def blob_shape_of(bp: caffe_pb2.BlobProto) -> tuple:
-    """A BlobProto's shape: ``shape.dim`` or, in old files, num/channels/height/width."""
-    if bp.HasField("shape"):
-        return tuple(int(d) for d in bp.shape.dim)
-    if bp.HasField("num") or bp.HasField("channels") or bp.HasField("height") \
-            or bp.HasField("width"):
-        return (bp.num, bp.channels, bp.height, bp.width)
-    return (len(bp.data) or len(bp.double_data),)
-
-
-def blob_from_proto(bp: caffe_pb2.BlobProto, diff: bool = False) -> np.ndarray:
-    """The data (or diff) of a BlobProto as an array of its shape (float32, or float64 when the
-    proto stores double_data). Goes through the raw schema so large blobs copy as one buffer."""
-    raw = caffe_raw_pb2.BlobProtoRaw.FromString(bp.SerializeToString())
-    shape = blob_shape_of(bp)
-    if diff:
-        arr = (np.frombuffer(raw.double_diff, "<f8") if raw.double_diff
-               else np.frombuffer(raw.diff, "<f4"))
-    else:
-        arr = (np.frombuffer(raw.double_data, "<f8") if raw.double_data
-               else np.frombuffer(raw.data, "<f4"))
-    count = math.prod(shape)
-    if arr.size != count:
-        raise WeightsError(f"a blob of shape {shape} holds {arr.size} values, expected {count}")
-    return arr.reshape(shape).copy()
-
-
-def blob_to_proto(array: np.ndarray, bp: caffe_pb2.BlobProto, diff=None) -> caffe_pb2.BlobProto:
-    """Fill ``bp`` with ``array`` (float32 ``data`` and ``shape``, as Caffe's Blob::ToProto)."""
-    raw = caffe_raw_pb2.BlobProtoRaw()
-    _raw_blob(np.asarray(array), raw, None if diff is None else np.asarray(diff))
-    bp.Clear()
-    bp.MergeFromString(raw.SerializeToString())
-    return bp
-
-
 def net_to_proto(net: "Net", write_diff: bool = False) -> caffe_pb2.NetParameter:
     """Caffe's Net::ToProto as a regular NetParameter (every layer, Splits included, with its
     blobs). For files use :func:`save_caffemodel`, which writes the same bytes faster."""
     return caffe_pb2.NetParameter.FromString(_net_to_raw(net, write_diff).SerializeToString())
-
-
-def _raw_blob(array: np.ndarray, bp, diff=None) -> None:
-    bp.shape.dim.extend(array.shape)
-    if array.size:
-        bp.data = np.ascontiguousarray(array, dtype="<f4").tobytes()
-    if diff is not None and diff.size:
-        bp.diff = np.ascontiguousarray(diff, dtype="<f4").tobytes()
 
 
 def _net_to_raw(net: "Net", write_diff: bool) -> "caffe_raw_pb2.NetParameterRaw":
@@ -80,7 +38,7 @@ def _net_to_raw(net: "Net", write_diff: bool) -> "caffe_raw_pb2.NetParameterRaw"
         # kept in order: re-serialised, the layer has Caffe's field order.
         lr.MergeFromString(head.SerializeToString())
         for b in layer.blobs:
-            _raw_blob(b.cpu_data(), lr.blobs.add(), b.cpu_diff() if write_diff else None)
+            raw_blob(b.cpu_data(), lr.blobs.add(), b.cpu_diff() if write_diff else None)
     return out
 
 
@@ -112,18 +70,6 @@ def save_hdf5(net: "Net", path: str, write_diff: bool = False) -> None:
     atomic_write(path, write)
 
 
-def _raw_array(bp) -> "np.ndarray | None":
-    """A raw blob's data, or None when its floats were not stored packed (very old files)."""
-    shape = blob_shape_of(bp)
-    if bp.double_data:
-        arr = np.frombuffer(bp.double_data, "<f8").astype(np.float32)
-    else:
-        arr = np.frombuffer(bp.data, "<f4")
-    if arr.size != math.prod(shape):
-        return None
-    return arr.reshape(shape)
-
-
 def load_weights(path: str) -> "dict[str, list[np.ndarray]]":
     """{layer name: [param arrays]} from a .caffemodel (current, V1 or V0 layout) or Caffe's
     HDF5 weights file."""
@@ -145,12 +91,11 @@ def load_weights(path: str) -> "dict[str, list[np.ndarray]]":
                            f"or not a binary NetParameter") from None
     out = {}
     for lp in raw.layer:
-        out[lp.name] = [_raw_array(bp) for bp in lp.blobs]
+        out[lp.name] = [raw_array(bp) for bp in lp.blobs]
     for v1 in raw.layers:
         name = v1.name or v1.layer.name
-        out[name] = [_raw_array(bp) for bp in (v1.blobs or v1.layer.blobs)]
+        out[name] = [raw_array(bp) for bp in (v1.blobs or v1.layer.blobs)]
     if any(a is None for arrays in out.values() for a in arrays):
-        from .prototxt import read_net_binary
         param = read_net_binary(path)
         out = {}
         for lp in param.layer:
@@ -237,8 +182,7 @@ def copy_trained_layers(net: "Net", source: Union[str, caffe_pb2.NetParameter]) 
     """Caffe's CopyTrainedLayersFrom: copy each source layer's blobs into the net's layer of the
     same name; source layers the net lacks are ignored."""
     if isinstance(source, caffe_pb2.NetParameter):
-        from .upgrade import upgrade_net
-        source = upgrade_net(source)
+        source = upgrade.upgrade_net(source)
         layers = {lp.name: [blob_from_proto(bp) for bp in lp.blobs] for lp in source.layer}
         where = "the given NetParameter"
     else:

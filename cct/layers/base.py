@@ -13,6 +13,7 @@ import numpy as np
 
 from ..blob import INT_MAX, Blob, BlobShapeError
 from ..errors import CCTError, LayerError, NetError, close_matches
+from ..io.blobproto import blob_from_proto
 
 LAYER_REGISTRY: Dict[str, Type["Layer"]] = {}
 
@@ -71,7 +72,6 @@ class Layer:
         self.loss_weights: List[float] = []
         # Caffe copies blobs stored in the LayerParameter (e.g. a V0 net with weights).
         for bp in layer_param.blobs:
-            from ..io.weights import blob_from_proto
             try:
                 arr = blob_from_proto(bp)
                 b = Blob(arr.shape, self.dtype, self.xp)

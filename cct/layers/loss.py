@@ -16,6 +16,7 @@ from __future__ import annotations
 from google.protobuf.message import DecodeError
 
 from ..errors import WeightsError
+from ..io.blobproto import blob_from_proto
 from ..proto import caffe_pb2
 from .base import Layer, register
 from .softmax import canonical_axis, split_shape
@@ -305,7 +306,6 @@ class InfogainLossLayer(LossLayer):
         if not p.HasField("source"):
             raise self.error("needs the infogain matrix: set infogain_loss_param.source to a "
                              ".binaryproto file or give it as a third bottom.")
-        from ..io.weights import blob_from_proto
         try:
             with open(p.source, "rb") as f:
                 proto = caffe_pb2.BlobProto.FromString(f.read())

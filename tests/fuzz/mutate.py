@@ -5,7 +5,9 @@ ones first, on the seed itself (a protobuf varint or a number in a text prototxt
 extreme value), then byte-level ones (flip a bit, overwrite, insert, delete, duplicate a range,
 truncate, splice a 32-bit extreme). The drawn operations are what hypothesis prints for a
 failing example: short, and replayed by :func:`apply`, where the bytes themselves may be
-megabytes.
+megabytes. HDF5 files are also changed through h5py (:func:`apply_h5`: objects deleted,
+replaced by datasets of the wrong type or shape, renamed, turned into broken links), which
+reaches the readers' checks of Caffe's layout where byte changes mostly break the file.
 
 Settings: every target runs a bounded, derandomized number of examples (the CI default); the
 environment variable ``CCT_FUZZ_EXAMPLES`` sets the number of examples per target for long
@@ -18,7 +20,7 @@ import os
 import re
 import struct
 import traceback
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from hypothesis import HealthCheck, Phase, event, note, settings
 from hypothesis import seed as hypothesis_seed
@@ -77,8 +79,7 @@ def byte_op(draw) -> tuple:
     if kind == "flip":
         return (kind, pos, draw(st.integers(0, 7)))
     if kind == "set":
-        return (kind, pos, draw(st.sampled_from([0, 1, 0x7F, 0x80, 0xFF, 0x0A, 0x22, 0x08]
-                                                 + list(range(256)))))
+        return (kind, pos, draw(st.integers(0, 255)))
     if kind == "insert":
         return (kind, pos, draw(st.binary(min_size=1, max_size=8)))
     if kind == "delete":
@@ -333,11 +334,9 @@ def only_cct_errors(read: Callable[[], object], what: str, data: bytes = b"",
     try:
         read()
         event("read")
-    except UnsatisfiedAssumption:
+    except UnsatisfiedAssumption:  # an example the harness drops (conftest.BLOB_BUDGET)
         raise
     except CCTError as e:
-        if isinstance(e.__cause__, UnsatisfiedAssumption):
-            raise e.__cause__ from None
         wrapped = e.__cause__ is not None and not isinstance(e.__cause__, CCTError)
         if cct_errors and not wrapped:
             note(f"CCTError: {e}")
@@ -354,7 +353,8 @@ def _fail(what: str, e: Exception, data: bytes) -> None:
     cause = e.__cause__ if isinstance(e, CCTError) and e.__cause__ is not None else e
     raise AssertionError(
         f"{what}: {type(e).__name__} escaped: {e}\ninput: {shown}\n"
-        + "".join(traceback.format_exception(cause))) from None
+        + "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+    ) from None
 
 
 def write_bytes(path: os.PathLike, data: bytes) -> str:
@@ -362,7 +362,3 @@ def write_bytes(path: os.PathLike, data: bytes) -> str:
         f.write(data)
     return os.fspath(path)
 
-
-def splice_seeds(seeds: Sequence[bytes]) -> st.SearchStrategy:
-    """Index of a seed (hypothesis shrinks towards the first)."""
-    return st.integers(0, len(seeds) - 1)

@@ -31,7 +31,7 @@ def build_and_run(path: str, phase: int) -> None:
 
 @given(seed=st.integers(0, 1), phase=st.sampled_from([TRAIN, TEST]),
        mutation=mutations(number_op(), max_byte_ops=2))
-@fuzz(default_examples=150)
+@fuzz(default_examples=500)
 def test_net_prototxt(fuzz_dir, datum_db, seed, phase, mutation):
     seeds = [lenet_text().encode(), TINY_NET.format(db=datum_db).encode()]
     data = apply(seeds[seed], mutation)
@@ -54,7 +54,7 @@ def solve_one_step(path: str) -> None:
 
 
 @given(mutation=mutations(number_op(), max_byte_ops=2))
-@fuzz(default_examples=100)
+@fuzz(default_examples=400)
 def test_solver_prototxt(fuzz_dir, mutation):
     net = write_bytes(fuzz_dir / "solver_net.prototxt", lenet_text().encode())
     seed = SOLVER.replace(b"{net}", net.encode()).replace(

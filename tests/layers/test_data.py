@@ -279,6 +279,17 @@ def test_an_image_claiming_a_huge_size_names_the_database_and_key(tmp_path):
     assert "prefetch thread failed" not in str(e.value) and e.value.__cause__ is None
 
 
+def test_any_error_pillow_raises_on_damaged_data_names_the_key(tmp_path):
+    """Pillow raises what damaged data triggers, not only OSError: a TIFF whose tag type byte
+    is changed gave a raw TypeError."""
+    tiff = bytearray(image_bytes(np.zeros((2, 2, 3), np.uint8), "TIFF"))
+    tiff[72] = 2
+    db = write_lmdb(tmp_path / "db", [encoded_datum(bytes(tiff), 0)])
+    with pytest.raises(CCTError, match=rf"record b'00000000' of '{db}': cannot decode the "
+                                       r"image \(152 bytes\)"):
+        layer_of(db, batch=1)
+
+
 def test_a_damaged_lmdb_page_names_the_database(tmp_path):
     """A corrupt page reaches the prefetch thread as lmdb.CorruptedError, before reported
     through the wrapper kept for bugs. Run in a child process: liblmdb aborts on some other
@@ -508,7 +519,7 @@ def test_transform_is_mean_then_scale_in_float32():
 
 
 def test_mean_file_is_subtracted_at_the_uncropped_position(tmp_path):
-    from cct.io.weights import blob_to_proto
+    from cct.io.blobproto import blob_to_proto
     mean = np.random.default_rng(1).random((1, 2, 6, 7)).astype(np.float32) * 50
     path = tmp_path / "mean.binaryproto"
     path.write_bytes(blob_to_proto(mean, caffe_pb2.BlobProto()).SerializeToString())

@@ -6,7 +6,7 @@ from PIL import Image
 
 from cct import cli
 from cct.errors import CCTError
-from cct.io.weights import blob_from_proto
+from cct.io.blobproto import blob_from_proto
 from cct.proto import caffe_pb2
 from cct.tools.compute_image_mean import compute_mean
 
