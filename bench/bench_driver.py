@@ -18,6 +18,10 @@ and async with 2 groups (threads; processes), each in a process of its own, with
 machine's plan cache. Printed: updates/s over the run, and the seconds and iterations until the
 test accuracy on the 2,000 held-out digits first reaches 0.98 (checked every ``--every``
 iterations, not counted in the seconds), or ">cap".
+
+**kill**: LeNet async g=2 on the processes engine for ``--kill-iters`` iterations, once
+untouched and once with group 1 killed by SIGKILL a quarter of the way in: both final test
+accuracies and their difference (issue 9: within 0.5 point).
 """
 from __future__ import annotations
 
@@ -109,9 +113,36 @@ def engine_run(config: str, data_dir: str, cap: int, every: int) -> dict:
             "curve": curve}
 
 
+def kill_run(data_dir: str, iters: int, kill_at: int) -> dict:
+    """LeNet, async g=2 on the processes engine, with group 1 killed by SIGKILL after
+    ``kill_at`` updates (never when ``kill_at`` is 0); the final test accuracy."""
+    import os
+    import signal
+
+    from cct.api import Solver
+    from cct.driver import AsyncDriver
+    from cct.glog import set_quiet
+
+    set_quiet(True)
+    train_db, test_db = mnist_lmdbs(pathlib.Path(data_dir))
+    solver = Solver(solver_param(train_db, test_db, 0.01, iters))
+    driver = AsyncDriver(solver, groups=2, engine="processes")
+    try:
+        if kill_at:
+            driver.step(kill_at)
+            os.kill(driver.groups[1].process.pid, signal.SIGKILL)
+        driver.step(iters - solver.iter)
+        return {"iter": solver.iter, "groups_left": len(driver.groups),
+                "accuracy": test_accuracy(solver, driver)}
+    finally:
+        driver.close()
+        solver.close()
+
+
 def spawn(args, config: str) -> dict:
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", config,
-           "--data-dir", args.data_dir, "--cap", str(args.cap), "--every", str(args.every)]
+           "--data-dir", args.data_dir, "--cap", str(args.cap), "--every", str(args.every),
+           "--kill-iters", str(args.kill_iters)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -122,7 +153,9 @@ def spawn(args, config: str) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--part", choices=["overhead", "engines", "both"], default="both")
+    ap.add_argument("--part", choices=["overhead", "engines", "kill", "both"], default="both",
+                    help="kill: a group process killed mid-run against an unkilled run")
+    ap.add_argument("--kill-iters", type=int, default=2000)
     ap.add_argument("--nets", default=",".join(OVERHEAD_NETS))
     ap.add_argument("--zoo", default=str(default_zoo()))
     ap.add_argument("--iters", type=int, default=5, help="timed repeats per overhead figure")
@@ -132,8 +165,11 @@ def main(argv=None) -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print("RESULT " + json.dumps(engine_run(args.worker, args.data_dir, args.cap,
-                                                args.every)))
+        if args.worker.startswith("kill:"):
+            result = kill_run(args.data_dir, args.kill_iters, int(args.worker[5:]))
+        else:
+            result = engine_run(args.worker, args.data_dir, args.cap, args.every)
+        print("RESULT " + json.dumps(result))
         return
     print(cpu_model())
     if args.part in ("overhead", "both"):
@@ -153,6 +189,15 @@ def main(argv=None) -> None:
             print(f"{config:<28}{r['updates_per_s']:>10.1f}"
                   f"{(str(it) if it else '>' + str(args.cap)):>14}"
                   f"{(f'{sec:.1f}' if sec else '-'):>10}", flush=True)
+    if args.part == "kill":
+        n = args.kill_iters
+        whole = spawn(args, "kill:0")
+        killed = spawn(args, f"kill:{n // 4}")
+        print(f"LeNet, async g=2, processes, {n} iterations: unkilled accuracy "
+              f"{whole['accuracy']:.4f}; group 1 killed (SIGKILL) after {n // 4} updates: "
+              f"{killed['accuracy']:.4f} at iteration {killed['iter']} with "
+              f"{killed['groups_left']} group left; difference "
+              f"{100 * (whole['accuracy'] - killed['accuracy']):+.2f} points")
 
 
 if __name__ == "__main__":

@@ -14,23 +14,27 @@ allow_negative_momentum=True)``. One iteration is one update from one group's ba
 every g sees the same number of digits per iteration. Every ``--every`` iterations the test net
 runs over the 2,000 held-out digits (test_iter 20 x batch 100); the metric is the first checked
 iteration whose accuracy reaches ``--target``, or ">cap" when none does within ``--cap``
-("div" when the loss diverged). ``auto`` is the solver's momentum 0.9 minus the implicit
+("div" when the loss or the weights went non-finite). ``--also-target`` accuracies below
+it are read off the same runs' curves. ``auto`` is the solver's momentum 0.9 minus the implicit
 momentum E[tau]/(1+E[tau]) of the measured staleness, negative values allowed.
 
 The LMDBs are the ones examples/mnist/create_mnist.sh writes when they exist; otherwise the
 bench converts the bundled digits (examples/mnist/data) into ``--data-dir`` once.
 
-Printed per (staleness, lr): a table of iterations to the target, rows g, columns mu, the best
-explicit mu of each row marked with *; then per g the best explicit mu's iterations, auto's
+Printed per target and (staleness, lr): a table of iterations to the target, rows g, columns
+mu, the best explicit mu of each row marked with *; then per g the best explicit mu's
+iterations, auto's
 (with the explicit momentum it ended at), mu = 0.9's, and auto / 0.9. Written: every run with
 its accuracy curve to ``--json`` (rewritten after each run; ``--resume`` skips the runs it
-already holds) and a PNG to ``--png``: the best mu against g, and iterations against mu per g.
+already holds) and a PNG to ``--png``, a row per target: the best mu against g, and iterations
+against mu per g.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
+import math
 import multiprocessing
 import os
 import pathlib
@@ -90,12 +94,22 @@ def ratio(a: Optional[int], b: Optional[int], cap: int) -> str:
     return "-"
 
 
-def cell(run: Optional[dict], cap: int) -> str:
+def cell(run: Optional[dict], cap: int, target: Optional[float] = None) -> str:
+    """A run's iterations to ``target`` (its own target by default), ">cap" or "div"."""
     if run is None:
         return ""
-    if run["iterations"] is not None:
-        return str(run["iterations"])
+    n = iterations(run, target)
+    if n is not None:
+        return str(n)
     return "div" if run["status"] == "diverged" else f">{cap}"
+
+
+def iterations(run: dict, target: Optional[float] = None) -> Optional[int]:
+    """Iterations to ``target`` read off the run's accuracy curve (a target below the run's
+    own is read off the same curve: the run stopped only once it reached its own)."""
+    if target is None:
+        return run["iterations"]
+    return iterations_to_target(run["curve"], target)
 
 
 # -- data and solver -------------------------------------------------------------------------
@@ -149,17 +163,20 @@ def solver_param(train_db: str, test_db: str, lr: float, cap: int):
     return param
 
 
-def test_accuracy(solver, driver) -> float:
-    """Mean 'accuracy' of the first test net over its test_iter batches (all 2,000 digits)."""
+def test_scores(solver, driver) -> Tuple[float, float]:
+    """Mean 'accuracy' and 'loss' of the first test net over its test_iter batches (all 2,000
+    digits). A diverged net can score every digit right (no class beats a NaN logit in the
+    Accuracy layer's comparisons), so the loss says whether the accuracy means anything."""
     driver.pull_statistics()
     net = solver.test_nets[0]
     net.share_trained_layers_with(solver.net)
     n = solver.param.test_iter[0]
-    total = 0.0
+    accuracy = loss = 0.0
     for _ in range(n):
         net.forward_prefilled()
-        total += float(net.blobs["accuracy"].data)
-    return total / n
+        accuracy += float(net.blobs["accuracy"].data)
+        loss += float(net.blobs["loss"].data)
+    return accuracy / n, loss / n
 
 
 # -- one run, in a process of its own ---------------------------------------------------------
@@ -192,7 +209,11 @@ def run_one(job: dict) -> dict:
                     raise
                 status = "diverged"
                 break
-            curve.append((solver.iter, test_accuracy(solver, driver)))
+            accuracy, loss = test_scores(solver, driver)
+            if not math.isfinite(loss):
+                status = "diverged"
+                break
+            curve.append((solver.iter, accuracy))
             if iterations_to_target(curve[-1:], job["target"]) is not None:
                 status = "reached"
                 break
@@ -200,7 +221,8 @@ def run_one(job: dict) -> dict:
         explicit, implicit = driver.store.last_momentum
         return {**{k: job[k] for k in ("staleness", "lr", "g", "mu", "seed", "cap", "every",
                                         "target")},
-                "status": status, "iterations": iterations_to_target(curve, job["target"]),
+                "status": status, "checked_finite": True,
+                "iterations": iterations_to_target(curve, job["target"]),
                 "run_iterations": solver.iter, "curve": curve,
                 "staleness_mean": stats.mean(),
                 "staleness_max": max(stats.histogram) if stats.histogram else 0,
@@ -218,82 +240,97 @@ def key(r: dict) -> Tuple:
 
 # -- reports ---------------------------------------------------------------------------------
 def tables(runs: List[dict], staleness: str, lr: float, groups: Sequence[int],
-           momenta: Sequence[str], cap: int) -> str:
+           momenta: Sequence[str], cap: int, target: float) -> str:
     at = {(r["g"], r["mu"]): r for r in runs if r["staleness"] == staleness and r["lr"] == lr}
-    out = [f"#### staleness {staleness}, base_lr {lr:g}: iterations to the target "
-           f"(* best explicit mu of the row)", "",
+    out = [f"#### staleness {staleness}, base_lr {lr:g}: iterations to test accuracy "
+           f"{target:g} (* best explicit mu of the row)", "",
            "| g | " + " | ".join(f"mu {m}" for m in momenta) + " |",
            "|---|" + "---|" * len(momenta)]
     for g in groups:
-        cells = {m: at[(g, m)]["iterations"] for m in momenta if (g, m) in at}
+        cells = {m: iterations(at[(g, m)], target) for m in momenta if (g, m) in at}
         best = best_momenta(cells)
-        row = [cell(at.get((g, m)), cap) + ("*" if m in best else "") for m in momenta]
+        row = [cell(at.get((g, m)), cap, target) + ("*" if m in best else "") for m in momenta]
         out.append(f"| {g} | " + " | ".join(row) + " |")
     out += ["", "| g | best explicit mu | its iterations | auto (explicit mu at the end) "
             "| mu 0.9 | auto / mu 0.9 |", "|---|---|---|---|---|---|"]
     for g in groups:
-        cells = {m: at[(g, m)]["iterations"] for m in momenta if (g, m) in at}
+        cells = {m: iterations(at[(g, m)], target) for m in momenta if (g, m) in at}
         best = best_momenta(cells)
         auto, fixed = at.get((g, "auto")), at.get((g, "0.9"))
-        auto_s = (f"{cell(auto, cap)} ({auto['explicit_momentum']:.3f})" if auto else "")
+        auto_s = (f"{cell(auto, cap, target)} ({auto['explicit_momentum']:.3f})" if auto
+                  else "")
         out.append(f"| {g} | {', '.join(best) or '-'} | "
-                   f"{cells[best[0]] if best else f'>{cap}'} | {auto_s} | {cell(fixed, cap)} | "
-                   + (ratio(auto["iterations"], fixed["iterations"], cap)
+                   f"{cells[best[0]] if best else f'>{cap}'} | {auto_s} | "
+                   f"{cell(fixed, cap, target)} | "
+                   + (ratio(iterations(auto, target), iterations(fixed, target), cap)
                       if auto and fixed else "") + " |")
     return "\n".join(out)
 
 
 def plot(runs: List[dict], groups: Sequence[int], momenta: Sequence[str], cap: int,
-         path: str) -> None:
+         targets: Sequence[float], path: str) -> None:
+    """One row per target: the best explicit mu against g (every staleness model and lr, with
+    the paper's CIFAR optima and 0.9 - (1 - 1/g)), then iterations against mu, one line per g
+    (auto a star at the explicit mu it ended at; not reached: above the cap, x if diverged)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     settings = sorted({(r["staleness"], r["lr"]) for r in runs})
-    fig, axes = plt.subplots(1, 1 + len(settings), figsize=(5.2 * (1 + len(settings)), 4.4),
-                             squeeze=False)
-    ax = axes[0][0]
-    for (staleness, lr), marker in zip(settings, "osd^v<>"):
-        xs, ys, lo, hi = [], [], [], []
-        for g in groups:
-            cells = {r["mu"]: r["iterations"] for r in runs
-                     if (r["staleness"], r["lr"], r["g"]) == (staleness, lr, g)}
-            best = [float(m) for m in best_momenta(cells)]
-            if best:
-                mid = sum(best) / len(best)
-                xs.append(g), ys.append(mid), lo.append(mid - min(best)), hi.append(max(best) - mid)
-        ax.errorbar(xs, ys, yerr=[lo, hi], marker=marker, capsize=3,
-                    label=f"LeNet {staleness}, lr {lr:g}")
-    ax.plot(list(PAPER_CIFAR), list(PAPER_CIFAR.values()), "k--", lw=1,
-            label="paper CIFAR, Fig. 3")
-    ax.plot(list(PAPER_CIFAR_NEG), list(PAPER_CIFAR_NEG.values()), "k:", lw=1,
-            label="paper CIFAR, Fig. 8")
-    ax.plot(list(groups), [0.9 - (1 - 1 / g) for g in groups], color="grey", lw=1,
-            label="0.9 - (1 - 1/g)")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(list(groups), [str(g) for g in groups])
-    ax.set_xlabel("groups g")
-    ax.set_ylabel("best explicit momentum (ties: range)")
-    ax.set_title("best explicit mu by g")
-    ax.legend(fontsize=7)
     numeric = [m for m in momenta if m != "auto"]
-    for ax, (staleness, lr) in zip(axes[0][1:], settings):
-        for g in groups:
-            these = {r["mu"]: r for r in runs
-                     if (r["staleness"], r["lr"], r["g"]) == (staleness, lr, g)}
-            xs = [float(m) for m in numeric if m in these]
-            ys = [these[m]["iterations"] or cap * 1.05 for m in numeric if m in these]
-            line, = ax.plot(xs, ys, marker="o", label=f"g = {g}")
-            if "auto" in these:
-                a = these["auto"]
-                ax.plot([a["explicit_momentum"]], [a["iterations"] or cap * 1.05], marker="*",
-                        ms=13, color=line.get_color(), mec="k", ls="none")
-        ax.axhline(cap, color="grey", lw=0.8, ls=":")
-        ax.set_xlabel("explicit momentum (star: auto, at the value it ended at)")
-        ax.set_ylabel(f"iterations to target (above {cap}: not reached)")
-        ax.set_title(f"LeNet mnist10k, {staleness}, lr {lr:g}")
+    over = cap * 1.05
+    fig, axes = plt.subplots(len(targets), 1 + len(settings), squeeze=False,
+                             figsize=(5.2 * (1 + len(settings)), 4.4 * len(targets)))
+    for row, target in zip(axes, targets):
+        ax = row[0]
+        for (staleness, lr), marker in zip(settings, "osd^v<>"):
+            xs, ys, spread = [], [], ([], [])
+            for g in groups:
+                cells = {r["mu"]: iterations(r, target) for r in runs
+                         if (r["staleness"], r["lr"], r["g"]) == (staleness, lr, g)}
+                best = [float(m) for m in best_momenta(cells)]
+                if best:
+                    mid = sum(best) / len(best)
+                    xs.append(g)
+                    ys.append(mid)
+                    spread[0].append(mid - min(best))
+                    spread[1].append(max(best) - mid)
+            ax.errorbar(xs, ys, yerr=spread, marker=marker, capsize=3,
+                        label=f"LeNet {staleness}, lr {lr:g}")
+        ax.plot(list(PAPER_CIFAR), list(PAPER_CIFAR.values()), "k--", lw=1,
+                label="paper CIFAR, Fig. 3")
+        ax.plot(list(PAPER_CIFAR_NEG), list(PAPER_CIFAR_NEG.values()), "k:", lw=1,
+                label="paper CIFAR, Fig. 8 (negative allowed)")
+        ax.plot(list(groups), [0.9 - (1 - 1 / g) for g in groups], color="grey", lw=1,
+                label="0.9 - (1 - 1/g)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(groups), [str(g) for g in groups])
+        ax.set_xlabel("groups g")
+        ax.set_ylabel("best explicit momentum (ties: range)")
+        ax.set_title(f"best explicit mu by g, target {target:g}")
         ax.legend(fontsize=7)
+        for ax, (staleness, lr) in zip(row[1:], settings):
+            for g in groups:
+                these = {r["mu"]: r for r in runs
+                         if (r["staleness"], r["lr"], r["g"]) == (staleness, lr, g)}
+                xs = [float(m) for m in numeric if m in these]
+                ys = [iterations(these[m], target) or over for m in numeric if m in these]
+                line, = ax.plot(xs, ys, marker="o", label=f"g = {g}")
+                div = [float(m) for m in numeric
+                       if m in these and these[m]["status"] == "diverged"
+                       and iterations(these[m], target) is None]
+                ax.plot(div, [over] * len(div), marker="x", ms=9, color=line.get_color(),
+                        ls="none")
+                if "auto" in these:
+                    a = these["auto"]
+                    ax.plot([a["explicit_momentum"]], [iterations(a, target) or over],
+                            marker="*", ms=13, color=line.get_color(), mec="k", ls="none")
+            ax.axhline(cap, color="grey", lw=0.8, ls=":")
+            ax.set_xlabel("explicit momentum (star: auto, at the value it ended at)")
+            ax.set_ylabel(f"iterations to {target:g} (above {cap}: not reached; x: diverged)")
+            ax.set_title(f"LeNet mnist10k, {staleness}, lr {lr:g}")
+            ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 def cpu_model() -> str:
@@ -329,6 +366,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--cap", type=int, help="iterations at most per run (default 4000)")
     ap.add_argument("--every", type=int, default=100, help="test every N iterations")
     ap.add_argument("--target", type=float, default=0.98, help="test accuracy to reach")
+    ap.add_argument("--also-target", default="0.97",
+                    help="comma list of lower accuracies also reported, read off the same "
+                         "runs' curves ('' for none)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the exponential schedule")
     ap.add_argument("--workers", type=int, default=2, help="runs side by side (one core each)")
     ap.add_argument("--data-dir", default=str(default_data_dir()),
@@ -351,6 +391,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     for m in momenta:
         if m != "auto":
             float(m)
+    if any(float(t) > args.target for t in args.also_target.split(",") if t):
+        ap.error("--also-target values must not exceed --target: runs stop at --target")
 
     train_db, test_db = mnist_lmdbs(pathlib.Path(args.data_dir))
     jobs = [{"staleness": s, "lr": lr, "g": g, "mu": m, "seed": args.seed, "cap": cap,
@@ -391,10 +433,12 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"single-thread runs at a time; {meta['date']}; wall {wall / 60:.1f} min\n"
           f"target test accuracy {args.target} on the 2,000 test digits, checked every "
           f"{args.every} iterations, cap {cap}\n")
-    for s in staleness:
-        for lr in lrs:
-            print(tables(runs, s, lr, groups, momenta, cap) + "\n")
-    plot(runs, groups, momenta, cap, args.png)
+    targets = [args.target] + [float(t) for t in args.also_target.split(",") if t]
+    for target in targets:
+        for s in staleness:
+            for lr in lrs:
+                print(tables(runs, s, lr, groups, momenta, cap, target) + "\n")
+    plot(runs, groups, momenta, cap, targets, args.png)
     print(f"wrote {args.json} and {args.png}")
     return 0
 

@@ -77,6 +77,18 @@ INT_MAX_CASES = {
     "pool_kernel": (INPUT + 'layer { name: "p" type: "Pooling" bottom: "data" top: "p" '
                     'pooling_param { kernel_h: 4294967295 kernel_w: 2 } }',
                     ["Pooling layer 'p': kernel_h/kernel_w 4294967295 is larger"]),
+    # Within INT_MAX one by one, beyond it together: before, a ValueError from the C++ binding
+    # (its int geometry overflowed and disagreed with the top's shape).
+    "conv_padded_size": (INPUT + 'layer { name: "c" type: "Convolution" bottom: "data" '
+                         'top: "c" convolution_param { num_output: 2 kernel_size: 3 '
+                         'pad: 1073741824 stride: 2147483647 } }',
+                         ["Convolution layer 'c': pad 1073741824 and dilation 1 give a padded "
+                          "bottom of 2147483656"]),
+    "pool_padded_size": (INPUT + 'layer { name: "p" type: "Pooling" bottom: "data" top: "p" '
+                         'pooling_param { kernel_size: 2147483647 pad: 2147483646 '
+                         'stride: 2147483647 } }',
+                         ["Pooling layer 'p': pad 2147483646 gives a padded bottom height of "
+                          "4294967300"]),
     "lrn_size": (INPUT + 'layer { name: "n" type: "LRN" bottom: "data" top: "n" '
                  'lrn_param { local_size: 4294967295 } }',
                  ["LRN layer 'n': local_size 4294967295 is larger than 2147483647"]),

@@ -47,7 +47,9 @@ def wait_any(store, groups: List, updates: int, start: Callable, finished: Calla
     ``drain`` waits for the handles still pending (so that no group computes when the caller
     moves on) and their results are read, unused, a failure among them still dropping its
     group."""
-    pending: Dict = {start(g): g for g in groups}
+    pending: Dict = {}
+    for g in list(groups):
+        _start(start, groups, g, pending)
     try:
         _loop(store, groups, updates, pending, start, finished, result)
     finally:
@@ -59,6 +61,16 @@ def wait_any(store, groups: List, updates: int, start: Callable, finished: Calla
             pass
         except Exception as e:
             _dropped(groups, group, e)
+
+
+def _start(start, groups, group, pending) -> None:
+    """Start a group's next step; one that cannot start (its process is gone) is dropped."""
+    try:
+        pending[start(group)] = group
+    except CCTError:
+        raise
+    except Exception as e:
+        _dropped(groups, group, e)
 
 
 def _loop(store, groups, updates, pending, start, finished, result) -> None:
@@ -79,7 +91,7 @@ def _loop(store, groups, updates, pending, start, finished, result) -> None:
                 return
             applied += 1
             if applied < updates:
-                pending[start(group)] = group
+                _start(start, groups, group, pending)
 
 
 class ThreadEngine:

@@ -148,7 +148,12 @@ class ProcessGroup:
         for batch in self.batches:
             self.feeder.feed_arrays(batch)
         # The kernels' plans round differently: the group runs the driver's (first step only).
-        self.conn.send(("step", None if self.sent_plans else plans.table()))
+        try:
+            self.conn.send(("step", None if self.sent_plans else plans.table()))
+        except OSError as e:        # BrokenPipeError: the process is gone
+            self.process.join(1)
+            raise RuntimeError(f"the process ended (exit code {self.process.exitcode}): "
+                               f"{type(e).__name__}") from None
         self.sent_plans = True
 
     def result(self) -> float:

@@ -152,7 +152,7 @@ def read_net(path: str) -> caffe_pb2.NetParameter:
         if not _BINARY_BYTES.search(data):
             raise
         try:
-            return read_net_binary(path)
+            net = read_binary(path, caffe_pb2.NetParameter(), "net")
         except ProtoError:
             if _looks_binary(data):
                 raise

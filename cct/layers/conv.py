@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from ..blob import Blob
+from ..blob import INT_MAX, Blob
 from ..errors import LayerError
 from ..filler import fill
 from .base import Layer, register
@@ -124,6 +124,11 @@ class _ConvolutionBase(Layer):
             size, k, s, p, d = (in_hw[axis], self.kernel[axis], self.stride[axis],
                                 self.pad[axis], self.dilation[axis])
             extent = d * (k - 1) + 1
+            if size + 2 * p > INT_MAX or extent > INT_MAX:
+                raise self.error(
+                    f"pad {p} and dilation {d} give a padded bottom of {size + 2 * p} and a "
+                    f"kernel extent of {extent}; both must stay within {INT_MAX} (INT_MAX), "
+                    f"the int arithmetic of Caffe's and cct's kernels.")
             if self.reverse:
                 out = self.backend.deconv_out_size(size, k, s, p, d)
                 empty = out <= 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-from ..blob import Blob
+from ..blob import INT_MAX, Blob
 from ..proto import caffe_pb2
 from .base import Layer, register
 
@@ -99,6 +99,10 @@ class PoolingLayer(Layer):
         out = []
         for size, k, s, p, what in zip((h, w), self.kernel, self.stride, self.pad,
                                        ("height", "width")):
+            if size + 2 * p > INT_MAX:
+                raise self.error(f"pad {p} gives a padded bottom {what} of {size + 2 * p}, "
+                                 f"beyond {INT_MAX} (INT_MAX), the int arithmetic of Caffe's "
+                                 f"and cct's kernels.")
             o = self.backend.pool_out_size(size, k, s, p, self.ceil_mode)
             if o <= 0:
                 raise self.error(f"kernel {k} with stride {s} and pad {p} on a bottom of "

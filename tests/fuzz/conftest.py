@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from hypothesis import reject
 
 from cct import blob, glog
+from cct.io.db import LMDBCursor
 from cct.proto import caffe_pb2
 from cct.solver import SIDE_SUFFIX, Solver
 from tests.conftest import CAFFE_FIXTURES, REPO
@@ -56,15 +57,22 @@ def fuzz_dir(tmp_path_factory) -> pathlib.Path:
 
 def datums() -> list:
     """Datums of every kind a Data layer reads: raw uint8, float_data, encoded PNG (grey and
-    colour) and JPEG, all 1 or 3 x 6 x 6."""
+    colour) and JPEG, all 1 or 3 x 6 x 6; and the first digit of Caffe's own MNIST LMDB when
+    the shared fixtures are there."""
     r = np.random.default_rng(5)
     rgb = r.integers(0, 256, (6, 6, 3), dtype=np.uint8)
     grey = r.integers(0, 256, (6, 6), dtype=np.uint8)
-    return [raw_datum(r.integers(0, 256, (3, 6, 6), dtype=np.uint8), 0),
-            raw_datum(r.random((3, 6, 6)).astype(np.float32), 1),
-            encoded_datum(image_bytes(rgb, "PNG"), 2),
-            encoded_datum(image_bytes(grey, "PNG"), 3),
-            encoded_datum(image_bytes(rgb, "JPEG", quality=90), 4)]
+    out = [raw_datum(r.integers(0, 256, (3, 6, 6), dtype=np.uint8), 0),
+           raw_datum(r.random((3, 6, 6)).astype(np.float32), 1),
+           encoded_datum(image_bytes(rgb, "PNG"), 2),
+           encoded_datum(image_bytes(grey, "PNG"), 3),
+           encoded_datum(image_bytes(rgb, "JPEG", quality=90), 4)]
+    caffes = CAFFE_FIXTURES / "mnist10k_test_lmdb"
+    if caffes.exists():
+        cursor = LMDBCursor(str(caffes))
+        out.append(caffe_pb2.Datum.FromString(cursor.value()))
+        cursor.close()
+    return out
 
 
 # A net small enough to build a thousand times: Data -> Convolution -> Pooling -> InnerProduct

@@ -71,7 +71,7 @@ def read_batches(db, transform: str) -> None:
 
 
 @given(records=st.lists(record, min_size=1, max_size=3), transform=st.sampled_from(TRANSFORMS))
-@fuzz(default_examples=400)
+@fuzz(default_examples=550)
 def test_datums_through_the_data_layer(fuzz_dir, records, transform):
     values = [mutated(r) for r in records]
     # A fresh folder each time: a handle left open by a failure must not serve the next one.

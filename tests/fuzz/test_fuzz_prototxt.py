@@ -2,6 +2,8 @@
 CCTError."""
 from __future__ import annotations
 
+import pathlib
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,19 +23,24 @@ SOLVER = (b'net: "{net}"\ntest_iter: 1\ntest_interval: 500\nbase_lr: 0.01\nmomen
           b'display: 100\n# a comment: \xe9t\xe9\n')
 
 
+MANY_LAYERS = pathlib.Path(__file__).with_name("many_layers.prototxt")
+
+
 def build_and_run(path: str, phase: int) -> None:
     net = cct.Net(path, phase)
     try:
         net.forward()
+        net.backward()
     finally:
         net.close()
 
 
-@given(seed=st.integers(0, 1), phase=st.sampled_from([TRAIN, TEST]),
+@given(seed=st.integers(0, 2), phase=st.sampled_from([TRAIN, TEST]),
        mutation=mutations(number_op(), max_byte_ops=2))
-@fuzz(default_examples=500)
+@fuzz(default_examples=700)
 def test_net_prototxt(fuzz_dir, datum_db, seed, phase, mutation):
-    seeds = [lenet_text().encode(), TINY_NET.format(db=datum_db).encode()]
+    seeds = [lenet_text().encode(), TINY_NET.format(db=datum_db).encode(),
+             MANY_LAYERS.read_bytes()]
     data = apply(seeds[seed], mutation)
     path = write_bytes(fuzz_dir / "net.prototxt", data)
     only_cct_errors(lambda: build_and_run(path, phase), "net prototxt", data)
@@ -54,7 +61,7 @@ def solve_one_step(path: str) -> None:
 
 
 @given(mutation=mutations(number_op(), max_byte_ops=2))
-@fuzz(default_examples=400)
+@fuzz(default_examples=550)
 def test_solver_prototxt(fuzz_dir, mutation):
     net = write_bytes(fuzz_dir / "solver_net.prototxt", lenet_text().encode())
     seed = SOLVER.replace(b"{net}", net.encode()).replace(

@@ -40,7 +40,7 @@ def restore_and_train(solver, path: str) -> None:
 
 
 @given(seed=st.integers(0, 1), mutation=mutations(varint_op()))
-@fuzz(default_examples=400)
+@fuzz(default_examples=550)
 def test_binary_solverstate(states, seed, mutation):
     source, folder, solver = states["binary"][seed % len(states["binary"])]
     with open(source, "rb") as f:
@@ -51,7 +51,7 @@ def test_binary_solverstate(states, seed, mutation):
 
 
 @given(seed=st.integers(0, 1), mutation=mutations(max_byte_ops=3))
-@fuzz(default_examples=400)
+@fuzz(default_examples=550)
 def test_hdf5_solverstate_bytes(states, seed, mutation):
     source, folder, solver = states["hdf5"][seed % len(states["hdf5"])]
     with open(source, "rb") as f:
@@ -62,7 +62,7 @@ def test_hdf5_solverstate_bytes(states, seed, mutation):
 
 
 @given(seed=st.integers(0, 1), ops=st.lists(h5_op(), min_size=1, max_size=3))
-@fuzz(default_examples=400)
+@fuzz(default_examples=550)
 def test_hdf5_solverstate_structure(states, seed, ops):
     source, folder, solver = states["hdf5"][seed % len(states["hdf5"])]
     path = str(folder / "fuzz_structure.solverstate.h5")
@@ -111,7 +111,7 @@ def apply_json(text: bytes, ops) -> bytes:
 
 
 @given(ops=st.lists(json_op(), max_size=3), mutation=mutations(number_op(), max_byte_ops=2))
-@fuzz(default_examples=400)
+@fuzz(default_examples=550)
 def test_side_file(tiny, states, ops, mutation):
     """The side file is cct's own, beside a sound state: whatever it holds, the resume goes
     on (with a warning), no error at all."""

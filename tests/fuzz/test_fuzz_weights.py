@@ -32,7 +32,7 @@ def nets(fuzz_dir, datum_db, tiny, caffe_lenet):
 
 
 @given(seed=st.integers(0, 1), mutation=mutations(varint_op()))
-@fuzz(default_examples=600)
+@fuzz(default_examples=800)
 def test_caffemodel(fuzz_dir, nets, seed, mutation):
     source, net = nets["binary"][seed % len(nets["binary"])]
     with open(source, "rb") as f:
@@ -43,7 +43,7 @@ def test_caffemodel(fuzz_dir, nets, seed, mutation):
 
 
 @given(seed=st.integers(0, 1), mutation=mutations(max_byte_ops=3))
-@fuzz(default_examples=400)
+@fuzz(default_examples=550)
 def test_hdf5_weights_bytes(fuzz_dir, nets, seed, mutation):
     source, net = nets["hdf5"][seed % len(nets["hdf5"])]
     with open(source, "rb") as f:
@@ -54,7 +54,7 @@ def test_hdf5_weights_bytes(fuzz_dir, nets, seed, mutation):
 
 
 @given(seed=st.integers(0, 1), ops=st.lists(h5_op(), min_size=1, max_size=3))
-@fuzz(default_examples=400)
+@fuzz(default_examples=550)
 def test_hdf5_weights_structure(fuzz_dir, nets, seed, ops):
     source, net = nets["hdf5"][seed % len(nets["hdf5"])]
     path = str(fuzz_dir / "fuzz_structure.caffemodel.h5")
