@@ -26,7 +26,7 @@ commands:
                   none timed, so runs repeat to the bit whatever the machine's load;
                   -strategy=sync|async -groups=G -engine=threads|simulated
                   -staleness=round-robin|exponential -momentum=auto|X
-                  -allow-negative-momentum: asynchronous compute groups, cct/driver)
+                  -allow-negative-momentum -sync-fc: asynchronous compute groups, cct/driver)
   test            score a model (-model, -weights, -iterations, -level, -stage)
   time            benchmark forward/backward of a model (-model, -iterations, -phase, -level,
                   -stage)
@@ -176,7 +176,7 @@ def cmd_train(argv: List[str]) -> int:
                                   "sighup_effect": "snapshot", "strategy": "sync", "groups": "1",
                                   "engine": "threads", "staleness": "round-robin",
                                   "momentum": "", "seed": "0"},
-                  booleans=("deterministic", "allow-negative-momentum"))
+                  booleans=("deterministic", "allow-negative-momentum", "sync-fc"))
     solver_path = _require(flags, "solver", "Need a solver definition to train.")
     if flags.get("snapshot") and flags.get("weights"):
         raise CCTError("train: give a snapshot to resume training (-snapshot) or weights to "
@@ -212,7 +212,7 @@ def cmd_train(argv: List[str]) -> int:
                                  devices=devices, staleness=flags.get("staleness"),
                                  momentum=flags.get("momentum") or None,
                                  allow_negative_momentum=flags.bool("allow-negative-momentum"),
-                                 seed=flags.int("seed"))
+                                 seed=flags.int("seed"), sync_fc=flags.bool("sync-fc"))
         elif devices is not None:
             solver.set_gradient_source(gradient_source(solver.net, devices))
         if flags.get("snapshot"):

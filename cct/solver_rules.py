@@ -35,7 +35,7 @@ calls (``axpby`` = scale then add). A rule may also name a fused backend kernel 
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -319,11 +319,10 @@ class UpdatePipeline:
                                for _ in range(max(self.rule.scratch, 1))]
         return self.scratch[i]
 
-    def clip_gradients(self, params) -> None:
+    def clip_gradients(self, blobs) -> None:
         clip = self.param.clip_gradients
         if clip < 0:
             return
-        blobs = params.blobs
         if not blobs:
             return
         dt = blobs[0].dtype.type
@@ -339,20 +338,25 @@ class UpdatePipeline:
             for b in blobs:
                 b.diff *= scale
 
-    def apply(self, rate, iter_: int, momentum: Optional[float] = None, params=None) -> None:
+    def apply(self, rate, iter_: int, momentum: Optional[float] = None, params=None,
+              only: Optional[Sequence[int]] = None) -> None:
         """Clip, then per param normalize, regularize and compute the update value, then
         ``w -= update`` for every param. ``iter_`` is the count of updates done so far;
         ``momentum`` replaces the SolverParameter's (negative values allowed); ``params``, a
         ParamSet of the same shapes and multipliers, replaces the pipeline's own for this
-        call (a parameter store's weights with a group's gradients, uncopied)."""
+        call (a parameter store's weights with a group's gradients, uncopied); ``only`` names
+        the params to update (by position; the others are left alone, and the clipping norm is
+        theirs alone: Omnivore's FC layers updated apart from the conv layers)."""
         p = self.param
         params = self.params if params is None else params
         momentum = p.momentum if momentum is None else momentum
-        self.clip_gradients(params)
         n = len(params)
+        chosen = range(n) if only is None else sorted(set(only))
+        self.clip_gradients([params.blobs[i] for i in chosen])
         fused = self.rule.fused if p.regularization_type == "L2" else None
         staged = []
-        for i, blob in enumerate(params.blobs):
+        for i in chosen:
+            blob = params.blobs[i]
             xp = blob.xp
             dt = blob.dtype.type
             g = blob.diff

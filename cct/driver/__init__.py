@@ -66,7 +66,7 @@ class AsyncDriver:
     def __init__(self, solver, groups: int = 2, engine: str = "threads", devices=None,
                  staleness: str = "round-robin", momentum: Optional[str] = None,
                  allow_negative_momentum: bool = False, seed: int = 0,
-                 trace: Optional[Sequence[int]] = None):
+                 trace: Optional[Sequence[int]] = None, sync_fc: bool = False):
         if groups < 1:
             raise CCTError(f"--groups must be at least 1, got {groups}")
         if engine not in ENGINES:
@@ -102,6 +102,14 @@ class AsyncDriver:
             self.engine = SimulatedEngine(staleness, seed, trace)
             self.groups = [Group(k, self.feeder, [], solver.param.iter_size)
                            for k in range(groups)]
+        if sync_fc:
+            if engine == "processes":
+                raise CCTError("--sync-fc runs with the threads and simulated engines (the FC "
+                               "layers run on the parameter store, in the driver's process)")
+            for g in self.groups:
+                g.use_sync_fc(self.store)
+            info("driver.cpp:0", "Sync FC: the InnerProduct layers and those above them run "
+                 "serially on the store's current weights, updated at once (never stale)")
         solver.set_gradient_source(self)
         solver.side_state["driver"] = (self.state, self.load_state)
         describe(self.engine, self.groups)

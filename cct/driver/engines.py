@@ -87,7 +87,7 @@ def _loop(store, groups, updates, pending, start, finished, result) -> None:
                 continue
             if applied >= updates:
                 continue          # computed past the last update: not used
-            if not store.push(group.params, group.read_version, loss, group.net):
+            if not store.push(group.params, group.read_version, loss, group.net, group.pushed):
                 return
             applied += 1
             if applied < updates:
@@ -127,7 +127,7 @@ class SimulatedEngine:
         for _ in range(updates):
             group = groups[next(self._order)]
             loss = group.compute()
-            if not store.push(group.params, group.read_version, loss, group.net):
+            if not store.push(group.params, group.read_version, loss, group.net, group.pushed):
                 return
             group.read_version = store.pull(group.params)
 

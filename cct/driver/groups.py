@@ -12,6 +12,7 @@ import threading
 from typing import List, Optional, Sequence
 
 from ..devices import Device
+from ..errors import CCTError
 from ..glog import quiet
 from ..net import Net
 from ..params import NetSource, ParamSet
@@ -71,6 +72,28 @@ class Group:
         self.source = (HybridScheduler(self.net, self.devices) if len(self.devices) > 1
                        else NetSource(self.net))
         self.read_version = 0
+        self.sync_fc = None        # (store, first FC layer, FC params, conv params): --sync-fc
+
+    def use_sync_fc(self, store) -> None:
+        """Run the InnerProduct layers and everything above them through the store, serially
+        and on its current weights (Omnivore's FC server; cct/driver/store.py fc_step)."""
+        net = self.net
+        first = next((i for i, layer in enumerate(net.layers)
+                      if layer.layer_param.type == "InnerProduct"), None)
+        if first is None:
+            raise CCTError(f"--sync-fc: net '{net.name}' has no InnerProduct layer")
+        if self.iter_size != 1 or len(self.devices) > 1:
+            raise CCTError("--sync-fc needs iter_size 1 and one device per group (the FC "
+                           "layers run on the parameter store between a group's passes)")
+        above = {id(b) for layer in net.layers[first:] for b in layer.blobs}
+        fc = [k for k, b in enumerate(net.learnable_params) if id(b) in above]
+        conv = [k for k in range(len(net.learnable_params)) if k not in set(fc)]
+        self.sync_fc = (store, first, fc, conv)
+
+    @property
+    def pushed(self) -> Optional[List[int]]:
+        """The params a push updates: all, or the conv ones with --sync-fc."""
+        return self.sync_fc[3] if self.sync_fc else None
 
     @property
     def name(self) -> str:
@@ -80,6 +103,13 @@ class Group:
     def compute(self) -> float:
         """``iter_size`` batches' gradients summed in the group's param diffs; the mean loss."""
         self.net.clear_param_diffs()
+        if self.sync_fc:
+            store, first, fc, _ = self.sync_fc
+            self.feeder.feed(self.inputs)
+            self.net.forward_from_to(0, first - 1)
+            loss = store.fc_step(self.net, first, fc, self.params)
+            self.net.backward_from_to(first - 1, 0)
+            return loss
         loss = 0.0
         for _ in range(self.iter_size):
             self.feeder.feed(self.inputs)

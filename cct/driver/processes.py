@@ -138,6 +138,8 @@ class ProcessGroup:
             raise CCTError(payload)
         self.pid = payload
 
+    pushed = None      # a push updates every param (no --sync-fc across processes)
+
     @property
     def name(self) -> str:
         cores = ",".join(map(str, self.cores))

@@ -11,7 +11,7 @@ and pushes it; the push records staleness = versions applied since that read.
 from __future__ import annotations
 
 import threading
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..glog import info
 from ..params import ParamSet
@@ -69,10 +69,26 @@ class ParameterStore:
             self.params.copy_weights_to(into)
             return self.solver.iter
 
-    def push(self, gradients: ParamSet, read_version: int, loss, outputs_of=None) -> bool:
+    def fc_step(self, net, first_fc: int, fc: List[int], gradients: ParamSet) -> float:
+        """Omnivore's FC server (``--sync-fc``): under the lock, a group's layers from
+        ``first_fc`` on run forward and backward on the store's current weights of the params
+        ``fc`` (positions), which are then updated at once, so that they are never stale. The
+        group's conv layers have run forward before and run backward after, outside the lock.
+        Returns the loss."""
+        with self.lock:
+            for i in fc:
+                gradients.blobs[i].data[...] = self.params.blobs[i].data
+            loss = net.forward_from_to(first_fc, len(net.layers) - 1)
+            net.backward_from_to(len(net.layers) - 1, first_fc)
+            self.solver.apply_update(None, self._update_view(gradients), only=fc,
+                                     log_rate=False)
+            return loss
+
+    def push(self, gradients: ParamSet, read_version: int, loss, outputs_of=None,
+             only: Optional[List[int]] = None) -> bool:
         """Apply one group's gradient with the solver's rule, as the solver's next iteration
         (test when due, display, update, snapshot when due). False when training must stop
-        (a stop request)."""
+        (a stop request). ``only``: the params it updates (the conv ones, with ``--sync-fc``)."""
         with self.lock:
             s = self.solver
             if not s.begin_iteration(clear_diffs=False):
@@ -86,7 +102,7 @@ class ParameterStore:
                 info("driver.cpp:0", f"Staleness mean {mean:.4g} max {top} over {count} "
                      f"updates; momentum explicit {explicit:.4g} (implicit ~{implicit:.4g})")
             # The update reads the group's diffs where they are: no model-sized copy.
-            s.apply_update(explicit, self._update_view(gradients))
+            s.apply_update(explicit, self._update_view(gradients), only=only)
             return s.end_iteration()
 
     def _update_view(self, gradients: ParamSet) -> ParamSet:

@@ -12,20 +12,22 @@ from typing import List
 import numpy as np
 from google.protobuf import unknown_fields
 
+from ..blob import INT_MAX
 from ..errors import CCTError
 from ..proto import caffe_raw_pb2
 from .atomic import atomic_write
 from .blobproto import blob_shape_of
 from .weights import H5_ERRORS, HDF5_MAGIC, h5_array, h5_numbered
 
-INT_MAX = 2 ** 31 - 1
-
 
 def is_hdf5(path: str) -> bool:
     if path.endswith(".h5"):
         return True
-    with open(path, "rb") as f:
-        return f.read(8) == HDF5_MAGIC
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == HDF5_MAGIC
+    except OSError:  # the reader it leads to says why
+        return False
 
 
 def not_a_state(path: str) -> CCTError:
@@ -148,14 +150,15 @@ def _h5_string(obj, path: str) -> str:
 
 
 def _text(raw, where: str) -> str:
-    """learned_net as text: a file name, which must be UTF-8 to be opened here."""
+    """learned_net (str, or bytes where they are not UTF-8) as text: a file name, which must
+    be UTF-8 to be opened here."""
     if isinstance(raw, str):
         return raw
     try:
-        return bytes(raw).decode("utf-8")
-    except (UnicodeDecodeError, TypeError):
-        raise CCTError(f"{where} is {bytes(raw)[:80]!r}, which is not UTF-8 text; expected the "
-                       f"path of the .caffemodel written with the state") from None
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CCTError(f"{where} is {raw[:80]!r}, which is not UTF-8 text; expected the path "
+                       f"of the .caffemodel written with the state") from None
 
 
 def _checked(state: dict, path: str) -> dict:

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..data_transformer import copy_rng_state
 from ..glog import info
+from ..io.weights import H5_ERRORS
 from ..rng import get_rng
 from .base import Layer, register
 
@@ -90,7 +91,7 @@ class HDF5DataLayer(Layer):
                 for name in self.names:
                     ds = f.get(name)
                     if not isinstance(ds, h5py.Dataset):
-                        held = ", ".join(k for k in f if isinstance(f[k], h5py.Dataset))
+                        held = ", ".join(k for k in f if isinstance(f.get(k), h5py.Dataset))
                         raise self.error(f"{where} has no dataset '{name}' (the layer's tops "
                                          f"name the datasets); it holds: {held or 'none'}")
                     if ds.dtype.kind == "f":
@@ -106,8 +107,9 @@ class HDF5DataLayer(Layer):
                     arrays.append(np.asarray(ds, dtype=np.float32))
         except FileNotFoundError:
             raise self.error(f"{where} does not exist") from None
-        except OSError as e:
-            raise self.error(f"{where} cannot be read as HDF5: {e}") from None
+        except H5_ERRORS as e:
+            raise self.error(f"{where} cannot be read as HDF5: it is damaged or not an HDF5 "
+                             f"file ({type(e).__name__}: {e})") from None
         rows = arrays[0].shape[0]
         for name, a in zip(self.names[1:], arrays[1:]):
             if a.shape[0] != rows:

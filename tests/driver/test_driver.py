@@ -195,3 +195,55 @@ def test_a_killed_group_process_is_dropped_and_training_reaches_the_end(data_lis
     finally:
         driver.close()
         solver.close()
+
+
+def test_sync_fc_one_group_is_plain_training(data_list, tmp_path, capfd):  # noqa: F811
+    """With one group the FC layers' separate update changes nothing: same losses, same
+    weights (SGD's update of one param does not depend on the others)."""
+    param = solver_param(data_list, tmp_path)
+    want_params, want_losses = plain(param, capfd, 6)
+    got_params, got_losses, _ = driven(param, capfd, 6, groups=1, engine="simulated",
+                                       sync_fc=True)
+    assert got_losses == want_losses
+    for a, b in zip(want_params, got_params):
+        assert np.array_equal(a, b)
+
+
+def test_sync_fc_layers_are_never_stale(data_list, tmp_path, capfd, monkeypatch):  # noqa: F811
+    """Round-robin over 3 groups: the conv params' gradients are 2 updates late, the FC ones
+    are computed on the store's FC weights of the moment they are applied."""
+    param = solver_param(data_list, tmp_path, display=0)
+    solver = Solver(param)
+    driver = AsyncDriver(solver, groups=3, engine="simulated", sync_fc=True)
+    store, first, fc, conv = driver.groups[0].sync_fc
+    # conv's weight and bias, then ip's and ip2's: the InnerProduct layers are the FC part.
+    assert driver.groups[0].net.layer_names[first] == "ip" and (conv, fc) == ([0, 1], [2, 3, 4, 5])
+    seen = []
+    original = store.fc_step
+
+    def fc_step(net, first_fc, fc_params, gradients):
+        before = [store.params.blobs[i].data.copy() for i in fc_params]
+        loss = original(net, first_fc, fc_params, gradients)
+        # The FC weights the group computed on are the store's at that moment.
+        seen.append(all(np.array_equal(b, gradients.blobs[i].data)
+                        for b, i in zip(before, fc_params)))
+        return loss
+
+    monkeypatch.setattr(store, "fc_step", fc_step)
+    try:
+        driver.step(9)
+        assert seen == [True] * 9
+        assert driver.store.stats.histogram == {0: 1, 1: 1, 2: 7}
+    finally:
+        driver.close()
+        solver.close()
+
+
+def test_sync_fc_is_refused_where_it_cannot_run(data_list, tmp_path):  # noqa: F811
+    param = solver_param(data_list, tmp_path, iter_size=2)
+    solver = Solver(param)
+    try:
+        with pytest.raises(CCTError, match="--sync-fc needs iter_size 1"):
+            AsyncDriver(solver, groups=2, engine="simulated", sync_fc=True)
+    finally:
+        solver.close()

@@ -110,6 +110,26 @@ def test_mismatched_rows_and_shapes_are_errors(tmp_path):
         layer.forward([], top)
 
 
+def test_a_damaged_hdf5_file_names_the_file_and_line(tmp_path):
+    """h5py reports damaged structures as RuntimeError, KeyError, ... (here: the root group's
+    name heap), before raw; and a broken link among the datasets."""
+    path = write_h5(tmp_path / "a.h5", data=np.zeros((2, 3)), label=np.zeros(2))
+    raw = bytearray(path.read_bytes())
+    heap = raw.find(b"HEAP")
+    raw[heap + 1] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    (tmp_path / "l.txt").write_text(f"{path}\n")
+    with pytest.raises(CCTError, match=r"a.h5' \(line 1 of .*l.txt'\) cannot be read as HDF5: "
+                                       r"it is damaged or not an HDF5 file \(\w+Error"):
+        h5_layer(tmp_path / "l.txt")
+    path = write_h5(tmp_path / "b.h5", data=np.zeros((2, 3)))
+    with h5py.File(path, "r+") as f:
+        f["other"] = h5py.SoftLink("/nowhere")
+    (tmp_path / "l2.txt").write_text(f"{path}\n")
+    with pytest.raises(CCTError, match=r"b.h5' .* has no dataset 'label' .*holds: data$"):
+        h5_layer(tmp_path / "l2.txt")
+
+
 @pytest.mark.parametrize("listing,extra,message", [
     ("missing.txt", "", "cannot open the HDF5 file list"),
     ("empty.txt", "", "lists no HDF5 files"),
