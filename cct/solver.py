@@ -92,8 +92,10 @@ class Solver:
         self.last_snapshot: Optional[str] = None   # the last solver state written or restored
         self._callbacks: List = []
         self.gradient_source: GradientSource = NetSource(self.net)
-        # What drivers on top keep beside a snapshot: name -> (save() -> JSON, load(JSON)).
-        self.side_state: Dict[str, Tuple[Callable[[], object], Callable[[object], None]]] = {}
+        # What drivers on top keep beside a snapshot: name -> (save(state path) -> JSON,
+        # load(JSON, state path)); written before the side file, so before the state.
+        self.side_state: Dict[str, Tuple[Callable[[str], object],
+                                         Callable[[object, str], None]]] = {}
         if gradient_source is not None:
             self.set_gradient_source(gradient_source)
 
@@ -575,7 +577,7 @@ class Solver:
         for key, name, layer in self._data_layers():
             side["data"].setdefault(key, {})[name] = layer.data_state()
         for key, (save, _) in self.side_state.items():
-            side[key] = save()
+            side[key] = save(state)
         try:
             text = json.dumps(side, default=_json_default)
         except TypeError as e:
@@ -659,7 +661,7 @@ class Solver:
         for key, (_, load) in self.side_state.items():
             if key in side:
                 try:
-                    load(side[key])
+                    load(side[key], state_file)
                 except (KeyError, TypeError, ValueError, AttributeError) as e:
                     _side_warning(path, f"its '{key}' entry is unusable ({type(e).__name__}: "
                                         f"{e})")

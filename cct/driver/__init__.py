@@ -145,9 +145,16 @@ class AsyncDriver:
             self.groups[0].copy_statistics_to(self.solver.net)
 
     def refresh(self) -> None:
+        """The train net's params were restored: the groups' copies of what is not learned
+        (lr_mult 0, statistics) follow; learnable weights come with each pull (a simulated
+        run's were restored with its snapshot)."""
         for g in self.groups:
+            if g.net is self.solver.net:     # a group process: it holds no frozen copies here
+                continue
+            learnable = {id(b) for b in g.net.learnable_params}
             for mine, theirs in zip(g.net.params_list, self.solver.net.params_list):
-                mine.data[...] = theirs.data
+                if id(mine) not in learnable:
+                    mine.data[...] = theirs.data
 
     def close(self) -> None:
         for g in self.groups:
@@ -155,8 +162,13 @@ class AsyncDriver:
         self.groups = []
 
     # -- what snapshots keep -----------------------------------------------------------------
-    def state(self) -> dict:
-        return {"staleness": self.store.stats.state()}
+    def state(self, state_file: str) -> dict:
+        out = {"staleness": self.store.stats.state(), "engine": self.engine.name}
+        if isinstance(self.engine, SimulatedEngine):
+            out["simulated"] = self.engine.state(self.groups, state_file)
+        return out
 
-    def load_state(self, state: dict) -> None:
+    def load_state(self, state: dict, state_file: str) -> None:
         self.store.stats.load_state(state["staleness"])
+        if isinstance(self.engine, SimulatedEngine) and "simulated" in state:
+            self.engine.load_state(state["simulated"], self.groups, state_file, self.store)

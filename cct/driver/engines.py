@@ -18,8 +18,11 @@ from __future__ import annotations
 from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Callable, Dict, List, Optional, Sequence
 
+import numpy as np
+
 from ..errors import CCTError, SourceLost
 from ..glog import error, info
+from ..io.atomic import atomic_write
 from .groups import Group
 from .staleness import schedule
 
@@ -110,6 +113,10 @@ class ThreadEngine:
 
 
 class SimulatedEngine:
+    """See the module doc. Its state (the schedule's, each group's read version and the
+    weights it read) goes with a snapshot, so a resumed simulated run repeats the
+    uninterrupted one exactly: the weights into ``<state>.cct.groups.npz``."""
+
     name = "simulated"
 
     def __init__(self, staleness: str = "round-robin", seed: int = 0,
@@ -118,18 +125,75 @@ class SimulatedEngine:
         self.seed = seed
         self.trace = trace
         self._order = None
+        self._pushing: Optional[Group] = None   # its push may snapshot before it pulls again
+
+    def _start(self, store, groups: List[Group]) -> None:
+        self._order = schedule(self.staleness, len(groups), self.seed, self.trace)
+        for g in groups:
+            g.read_version = store.pull(g.params)
 
     def run(self, store, groups: List[Group], updates: int) -> None:
         if self._order is None:
-            self._order = schedule(self.staleness, len(groups), self.seed, self.trace)
-            for g in groups:
-                g.read_version = store.pull(g.params)
+            self._start(store, groups)
         for _ in range(updates):
             group = groups[next(self._order)]
             loss = group.compute()
-            if not store.push(group.params, group.read_version, loss, group.net, group.pushed):
-                return
+            self._pushing = group
+            try:
+                if not store.push(group.params, group.read_version, loss, group.net,
+                                  group.pushed):
+                    return
+            finally:
+                self._pushing = None
             group.read_version = store.pull(group.params)
+
+    # -- snapshots -----------------------------------------------------------------------------
+    @staticmethod
+    def weights_file(state_file: str) -> str:
+        return state_file + ".cct.groups.npz"
+
+    def state(self, groups: List[Group], state_file: str) -> dict:
+        if self._order is None:
+            return {}
+        arrays = {f"g{g.index}_p{i}": np.asarray(b.data)
+                  for g in groups for i, b in enumerate(g.params.blobs)}
+
+        def write(tmp):
+            with open(tmp, "wb") as f:
+                np.savez(f, **arrays)
+        atomic_write(self.weights_file(state_file), write)
+        # The group whose push is being applied pulls right after it: a resumed run pulls
+        # for it (the store's weights are then this snapshot's).
+        return {"schedule": self._order.state(), "reads": [g.read_version for g in groups],
+                "pull": [] if self._pushing is None else [self._pushing.index]}
+
+    def load_state(self, state: dict, groups: List[Group], state_file: str, store) -> None:
+        if not state:
+            return
+        if len(state["reads"]) != len(groups):
+            raise ValueError(f"the snapshot's simulated run had {len(state['reads'])} groups, "
+                             f"this one {len(groups)}")
+        path = self.weights_file(state_file)
+        try:
+            with np.load(path) as saved:
+                arrays = {k: saved[k] for k in saved.files}
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot read the groups' weights '{path}': {e}") from None
+        for g in groups:
+            for i, b in enumerate(g.params.blobs):
+                a = arrays.get(f"g{g.index}_p{i}")
+                if a is None or a.shape != b.data.shape:
+                    raise ValueError(f"'{path}' does not hold group {g.index}'s param {i} of "
+                                     f"shape {tuple(b.data.shape)}")
+        order = schedule(self.staleness, len(groups), self.seed, self.trace)
+        order.load_state(state["schedule"])
+        for g, read in zip(groups, state["reads"]):
+            for i, b in enumerate(g.params.blobs):
+                b.data[...] = arrays[f"g{g.index}_p{i}"]
+            g.read_version = int(read)
+        for k in state["pull"]:
+            groups[int(k)].read_version = store.pull(groups[int(k)].params)
+        self._order = order
 
 
 ENGINES = ("threads", "processes", "simulated")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 import heapq
-from typing import Deque, Dict, Iterator, List, Optional, Sequence
+from typing import Deque, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -75,19 +75,20 @@ STALENESS_MODELS = ("round-robin", "exponential", "replay")
 
 
 def schedule(model: str, groups: int, seed: int = 0,
-             trace: Optional[Sequence[int]] = None) -> Iterator[int]:
-    """Group indices in the order their updates arrive.
+             trace: Optional[Sequence[int]] = None) -> "Schedule":
+    """Group indices in the order their updates arrive (``next(schedule)``).
 
     ``round-robin``: 0, 1, ..., g-1, 0, ... (homogeneous groups, Omnivore's steady state:
     every update after the first g has staleness exactly g - 1); ``exponential``: each group's
     work time is drawn from Exp(1) (seeded), events in time order (Theorem 5's model: staleness
-    geometric with mean g - 1); ``replay``: the group indices of ``trace`` in turn, cycled."""
+    geometric with mean g - 1); ``replay``: the group indices of ``trace`` in turn, cycled.
+    A schedule's ``state()`` and ``load_state()`` let a snapshot resume it exactly."""
     if groups < 1:
         raise CCTError(f"the simulated engine needs at least one group, got {groups}")
     if model == "round-robin":
-        return _round_robin(groups)
+        return Cycle(list(range(groups)))
     if model == "exponential":
-        return _exponential(groups, seed)
+        return Exponential(groups, seed)
     if model == "replay":
         if not trace:
             raise CCTError("staleness 'replay' needs a trace: the group index of every update")
@@ -95,25 +96,56 @@ def schedule(model: str, groups: int, seed: int = 0,
         if bad:
             raise CCTError(f"the staleness trace names group {bad[0]}, but there are {groups} "
                            f"groups (0 to {groups - 1})")
-        return _replay([int(k) for k in trace])
+        return Cycle([int(k) for k in trace])
     raise CCTError(f"unknown staleness model '{model}'; known: {', '.join(STALENESS_MODELS)}")
 
 
-def _round_robin(groups: int) -> Iterator[int]:
-    while True:
-        yield from range(groups)
+class Cycle:
+    """The given group indices in turn, over and over."""
+
+    def __init__(self, order: List[int]):
+        self.order = order
+        self.position = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        k = self.order[self.position % len(self.order)]
+        self.position += 1
+        return k
+
+    def state(self) -> dict:
+        return {"position": self.position}
+
+    def load_state(self, state: dict) -> None:
+        self.position = int(state["position"])
 
 
-def _exponential(groups: int, seed: int) -> Iterator[int]:
-    rng = np.random.default_rng(seed)
-    events = [(float(rng.exponential()), k) for k in range(groups)]
-    heapq.heapify(events)
-    while True:
-        t, k = heapq.heappop(events)
-        yield k
-        heapq.heappush(events, (t + float(rng.exponential()), k))
+class Exponential:
+    """Each group's work times drawn from Exp(1); the group whose work ends first is next."""
+
+    def __init__(self, groups: int, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.events = [(float(self.rng.exponential()), k) for k in range(groups)]
+        heapq.heapify(self.events)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        t, k = heapq.heappop(self.events)
+        heapq.heappush(self.events, (t + float(self.rng.exponential()), k))
+        return k
+
+    def state(self) -> dict:
+        return {"events": [[t, k] for t, k in self.events],
+                "rng": self.rng.bit_generator.state}
+
+    def load_state(self, state: dict) -> None:
+        self.events = [(float(t), int(k)) for t, k in state["events"]]
+        heapq.heapify(self.events)
+        self.rng.bit_generator.state = state["rng"]
 
 
-def _replay(trace: List[int]) -> Iterator[int]:
-    while True:
-        yield from trace
+Schedule = Union[Cycle, Exponential]

@@ -247,3 +247,24 @@ def test_sync_fc_is_refused_where_it_cannot_run(data_list, tmp_path):  # noqa: F
             AsyncDriver(solver, groups=2, engine="simulated", sync_fc=True)
     finally:
         solver.close()
+
+
+@pytest.mark.parametrize("staleness", ["round-robin", "exponential"])
+def test_simulated_runs_resume_exactly(data_list, tmp_path, capfd, staleness):  # noqa: F811
+    """A simulated async run snapshotted at iteration 5 and resumed ends with the bytes of the
+    uninterrupted run: the groups' read weights, read versions and the schedule go with it."""
+    param = solver_param(data_list, tmp_path, display=0, snapshot=5)
+    kw = dict(groups=3, engine="simulated", staleness=staleness, momentum="auto", seed=4)
+    whole, _, _ = driven(param, capfd, 11, **kw)
+    assert (tmp_path / "snap_iter_5.solverstate.cct.groups.npz").is_file()
+    solver = Solver(param)
+    driver = AsyncDriver(solver, **kw)
+    try:
+        solver.restore(str(tmp_path / "snap_iter_5.solverstate"))
+        driver.step(6)
+        resumed = params_of(solver)
+    finally:
+        driver.close()
+        solver.close()
+    for a, b in zip(whole, resumed):
+        assert np.array_equal(a, b)
