@@ -325,8 +325,8 @@ class Solver:
             if not self.end_iteration():
                 break
 
-    # The three parts of an iteration, for drivers that compute gradients elsewhere (cct/driver):
-    # begin (test when due, callbacks), the gradient with its loss, the update, and the end
+    # An iteration in pieces, for drivers that compute gradients elsewhere (cct/driver): begin
+    # (test when due, callbacks), the gradient, its loss (display), the update, and the end
     # (iter, snapshot, signals). Caffe's log lines come out in Caffe's order either way.
     def start_steps(self) -> None:
         """Reset the smoothed loss and the display timer, as each Caffe Step call does."""
