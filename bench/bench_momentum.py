@@ -400,9 +400,12 @@ def main(argv: Optional[List[str]] = None) -> int:
              "test_db": test_db}
             for s in staleness for lr in lrs for g in groups for m in momenta]
     runs: List[dict] = []
+    earlier: List[dict] = []
     if args.resume and os.path.exists(args.json):
         with open(args.json) as f:
-            held = {key(r): r for r in json.load(f)["runs"]}
+            old = json.load(f)
+        held = {key(r): r for r in old["runs"]}
+        earlier = old["meta"].pop("earlier", []) + [old["meta"]]
         runs = [held[key(j)] for j in jobs if key(j) in held]
         jobs = [j for j in jobs if key(j) not in held]
     # The slow runs first (many groups, small momenta), so the last ones to finish are short.
@@ -412,7 +415,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             "cpu": cpu_model(), "cores": os.cpu_count(), "workers": args.workers,
             "date": datetime.date.today().isoformat(), "groups": groups,
             "staleness": staleness, "mu": momenta, "lr": lrs, "cap": cap,
-            "every": args.every, "target": args.target, "seed": args.seed}
+            "every": args.every, "target": args.target, "seed": args.seed,
+            "earlier": earlier}
     print(f"{len(jobs)} runs ({len(runs)} kept from {args.json}), {args.workers} at a time; "
           f"LMDBs {train_db}, {test_db}", file=sys.stderr, flush=True)
     start = time.perf_counter()

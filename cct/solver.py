@@ -18,7 +18,7 @@ import numpy as np
 from . import rng
 from .backend import plans
 from .errors import CCTError, ProtoError, SourceLost, WeightsError
-from .glog import info, logger, warning
+from .glog import info, logger
 from .io import weights
 from .io.atomic import atomic_write, remove_stale_temp_files
 from .io.prototxt import debug_string, read_net_text, read_solver_text
@@ -656,8 +656,7 @@ class Solver:
             try:
                 plans.install(side["plans"])
             except ValueError as e:
-                warning("solver.cpp:0", f"{path}: the kernel plans are unreadable ({e}); "
-                        f"the resumed run will not repeat the interrupted one bit for bit.")
+                _side_warning(path, f"its kernel plans are unusable ({e})")
         for key, (_, load) in self.side_state.items():
             if key in side:
                 try:
