@@ -45,8 +45,6 @@ from .errors import CCTError
 from .params import GradientSource, NetSource
 from .proto import caffe_pb2
 
-#: Device throughput measurements: (device, net digest, slice shape) -> images/s.
-_THROUGHPUT_CACHE: Dict[Tuple[str, str, tuple], float] = {}
 
 
 def proportional_split(total: int, speeds: Sequence[float]) -> List[int]:
@@ -183,11 +181,15 @@ class HybridScheduler:
 
     def __init__(self, master, devices: Sequence[Device], *, rebalance_margin: float = 0.1,
                  rebalance_every: int = 20, probe_iters: int = 2, smoothing: float = 0.2,
-                 split: Optional[Sequence[int]] = None):
+                 split: Optional[Sequence[int]] = None,
+                 throughput: Optional[Dict[Tuple[str, str, tuple], float]] = None):
         if not devices:
             raise DeviceError("the hybrid scheduler needs at least one device")
         self.master = master
         self.devices = list(devices)
+        # Each device's probe, (device, net digest, slice shape) -> images/s: this scheduler's
+        # own, or a dict shared on purpose by whoever builds several (a driver, an optimizer).
+        self.throughput = {} if throughput is None else throughput
         self.rebalance_margin = rebalance_margin
         self.rebalance_every = rebalance_every
         self.probe_iters = probe_iters
@@ -293,7 +295,7 @@ class HybridScheduler:
         """Images/s of the device alone on its slice of the current batch (cached)."""
         shape = tuple(replica.inputs[0].shape) if replica.inputs else (replica.n,)
         key = (replica.device.name, self.digest, shape)
-        if key not in _THROUGHPUT_CACHE:
+        if key not in self.throughput:
             def timed() -> float:
                 replica.net.forward_backward()        # warm-up: kernels pick their layouts
                 replica.device.synchronize()
@@ -303,12 +305,12 @@ class HybridScheduler:
                 replica.device.synchronize()
                 return (time.perf_counter() - t0) / self.probe_iters
             seconds = replica.device.run(timed)
-            _THROUGHPUT_CACHE[key] = replica.n / seconds
+            self.throughput[key] = replica.n / seconds
             glog.info("scheduler.py:0", f"Device {replica.device} runs {self.master.name} at "
-                      f"{_THROUGHPUT_CACHE[key]:.4g} img/s alone (slice of {replica.n}, "
+                      f"{self.throughput[key]:.4g} img/s alone (slice of {replica.n}, "
                       f"{self.probe_iters} timed iterations)")
         self._push_frozen_params(replica)  # the probe moved BatchNorm's running averages
-        return _THROUGHPUT_CACHE[key]
+        return self.throughput[key]
 
     def _measure_overhead(self, replica: _Replica) -> float:
         """Host seconds to send the replica its params and add its gradients to a scratch copy

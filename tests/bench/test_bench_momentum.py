@@ -36,3 +36,11 @@ def test_cell_spells_capped_and_diverged_runs():
     assert bench.cell({"iterations": None, "status": "capped"}, 3000) == ">3000"
     assert bench.cell({"iterations": None, "status": "diverged"}, 3000) == "div"
     assert bench.cell(None, 3000) == ""
+
+
+def test_ratio_cell_says_when_mu_09_diverged():
+    auto = {"iterations": None, "status": "capped", "curve": [(100, 0.95), (200, 0.975)]}
+    fixed = {"iterations": None, "status": "diverged", "curve": []}
+    assert bench.ratio_cell(auto, fixed, 3000) == "0.9 diverged"
+    reached = {"iterations": 400, "status": "reached", "curve": [(400, 0.98)]}
+    assert bench.ratio_cell(auto, reached, 3000, 0.97) == "0.50"
