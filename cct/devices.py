@@ -90,12 +90,13 @@ class Device:
         """Waits for work queued on the device (GPUs run asynchronously)."""
 
     # Replicas --------------------------------------------------------------------------------
-    def build(self, net_param, dtype):
-        """A Net for ``net_param`` on this device's backend, built on its thread."""
+    def build(self, net_param, dtype, rng=None):
+        """A Net for ``net_param`` on this device's backend, built on its thread (with its own
+        random generator ``rng``, else drawing from the process-wide one)."""
         def build():
             with glog.quiet():
                 return Net(net_param, backend=self.backend, dtype=dtype,
-                           source=f"<replica on {self.name}>")
+                           source=f"<replica on {self.name}>", rng=rng)
         return self.run(build)
 
 

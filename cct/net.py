@@ -15,6 +15,7 @@ from .glog import info
 from .io import weights
 from .io.prototxt import debug_string
 from .proto import caffe_pb2
+from .rng import using
 
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
@@ -149,7 +150,8 @@ class Net:
 
     def __init__(self, param: caffe_pb2.NetParameter, phase: Optional[int] = None,
                  level: Optional[int] = None, stages: Optional[Sequence[str]] = None,
-                 backend: str = "cpu", dtype=np.float32, source: str = "<net>"):
+                 backend: str = "cpu", dtype=np.float32, source: str = "<net>",
+                 rng: Optional[np.random.Generator] = None):
         param = _copy(param)
         if phase is not None:
             param.state.phase = phase
@@ -167,7 +169,10 @@ class Net:
              + debug_string(filtered).rstrip("\n"))
         self.param = insert_splits(filtered)
         self.name = self.param.name
-        self._init()
+        # The net's own generator (fillers, Dropout), or None: the process-wide one (cct/rng.py).
+        self.rng = rng
+        with using(rng):
+            self._init()
 
     # -- construction ------------------------------------------------------------------------
     def _init(self) -> None:
@@ -421,14 +426,15 @@ class Net:
     def forward_from_to(self, start: int, end: int) -> float:
         """Run layers start..end inclusive; returns the weighted loss (Caffe's ForwardFromTo)."""
         loss = 0.0
-        for i in range(start, end + 1):
-            layer = self.layers[i]
-            bottom, top = self.bottom_vecs[i], self.top_vecs[i]
-            layer.reshape(bottom, top)
-            layer.forward(bottom, top)
-            for t, w in zip(top, layer.loss_weights):
-                if w:
-                    loss += w * float(t.data.sum())
+        with using(self.rng):
+            for i in range(start, end + 1):
+                layer = self.layers[i]
+                bottom, top = self.bottom_vecs[i], self.top_vecs[i]
+                layer.reshape(bottom, top)
+                layer.forward(bottom, top)
+                for t, w in zip(top, layer.loss_weights):
+                    if w:
+                        loss += w * float(t.data.sum())
         return loss
 
     def backward_from_to(self, start: int, end: int) -> None:

@@ -83,9 +83,10 @@ class AsyncDriver:
             raise CCTError(f"--momentum must be 'auto' or a number, got '{momentum}'") from None
         self.store = ParameterStore(solver, policy)
         self.feeder = BatchFeeder(solver.net)
+        group_seed = solver.param.random_seed if solver.param.random_seed >= 0 else None
         if engine == "threads":
             self.engine = ThreadEngine()
-            self.groups = [Group(k, self.feeder, d, solver.param.iter_size)
+            self.groups = [Group(k, self.feeder, d, solver.param.iter_size, group_seed)
                            for k, d in enumerate(group_devices(groups, devices))]
         elif engine == "processes":
             self.engine = ProcessEngine()
@@ -100,7 +101,7 @@ class AsyncDriver:
                            for k, c in enumerate(cores)]
         else:
             self.engine = SimulatedEngine(staleness, seed, trace)
-            self.groups = [Group(k, self.feeder, [], solver.param.iter_size)
+            self.groups = [Group(k, self.feeder, [], solver.param.iter_size, group_seed)
                            for k in range(groups)]
         if sync_fc:
             if engine == "processes":

@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 from typing import List, Optional, Sequence
 
+import numpy as np
+
 from ..devices import Device
 from ..errors import CCTError
 from ..glog import quiet
@@ -52,19 +54,26 @@ class Group:
     params, the version of the weights it last read and its gradient source."""
 
     def __init__(self, index: int, feeder: BatchFeeder, devices: Optional[List[Device]] = None,
-                 iter_size: int = 1):
+                 iter_size: int = 1, seed: Optional[int] = None):
         master = feeder.master
         self.index = index
         self.feeder = feeder
         self.devices = list(devices or [])
         self.iter_size = iter_size
         param = replica_param(master, feeder.sources, feeder.tops[0].shape[0])
+        # The group's own generator (Caffe's per-thread RNG): its fillers (whose values the
+        # store's weights replace) and its Dropout masks, whichever thread runs it. Group 0
+        # draws its masks from the process-wide generator, as plain training does, so that one
+        # group is plain training to the bit.
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
         if len(self.devices) == 1:
-            self.net = self.devices[0].build(param, master.dtype)
+            self.net = self.devices[0].build(param, master.dtype, rng)
         else:
             with quiet():
                 self.net = Net(param, backend=master.backend.name, dtype=master.dtype,
-                               source=f"<group {index}>")
+                               source=f"<group {index}>", rng=rng)
+        if index == 0:
+            self.net.rng = None
         self.inputs = [self.net.blobs_list[i] for i in self.net.input_blob_indices]
         for mine, theirs in zip(self.net.params_list, master.params_list):
             mine.data[...] = theirs.data           # lr_mult 0 params and statistics too

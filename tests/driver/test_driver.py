@@ -268,3 +268,40 @@ def test_simulated_runs_resume_exactly(data_list, tmp_path, capfd, staleness):  
         solver.close()
     for a, b in zip(whole, resumed):
         assert np.array_equal(a, b)
+
+
+def with_dropout(param):
+    from google.protobuf import text_format
+    from cct.proto import caffe_pb2
+
+    net = param.net_param
+    layer = caffe_pb2.LayerParameter()
+    text_format.Merge('name: "drop" type: "Dropout" bottom: "pool" top: "pool" '
+                      'dropout_param { dropout_ratio: 0.5 }', layer)
+    layers = list(net.layer)
+    at = [lp.name for lp in layers].index("relu") + 1
+    del net.layer[:]
+    net.layer.extend(layers[:at] + [layer] + layers[at:])
+    return param
+
+
+@pytest.mark.parametrize("engine", ["threads", "simulated"])
+def test_one_group_with_dropout_is_plain_training(data_list, tmp_path, capfd, engine):  # noqa: F811
+    """Building the groups draws nothing from the process-wide generator (each group net has
+    its own), and group 0's Dropout masks come from it as plain training's do."""
+    param = with_dropout(solver_param(data_list, tmp_path))
+    want_params, want_losses = plain(param, capfd, 6)
+    got_params, got_losses, _ = driven(param, capfd, 6, groups=1, engine=engine)
+    assert got_losses == want_losses
+    for a, b in zip(want_params, got_params):
+        assert np.array_equal(a, b)
+
+
+def test_groups_draw_their_own_dropout_masks_reproducibly(data_list, tmp_path, capfd):  # noqa: F811
+    param = with_dropout(solver_param(data_list, tmp_path))
+    first, _, _ = driven(param, capfd, 6, groups=3, engine="simulated",
+                         staleness="exponential")
+    again, _, _ = driven(param, capfd, 6, groups=3, engine="simulated",
+                         staleness="exponential")
+    for a, b in zip(first, again):
+        assert np.array_equal(a, b)
