@@ -37,7 +37,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.bench_momentum import cpu_model, default_data_dir, mnist_lmdbs  # noqa: E402
-from bench.bench_momentum import solver_param, test_accuracy  # noqa: E402
+from bench.bench_momentum import evaluate, solver_param  # noqa: E402
 from bench.bench_train import NETS, default_zoo, sgd_update, synthetic_net  # noqa: E402
 
 OVERHEAD_NETS = ("lenet", "cifar10_quick", "caffenet_b32")
@@ -100,7 +100,9 @@ def engine_run(config: str, data_dir: str, cap: int, every: int) -> dict:
             t0 = time.perf_counter()
             step(every)
             trained += time.perf_counter() - t0
-            acc = test_accuracy(solver, driver or solver.gradient_source)
+            acc, loss = evaluate(solver, driver or solver.gradient_source)
+            if loss != loss:     # NaN: a diverged net scores any accuracy
+                break
             curve.append((solver.iter, acc))
             if acc >= 0.98 - 1e-6:
                 reached = (solver.iter, trained)
@@ -133,7 +135,7 @@ def kill_run(data_dir: str, iters: int, kill_at: int) -> dict:
             os.kill(driver.groups[1].process.pid, signal.SIGKILL)
         driver.step(iters - solver.iter)
         return {"iter": solver.iter, "groups_left": len(driver.groups),
-                "accuracy": test_accuracy(solver, driver)}
+                "accuracy": evaluate(solver, driver)[0]}
     finally:
         driver.close()
         solver.close()

@@ -26,6 +26,15 @@ from .errors import CCTError, SourceLost
 from .net import Net
 
 
+def configure_blas(devices: Sequence["Device"]) -> None:
+    """Devices that run at once on CPU cores: the BLAS's thread count, one number for the
+    process, becomes the smallest group's, so that no device's GEMMs spread beyond its own
+    cores (OpenBLAS's worker threads are not pinned with the device's thread)."""
+    cpus = [d for d in devices if isinstance(d, CPUDevice)]
+    if cpus:
+        _C.set_blas_num_threads(min(d.threads for d in cpus))
+
+
 class DeviceError(SourceLost):
     """A device list that cannot be honoured, or a device that failed while training."""
 

@@ -38,9 +38,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _C, glog
+from . import glog
 from .devices import (CPUDevice, Device, DeviceError, GPUDevice, available_cores,
-                      parse_devices)
+                      configure_blas, parse_devices)
 from .errors import CCTError
 from .params import GradientSource, NetSource
 from .proto import caffe_pb2
@@ -206,7 +206,7 @@ class HybridScheduler:
         m = master
         self.updated_ids = [m.learnable_param_ids[k] for k in range(len(m.learnable_params))
                             if m.params_lr[k] != 0]
-        self._configure_blas()
+        configure_blas(self.devices)
         self.replicas: List[_Replica] = [self._make_replica(d) for d in self.devices]
         self._free_master_activations()
         self.split: Optional[List[int]] = None
@@ -229,14 +229,6 @@ class HybridScheduler:
 
     def _digest(self) -> str:
         return hashlib.sha1(self.master.param.SerializeToString()).hexdigest()[:16]
-
-    def _configure_blas(self) -> None:
-        cpus = [d for d in self.devices if isinstance(d, CPUDevice)]
-        if cpus:
-            # The BLAS's thread count is one number for the process: the smallest group's, so
-            # that no device's GEMMs spread beyond its own cores (OpenBLAS's worker threads
-            # are not pinned with the device's thread).
-            _C.set_blas_num_threads(min(d.threads for d in cpus))
 
     def _make_replica(self, device: Device) -> _Replica:
         n = max(1, self.batch // len(self.devices))

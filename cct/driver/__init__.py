@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
-from ..devices import CPUDevice, Device, available_cores, parse_devices
+from ..devices import CPUDevice, Device, available_cores, configure_blas, parse_devices
 from ..errors import CCTError
 from ..glog import info
 from .engines import ENGINES, AllGroupsLost, SimulatedEngine, ThreadEngine, describe
@@ -86,8 +86,10 @@ class AsyncDriver:
         group_seed = solver.param.random_seed if solver.param.random_seed >= 0 else None
         if engine == "threads":
             self.engine = ThreadEngine()
+            places = group_devices(groups, devices)
+            configure_blas([d for p in places for d in p])
             self.groups = [Group(k, self.feeder, d, solver.param.iter_size, group_seed)
-                           for k, d in enumerate(group_devices(groups, devices))]
+                           for k, d in enumerate(places)]
         elif engine == "processes":
             self.engine = ProcessEngine()
             places = group_devices(groups, devices)
