@@ -288,6 +288,15 @@ def h5_op() -> st.SearchStrategy:
                      st.integers(0, len(H5_NAMES) - 1), st.integers(0, 2 ** 8))
 
 
+def mutated_copy(source, mutation, path) -> bytes:
+    """Write ``source``'s bytes with the mutation applied to ``path``; returns them."""
+    with open(source, "rb") as f:
+        data = apply(f.read(), mutation)
+    with open(path, "wb") as f:
+        f.write(data)
+    return data
+
+
 def apply_h5(path: str, ops) -> None:
     """Change the HDF5 file at ``path`` in place by ``ops`` (from :func:`h5_op`)."""
     import h5py

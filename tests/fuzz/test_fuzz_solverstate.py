@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from cct.solver import SIDE_SUFFIX
 
-from .mutate import (apply, apply_h5, fuzz, h5_op, mutations, number_op, only_cct_errors,
-                     varint_op)
+from .mutate import (apply, apply_h5, fuzz, h5_op, mutated_copy, mutations, number_op,
+                     only_cct_errors, varint_op)
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +43,8 @@ def restore_and_train(solver, path: str) -> None:
 @fuzz(default_examples=550)
 def test_binary_solverstate(states, seed, mutation):
     source, folder, solver = states["binary"][seed % len(states["binary"])]
-    with open(source, "rb") as f:
-        data = apply(f.read(), mutation)
     path = folder / "fuzz.solverstate"
-    path.write_bytes(data)
+    data = mutated_copy(source, mutation, path)
     only_cct_errors(lambda: restore_and_train(solver, str(path)), "binary solverstate", data)
 
 
@@ -54,10 +52,8 @@ def test_binary_solverstate(states, seed, mutation):
 @fuzz(default_examples=550)
 def test_hdf5_solverstate_bytes(states, seed, mutation):
     source, folder, solver = states["hdf5"][seed % len(states["hdf5"])]
-    with open(source, "rb") as f:
-        data = apply(f.read(), mutation)
     path = folder / "fuzz_bytes.solverstate.h5"
-    path.write_bytes(data)
+    data = mutated_copy(source, mutation, path)
     only_cct_errors(lambda: restore_and_train(solver, str(path)), "HDF5 solverstate", data)
 
 

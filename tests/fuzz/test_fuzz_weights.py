@@ -12,7 +12,7 @@ import cct
 from cct.net import TEST
 
 from .conftest import TINY_NET, lenet_text
-from .mutate import apply, apply_h5, fuzz, h5_op, mutations, only_cct_errors, varint_op
+from .mutate import apply_h5, fuzz, h5_op, mutated_copy, mutations, only_cct_errors, varint_op
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +35,8 @@ def nets(fuzz_dir, datum_db, tiny, caffe_lenet):
 @fuzz(default_examples=800)
 def test_caffemodel(fuzz_dir, nets, seed, mutation):
     source, net = nets["binary"][seed % len(nets["binary"])]
-    with open(source, "rb") as f:
-        data = apply(f.read(), mutation)
     path = fuzz_dir / "fuzz.caffemodel"
-    path.write_bytes(data)
+    data = mutated_copy(source, mutation, path)
     only_cct_errors(lambda: net.copy_trained_layers_from(str(path)), "caffemodel", data)
 
 
@@ -46,10 +44,8 @@ def test_caffemodel(fuzz_dir, nets, seed, mutation):
 @fuzz(default_examples=550)
 def test_hdf5_weights_bytes(fuzz_dir, nets, seed, mutation):
     source, net = nets["hdf5"][seed % len(nets["hdf5"])]
-    with open(source, "rb") as f:
-        data = apply(f.read(), mutation)
     path = fuzz_dir / "fuzz_bytes.caffemodel.h5"
-    path.write_bytes(data)
+    data = mutated_copy(source, mutation, path)
     only_cct_errors(lambda: net.copy_trained_layers_from(str(path)), "HDF5 weights", data)
 
 
