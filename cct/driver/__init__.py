@@ -99,7 +99,7 @@ class AsyncDriver:
             cores = [[c for d in p for c in d.cores] for p in places]
             for d in (d for p in places for d in p):
                 d.close()           # only their cores are used: each group is a process
-            self.groups = [ProcessGroup(k, self.feeder, c, solver.param.iter_size)
+            self.groups = [ProcessGroup(k, self.feeder, c, solver.param.iter_size, group_seed)
                            for k, c in enumerate(cores)]
         else:
             self.engine = SimulatedEngine(staleness, seed, trace)

@@ -16,7 +16,7 @@ import multiprocessing as mp
 import os
 from multiprocessing import shared_memory
 from multiprocessing.connection import wait
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -59,7 +59,7 @@ class _Layout:
 
 
 def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layout,
-                cores: Sequence[int]) -> None:
+                cores: Sequence[int], seed: Optional[int], index: int) -> None:
     """A group process: build the net, then compute on request until told to stop."""
     shm = shared_memory.SharedMemory(name=shm_name)
     weights = grads = batches = None
@@ -70,8 +70,11 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
         plans.use_machine_cache()
         param = caffe_pb2.NetParameter()
         param.ParseFromString(net_bytes)
+        # The process's own generator (its Dropout masks), seeded from random_seed and the
+        # group's index as the threads engine's groups are.
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
         with glog.quiet():
-            net = Net(param, dtype=np.dtype(dtype), source="<group process>")
+            net = Net(param, dtype=np.dtype(dtype), source="<group process>", rng=rng)
         weights, grads, batches = layout.arrays(shm.buf)
         inputs = [net.blobs_list[i] for i in net.input_blob_indices]
         outputs = [net.blobs_list[b] for b in net.output_blob_indices]
@@ -104,7 +107,8 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
 class ProcessGroup:
     """The driver's side of one group process."""
 
-    def __init__(self, index: int, feeder, cores: Sequence[int], iter_size: int):
+    def __init__(self, index: int, feeder, cores: Sequence[int], iter_size: int,
+                 seed: Optional[int] = None):
         master = feeder.master
         self.index = index
         self.feeder = feeder
@@ -121,7 +125,7 @@ class ProcessGroup:
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_group_main, daemon=True,
                                    args=(child, param.SerializeToString(), master.dtype.str,
-                                         self.shm.name, layout, self.cores))
+                                         self.shm.name, layout, self.cores, seed, index))
         self.process.start()
         child.close()
         self.read_version = 0
