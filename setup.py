@@ -105,7 +105,10 @@ setup(
     ],
     extras_require={
         # hypothesis drives the fuzzing harness (tests/fuzz).
-        "test": ["pytest>=7", "grpcio-tools==1.75.1", "matplotlib>=3.5", "hypothesis>=6.100"],
+        "test": ["pytest>=7", "grpcio-tools==1.75.1", "matplotlib>=3.5", "hypothesis>=6.100",
+                 "onnx>=1.16", "onnxruntime>=1.18"],
+        # cct export_onnx writes ONNX through the onnx package; --check runs ONNX Runtime.
+        "onnx": ["onnx>=1.16", "onnxruntime>=1.18"],
         # cct plot_log needs matplotlib; cct draw_net uses Graphviz through pydot when both
         # are there (`dot` comes from the system's graphviz package) and Pillow otherwise.
         "plot": ["matplotlib>=3.5", "pydot>=1.4"],

@@ -37,6 +37,7 @@ from .api import (TEST, TRAIN, Net, get_solver_mode, layer_type_list,  # noqa: F
 from .api import (Solver, SGDSolver, NesterovSolver, AdaGradSolver,  # noqa: F401
                   RMSPropSolver, AdaDeltaSolver, AdamSolver, get_solver)
 from .errors import CCTError  # noqa: F401
+from .onnx_export import export_onnx  # noqa: F401  (imports onnx only when called)
 from .layers.python_layer import PythonLayer as Layer  # noqa: F401  (pycaffe's caffe.Layer)
 from .proto import caffe_pb2  # noqa: F401
 from . import proto  # noqa: F401

@@ -43,6 +43,8 @@ tools (Caffe's tools/ and tools/extra/; each takes Caffe's own arguments and fla
   parse_log                 LOGFILE OUTPUT_DIR [--delimiter ,] [--verbose]
   plot_log                  LOGFILE OUT.png  (or Caffe's: CHART_TYPE OUT.png LOGFILE...)
   draw_net                  NET.prototxt OUT.png [--rankdir LR|TB|BT|RL] [--phase TRAIN|TEST|ALL]
+  export_onnx               --model=deploy.prototxt [--weights=w.caffemodel] --output=m.onnx
+                            [--opset 13] [--batch dynamic|N] [--check]
 
 Flags take any gflags spelling: -model x, -model=x, --model=x, --model x."""
 

@@ -36,6 +36,7 @@ TOOLS: Dict[str, str] = {
     "parse_log": "parse_log",
     "plot_log": "plot_log",
     "draw_net": "draw_net",
+    "export_onnx": "export_onnx",
 }
 
 
