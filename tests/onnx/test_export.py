@@ -166,6 +166,17 @@ def test_layer_computes_what_cct_computes(body, dims, tmp_path):
     assert_exact(net, tmp_path)
 
 
+def test_legacy_v1_net_exports_after_cct_upgrades_it(tmp_path):
+    net = net_of('name: "v1" input: "data" input_dim: 2 input_dim: 1 input_dim: 9 input_dim: 9 '
+                 'layers { name: "conv" type: CONVOLUTION bottom: "data" top: "conv" '
+                 'convolution_param { num_output: 2 kernel_size: 3 } } '
+                 'layers { name: "relu" type: RELU bottom: "conv" top: "conv" } '
+                 'layers { name: "pool" type: POOLING bottom: "conv" top: "pool" '
+                 'pooling_param { pool: AVE kernel_size: 2 stride: 2 } }')
+    model = assert_exact(net, tmp_path)
+    assert [i.name for i in model.graph.input] == ["data"]
+
+
 def test_embed_gathers_rows_by_float_index(tmp_path):
     net = net_of('layer { name: "i" type: "Input" top: "idx" input_param { shape { dim: 2 '
                  'dim: 5 } } } layer { name: "e" type: "Embed" bottom: "idx" top: "y" '
