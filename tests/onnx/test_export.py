@@ -240,11 +240,14 @@ def test_zoo_deploy_nets_at_batch_1_8_and_dynamic(rel, caffe_zoo, tmp_path):
     net = net_of(path.read_text())
     model = exported(net, tmp_path)
     assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
-    for n in (1, 8) if "mnist" in rel or "cifar" in rel or "conv.prototxt" in rel else (1, 2):
+    for n in (1, 8):
         for name, diff in run_check(net, model, n).items():
             assert diff < TOL, (rel, name, n, diff)
-    fixed = export_onnx(net, tmp_path / "fixed.onnx", batch=1)
-    assert fixed.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
+    for n in (1, 8):
+        fixed = export_onnx(net, tmp_path / f"fixed{n}.onnx", batch=n)
+        assert fixed.graph.input[0].type.tensor_type.shape.dim[0].dim_value == n
+        for name, diff in run_check(net, fixed, n).items():
+            assert diff < TOL, (rel, name, n, diff)
 
 
 def test_train_val_net_exports_its_deploy_view(caffe_fixtures, tmp_path, capfd, monkeypatch):
