@@ -34,7 +34,9 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# After the installed packages: `import cct` is the installed cct (whose compiled _C a source
+# checkout lacks after a non-editable install); the repository gives only the `bench` package.
+sys.path.append(str(REPO))
 
 from bench.bench_momentum import cpu_model, default_data_dir, mnist_lmdbs  # noqa: E402
 from bench.bench_momentum import evaluate, solver_param  # noqa: E402

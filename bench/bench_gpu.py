@@ -25,7 +25,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+sys.path.append(str(HERE.parent))   # after the installed cct (see bench_train.py)
 
 from bench_train import (default_zoo, sgd_update, synthetic_net,  # noqa: E402
                          torch_training_step)

@@ -23,7 +23,7 @@ import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+sys.path.append(str(HERE.parent))   # after the installed cct (see bench_train.py)
 
 from bench_train import (NETS, default_zoo, machine, sgd_update, synthetic_net,  # noqa: E402
                          timed_iterations)

@@ -44,7 +44,9 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# After the installed packages: `import cct` is the installed cct (whose compiled _C a source
+# checkout lacks after a non-editable install); the repository gives only the `bench` package.
+sys.path.append(str(REPO))
 
 MNIST = REPO / "examples" / "mnist"
 SOLVER = MNIST / "lenet_solver.prototxt"
