@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from .test_cli_train import SOLVER, cct, workdir  # noqa: F401  (workdir is a fixture)
+from .test_cli_train import cct, workdir  # noqa: F401  (workdir is a fixture)
 
 FINAL = "lenet_iter_40.caffemodel"
 
