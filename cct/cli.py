@@ -14,7 +14,7 @@ import numpy as np
 
 from . import glog as log
 from .errors import CCTError
-from .flags import Flags
+from .flags import Flags, ShowAndExit, version_line
 from .tools import TOOLS, command as tool_command
 
 USAGE = """usage: cct <command> <args>
@@ -46,7 +46,8 @@ tools (Caffe's tools/ and tools/extra/; each takes Caffe's own arguments and fla
   export_onnx               --model=deploy.prototxt [--weights=w.caffemodel] --output=m.onnx
                             [--opset 13] [--batch dynamic|N] [--check]
 
-Flags take any gflags spelling: -model x, -model=x, --model=x, --model x."""
+Flags take any gflags spelling: -model x, -model=x, --model=x, --model x.
+cct <command> --help lists a command's flags and defaults; cct --version prints the version."""
 
 
 def _phase(name: str):
@@ -383,15 +384,23 @@ def _g(x) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "-help", "--help", "help"):
+    if not argv or argv[0] == "help" or (
+            argv[0].startswith("-") and argv[0].lstrip("-") in ("h", "help", "helpshort",
+                                                                 "helpfull")):
         print(USAGE)
         return 0 if argv else 1
+    if argv[0] in ("-version", "--version"):
+        print(version_line())
+        return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         print(f"cct: error: unknown command '{command}'.\n{USAGE}", file=sys.stderr)
         return 1
     try:
         return COMMANDS[command](rest)
+    except ShowAndExit as shown:
+        print(shown.text)
+        return 0
     except CCTError as e:
         print(f"cct: error: {e}", file=sys.stderr)
         return 1

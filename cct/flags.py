@@ -3,15 +3,86 @@
 Every gflags spelling is accepted: ``-model x``, ``-model=x``, ``--model=x``, ``--model x``;
 boolean flags also as ``-shuffle`` / ``--noshuffle`` / ``-shuffle=false``. Arguments that are
 not flags are positional (Caffe's tools take e.g. ``ROOTFOLDER/ LISTFILE DB_NAME``).
+
+As gflags does for every Caffe tool, ``-help``, ``-helpshort`` and ``-helpfull`` (any spelling)
+list the command's flags with their defaults and ``-version`` prints the version line; both
+raise :class:`ShowAndExit`, which ``cct``'s main prints to stdout before exiting with status 0.
 """
 from __future__ import annotations
 
+import re
+import textwrap
 from typing import Dict, List, Optional, Sequence
 
 from .errors import CCTError
 
 _TRUE = {"true", "1", "yes", "t", "y"}
 _FALSE = {"false", "0", "no", "f", "n"}
+
+#: gflags' reporting flags (all list every flag: a cct command's flags are all its own)
+_HELP = {"help", "helpshort", "helpfull", "h"}
+#: the Caffe release cct follows (Caffe sets gflags' version string to CAFFE_VERSION)
+CAFFE_VERSION = "1.0.0"
+
+#: Caffe's descriptions of its flags (tools/caffe.cpp, tools/convert_imageset.cpp, ...), shown
+#: by -help for every command that takes a flag of that name.
+DESCRIPTIONS: Dict[str, str] = {
+    "solver": "The solver definition protocol buffer text file.",
+    "model": "The model definition protocol buffer text file.",
+    "weights": "Optional; the pretrained weights to initialize finetuning, separated by ','. "
+               "Cannot be set simultaneously with snapshot.",
+    "snapshot": "Optional; the snapshot solver state to resume training.",
+    "gpu": "Optional; run in GPU mode on given device IDs separated by ','. Use '-gpu all' "
+           "to run on all available GPUs.",
+    "devices": "cct: the devices to split every batch across, e.g. cpu:1,cpu:1 or cpu,gpu0.",
+    "level": "Optional; network level.",
+    "stage": "Optional; network stages (not to be confused with phase), separated by ','.",
+    "phase": "Optional; network phase (TRAIN or TEST; draw_net also ALL).",
+    "iterations": "The number of iterations to run.",
+    "sigint_effect": "Optional; action to take when a SIGINT signal is received: "
+                     "snapshot, stop or none.",
+    "sighup_effect": "Optional; action to take when a SIGHUP signal is received: "
+                     "snapshot, stop or none.",
+    "deterministic": "cct: fixed kernel plans, none timed, so runs repeat to the bit.",
+    "strategy": "cct: sync (one group) or async (asynchronous compute groups).",
+    "groups": "cct: the number of compute groups of -strategy=async.",
+    "engine": "cct: threads, processes or simulated, how -strategy=async runs its groups.",
+    "staleness": "cct: round-robin or exponential, the staleness model of a simulated run.",
+    "momentum": "cct: the momentum to use instead of the solver's (auto with async).",
+    "seed": "cct: the seed of a simulated run's exponential staleness.",
+    "allow-negative-momentum": "cct: let -momentum=auto go below zero.",
+    "sync-fc": "cct: run the InnerProduct layers serially on the store's weights, never stale.",
+    "backend": "The backend {lmdb, leveldb} for storing the result.",
+    "gray": "When this option is on, treat images as grayscale ones.",
+    "shuffle": "Randomly shuffle the order of images and their labels.",
+    "resize_width": "Width images are resized to.",
+    "resize_height": "Height images are resized to.",
+    "check_size": "When this option is on, check that all the datum have the same size.",
+    "encoded": "When this option is on, the encoded image will be save in datum.",
+    "encode_type": "Optional: What type should we encode the image as ('png','jpg',...).",
+    "rankdir": "One of TB (top-bottom), LR (left-right), BT (bottom-top), RL (right-left).",
+    "display_lrm": "Display the learning rate multipliers of the layers.",
+    "delimiter": "Column delimiter in the output files.",
+    "verbose": "Print some extra info (e.g. the output file names).",
+    "output": "The ONNX file to write.",
+    "opset": "The ONNX opset version.",
+    "batch": "The batch dimension: dynamic or a number.",
+    "check": "Check the exported model with onnx.checker.",
+}
+
+
+class ShowAndExit(Exception):
+    """-help or -version was given: print :attr:`text` to stdout and exit with status 0."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+
+def version_line(program: str = "cct") -> str:
+    """gflags' ``ShowVersion`` line (``caffe version 1.0.0``), with cct's own version."""
+    from . import __version__
+    return f"{program} version {__version__} (Caffe {CAFFE_VERSION} compatible)"
 
 
 class Flags:
@@ -27,6 +98,15 @@ class Flags:
             self.values.setdefault(b, "false")
         self.positional: List[str] = []
         argv = list(argv)
+        # As gflags: a reporting flag wins over every other flag, and over their errors.
+        for arg in argv:
+            name = arg.lstrip("-").split("=", 1)[0] if arg.startswith("-") else ""
+            if name in self.values or arg.split("=", 1)[-1].lower() in _FALSE:
+                continue
+            if name in _HELP:
+                raise ShowAndExit(self.help_text(positional))
+            if name == "version":
+                raise ShowAndExit(version_line())
         i = 0
         while i < len(argv):
             arg = argv[i]
@@ -40,6 +120,9 @@ class Flags:
                 name, value = name.split("=", 1)
             if name not in self.values and name.startswith("no") and name[2:] in self.booleans:
                 name, value = name[2:], "false"
+            if name not in self.values and name in _HELP | {"version"}:
+                i += 1  # -help=false: gflags accepts it and does nothing
+                continue
             if name not in self.values:
                 raise CCTError(f"{command}: unknown flag -{name}; known flags: "
                                + ", ".join(f"-{k}" for k in sorted(self.values)))
@@ -57,6 +140,27 @@ class Flags:
             raise CCTError(f"{command}: expected {len(positional)} argument(s) "
                            f"({' '.join(positional)}), got {len(self.positional)}"
                            + (f": {' '.join(self.positional)}" if self.positional else ""))
+
+    def help_text(self, positional: Sequence[str] = ()) -> str:
+        """gflags' ``-help`` listing: the command's summary and usage, then each flag with its
+        description, type and default."""
+        summary, usage = _summary(self.command)
+        lines = [f"cct {self.command}: {summary}" if summary else f"cct {self.command}",
+                 "usage: cct " + (usage or " ".join([self.command] + (["[FLAGS]"] if self.values
+                                                                       else [])
+                                                    + list(positional))),
+                 "", f"  Flags from cct {self.command}:"]
+        for name in sorted(self.values):
+            default = self.values[name]
+            kind = ("bool" if name in self.booleans else "int32" if re.fullmatch(r"-?\d+", default)
+                    else "string")
+            shown = f'"{default}"' if kind == "string" else default
+            lines.append(textwrap.fill(f"    --{name} ({DESCRIPTIONS.get(name, '')}) type: "
+                                       f"{kind} default: {shown}", width=79,
+                                       subsequent_indent=" " * 6, break_on_hyphens=False))
+        if not self.values:
+            lines.append("    (none)")
+        return "\n".join(lines)
 
     def get(self, name: str) -> str:
         return self.values[name]
@@ -86,6 +190,30 @@ class Flags:
     def list(self, name: str) -> List[str]:
         """A comma-separated flag (``-stage a,b``, ``-weights x,y``) as a list."""
         return [x for x in self.values[name].split(",") if x]
+
+
+def _summary(command: str):
+    """(summary, usage) of ``command`` from ``cct.cli.USAGE``: a command's description, or a
+    tool's argument synopsis; either may be empty."""
+    from .cli import USAGE
+
+    text = USAGE.splitlines()
+    for i, line in enumerate(text):
+        m = re.match(r"  (\S+)( +)(.*)$", line)
+        if not m or m.group(1) != command:
+            continue
+        body = [m.group(3).strip()]
+        indent = len(m.group(1)) + len(m.group(2)) + 2
+        for more in text[i + 1:]:
+            if len(more) - len(more.lstrip()) < indent or not more.strip():
+                break
+            body.append(more.strip())
+        joined = " ".join(body)
+        tools_start = next((j for j, t in enumerate(text) if t.startswith("tools")), len(text))
+        if i < tools_start:  # a command: its description, without the flags in parentheses
+            return joined.split(" (", 1)[0], ""
+        return "", f"{command} {joined}"
+    return "", ""
 
 
 def _is_number(arg: str) -> bool:
