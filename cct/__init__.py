@@ -39,6 +39,7 @@ from .api import (Solver, SGDSolver, NesterovSolver, AdaGradSolver,  # noqa: F40
 from .errors import CCTError  # noqa: F401
 from .onnx_export import export_onnx  # noqa: F401  (imports onnx only when called)
 from .layers.python_layer import PythonLayer as Layer  # noqa: F401  (pycaffe's caffe.Layer)
+from .caffe_alias import install_as_caffe  # noqa: F401
 from .proto import caffe_pb2  # noqa: F401
 from . import proto  # noqa: F401
 # After the imports above: this rebinds ``cct.layers`` from the layer package to pycaffe's

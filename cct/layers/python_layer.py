@@ -12,7 +12,9 @@ one argument, else with none. The instance follows pycaffe's interface::
 
 with the attributes ``param_str``, ``phase`` (0 TRAIN, 1 TEST) and ``blobs`` set before
 ``setup``. bottom and top are lists of :class:`cct.blob.Blob`. The class may subclass
-:class:`PythonLayer` (exported as ``cct.Layer``, pycaffe's ``caffe.Layer``) or not.
+:class:`PythonLayer` (exported as ``cct.Layer``, pycaffe's ``caffe.Layer``) or not. A module
+written for Caffe (``import caffe``, ``class L(caffe.Layer)``) runs unchanged: where no real
+Caffe is installed, its ``caffe`` is cct (see :mod:`cct.caffe_alias`).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import List
 
 import numpy as np
 
+from .. import caffe_alias
 from ..blob import Blob
 from .base import Layer, register
 
@@ -96,6 +99,7 @@ class PythonLayerAdapter(Layer):
         if not module_name or not class_name:
             raise self.error(f"python_param needs both module and layer (got module "
                              f"'{module_name}', layer '{class_name}').")
+        real_caffe = caffe_alias.caffe_for_layer_module(module_name)
         try:
             module = importlib.import_module(module_name)
         except Exception as e:
@@ -111,6 +115,11 @@ class PythonLayerAdapter(Layer):
         if not callable(cls):
             raise self.error(f"'{module_name}.{class_name}' (python_param.layer) is not a "
                              f"class.")
+        if real_caffe is not None and _subclasses_caffe_layer(cls):
+            raise self.error(f"'{module_name}.{class_name}' (python_param.layer) subclasses the "
+                             f"installed Caffe's caffe.Layer ({real_caffe}), which cct cannot "
+                             f"run; make `import caffe` give cct: run with "
+                             f"{caffe_alias.ENV}=1, or uninstall or hide that Caffe.")
         return cls
 
     def _method(self, name: str):
@@ -144,6 +153,12 @@ def _host(blobs: List[Blob]) -> list:
     """The blobs as pycaffe code sees them: NumPy ``data``/``diff`` on any backend (a Python
     layer is the user's NumPy code, as in Caffe, where it reads cpu_data)."""
     return [b.host_view() for b in blobs]
+
+
+def _subclasses_caffe_layer(cls) -> bool:
+    """Whether ``cls`` derives from a Layer class of a real (non-cct) ``caffe`` package."""
+    return any(base.__name__ == "Layer" and base.__module__.split(".")[0] == "caffe"
+               for base in getattr(cls, "__mro__", ())[1:])
 
 
 def _accepts_one_argument(cls) -> bool:
