@@ -40,7 +40,8 @@ sys.path.append(str(REPO))
 
 from bench.bench_momentum import cpu_model, default_data_dir, mnist_lmdbs  # noqa: E402
 from bench.bench_momentum import evaluate, solver_param  # noqa: E402
-from bench.bench_train import NETS, default_zoo, sgd_update, synthetic_net  # noqa: E402
+from bench.bench_train import (NETS, default_zoo, sgd_update, synthetic_net,  # noqa: E402
+                               timed_iterations)
 
 OVERHEAD_NETS = ("lenet", "cifar10_quick", "caffenet_b32")
 CONFIGS = {
@@ -68,15 +69,8 @@ def overhead(name: str, zoo: str, iters: int) -> dict:
     def pull():
         store.copy_weights_to(group)
 
-    times = {}
-    for label, fn in (("step", step), ("pull", pull)):
-        fn()
-        samples = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-        times[label] = statistics.median(samples)
+    times = {label: statistics.median(timed_iterations(fn, 1, iters))
+             for label, fn in (("step", step), ("pull", pull))}
     return {"net": name, "batch": batch, "mb": store.nbytes / 2 ** 20, **times}
 
 

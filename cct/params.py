@@ -59,10 +59,6 @@ class ParamSet:
         for mine, theirs in zip(self.blobs, other.blobs):
             _copy(theirs.data, mine.data)
 
-    def copy_gradients_to(self, other: "ParamSet") -> None:
-        for mine, theirs in zip(self.blobs, other.blobs):
-            _copy(theirs.diff, mine.diff)
-
     def set_weights(self, arrays: Sequence) -> None:
         for b, a in zip(self.blobs, arrays):
             _copy(b.data, a)

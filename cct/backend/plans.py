@@ -39,6 +39,9 @@ from ..io.atomic import atomic_write
 FORMAT = 1
 _CONV_FIELDS = 8
 _GEMM_FIELDS = 8
+# Leading fields of a row that are its key (the rest is the choice): kernel, geometry,
+# itemsize, threads, modes; trans_a, trans_b, m, n, k, itemsize, threads.
+_KEY_FIELDS = {"conv": 5, "gemm": 7}
 
 _state = {"loaded": False, "path": None, "saved_count": None}
 
@@ -192,7 +195,7 @@ def persist() -> None:
             except ValueError:
                 continue
             for row in source_rows:
-                rows[json.dumps(row[:-3 if key == "conv" else -1])] = row
+                rows[json.dumps(row[:_KEY_FIELDS[key]])] = row
         merged[key] = list(rows.values())
     text = json.dumps(merged)
     try:

@@ -152,12 +152,7 @@ class AsyncDriver:
         (lr_mult 0, statistics) follow; learnable weights come with each pull (a simulated
         run's were restored with its snapshot)."""
         for g in self.groups:
-            if g.net is self.solver.net:     # a group process: it holds no frozen copies here
-                continue
-            learnable = {id(b) for b in g.net.learnable_params}
-            for mine, theirs in zip(g.net.params_list, self.solver.net.params_list):
-                if id(mine) not in learnable:
-                    mine.data[...] = theirs.data
+            g.copy_statistics_from(self.solver.net)
 
     def close(self) -> None:
         for g in self.groups:

@@ -125,15 +125,26 @@ class Group:
             loss += self.source.compute_gradients()
         return loss / self.iter_size
 
-    def copy_statistics_to(self, master) -> None:
-        """What only this group's net holds (BatchNorm's running averages, lr_mult 0 params)
-        back into the train net, for tests and snapshots."""
+    def _unlearned(self, master):
+        """(this net's, the train net's) params that no update touches: BatchNorm's running
+        averages, lr_mult 0 params (owners only; shared ones are the same arrays)."""
         learnable = {id(b) for b in self.net.learnable_params}
-        self.source.pull_statistics()
         for mine, theirs, owner in zip(self.net.params_list, master.params_list,
                                        master.param_owners):
             if id(mine) not in learnable and owner < 0:
-                theirs.data[...] = mine.data
+                yield mine, theirs
+
+    def copy_statistics_to(self, master) -> None:
+        """What only this group's net holds back into the train net, for tests and
+        snapshots."""
+        self.source.pull_statistics()
+        for mine, theirs in self._unlearned(master):
+            theirs.data[...] = mine.data
+
+    def copy_statistics_from(self, master) -> None:
+        """The train net's (restored) unlearned params into this group's net."""
+        for mine, theirs in self._unlearned(master):
+            mine.data[...] = theirs.data
 
     def close(self) -> None:
         self.source.close()

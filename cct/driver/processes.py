@@ -185,6 +185,9 @@ class ProcessGroup:
         """BatchNorm's running averages stay in the group processes: tests and snapshots see
         the train net's own (a known limit of this engine)."""
 
+    def copy_statistics_from(self, master) -> None:
+        """The process built its net from the train net's param; nothing to send after."""
+
     def close(self) -> None:
         try:
             if self.process.is_alive():

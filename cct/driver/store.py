@@ -57,7 +57,6 @@ class ParameterStore:
         self.stats = stats or StalenessStats()
         self.lock = threading.Lock()
         self._views = {}
-        self.last_momentum = (momentum.value if not momentum.auto else momentum.base, 0.0)
 
     @property
     def version(self) -> int:
@@ -96,7 +95,6 @@ class ParameterStore:
             self.stats.record(s.iter - read_version)
             s.record_loss(loss, outputs_of)
             explicit, implicit = self.momentum(self.stats)
-            self.last_momentum = (explicit, implicit)
             if s.param.display and s.iter % s.param.display == 0:
                 mean, top, count = self.stats.take_interval()
                 info("driver.cpp:0", f"Staleness mean {mean:.4g} max {top} over {count} "
