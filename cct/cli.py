@@ -24,9 +24,11 @@ commands:
                   -sigint_effect, -sighup_effect, -gpu, -devices: e.g. cpu:1,cpu:1 or cpu,gpu0
                   to split every batch across devices, -deterministic: fixed kernel plans,
                   none timed, so runs repeat to the bit whatever the machine's load;
-                  -strategy=sync|async -groups=G -engine=threads|simulated
-                  -staleness=round-robin|exponential -momentum=auto|X
-                  -allow-negative-momentum -sync-fc: asynchronous compute groups, cct/driver)
+                  -strategy=sync|async|hogbatch|adaptive-hogbatch|sma -groups=G
+                  -engine=threads|processes|simulated -staleness=round-robin|exponential
+                  -momentum=auto|X -allow-negative-momentum -sync-fc -batch-sizes=16,256
+                  -threshold=T -learners=K|auto -sma-alpha=A -sma-momentum=M
+                  -sync-period=P -simulate-speeds=1,8: the driver's strategies, cct/driver)
   test            score a model (-model, -weights, -iterations, -level, -stage)
   time            benchmark forward/backward of a model (-model, -iterations, -phase, -level,
                   -stage)
@@ -166,10 +168,31 @@ def _momentum_value(text: str) -> float:
                        f"got '{text}'") from None
 
 
+def _learners(text: str):
+    """-learners: a count or 'auto' (None: -groups)."""
+    if not text or text == "auto":
+        return text or None
+    try:
+        return int(text)
+    except ValueError:
+        raise CCTError(f"train: -learners must be a count or 'auto', got '{text}'") from None
+
+
+def _speeds(text: str) -> Optional[List[float]]:
+    """-simulate-speeds: records per virtual second of each simulated device (1,8)."""
+    if not text:
+        return None
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise CCTError(f"train: -simulate-speeds takes speeds separated by commas (1,8), got "
+                       f"'{text}'") from None
+
+
 def cmd_train(argv: List[str]) -> int:
     """Caffe's ``caffe train``: solve from a solver prototxt, optionally resuming from a
     .solverstate (-snapshot) or starting from trained weights (-weights a,b)."""
-    from .driver import STRATEGIES, AsyncDriver
+    from .driver import STRATEGIES, Driver
     from .io.prototxt import read_solver_text
     from .scheduler import gradient_source, single_gpu
     from .solver import Solver
@@ -178,7 +201,10 @@ def cmd_train(argv: List[str]) -> int:
                                   "devices": "", "level": "0", "stage": "", "sigint_effect": "stop",
                                   "sighup_effect": "snapshot", "strategy": "sync", "groups": "1",
                                   "engine": "threads", "staleness": "round-robin",
-                                  "momentum": "", "seed": "0"},
+                                  "momentum": "", "seed": "0", "batch-sizes": "",
+                                  "threshold": "0.05", "learners": "", "sma-alpha": "",
+                                  "sma-momentum": "0", "sync-period": "1",
+                                  "simulate-speeds": ""},
                   booleans=("deterministic", "allow-negative-momentum", "sync-fc"))
     solver_path = _require(flags, "solver", "Need a solver definition to train.")
     if flags.get("snapshot") and flags.get("weights"):
@@ -201,6 +227,11 @@ def cmd_train(argv: List[str]) -> int:
         raise CCTError(f"train: unknown -strategy '{strategy}'; known: {', '.join(STRATEGIES)}")
     if strategy == "sync" and flags.int("groups") != 1:
         raise CCTError("train: -groups needs -strategy=async (sync is one group)")
+    if strategy != "sma" and flags.get("learners"):
+        raise CCTError("train: -learners is for -strategy=sma (use -groups for the others)")
+    if strategy == "sync" and flags.get("batch-sizes"):
+        raise CCTError("train: -batch-sizes gives each group its batch: use it with "
+                       "-strategy=hogbatch, adaptive-hogbatch or sma")
     if strategy == "sync" and flags.get("momentum"):
         param.momentum = _momentum_value(flags.get("momentum"))
     if strategy == "sync":
@@ -210,12 +241,20 @@ def cmd_train(argv: List[str]) -> int:
     solver = Solver(param, solver_path, action_request=actions, backend=backend)
     driver = None
     try:
-        if strategy == "async":
-            driver = AsyncDriver(solver, groups=flags.int("groups"), engine=flags.get("engine"),
-                                 devices=devices, staleness=flags.get("staleness"),
-                                 momentum=flags.get("momentum") or None,
-                                 allow_negative_momentum=flags.bool("allow-negative-momentum"),
-                                 seed=flags.int("seed"), sync_fc=flags.bool("sync-fc"))
+        if strategy != "sync":
+            driver = Driver(solver, groups=flags.int("groups"), engine=flags.get("engine"),
+                            devices=devices, staleness=flags.get("staleness"),
+                            momentum=flags.get("momentum") or None,
+                            allow_negative_momentum=flags.bool("allow-negative-momentum"),
+                            seed=flags.int("seed"), sync_fc=flags.bool("sync-fc"),
+                            strategy=strategy, batch_sizes=flags.get("batch-sizes") or None,
+                            threshold=flags.float("threshold"),
+                            learners=_learners(flags.get("learners")),
+                            sma_alpha=(flags.float("sma-alpha") if flags.get("sma-alpha")
+                                       else None),
+                            sma_momentum=flags.float("sma-momentum"),
+                            sync_period=flags.int("sync-period"),
+                            simulate_speeds=_speeds(flags.get("simulate-speeds")))
         elif devices is not None:
             solver.set_gradient_source(gradient_source(solver.net, devices))
         if flags.get("snapshot"):

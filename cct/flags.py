@@ -44,9 +44,21 @@ DESCRIPTIONS: Dict[str, str] = {
     "sighup_effect": "Optional; action to take when a SIGHUP signal is received: "
                      "snapshot, stop or none.",
     "deterministic": "cct: fixed kernel plans, none timed, so runs repeat to the bit.",
-    "strategy": "cct: sync (one group) or async (asynchronous compute groups).",
-    "groups": "cct: the number of compute groups of -strategy=async.",
-    "engine": "cct: threads, processes or simulated, how -strategy=async runs its groups.",
+    "strategy": "cct: sync (one group), async (asynchronous compute groups), hogbatch "
+                "(async with a batch per group), adaptive-hogbatch (batches follow the groups' "
+                "speeds) or sma (Crossbow's synchronous model averaging).",
+    "groups": "cct: the number of compute groups of the driver's strategies.",
+    "engine": "cct: threads, processes or simulated, how the driver runs its groups.",
+    "batch-sizes": "cct: each group's batch, in order (16,256) or by device (cpu:16,gpu0:256).",
+    "threshold": "cct: adaptive-hogbatch's tolerated gap between a group's share of the "
+                 "updates and 1/groups.",
+    "learners": "cct: -strategy=sma's learner count, or auto (add while throughput gains 10%).",
+    "sma-alpha": "cct: the share of its gap to the central model a learner closes at each "
+                 "synchronisation (default 1/learners).",
+    "sma-momentum": "cct: the central model's momentum with -strategy=sma.",
+    "sync-period": "cct: -strategy=sma's local steps between synchronisations.",
+    "simulate-speeds": "cct: the simulated engine's device speeds in records per virtual "
+                       "second, one per group (1,8).",
     "staleness": "cct: round-robin or exponential, the staleness model of a simulated run.",
     "momentum": "cct: the momentum to use instead of the solver's (auto with async).",
     "seed": "cct: the seed of a simulated run's exponential staleness.",

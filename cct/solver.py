@@ -449,18 +449,20 @@ class Solver:
             info(src, f"    {kind} net output #{k}: {net.blob_names[blob_id]} = {_g(v)}{tail}")
 
     def apply_update(self, momentum: Optional[float] = None, params=None, only=None,
-                     log_rate: bool = True) -> None:
+                     log_rate: bool = True, pipeline: Optional[UpdatePipeline] = None) -> None:
         """SGDSolver::ApplyUpdate: the rate for this iteration, then the update pipeline on
         the param diffs (does not advance ``iter``, as in Caffe). ``momentum`` replaces the
         solver's for this update (a driver's staleness-corrected value); ``params`` the
         ParamSet it acts on (the train net's weights with another net's diffs); ``only`` the
         positions of the params to update (all by default); ``log_rate`` whether this update
-        writes Caffe's lr line (an update of part of the params between iterations does not)."""
+        writes Caffe's lr line (an update of part of the params between iterations does not);
+        ``pipeline`` another history to update with (a model replica's own, over its own
+        ParamSet: the same rule and rate, another state)."""
         p = self.param
         rate, self.current_step = learning_rate(p, self.iter, self.current_step, self.dtype)
         if log_rate and p.display and self.iter % p.display == 0:
             info("sgd_solver.cpp:112", f"Iteration {self.iter}, lr = {_g(rate)}")
-        self.pipeline.apply(rate, self.iter, momentum, params, only)
+        (pipeline or self.pipeline).apply(rate, self.iter, momentum, params, only)
 
     def test_all(self) -> None:
         self._pull_statistics()

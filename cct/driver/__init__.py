@@ -21,21 +21,27 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
+import numpy as np
+
 from ..devices import CPUDevice, Device, available_cores, configure_blas, parse_devices
 from ..errors import CCTError
 from ..glog import info
+from ..io.atomic import atomic_write
+from .balance import UpdateBalance, parse_batch_sizes
 from .engines import ENGINES, AllGroupsLost, SimulatedEngine, ThreadEngine, describe
 from .groups import BatchFeeder, Group
 from .processes import ProcessEngine, ProcessGroup
+from .sma import LearnerTuner, ModelAveraging
 from .staleness import STALENESS_MODELS, StalenessStats, implicit_momentum, schedule
 from .store import MomentumPolicy, ParameterStore
 
-STRATEGIES = ("sync", "async")
+STRATEGIES = ("sync", "async", "hogbatch", "adaptive-hogbatch", "sma")
 
-__all__ = ["AsyncDriver", "ParameterStore", "MomentumPolicy", "StalenessStats", "Group",
-           "ProcessGroup", "BatchFeeder", "ThreadEngine", "ProcessEngine", "SimulatedEngine",
-           "AllGroupsLost", "STRATEGIES", "ENGINES", "STALENESS_MODELS", "implicit_momentum",
-           "schedule", "group_devices"]
+__all__ = ["Driver", "AsyncDriver", "ParameterStore", "MomentumPolicy", "StalenessStats",
+           "Group", "ProcessGroup", "BatchFeeder", "ThreadEngine", "ProcessEngine",
+           "SimulatedEngine", "AllGroupsLost", "UpdateBalance", "ModelAveraging",
+           "LearnerTuner", "STRATEGIES", "ENGINES", "STALENESS_MODELS", "implicit_momentum",
+           "schedule", "group_devices", "parse_batch_sizes"]
 
 
 def group_devices(groups: int, devices=None) -> List[List[Device]]:
@@ -58,23 +64,55 @@ def group_devices(groups: int, devices=None) -> List[List[Device]]:
             for k in range(groups)]
 
 
-class AsyncDriver:
-    """Asynchronous compute groups around the solver's parameters (see the module doc). It is
-    also the solver's gradient source between its own steps (the final display, tests and
-    snapshots read group 0's statistics)."""
+class Driver:
+    """A parallel strategy over a solver (see the module doc). It is also the solver's gradient
+    source between its own steps (the final display, tests and snapshots read group 0's
+    statistics). ``AsyncDriver`` is the same class."""
 
     def __init__(self, solver, groups: int = 2, engine: str = "threads", devices=None,
                  staleness: str = "round-robin", momentum: Optional[str] = None,
                  allow_negative_momentum: bool = False, seed: int = 0,
-                 trace: Optional[Sequence[int]] = None, sync_fc: bool = False):
-        if groups < 1:
-            raise CCTError(f"--groups must be at least 1, got {groups}")
+                 trace: Optional[Sequence[int]] = None, sync_fc: bool = False,
+                 strategy: str = "async", batch_sizes=None, threshold: float = 0.05,
+                 learners=None, sma_alpha: Optional[float] = None, sma_momentum: float = 0.0,
+                 sync_period: int = 1, simulate_speeds: Optional[Sequence[float]] = None):
+        if strategy not in STRATEGIES or strategy == "sync":
+            raise CCTError(f"the driver runs strategies {', '.join(STRATEGIES[1:])}, not "
+                           f"'{strategy}' (sync is the solver's own solve())")
         if engine not in ENGINES:
             raise CCTError(f"unknown engine '{engine}'; known: {', '.join(ENGINES)}")
         if engine == "simulated" and devices is not None:
             raise CCTError("the simulated engine runs its groups in this thread: give no "
                            "--devices with --engine=simulated")
+        if simulate_speeds is not None and engine != "simulated":
+            raise CCTError("--simulate-speeds sets the simulated engine's device speeds: add "
+                           "--engine=simulated")
         self.solver = solver
+        self.strategy = strategy
+        self.engine_name = engine
+        self.devices = devices
+        self.seed = seed
+        self.speeds = list(simulate_speeds) if simulate_speeds is not None else None
+        self.group_seed = solver.param.random_seed if solver.param.random_seed >= 0 else None
+        autotune = None
+        if strategy == "sma":
+            if sync_fc:
+                raise CCTError("--sync-fc is for the parameter store's strategies, not sma")
+            if learners == "auto":
+                if self.speeds:
+                    count = len(self.speeds)
+                elif devices is None:
+                    count = len(available_cores())
+                else:
+                    count = len(parse_devices(devices) if isinstance(devices, str) else devices)
+            else:
+                count = int(learners if learners is not None else groups)
+            groups = count
+        if groups < 1:
+            raise CCTError(f"--groups must be at least 1, got {groups}")
+        if self.speeds is not None and strategy != "sma" and len(self.speeds) != groups:
+            raise CCTError(f"--simulate-speeds gives {len(self.speeds)} speed(s) for {groups} "
+                           f"group(s): give one per group")
         if momentum is None:
             momentum = repr(solver.param.momentum)
         try:
@@ -83,28 +121,38 @@ class AsyncDriver:
             raise CCTError(f"--momentum must be 'auto' or a number, got '{momentum}'") from None
         self.store = ParameterStore(solver, policy)
         self.feeder = BatchFeeder(solver.net)
-        group_seed = solver.param.random_seed if solver.param.random_seed >= 0 else None
+        self.iter_size = solver.param.iter_size
+        self.places = None
         if engine == "threads":
             self.engine = ThreadEngine()
-            places = group_devices(groups, devices)
-            configure_blas([d for p in places for d in p])
-            self.groups = [Group(k, self.feeder, d, solver.param.iter_size, group_seed)
-                           for k, d in enumerate(places)]
+            self.places = group_devices(groups, devices)
+            configure_blas([d for p in self.places for d in p])
         elif engine == "processes":
             self.engine = ProcessEngine()
             places = group_devices(groups, devices)
             if not all(isinstance(d, CPUDevice) for p in places for d in p):
                 raise CCTError("the processes engine runs CPU groups: give --devices of cpu "
                                "cores only (cpu:N, cpu@I-J)")
-            cores = [[c for d in p for c in d.cores] for p in places]
+            self.cores = [[c for d in p for c in d.cores] for p in places]
             for d in (d for p in places for d in p):
                 d.close()           # only their cores are used: each group is a process
-            self.groups = [ProcessGroup(k, self.feeder, c, solver.param.iter_size, group_seed)
-                           for k, c in enumerate(cores)]
         else:
-            self.engine = SimulatedEngine(staleness, seed, trace)
-            self.groups = [Group(k, self.feeder, [], solver.param.iter_size, group_seed)
-                           for k in range(groups)]
+            self.engine = SimulatedEngine(staleness, seed, trace, self.speeds)
+        sizes = [None] * groups
+        if batch_sizes is not None:
+            sizes = (parse_batch_sizes(batch_sizes, [self._device_names(k)
+                                                     for k in range(groups)])
+                     if isinstance(batch_sizes, str)
+                     else [None if b is None else int(b) for b in batch_sizes])
+            if len(sizes) != groups:
+                raise CCTError(f"{len(sizes)} batch size(s) for {groups} group(s)")
+            if any(b is not None and b != self.feeder.batch for b in sizes):
+                self.feeder.check_split()
+        if strategy == "adaptive-hogbatch":
+            self.feeder.check_split()
+        self.max_batch = max(b or self.feeder.batch for b in sizes)
+        self.groups: List = []
+        self.groups = [self._group(k, b) for k, b in enumerate(sizes)]
         if sync_fc:
             if engine == "processes":
                 raise CCTError("--sync-fc runs with the threads and simulated engines (the FC "
@@ -116,14 +164,66 @@ class AsyncDriver:
         solver.set_gradient_source(self)
         solver.side_state["driver"] = (self.state, self.load_state)
         describe(self.engine, self.groups)
-        info("driver.cpp:0", policy.describe())
+        self.sma = None
+        self.balance = None
+        self._restored = False       # the learners' replicas came with a snapshot
+        if strategy == "sma":
+            if learners == "auto":
+                if engine == "threads" and not all(isinstance(d, CPUDevice)
+                                                   for p in self.places for d in p):
+                    raise CCTError("--learners=auto adds learners on CPU cores (or simulated "
+                                   "devices); give --devices of cpu cores or a number")
+                autotune = LearnerTuner(per_step=len(self.groups))
+            self.sma = ModelAveraging(solver, self.groups, self.engine, self._group,
+                                      sma_alpha, sma_momentum, sync_period, autotune)
+            info("driver.cpp:0", self.sma.describe())
+        else:
+            clock = self.engine.now if self.speeds else None
+            self.balance = UpdateBalance(self.groups, self.feeder,
+                                         adaptive=strategy == "adaptive-hogbatch",
+                                         threshold=threshold, clock=clock)
+            self.store.display_hooks.append(self.balance.display)
+            info("driver.cpp:0", policy.describe())
+        info("driver.cpp:0", "Batches: " + ", ".join(
+            f"group {g.index} {g.batch}" for g in self.groups) + f" (the data layers' batch is "
+            f"{self.feeder.batch}; each group takes the next records of the epoch in turn)")
+        if self.speeds:
+            info("driver.cpp:0", "Simulated device speeds (records per virtual second): "
+                 + ", ".join(f"{v:g}" for v in self.speeds))
+
+    def _device_names(self, index: int) -> List[str]:
+        if self.engine_name == "threads":
+            return [d.name for d in self.places[index]]
+        if self.engine_name == "processes":
+            return [f"cpu:{c}" for c in self.cores[index]]
+        return []
+
+    def _group(self, index: int, batch: Optional[int] = None):
+        """Group ``index`` on its place (devices, cores or this thread); a learner added by
+        the SMA autotuner takes the place (and batch) of learner ``index`` mod the places."""
+        if batch is None and index >= len(self.groups) > 0:
+            batch = self.groups[index % len(self.groups)].batch
+        if self.engine_name == "threads":
+            place = self.places[index % len(self.places)]
+            if index >= len(self.places):
+                place = [CPUDevice(d.cores) for d in place]   # its own thread, same cores
+            return Group(index, self.feeder, place, self.iter_size, self.group_seed, batch)
+        if self.engine_name == "processes":
+            return ProcessGroup(index, self.feeder, self.cores[index % len(self.cores)],
+                                self.iter_size, self.group_seed, batch,
+                                max_batch=self.max_batch)
+        return Group(index, self.feeder, [], self.iter_size, self.group_seed, batch)
 
     # -- running -----------------------------------------------------------------------------
     def step(self, iters: int) -> None:
         """``iters`` updates from the groups (Solver.step's contract)."""
-        self.solver.start_steps()
         try:
-            self.engine.run(self.store, self.groups, iters)
+            if self.sma is not None:
+                self.sma.step(iters)
+            else:
+                self.solver.start_steps()
+                self.engine.run(self.store, self.groups, iters, observer=self.balance)
+                self.balance.summary()
         except AllGroupsLost:
             s = self.solver
             s.requested_early_exit = True
@@ -153,6 +253,10 @@ class AsyncDriver:
         run's were restored with its snapshot)."""
         for g in self.groups:
             g.copy_statistics_from(self.solver.net)
+        if self.sma is not None and not self._restored:
+            for g in self.groups:     # learners restart from z: the snapshot has none of theirs
+                self.solver.params.copy_weights_to(g.params)
+        self._restored = False
 
     def close(self) -> None:
         for g in self.groups:
@@ -160,13 +264,52 @@ class AsyncDriver:
         self.groups = []
 
     # -- what snapshots keep -----------------------------------------------------------------
+    @staticmethod
+    def records_file(state_file: str) -> str:
+        return state_file + ".cct.feeder.npz"
+
     def state(self, state_file: str) -> dict:
-        out = {"staleness": self.store.stats.state(), "engine": self.engine.name}
-        if isinstance(self.engine, SimulatedEngine):
-            out["simulated"] = self.engine.state(self.groups, state_file)
+        out = {"staleness": self.store.stats.state(), "engine": self.engine.name,
+               "strategy": self.strategy}
+        feeder, rows = self.feeder.state()
+        if rows:       # records of the data layers' current batch no group has taken yet
+            def write(tmp):
+                with open(tmp, "wb") as f:
+                    np.savez(f, **rows)
+            atomic_write(self.records_file(state_file), write)
+        out["feeder"] = feeder
+        if self.sma is not None:
+            out["sma"] = self.sma.state(state_file)
+        else:
+            out["balance"] = self.balance.state()
+            if isinstance(self.engine, SimulatedEngine):
+                out["simulated"] = self.engine.state(self.groups, state_file)
         return out
 
     def load_state(self, state: dict, state_file: str) -> None:
+        if state.get("strategy", "async") != self.strategy:
+            raise ValueError(f"the snapshot was taken with --strategy="
+                             f"{state.get('strategy', 'async')}, this run is {self.strategy}")
         self.store.stats.load_state(state["staleness"])
+        if "feeder" in state:
+            rows = {}
+            if state["feeder"].get("left"):
+                path = self.records_file(state_file)
+                try:
+                    with np.load(path) as saved:
+                        rows = {k: saved[k] for k in saved.files}
+                except (OSError, ValueError) as e:
+                    raise ValueError(f"cannot read the records left of the batch '{path}': "
+                                     f"{e}") from None
+            self.feeder.load_state(state["feeder"], rows)
+        if self.sma is not None:
+            self.sma.load_state(state["sma"], state_file)
+            self._restored = True
+            return
+        if "balance" in state:
+            self.balance.load_state(state["balance"])
         if isinstance(self.engine, SimulatedEngine) and "simulated" in state:
             self.engine.load_state(state["simulated"], self.groups, state_file, self.store)
+
+
+AsyncDriver = Driver

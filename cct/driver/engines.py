@@ -15,6 +15,7 @@ dropped with an error line and the others go on; the store keeps every update al
 """
 from __future__ import annotations
 
+import time
 from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -42,19 +43,20 @@ def _dropped(groups: List, group, e: BaseException) -> None:
 
 
 def wait_any(store, groups: List, updates: int, start: Callable, finished: Callable,
-             result: Callable, drain: Callable) -> None:
+             result: Callable, drain: Callable, observer=None) -> None:
     """The driver's loop over real groups: start every group (``start(group)`` returns a
     handle), then until ``updates`` were pushed: take whichever handles are ``finished``
     (lowest group first when several are), ``result(handle, group)`` (its loss; an exception
     that is not a CCTError drops the group), push, and start that group again. Afterwards
     ``drain`` waits for the handles still pending (so that no group computes when the caller
     moves on) and their results are read, unused, a failure among them still dropping its
-    group."""
+    group. ``observer.pushing(group)`` sees each group before its push (update-rate
+    accounting, batch re-sizing before the group starts again)."""
     pending: Dict = {}
     for g in list(groups):
         _start(start, groups, g, pending)
     try:
-        _loop(store, groups, updates, pending, start, finished, result)
+        _loop(store, groups, updates, pending, start, finished, result, observer)
     finally:
         drain(pending)
     for handle, group in sorted(pending.items(), key=lambda item: item[1].index):
@@ -76,7 +78,21 @@ def _start(start, groups, group, pending) -> None:
         _dropped(groups, group, e)
 
 
-def _loop(store, groups, updates, pending, start, finished, result) -> None:
+def _results(groups: List, waits) -> List[float]:
+    """The losses of a round's ``(group, wait for its loss)`` pairs, in order; a group whose
+    computation failed (not a CCTError) is dropped and gives none."""
+    losses = []
+    for group, get in waits:
+        try:
+            losses.append(get())
+        except CCTError:
+            raise
+        except Exception as e:
+            _dropped(groups, group, e)
+    return losses
+
+
+def _loop(store, groups, updates, pending, start, finished, result, observer) -> None:
     applied = 0
     while applied < updates and pending:
         for handle in sorted(finished(list(pending)), key=lambda h: pending[h].index):
@@ -90,6 +106,8 @@ def _loop(store, groups, updates, pending, start, finished, result) -> None:
                 continue
             if applied >= updates:
                 continue          # computed past the last update: not used
+            if observer is not None:
+                observer.pushing(group)
             if not store.push(group.params, group.read_version, loss, group.net, group.pushed):
                 return
             applied += 1
@@ -100,16 +118,35 @@ def _loop(store, groups, updates, pending, start, finished, result) -> None:
 class ThreadEngine:
     name = "threads"
 
-    def run(self, store, groups: List[Group], updates: int) -> None:
+    def run(self, store, groups: List[Group], updates: int, observer=None) -> None:
         def work(group: Group):
+            began = time.perf_counter()
             group.read_version = store.pull(group.params)
-            return group.compute()
+            loss = group.compute()
+            group.seconds = time.perf_counter() - began
+            return loss
 
         wait_any(store, groups, updates,
                  start=lambda g: g.devices[0].submit(work, g),
                  finished=lambda futures: wait(futures, return_when=FIRST_COMPLETED)[0],
                  result=lambda future, _: future.result(),
-                 drain=lambda pending: wait(list(pending)))
+                 drain=lambda pending: wait(list(pending)), observer=observer)
+
+    def compute_all(self, groups: List[Group]) -> List[float]:
+        """Every group's gradient on its own weights at once (SMA's learners); the losses.
+        A group that fails is dropped (and gives no loss)."""
+        def work(group: Group):
+            began = time.perf_counter()
+            loss = group.compute(fed=True)
+            group.seconds = time.perf_counter() - began
+            return loss
+        began = time.perf_counter()
+        for g in groups:          # in order: the learners' batches do not depend on timing
+            g.feed()
+        futures = [(g, g.devices[0].submit(work, g)) for g in list(groups)]
+        losses = _results(groups, [(g, f.result) for g, f in futures])
+        self.round_seconds = time.perf_counter() - began
+        return losses
 
 
 class SimulatedEngine:
@@ -120,24 +157,37 @@ class SimulatedEngine:
     name = "simulated"
 
     def __init__(self, staleness: str = "round-robin", seed: int = 0,
-                 trace: Optional[Sequence[int]] = None):
+                 trace: Optional[Sequence[int]] = None,
+                 speeds: Optional[Sequence[float]] = None):
         self.staleness = staleness
         self.seed = seed
         self.trace = trace
+        self.speeds = list(speeds) if speeds else None
         self._order = None
         self._pushing: Optional[Group] = None   # its push may snapshot before it pulls again
 
+    def now(self) -> float:
+        """The virtual clock (simulated speeds); 0 before the run or without speeds."""
+        return getattr(self._order, "now", 0.0)
+
+    def _schedule(self, groups: int):
+        return schedule(self.staleness, groups, self.seed, self.trace, self.speeds)
+
     def _start(self, store, groups: List[Group]) -> None:
-        self._order = schedule(self.staleness, len(groups), self.seed, self.trace)
+        self._order = self._schedule(len(groups))
         for g in groups:
             g.read_version = store.pull(g.params)
+            self._order.start(g.index, g.batch)
 
-    def run(self, store, groups: List[Group], updates: int) -> None:
+    def run(self, store, groups: List[Group], updates: int, observer=None) -> None:
         if self._order is None:
             self._start(store, groups)
         for _ in range(updates):
             group = groups[next(self._order)]
             loss = group.compute()
+            group.seconds = self._order.seconds(group.index)
+            if observer is not None:
+                observer.pushing(group)
             self._pushing = group
             try:
                 if not store.push(group.params, group.read_version, loss, group.net,
@@ -146,6 +196,22 @@ class SimulatedEngine:
             finally:
                 self._pushing = None
             group.read_version = store.pull(group.params)
+            self._order.start(group.index, group.batch)
+
+    def compute_all(self, groups: List[Group]) -> List[float]:
+        """Every group's gradient in turn (SMA's learners, in this thread). Learner k runs on
+        simulated device k mod len(speeds); a round's virtual time is its busiest device's
+        (speed 1 per device without speeds)."""
+        losses = []
+        busy: Dict[int, float] = {}
+        for g in groups:
+            losses.append(g.compute())
+            place = g.index % len(self.speeds) if self.speeds else 0
+            g.seconds = g.batch / self.speeds[place] if self.speeds else float(g.batch)
+            busy[place] = busy.get(place, 0.0) + g.seconds
+        # Learners on one simulated device share it: a round lasts as long as the busiest.
+        self.round_seconds = max(busy.values())
+        return losses
 
     # -- snapshots -----------------------------------------------------------------------------
     @staticmethod
@@ -185,7 +251,7 @@ class SimulatedEngine:
                 if a is None or a.shape != b.data.shape:
                     raise ValueError(f"'{path}' does not hold group {g.index}'s param {i} of "
                                      f"shape {tuple(b.data.shape)}")
-        order = schedule(self.staleness, len(groups), self.seed, self.trace)
+        order = self._schedule(len(groups))
         order.load_state(state["schedule"])
         for g, read in zip(groups, state["reads"]):
             for i, b in enumerate(g.params.blobs):
@@ -193,6 +259,7 @@ class SimulatedEngine:
             g.read_version = int(read)
         for k in state["pull"]:
             groups[int(k)].read_version = store.pull(groups[int(k)].params)
+            order.start(int(k), groups[int(k)].batch)
         self._order = order
 
 

@@ -8,8 +8,9 @@ is then the scheduler's master). Every group computes on a whole mini-batch, as 
 """
 from __future__ import annotations
 
+import collections
 import threading
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -22,31 +23,95 @@ from ..scheduler import HybridScheduler, next_batch, replica_param, source_layer
 
 
 class BatchFeeder:
-    """The solver's train net's data layers, handing out batches one at a time (in the order
-    groups ask), so that groups never see the same batch and g = 1 sees plain training's."""
+    """The solver's train net's data layers, handing out records in their order: each request
+    takes the next ``n`` records of the epoch (from the current batch of the data layers, then
+    the next ones), so groups never see the same record, none is skipped, and one group of
+    the train net's batch size sees plain training's batches. It counts what each group took
+    (the log's "epoch shared" lines)."""
 
     def __init__(self, master):
         self.master = master
         self.sources = source_layers(master)
         self.tops = [master.blobs_list[b] for i in self.sources for b in master.top_id_vecs[i]]
+        self.batch = self.tops[0].shape[0] if self.tops else 0
         self.lock = threading.Lock()
+        self.left = 0                      # records of the current batch not handed out yet
+        self.records: Dict[int, int] = collections.Counter()   # group index -> records taken
 
-    def feed(self, inputs: Sequence) -> None:
-        """The next batch into ``inputs`` (a group net's Input blobs, in the same order)."""
-        with self.lock:
-            next_batch(self.master, self.sources)
-            for src, dst in zip(self.tops, inputs):
-                if dst.shape != src.shape:
-                    dst.reshape(src.shape)
-                dst.data[...] = src.data
+    def check_split(self) -> None:
+        """A batch other than the data layers' splits their batches: every top must then hold
+        one record per row."""
+        odd = [t for t in self.tops if not t.shape or t.shape[0] != self.batch]
+        if odd:
+            raise CCTError(f"per-group batch sizes take the data layers' records one by one, "
+                           f"but top shapes {[tuple(t.shape) for t in self.tops]} do not all "
+                           f"start with the batch size {self.batch}; give every group the "
+                           f"train net's batch")
 
-    def feed_arrays(self, arrays: Sequence) -> None:
-        """The next batch into preallocated arrays of the tops' shapes (a group process's
-        shared block)."""
+    def _take(self, outputs: Sequence, n: int, group: int) -> None:
+        pos = 0
+        while pos < n:
+            if self.left == 0:
+                next_batch(self.master, self.sources)
+                self.left = self.batch
+            take = min(n - pos, self.left)
+            start = self.batch - self.left
+            for src, dst in zip(self.tops, outputs):
+                if src.shape[1:] != dst.shape[1:]:
+                    raise CCTError(f"the data layers' records changed shape from "
+                                   f"{tuple(dst.shape[1:])} to {tuple(src.shape[1:])}: a "
+                                   f"group's batch must hold records of one shape")
+                dst[pos:pos + take] = src.data[start:start + take]
+            pos += take
+            self.left -= take
+        self.records[group] += n
+
+    def feed(self, inputs: Sequence, n: Optional[int] = None, group: int = 0) -> None:
+        """The next ``n`` records (the data layers' batch by default) into ``inputs`` (a group
+        net's Input blobs, in the same order), reshaped to hold them."""
+        n = self.batch if n is None else n
         with self.lock:
-            next_batch(self.master, self.sources)
-            for src, dst in zip(self.tops, arrays):
-                dst[...] = src.data
+            if self.left == 0 and n == self.batch:
+                # The data layers' own batch, whatever shape its records have this time.
+                next_batch(self.master, self.sources)
+                for src, dst in zip(self.tops, inputs):
+                    if dst.shape != src.shape:
+                        dst.reshape(src.shape)
+                    dst.data[...] = src.data
+                self.records[group] += n
+                return
+            for dst in inputs:
+                if dst.shape[0] != n:
+                    dst.reshape((n,) + tuple(dst.shape[1:]))
+            self._take([dst.data for dst in inputs], n, group)
+
+    def feed_arrays(self, arrays: Sequence, n: Optional[int] = None, group: int = 0) -> None:
+        """The next ``n`` records into the first ``n`` rows of preallocated arrays (a group
+        process's shared block)."""
+        n = self.batch if n is None else n
+        with self.lock:
+            self._take([a[:n] for a in arrays], n, group)
+
+    # -- snapshots: the records of the current batch not handed out yet ------------------------
+    def state(self) -> Tuple[dict, Dict[str, np.ndarray]]:
+        arrays = {f"top{i}": np.array(t.data[self.batch - self.left:])
+                  for i, t in enumerate(self.tops)} if self.left else {}
+        return {"left": self.left, "records": {str(k): v for k, v in self.records.items()}}, \
+            arrays
+
+    def load_state(self, state: dict, arrays: Dict[str, np.ndarray]) -> None:
+        left = int(state.get("left", 0))
+        for i, t in enumerate(self.tops):
+            if left:
+                rows = arrays[f"top{i}"]
+                if len(rows) != left or tuple(rows.shape[1:]) != tuple(t.shape[1:]):
+                    raise ValueError(f"the saved records of top {i} have shape "
+                                     f"{tuple(rows.shape)}, not {left} records of "
+                                     f"{tuple(t.shape[1:])}")
+                t.data[self.batch - left:] = rows
+        self.left = left
+        self.records = collections.Counter({int(k): int(v)
+                                            for k, v in state.get("records", {}).items()})
 
 
 class Group:
@@ -54,13 +119,15 @@ class Group:
     params, the version of the weights it last read and its gradient source."""
 
     def __init__(self, index: int, feeder: BatchFeeder, devices: Optional[List[Device]] = None,
-                 iter_size: int = 1, seed: Optional[int] = None):
+                 iter_size: int = 1, seed: Optional[int] = None, batch: Optional[int] = None):
         master = feeder.master
         self.index = index
         self.feeder = feeder
         self.devices = list(devices or [])
         self.iter_size = iter_size
-        param = replica_param(master, feeder.sources, feeder.tops[0].shape[0])
+        self.batch = batch or feeder.batch     # records per pass (Hogbatch: per group)
+        self.seconds = 0.0                     # the last step's pull and compute (engines)
+        param = replica_param(master, feeder.sources, self.batch)
         # The group's own generator (Caffe's per-thread RNG): its fillers (whose values the
         # store's weights replace) and its Dropout masks, whichever thread runs it. Group 0
         # draws its masks from the process-wide generator, as plain training does, so that one
@@ -109,19 +176,27 @@ class Group:
         where = ",".join(d.name for d in self.devices) or "this thread"
         return f"group {self.index} ({where})"
 
-    def compute(self) -> float:
-        """``iter_size`` batches' gradients summed in the group's param diffs; the mean loss."""
+
+    def feed(self) -> None:
+        """The next batch into the inputs now (SMA feeds its learners in order)."""
+        self.feeder.feed(self.inputs, self.batch, self.index)
+
+    def compute(self, fed: bool = False) -> float:
+        """``iter_size`` batches' gradients summed in the group's param diffs; the mean loss.
+        ``fed``: the (one) batch is already in the inputs (:meth:`feed`)."""
         self.net.clear_param_diffs()
+        self.last_batch = self.batch
         if self.sync_fc:
             store, first, fc, _ = self.sync_fc
-            self.feeder.feed(self.inputs)
+            self.feeder.feed(self.inputs, self.batch, self.index)
             self.net.forward_from_to(0, first - 1)
             loss = store.fc_step(self.net, first, fc, self.params)
             self.net.backward_from_to(first - 1, 0)
             return loss
         loss = 0.0
-        for _ in range(self.iter_size):
-            self.feeder.feed(self.inputs)
+        for k in range(self.iter_size):
+            if not (fed and k == 0):
+                self.feeder.feed(self.inputs, self.batch, self.index)
             loss += self.source.compute_gradients()
         return loss / self.iter_size
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
 from multiprocessing import shared_memory
 from multiprocessing.connection import wait
 from typing import List, Optional, Sequence
@@ -21,13 +22,13 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from .. import _C, glog
-from ..backend import plans
+from ..backend import get as get_backend, plans
 from ..errors import CCTError
 from ..net import Net
 from ..params import ParamSet, StoreBlob
 from ..proto import caffe_pb2
 from ..scheduler import replica_param
-from .engines import wait_any
+from .engines import _dropped, _results, wait_any
 
 _STARTUP_SECONDS = 300
 
@@ -80,7 +81,7 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
         outputs = [net.blobs_list[b] for b in net.output_blob_indices]
         conn.send(("ready", os.getpid()))
         while True:
-            msg, table = conn.recv()
+            msg, table, n = conn.recv()
             if msg == "stop":
                 break
             if table is not None:
@@ -91,7 +92,9 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
             loss = 0.0
             for batch in batches:
                 for blob, x in zip(inputs, batch):
-                    blob.data[...] = x
+                    if blob.shape[0] != n:
+                        blob.reshape((n,) + tuple(blob.shape[1:]))
+                    blob.data[...] = x[:n]
                 loss += net.forward_backward()
             for blob, g in zip(net.learnable_params, grads):
                 g[...] = blob.diff
@@ -108,19 +111,28 @@ class ProcessGroup:
     """The driver's side of one group process."""
 
     def __init__(self, index: int, feeder, cores: Sequence[int], iter_size: int,
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None, batch: Optional[int] = None,
+                 max_batch: Optional[int] = None):
         master = feeder.master
         self.index = index
         self.feeder = feeder
         self.cores = tuple(cores)
         self.net = master           # whose output blobs the log reads back
-        param = replica_param(master, feeder.sources, feeder.tops[0].shape[0])
+        self.batch = batch or feeder.batch
+        self.seconds = 0.0
+        self._started = 0.0
+        # The block holds the largest batch this group may be given (Adaptive Hogbatch).
+        self.max_batch = max(max_batch or self.batch, self.batch)
+        param = replica_param(master, feeder.sources, self.batch)
         layout = _Layout([b.shape for b in master.learnable_params],
-                         [t.shape for t in feeder.tops], iter_size, master.dtype)
+                         [(self.max_batch,) + tuple(t.shape[1:]) for t in feeder.tops],
+                         iter_size, master.dtype)
         self.shm = shared_memory.SharedMemory(create=True, size=layout.nbytes)
         self.weights, self.grads, self.batches = layout.arrays(self.shm.buf)
+        # The weights are this group's own copy (an SMA learner updates it in place).
         self.params = ParamSet([StoreBlob.pair(w, g) for w, g in zip(self.weights, self.grads)],
-                               [0.0] * len(self.weights), [0.0] * len(self.weights))
+                               master.params_lr, master.params_weight_decay,
+                               get_backend("cpu"))
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_group_main, daemon=True,
@@ -149,13 +161,21 @@ class ProcessGroup:
         cores = ",".join(map(str, self.cores))
         return f"group {self.index} (pid {self.process.pid}, cores {cores})"
 
-    def start(self, store) -> None:
-        self.read_version = store.pull(self.params)
+    def start(self, store=None) -> None:
+        """Send the next step: the store's weights (none: the group's own, an SMA learner's)
+        and the next batches."""
+        self._started = time.perf_counter()
+        if self.batch > self.max_batch:
+            raise CCTError(f"{self.name}: batch {self.batch} is over the {self.max_batch} its "
+                           f"shared block holds")
+        self.last_batch = self.batch
+        if store is not None:
+            self.read_version = store.pull(self.params)
         for batch in self.batches:
-            self.feeder.feed_arrays(batch)
+            self.feeder.feed_arrays(batch, self.batch, self.index)
         # The kernels' plans round differently: the group runs the driver's (first step only).
         try:
-            self.conn.send(("step", None if self.sent_plans else plans.table()))
+            self.conn.send(("step", None if self.sent_plans else plans.table(), self.batch))
         except OSError as e:        # BrokenPipeError: the process is gone
             self.process.join(1)
             raise RuntimeError(f"the process ended (exit code {self.process.exitcode}): "
@@ -172,6 +192,7 @@ class ProcessGroup:
                                f"{type(e).__name__}") from None
         if kind == "error":
             raise CCTError(payload[0])
+        self.seconds = time.perf_counter() - self._started
         loss, self.outputs = payload
         master = self.feeder.master
         for b, value in zip(master.output_blob_indices, self.outputs):
@@ -191,7 +212,7 @@ class ProcessGroup:
     def close(self) -> None:
         try:
             if self.process.is_alive():
-                self.conn.send(("stop", None))
+                self.conn.send(("stop", None, 0))
                 self.process.join(5)
         except (BrokenPipeError, EOFError, OSError):
             pass
@@ -207,10 +228,8 @@ class ProcessGroup:
 class ProcessEngine:
     name = "processes"
 
-    def run(self, store, groups: List[ProcessGroup], updates: int) -> None:
-        for g in groups:
-            if g.pid is None:
-                g.wait_ready()
+    def run(self, store, groups: List[ProcessGroup], updates: int, observer=None) -> None:
+        self._ready(groups)
 
         def start(group: ProcessGroup):
             group.start(store)
@@ -218,4 +237,34 @@ class ProcessEngine:
 
         # Nothing to drain: reading a pending group's answer afterwards waits for it.
         wait_any(store, groups, updates, start=start, finished=wait,
-                 result=lambda _, group: group.result(), drain=lambda pending: None)
+                 result=lambda _, group: group.result(), drain=lambda pending: None,
+                 observer=observer)
+
+    def compute_all(self, groups: List[ProcessGroup]) -> List[float]:
+        """Every group's gradient on its own weights (SMA's learners), all at once."""
+        self._ready(groups)
+        began = time.perf_counter()
+        started = []
+        for g in list(groups):
+            started.append((g, _attempt(groups, g, g.start)))
+        losses = _results(groups, [(g, g.result) for g, ok in started if ok])
+        self.round_seconds = time.perf_counter() - began
+        return losses
+
+    @staticmethod
+    def _ready(groups) -> None:
+        for g in groups:
+            if g.pid is None:
+                g.wait_ready()
+
+
+def _attempt(groups, group, start) -> bool:
+    """Start a group's step; one whose process is gone is dropped."""
+    try:
+        start()
+        return True
+    except CCTError:
+        raise
+    except Exception as e:
+        _dropped(groups, group, e)
+        return False

@@ -75,7 +75,8 @@ STALENESS_MODELS = ("round-robin", "exponential", "replay")
 
 
 def schedule(model: str, groups: int, seed: int = 0,
-             trace: Optional[Sequence[int]] = None) -> "Schedule":
+             trace: Optional[Sequence[int]] = None,
+             speeds: Optional[Sequence[float]] = None) -> "Schedule":
     """Group indices in the order their updates arrive (``next(schedule)``).
 
     ``round-robin``: 0, 1, ..., g-1, 0, ... (homogeneous groups, Omnivore's steady state:
@@ -85,6 +86,8 @@ def schedule(model: str, groups: int, seed: int = 0,
     A schedule's ``state()`` and ``load_state()`` let a snapshot resume it exactly."""
     if groups < 1:
         raise CCTError(f"the simulated engine needs at least one group, got {groups}")
+    if speeds is not None:
+        return VirtualClock(groups, speeds)
     if model == "round-robin":
         return Cycle(list(range(groups)))
     if model == "exponential":
@@ -115,6 +118,12 @@ class Cycle:
         self.position += 1
         return k
 
+    def start(self, group: int, batch: int) -> None:
+        """A group starts a step (its order is fixed: nothing to do)."""
+
+    def seconds(self, group: int) -> Optional[float]:
+        return None
+
     def state(self) -> dict:
         return {"position": self.position}
 
@@ -138,6 +147,12 @@ class Exponential:
         heapq.heappush(self.events, (t + float(self.rng.exponential()), k))
         return k
 
+    def start(self, group: int, batch: int) -> None:
+        """A group starts a step (its work time is drawn when it finishes)."""
+
+    def seconds(self, group: int) -> Optional[float]:
+        return None
+
     def state(self) -> dict:
         return {"events": [[t, k] for t, k in self.events],
                 "rng": self.rng.bit_generator.state}
@@ -148,4 +163,50 @@ class Exponential:
         self.rng.bit_generator.state = state["rng"]
 
 
-Schedule = Union[Cycle, Exponential]
+class VirtualClock:
+    """Devices of given speeds (records per virtual second): a step of ``batch`` records on
+    group k takes batch / speeds[k]; the group whose step ends first is next (ties: the lower
+    index). Heterogeneous devices, studied deterministically (``--simulate-speeds``)."""
+
+    def __init__(self, groups: int, speeds: Sequence[float]):
+        if len(speeds) != groups:
+            raise CCTError(f"--simulate-speeds gives {len(speeds)} speed(s) for {groups} "
+                           f"group(s): give one per group")
+        if any(not v > 0 for v in speeds):
+            raise CCTError(f"--simulate-speeds must be positive, got {list(speeds)}")
+        self.speeds = [float(v) for v in speeds]
+        self.now = 0.0
+        self.began = [0.0] * groups
+        self.last = [0.0] * groups
+        self.events: List = []
+
+    def __iter__(self):
+        return self
+
+    def start(self, group: int, batch: int) -> None:
+        self.began[group] = self.now
+        heapq.heappush(self.events, (self.now + batch / self.speeds[group], group))
+
+    def __next__(self) -> int:
+        t, k = heapq.heappop(self.events)
+        self.now = t
+        self.last[k] = t - self.began[k]
+        return k
+
+    def seconds(self, group: int) -> Optional[float]:
+        """The virtual duration of the group's step that just ended."""
+        return self.last[group]
+
+    def state(self) -> dict:
+        return {"now": self.now, "began": list(self.began), "last": list(self.last),
+                "events": [[t, k] for t, k in self.events]}
+
+    def load_state(self, state: dict) -> None:
+        self.now = float(state["now"])
+        self.began = [float(t) for t in state["began"]]
+        self.last = [float(t) for t in state["last"]]
+        self.events = [(float(t), int(k)) for t, k in state["events"]]
+        heapq.heapify(self.events)
+
+
+Schedule = Union[Cycle, Exponential, VirtualClock]

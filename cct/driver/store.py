@@ -57,6 +57,7 @@ class ParameterStore:
         self.stats = stats or StalenessStats()
         self.lock = threading.Lock()
         self._views = {}
+        self.display_hooks: List = []      # more lines after the staleness line (per group)
 
     @property
     def version(self) -> int:
@@ -99,6 +100,8 @@ class ParameterStore:
                 mean, top, count = self.stats.take_interval()
                 info("driver.cpp:0", f"Staleness mean {mean:.4g} max {top} over {count} "
                      f"updates; momentum explicit {explicit:.4g} (implicit ~{implicit:.4g})")
+                for hook in self.display_hooks:
+                    hook()
             # The update reads the group's diffs where they are: no model-sized copy.
             s.apply_update(explicit, self._update_view(gradients), only=only)
             return s.end_iteration()

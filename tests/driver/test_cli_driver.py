@@ -55,3 +55,35 @@ def test_bad_driver_flags(workdir, flags, needle):  # noqa: F811
     run = cct("train", "--solver=solver.prototxt", *flags, cwd=workdir)
     assert run.returncode == 1
     assert needle in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--strategy=hogbatch", "--groups=2", "--batch-sizes=8"], "gives 1 batch size(s) for 2"),
+    (["--strategy=hogbatch", "--groups=2", "--batch-sizes=gpu3:8"], "no group runs on 'gpu3'"),
+    (["--strategy=async", "--learners=2"], "-learners is for -strategy=sma"),
+    (["--strategy=sma", "--learners=many"], "-learners must be a count or 'auto'"),
+    (["--batch-sizes=8"], "-batch-sizes gives each group its batch"),
+    (["--strategy=hogbatch", "--groups=2", "--engine=simulated", "--simulate-speeds=1,x"],
+     "-simulate-speeds takes speeds separated by commas"),
+])
+def test_bad_strategy_flags(workdir, flags, needle):  # noqa: F811
+    run = cct("train", "--solver=solver.prototxt", *flags, cwd=workdir)
+    assert run.returncode == 1
+    assert needle in run.stderr and "Traceback" not in run.stderr
+
+
+def test_hogbatch_and_sma_from_the_command_line(workdir):  # noqa: F811
+    run = cct("train", "--solver=solver.prototxt", "--strategy=adaptive-hogbatch", "--groups=2",
+              "--engine=simulated", "--simulate-speeds=1,4", "--batch-sizes=16,64",
+              cwd=workdir)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "Batches: group 0 16, group 1 64" in run.stderr
+    assert re.search(r"group 1: batch \d+, \d+ updates \([\d.]+%\), [\d.e+-]+ updates/s",
+                     run.stderr)
+    assert "Updates by group: group 0" in run.stderr
+    run = cct("train", "--solver=solver.prototxt", "--strategy=sma", "--learners=2",
+              "--engine=simulated", "--sync-period=2", "--sma-alpha=0.4", cwd=workdir)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert ("SMA: 2 learner(s), alpha 0.4, central momentum 0, synchronising every 2 round(s)"
+            in run.stderr)
+    assert (workdir / "lenet_iter_40.solverstate.cct.sma.npz").exists()
