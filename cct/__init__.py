@@ -1,7 +1,8 @@
 """cct: a Caffe-compatible CNN training engine. ``import cct as caffe`` runs pycaffe code.
 
 The names here follow pycaffe: ``Net``, ``TRAIN``/``TEST``, ``set_mode_cpu``, ``layers``/``params``
-(NetSpec), ``io``, ``proto.caffe_pb2``.
+(NetSpec), ``io``, ``proto.caffe_pb2``, ``Classifier``/``Detector``; ``import cct.draw`` and
+``import cct.coord_map`` as in pycaffe. docs/PYCAFFE.md lists every name and its status.
 """
 import os as _os
 import sys as _sys
@@ -40,6 +41,11 @@ from .errors import CCTError  # noqa: F401
 from .onnx_export import export_onnx  # noqa: F401  (imports onnx only when called)
 from .layers.python_layer import PythonLayer as Layer  # noqa: F401  (pycaffe's caffe.Layer)
 from .caffe_alias import install_as_caffe  # noqa: F401
+from .pycaffe import (NCCL, Timer, has_nccl, multiprocess, set_multiprocess,  # noqa: F401
+                      set_solver_count, set_solver_rank, solver_count, solver_rank)
+from .classifier import Classifier  # noqa: F401
+from .detector import Detector  # noqa: F401
+from .proto.caffe_pb2 import LayerParameter, NetParameter, SolverParameter  # noqa: F401
 from .proto import caffe_pb2  # noqa: F401
 from . import proto  # noqa: F401
 # After the imports above: this rebinds ``cct.layers`` from the layer package to pycaffe's

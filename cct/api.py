@@ -19,6 +19,7 @@ from .proto import caffe_pb2
 from .rng import set_random_seed  # noqa: F401
 from .scheduler import gradient_source, single_gpu
 from .solver import Solver as _CoreSolver
+from .solver_rules import learning_rate
 
 _mode = "cpu"
 _device = 0
@@ -124,6 +125,16 @@ class Solver(_CoreSolver):
         super().__init__(param, source, **kw)
         if devices is not None:
             self.use_devices(devices)
+
+    def share_weights(self, net) -> None:
+        """pycaffe's Solver.share_weights: ``net`` uses this solver's trained params (by
+        layer name) from now on."""
+        net.share_trained_layers_with(self.net)
+
+    @property
+    def lr(self) -> float:
+        """pycaffe's SGDSolver.lr: the learning rate of the current iteration."""
+        return float(learning_rate(self.param, self.iter, self.current_step, self.dtype)[0])
 
     def use_devices(self, devices) -> None:
         """Train on these devices from the next iteration on: a spelling such as

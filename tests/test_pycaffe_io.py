@@ -1,6 +1,7 @@
 """pycaffe's caffe.io (cct.io.pycaffe_io, re-exported as cct.io.<name>)."""
 import importlib
 import io as std_io
+import sys
 
 import numpy as np
 import pytest
@@ -70,7 +71,8 @@ def test_preprocess_resizes_to_the_input_size():
     t.set_transpose("data", (2, 0, 1))
     out = t.preprocess("data", img)
     assert out.shape == (3, 4, 5)
-    np.testing.assert_allclose(out, cct.io.resize_image(img, (4, 5)).transpose(2, 0, 1))
+    np.testing.assert_allclose(out, cct.io.resize_image(img.astype(np.float32), (4, 5))
+                               .transpose(2, 0, 1))
 
 
 def test_gray_mean_of_hw_shape():
@@ -96,10 +98,35 @@ def test_transformer_checks():
     with pytest.raises(ValueError, match=r"Mean shape invalid"):
         t.set_mean("data", np.zeros((1, 3, 4, 5)))
     with pytest.raises(ValueError, match=r"Mean shape incompatible with input shape: the mean is "
-                                         r"\(3, 5, 4\), input 'data' needs \(3, 4, 5\)"):
-        t.set_mean("data", np.zeros((3, 5, 4)))
+                                         r"\(2, 5, 4\), input 'data' needs \(3, 4, 5\); .* "
+                                         r"the channels must match"):
+        t.set_mean("data", np.zeros((2, 5, 4)))
     with pytest.raises(CCTError, match=r"is not one of the net inputs"):
         t.preprocess("x", np.zeros((4, 5, 3)))
+
+
+def test_set_mean_of_another_size_is_resized_as_caffe_master():
+    """BVLC/caffe#5719: an elementwise mean of another H x W is scaled to [0, 1], resized to
+    the input's H x W and scaled back, instead of refused."""
+    rng = np.random.default_rng(6)
+    mean = rng.random((3, 8, 10)) * 100 + 50
+    t = cct.io.Transformer({"data": (1, 3, 4, 5)})
+    t.set_transpose("data", (2, 0, 1))
+    t.set_mean("data", mean)
+    lo, hi = mean.min(), mean.max()
+    expected = cct.io.resize_image(((mean - lo) / (hi - lo)).transpose(1, 2, 0),
+                                   (4, 5)).transpose(2, 0, 1) * (hi - lo) + lo
+    assert t.mean["data"].shape == (3, 4, 5)
+    np.testing.assert_allclose(t.mean["data"], expected, rtol=1e-6)
+    img = rng.random((4, 5, 3)).astype(np.float32)
+    np.testing.assert_allclose(t.preprocess("data", img), img.transpose(2, 0, 1) - expected,
+                               rtol=1e-5, atol=1e-4)
+    # an H x W mean of a grey input, and a constant mean (Caffe's scaling would give NaN)
+    g = cct.io.Transformer({"data": (1, 1, 4, 5)})
+    g.set_mean("data", np.arange(16.0).reshape(2, 8))
+    assert g.mean["data"].shape == (1, 4, 5)
+    g.set_mean("data", np.full((1, 7, 7), 3.0))
+    np.testing.assert_array_equal(g.mean["data"], np.full((1, 4, 5), 3.0))
 
 
 # -- images ---------------------------------------------------------------------------------------
@@ -147,39 +174,123 @@ def test_load_image_16_bit_and_missing(tmp_path):
         cct.io.load_image(str(tmp_path / "junk.png"))
 
 
-def bilinear_reference(im, out_h, out_w, align_corners):
-    """Separable linear interpolation, written out pixel by pixel."""
+def pixel_reference(im, out_h, out_w, align_corners, order=1):
+    """Nearest or linear interpolation written out pixel by pixel: pixel-centre aligned with 0
+    beyond the edges (scikit-image's mode='constant'), or corner aligned (ndimage.zoom)."""
     h, w, k = im.shape
 
-    def src(i, n_in, n_out):
+    def taps(i, n_in, n_out):
         if align_corners:
             s = i * (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
         else:
             s = (i + 0.5) * n_in / n_out - 0.5
-        s = min(max(s, 0.0), n_in - 1)
+        if order == 0:
+            return [(int(np.floor(s + 0.5)), 1.0)]
         i0 = int(np.floor(s))
-        return i0, min(i0 + 1, n_in - 1), s - i0
+        return [(i0, 1 - (s - i0)), (i0 + 1, s - i0)]
+
+    def at(y, x):
+        return im[y, x] if 0 <= y < h and 0 <= x < w else np.zeros(k)
 
     out = np.zeros((out_h, out_w, k))
     for y in range(out_h):
-        y0, y1, wy = src(y, h, out_h)
         for x in range(out_w):
-            x0, x1, wx = src(x, w, out_w)
-            out[y, x] = ((1 - wy) * ((1 - wx) * im[y0, x0] + wx * im[y0, x1])
-                         + wy * ((1 - wx) * im[y1, x0] + wx * im[y1, x1]))
+            out[y, x] = sum(wy * wx * at(yy, xx) for yy, wy in taps(y, h, out_h)
+                            for xx, wx in taps(x, w, out_w))
     return out
 
 
+def without(monkeypatch, *modules):
+    """Make ``import`` of these modules fail, as where they are not installed."""
+    for name in modules:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
 @pytest.mark.parametrize("k", [1, 3])
-@pytest.mark.parametrize("new_dims", [(9, 4), (3, 13), (5, 6)])
-def test_resize_image_pixel_centre_path(k, new_dims):
+@pytest.mark.parametrize("order", [0, 1])
+@pytest.mark.parametrize("new_dims", [(9, 12), (10, 13), (5, 6)])
+def test_resize_image_upsampling_blends_edges_with_zero(monkeypatch, k, order, new_dims):
+    without(monkeypatch, "skimage", "skimage.transform", "scipy", "scipy.ndimage")
     rng = np.random.default_rng(3)
     im = (rng.random((5, 6, k)) * 200 - 50).astype(np.float32)
-    out = cct.io.resize_image(im, new_dims)
+    out = cct.io.resize_image(im, new_dims, interp_order=order)
     assert out.dtype == np.float32 and out.shape == new_dims + (k,)
-    np.testing.assert_allclose(out, bilinear_reference(im.astype(np.float64), *new_dims, False),
-                               rtol=1e-5, atol=1e-4)
-    assert out.min() >= im.min() - 1e-4 and out.max() <= im.max() + 1e-4
+    lo, hi = im.min(), im.max()
+    std = (im.astype(np.float64) - lo) / (hi - lo)
+    expected = np.clip(pixel_reference(std, *new_dims, False, order), 0, 1) * (hi - lo) + lo
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+    if order == 1 and new_dims == (10, 13):
+        # the first row samples in[-0.25]: 3/4 of row 0 and 1/4 of the zero beyond it
+        np.testing.assert_allclose(out[0, 1:-1], expected[0, 1:-1], rtol=1e-5, atol=1e-4)
+        assert not np.allclose(out[0], out[1])
+
+
+def test_resize_image_downsampling_blurs_first(monkeypatch):
+    without(monkeypatch, "skimage", "skimage.transform", "scipy", "scipy.ndimage")
+    im = np.zeros((8, 8, 1), np.float32)
+    im[::2, ::2] = 1.0  # a grid that plain sampling would alias to all ones
+    out = cct.io.resize_image(im, (4, 4))
+    # sigma = (8 / 4 - 1) / 2 = 0.5 on both axes, radius int(4 x 0.5 + 0.5) = 2
+    x = np.arange(-2, 3)
+    g = np.exp(-0.5 * x ** 2 / 0.25)
+    g /= g.sum()
+    blurred = np.zeros((8, 8))
+    padded = np.pad(im[:, :, 0].astype(np.float64), 2)
+    for i in range(8):
+        for j in range(8):
+            blurred[i, j] = g @ padded[i:i + 5, j:j + 5] @ g
+    expected = np.array([[(blurred[2 * i, 2 * j] + blurred[2 * i + 1, 2 * j]
+                           + blurred[2 * i, 2 * j + 1] + blurred[2 * i + 1, 2 * j + 1]) / 4
+                          for j in range(4)] for i in range(4)])
+    np.testing.assert_allclose(out[:, :, 0], expected, rtol=1e-5, atol=1e-6)
+    assert out.max() < 0.5
+
+
+CASES = [((5, 6), (9, 4)), ((5, 6), (3, 13)), ((37, 23), (227, 227)), ((100, 75), (16, 16)),
+         ((8, 8), (2, 1)), ((5, 6), (5, 6))]
+
+
+@pytest.mark.parametrize("order", range(6))
+@pytest.mark.parametrize("k", [1, 3])
+def test_resize_image_matches_scikit_image(monkeypatch, order, k):
+    """pycaffe's own call, skimage.transform.resize(mode='constant'), where scikit-image is
+    installed; cct's computation without it must agree."""
+    resize = pytest.importorskip("skimage.transform").resize
+    if order > 1:
+        pytest.importorskip("scipy.ndimage")
+    rng = np.random.default_rng(order)
+    for shape, new_dims in CASES:
+        for dtype in (np.float32, np.float64):
+            im = (rng.random(shape + (k,)) * 255).astype(dtype)
+            lo, hi = im.min(), im.max()
+            std = (im - lo) / (hi - lo)
+            caffe = (resize(std, new_dims, order=order, mode="constant") * (hi - lo)
+                     + lo).astype(np.float32)
+            np.testing.assert_array_equal(cct.io.resize_image(im, new_dims, order), caffe)
+            with monkeypatch.context() as m:
+                without(m, "skimage", "skimage.transform")
+                np.testing.assert_allclose(cct.io.resize_image(im, new_dims, order), caffe,
+                                           rtol=0, atol=255 * 2e-6)
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_resize_image_without_scipy_matches_ndimage(monkeypatch, order):
+    """The NumPy computation of orders 0 and 1 against SciPy's, which scikit-image calls."""
+    ndimage = pytest.importorskip("scipy.ndimage")
+    rng = np.random.default_rng(10 + order)
+    for shape, new_dims in CASES:
+        im = rng.random(shape + (3,))
+        std = (im - im.min()) / (im.max() - im.min())
+        factors = np.array(shape, float) / new_dims
+        sigma = np.maximum(0, (factors - 1) / 2) if (factors > 1).any() else np.zeros(2)
+        blurred = ndimage.gaussian_filter(std, tuple(sigma) + (0,), mode="grid-constant")
+        ref = np.clip(ndimage.zoom(blurred, tuple(1 / factors) + (1,), order=order,
+                                   mode="grid-constant", grid_mode=True), 0, 1)
+        ref = ref * (im.max() - im.min()) + im.min()
+        with monkeypatch.context() as m:
+            without(m, "skimage", "skimage.transform", "scipy", "scipy.ndimage")
+            out = cct.io.resize_image(im, new_dims, order)
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
 
 
 def test_resize_image_same_size_and_constant():
@@ -190,21 +301,34 @@ def test_resize_image_same_size_and_constant():
     assert out.shape == (7, 2, 1) and np.all(out == np.float32(0.25))
 
 
-def test_resize_image_other_channel_counts_follow_ndimage_zoom():
+@pytest.mark.parametrize("order", [0, 1])
+def test_resize_image_other_channel_counts_follow_ndimage_zoom(monkeypatch, order):
     rng = np.random.default_rng(5)
     im = rng.random((5, 6, 2)).astype(np.float32)
-    out = cct.io.resize_image(im, (8, 4))
+    with monkeypatch.context() as m:
+        without(m, "scipy", "scipy.ndimage")
+        out = cct.io.resize_image(im, (8, 4), order)
     assert out.shape == (8, 4, 2)
-    np.testing.assert_allclose(out, bilinear_reference(im.astype(np.float64), 8, 4, True),
+    np.testing.assert_allclose(out, pixel_reference(im.astype(np.float64), 8, 4, True, order),
                                rtol=1e-5, atol=1e-6)
     zoom = pytest.importorskip("scipy.ndimage").zoom
-    np.testing.assert_allclose(out, zoom(im, (8 / 5, 4 / 6, 1), order=1), rtol=1e-5, atol=1e-6)
+    caffe = zoom(im, (8 / 5, 4 / 6, 1), order=order)
+    np.testing.assert_array_equal(cct.io.resize_image(im, (8, 4), order), caffe)
+    np.testing.assert_allclose(out, caffe, rtol=1e-5, atol=1e-6)
 
 
 def test_resize_image_nearest():
     im = np.arange(4.0).reshape(1, 4, 1)
     out = cct.io.resize_image(im, (1, 8), interp_order=0)
     np.testing.assert_array_equal(out[0, :, 0], [0, 0, 1, 1, 2, 2, 3, 3])
+
+
+def test_resize_image_spline_orders_need_scipy(monkeypatch):
+    without(monkeypatch, "skimage", "skimage.transform", "scipy", "scipy.ndimage")
+    with pytest.raises(CCTError, match=r"interp_order=3 needs SciPy .*pip install scipy"):
+        cct.io.resize_image(np.random.default_rng(0).random((4, 4, 3)), (8, 8), 3)
+    with pytest.raises(CCTError, match=r"interp_order must be 0 to 5, got 6"):
+        cct.io.resize_image(np.zeros((4, 4, 3)), (8, 8), 6)
 
 
 def test_resize_image_bad_shape():

@@ -1,8 +1,9 @@
 """pycaffe's ``caffe.io``: array <-> BlobProto/Datum conversion, image loading and resizing, the
 input Transformer and the 10-crop oversampling, with pycaffe's semantics.
 
-Without scikit-image: images load through Pillow and resize by NumPy interpolation (see
-:func:`resize_image`); values and shapes follow pycaffe's scikit-image path.
+Images load through Pillow; values and shapes follow pycaffe's scikit-image path.
+:func:`resize_image` calls scikit-image and SciPy, as pycaffe does, when they are installed,
+and computes orders 0 and 1 with the same math when they are not.
 """
 from __future__ import annotations
 
@@ -222,10 +223,14 @@ class Transformer:
 
     def set_mean(self, in_: str, mean: np.ndarray) -> None:
         """The mean subtracted after raw_scale: one value per channel (shape (K,)) or a whole
-        K x H x W (or H x W) array of the input's shape."""
+        K x H x W (or H x W) array. A whole mean of another height and width than the input is
+        resized to it as Caffe does (BVLC/caffe#5719): scaled to [0, 1], resized with
+        :func:`resize_image` and scaled back. A constant mean stays that constant (Caffe's
+        scaling divides by zero there and gives NaN)."""
         self.__check_input(in_)
         mean = np.asarray(mean)
         ms = mean.shape
+        in_shape = tuple(self.inputs[in_][1:])
         if mean.ndim == 1:
             if ms[0] != self.inputs[in_][1]:
                 raise CaffeIOError(f"Mean channels incompatible with input: the mean has {ms[0]} "
@@ -237,11 +242,23 @@ class Transformer:
             if len(ms) != 3:
                 raise CaffeIOError(f"Mean shape invalid: {mean.shape}; give K values or a "
                                    f"K x H x W array")
-            if ms != tuple(self.inputs[in_][1:]):
-                raise CaffeIOError(f"Mean shape incompatible with input shape: the mean is "
-                                   f"{mean.shape}, input '{in_}' needs "
-                                   f"{tuple(self.inputs[in_][1:])}")
+            if ms != in_shape:
+                if ms[0] != in_shape[0]:
+                    raise CaffeIOError(f"Mean shape incompatible with input shape: the mean is "
+                                       f"{mean.shape}, input '{in_}' needs {in_shape}; a mean "
+                                       f"of another height and width is resized, but the "
+                                       f"channels must match")
+                mean = self._resized_mean(mean.reshape(ms), in_shape)
         self.mean[in_] = mean
+
+    @staticmethod
+    def _resized_mean(mean: np.ndarray, in_shape: Tuple[int, ...]) -> np.ndarray:
+        m_min, m_max = mean.min(), mean.max()
+        if not m_max > m_min:
+            return np.full(in_shape, m_min, dtype=mean.dtype)
+        normal_mean = (mean - m_min) / (m_max - m_min)
+        resized = resize_image(normal_mean.transpose((1, 2, 0)), in_shape[1:])
+        return resized.transpose((2, 0, 1)) * (m_max - m_min) + m_min
 
     def set_input_scale(self, in_: str, scale: float) -> None:
         """Scale applied last, after the mean subtraction."""
@@ -310,55 +327,118 @@ def load_image(filename, color: bool = True) -> np.ndarray:
     return img
 
 
-def _sample_axis(size_in: int, size_out: int, align_corners: bool, order: int):
-    """Source indices and weights along one axis: out[i] = (1 - w) x in[i0] + w x in[i1]."""
-    i = np.arange(size_out, dtype=np.float64)
-    if align_corners:
-        src = i * ((size_in - 1) / (size_out - 1)) if size_out > 1 else np.zeros(size_out)
+def _ndimage():
+    """scipy.ndimage, or None where SciPy is not installed."""
+    try:
+        from scipy import ndimage
+    except ImportError:
+        return None
+    return ndimage
+
+
+def _take_or_zero(im: np.ndarray, index: np.ndarray, axis: int) -> np.ndarray:
+    """``im`` indexed along ``axis``, with 0 for indices outside it."""
+    n = im.shape[axis]
+    pad = [(0, 0)] * im.ndim
+    pad[axis] = (1, 1)
+    return np.take(np.pad(im, pad), np.clip(index, -1, n) + 1, axis=axis)
+
+
+def _zoom_axis(im: np.ndarray, axis: int, size: int, order: int, grid: bool) -> np.ndarray:
+    """scipy.ndimage.zoom along one axis for order 0 or 1. ``grid`` (grid_mode=True,
+    mode='grid-constant'): out[i] samples in[(i + 0.5) n / size - 0.5], zero outside the image;
+    else (grid_mode=False): out[i] samples in[i (n - 1) / (size - 1)], never outside it."""
+    n = im.shape[axis]
+    i = np.arange(size, dtype=np.float64)
+    if grid:
+        src = (i + 0.5) * (n / size) - 0.5
     else:
-        src = (i + 0.5) * (size_in / size_out) - 0.5
-    src = np.clip(src, 0, size_in - 1)
-    if order == 0:
-        i0 = np.floor(src + 0.5).astype(np.intp)
-        return i0, i0, np.zeros(size_out)
+        src = i * ((n - 1) / (size - 1)) if size > 1 else np.zeros(size)
+        src = np.clip(src, 0, n - 1)
+    if order == 0:  # ndimage rounds halves up
+        return _take_or_zero(im, np.floor(src + 0.5).astype(np.intp), axis)
     i0 = np.floor(src).astype(np.intp)
-    i1 = np.minimum(i0 + 1, size_in - 1)
-    return i0, i1, src - i0
+    w = (src - i0).reshape((-1,) + (1,) * (im.ndim - axis - 1))
+    return _take_or_zero(im, i0, axis) * (1 - w) + _take_or_zero(im, i0 + 1, axis) * w
 
 
-def _interpolate(im: np.ndarray, new_dims: Tuple[int, int], align_corners: bool,
-                 order: int) -> np.ndarray:
+def _gaussian_axis(im: np.ndarray, axis: int, sigma: float) -> np.ndarray:
+    """scipy.ndimage.gaussian_filter1d(im, sigma, axis, mode='constant', truncate=4.0)."""
+    radius = int(4.0 * sigma + 0.5)
+    x = np.arange(-radius, radius + 1, dtype=np.float64)
+    kernel = np.exp(-0.5 / sigma ** 2 * x ** 2)
+    kernel /= kernel.sum()
+    n = im.shape[axis]
+    pad = [(0, 0)] * im.ndim
+    pad[axis] = (radius, radius)
+    padded = np.pad(im, pad)
+    return sum(w * np.take(padded, np.arange(j, j + n), axis=axis)
+               for j, w in enumerate(kernel))
+
+
+def _skimage_resize(im: np.ndarray, new_dims: Tuple[int, int], order: int) -> np.ndarray:
+    """``skimage.transform.resize(im, new_dims, order=order, mode='constant')`` for an
+    H x W x K image in [0, 1], as pycaffe calls it; scikit-image's own function when it is
+    installed. Its steps (scikit-image 0.19 on):
+
+    - when any axis shrinks, a Gaussian blur first: sigma = max(0, (H / H' - 1) / 2) per axis,
+      zero outside the image (``anti_aliasing``);
+    - spline interpolation at pixel centres, out[i] = in[(i + 0.5) H / H' - 0.5], where pixels
+      outside the image are 0 (so upsampled edge pixels blend with 0);
+    - clipped to the input's range.
+    """
+    try:
+        from skimage.transform import resize
+    except ImportError:
+        pass
+    else:
+        return resize(im, new_dims, order=order, mode="constant")
+    factors = np.array(im.shape[:2], dtype=np.float64) / np.array(new_dims)
+    sigmas = np.maximum(0, (factors - 1) / 2) if np.any(factors > 1) else np.zeros(2)
+    if order > 1:  # the spline prefilter is ndimage's
+        ndimage = _ndimage()
+        if ndimage is None:
+            raise CCTError(f"resize_image with interp_order={order} needs SciPy or "
+                           f"scikit-image (orders 0 and 1 do not): pip install scipy")
+        filtered = (ndimage.gaussian_filter(im, tuple(sigmas) + (0,), mode="grid-constant")
+                    if sigmas.any() else im)
+        out = ndimage.zoom(filtered, tuple(1 / factors) + (1,), order=order,
+                           mode="grid-constant", grid_mode=True)
+    else:
+        out = im.astype(np.float64)
+        for axis in (0, 1):
+            if sigmas[axis] > 1e-15:
+                out = _gaussian_axis(out, axis, sigmas[axis])
+        for axis in (0, 1):
+            out = _zoom_axis(out, axis, new_dims[axis], order, grid=True)
+        out = out.astype(im.dtype)
+    return np.clip(out, im.min(), im.max())
+
+
+def _ndimage_zoom(im: np.ndarray, new_dims: Tuple[int, int], order: int) -> np.ndarray:
+    """``scipy.ndimage.zoom(im, (H' / H, W' / W, 1), order=order)``, as pycaffe calls it for
+    images of other than 1 or 3 channels: corner aligned, out[i] = in[i (H - 1) / (H' - 1)]."""
+    scale = tuple(np.array(new_dims, dtype=float) / np.array(im.shape[:2]))
+    ndimage = _ndimage()
+    if ndimage is not None:
+        return ndimage.zoom(im, scale + (1,), order=order)
+    if order > 1:
+        raise CCTError(f"resize_image with interp_order={order} on a {im.shape[-1]}-channel "
+                       f"image needs SciPy (orders 0 and 1 do not): pip install scipy")
     out = im
-    for axis, size in ((0, new_dims[0]), (1, new_dims[1])):
-        i0, i1, w = _sample_axis(out.shape[axis], size, align_corners, order)
-        w = w.reshape((-1,) + (1,) * (out.ndim - axis - 1))
-        a, b = np.take(out, i0, axis=axis), np.take(out, i1, axis=axis)
-        out = a + (b - a) * w
+    for axis in (0, 1):
+        out = _zoom_axis(out, axis, new_dims[axis], order, grid=False)
     return out
 
 
-def _spline_zoom(im: np.ndarray, new_dims: Tuple[int, int], grid_mode: bool,
-                 order: int) -> np.ndarray:
-    try:
-        from scipy.ndimage import zoom
-    except ImportError:
-        raise CCTError(f"resize_image with interp_order={order} needs SciPy (orders 0 and 1 "
-                       f"do not): pip install scipy") from None
-    scale = tuple(np.array(new_dims, dtype=float) / np.array(im.shape[:2])) + (1,)
-    if grid_mode:
-        return zoom(im, scale, order=order, grid_mode=True, mode="nearest")
-    return zoom(im, scale, order=order)
-
-
 def resize_image(im: np.ndarray, new_dims: Sequence[int], interp_order: int = 1) -> np.ndarray:
-    """Resize an H x W x K image to ``new_dims`` (height, width), as float32.
+    """Resize an H x W x K image to ``new_dims`` (height, width), as float32, as pycaffe does.
 
-    K = 1 or 3 (pycaffe's scikit-image path): pixel-centre aligned interpolation, out[i] samples
-    in[(i + 0.5) x H / H' - 0.5] clamped to the edge, done on the image scaled to [0, 1] and
-    scaled back, so the result stays within the input's range; a constant image gives the
-    constant. Other K (pycaffe's scipy.ndimage.zoom path): corner aligned, out[i] samples
-    in[i x (H - 1) / (H' - 1)]. ``interp_order`` 0 is nearest, 1 (default) linear; higher
-    spline orders use SciPy.
+    K = 1 or 3: the image scaled to [0, 1], resized by scikit-image (:func:`_skimage_resize`:
+    blurred first when shrinking, pixel-centre aligned, zero beyond the edges) and scaled back;
+    a constant image gives the constant. Other K: ``scipy.ndimage.zoom``, corner aligned.
+    ``interp_order`` 0 is nearest, 1 (default) linear, 2-5 splines. scikit-image and SciPy are
+    called when installed; without them orders 0 and 1 are computed here with the same math.
     """
     im = np.asarray(im)
     if im.ndim != 3:
@@ -367,20 +447,16 @@ def resize_image(im: np.ndarray, new_dims: Sequence[int], interp_order: int = 1)
     if new_dims[0] < 1 or new_dims[1] < 1:
         raise CaffeIOError(f"resize_image: new_dims {new_dims} must be positive")
     order = int(interp_order)
+    if not 0 <= order <= 5:
+        raise CaffeIOError(f"resize_image: interp_order must be 0 to 5, got {interp_order}")
     if im.shape[-1] in (1, 3):
         im_min, im_max = im.min(), im.max()
         if not im_max > im_min:
             return np.full(new_dims + (im.shape[-1],), im_min, dtype=np.float32)
-        im_std = (im.astype(np.float64) - im_min) / (im_max - im_min)
-        if order <= 1:
-            resized_std = _interpolate(im_std, new_dims, False, order)
-        else:
-            resized_std = _spline_zoom(im_std, new_dims, True, order)
-        resized_im = resized_std * (im_max - im_min) + im_min
-    elif order <= 1:
-        resized_im = _interpolate(im.astype(np.float64), new_dims, True, order)
+        im_std = (im - im_min) / (im_max - im_min)
+        resized_im = _skimage_resize(im_std, new_dims, order) * (im_max - im_min) + im_min
     else:
-        resized_im = _spline_zoom(im, new_dims, False, order)
+        resized_im = _ndimage_zoom(im, new_dims, order)
     return resized_im.astype(np.float32)
 
 
