@@ -102,6 +102,8 @@ setup(
         "lmdb>=1.4",
         "h5py>=3.8",
         "Pillow>=9.0",
+        # cct train's live progress line on a terminal (cct/progress.py).
+        "tqdm>=4.60",
     ],
     extras_require={
         # hypothesis drives the fuzzing harness (tests/fuzz).

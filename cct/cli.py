@@ -24,6 +24,7 @@ commands:
                   -sigint_effect, -sighup_effect, -gpu, -devices: e.g. cpu:1,cpu:1 or cpu,gpu0
                   to split every batch across devices, -deterministic: fixed kernel plans,
                   none timed, so runs repeat to the bit whatever the machine's load;
+                  -progress=auto|bar|none: a live progress line, by default on a terminal;
                   -strategy=sync|async|hogbatch|adaptive-hogbatch|sma -groups=G
                   -engine=threads|processes|simulated -staleness=round-robin|exponential
                   -momentum=auto|X -allow-negative-momentum -sync-fc -batch-sizes=16,256
@@ -43,7 +44,9 @@ tools (Caffe's tools/ and tools/extra/; each takes Caffe's own arguments and fla
   upgrade_net_proto_text    IN.prototxt OUT.prototxt
   upgrade_solver_proto_text IN.prototxt OUT.prototxt
   parse_log                 LOGFILE OUTPUT_DIR [--delimiter ,] [--verbose]
-  plot_log                  LOGFILE OUT.png  (or Caffe's: CHART_TYPE OUT.png LOGFILE...)
+  plot_log                  LOGFILE OUT.png [--follow [--follow-timeout=S]]
+                            (or Caffe's: CHART_TYPE OUT.png LOGFILE...)
+  summarize                 NET.prototxt [--phase TRAIN|TEST|ALL] [--max-width 30]
   draw_net                  NET.prototxt OUT.png [--rankdir LR|TB|BT|RL] [--phase TRAIN|TEST|ALL]
   export_onnx               --model=deploy.prototxt [--weights=w.caffemodel] --output=m.onnx
                             [--opset 13] [--batch dynamic|N] [--check]
@@ -194,6 +197,7 @@ def cmd_train(argv: List[str]) -> int:
     .solverstate (-snapshot) or starting from trained weights (-weights a,b)."""
     from .driver import STRATEGIES, Driver
     from .io.prototxt import read_solver_text
+    from .progress import TrainingProgress, wants_bar
     from .scheduler import gradient_source, single_gpu
     from .solver import Solver
 
@@ -202,6 +206,7 @@ def cmd_train(argv: List[str]) -> int:
                                   "sighup_effect": "snapshot", "strategy": "sync", "groups": "1",
                                   "engine": "threads", "staleness": "round-robin",
                                   "momentum": "", "seed": "0", "batch-sizes": "",
+                                  "progress": "auto",
                                   "threshold": "0.05", "learners": "", "sma-alpha": "",
                                   "sma-momentum": "0", "sync-period": "1",
                                   "simulate-speeds": ""},
@@ -221,6 +226,7 @@ def cmd_train(argv: List[str]) -> int:
     if flags.bool("deterministic"):
         from .backend import plans
         plans.set_deterministic(True)
+    show_progress = wants_bar(flags.get("progress"))
     actions = SignalActions(flags.get("sigint_effect"), flags.get("sighup_effect"))
     strategy = flags.get("strategy")
     if strategy not in STRATEGIES:
@@ -240,6 +246,7 @@ def cmd_train(argv: List[str]) -> int:
         backend = "cpu"
     solver = Solver(param, solver_path, action_request=actions, backend=backend)
     driver = None
+    progress = None
     try:
         if strategy != "sync":
             driver = Driver(solver, groups=flags.int("groups"), engine=flags.get("engine"),
@@ -259,9 +266,13 @@ def cmd_train(argv: List[str]) -> int:
             solver.set_gradient_source(gradient_source(solver.net, devices))
         if flags.get("snapshot"):
             solver.restore(flags.get("snapshot"))  # logs caffe.cpp's "Resuming from ..."
+        if show_progress:  # the solver's callbacks run under the driver's strategies too
+            progress = TrainingProgress(solver).attach()
         log.info("caffe.cpp:239", "Starting Optimization")
         (driver.solve if driver else solver.solve)()
     finally:
+        if progress is not None:
+            progress.close()
         solver.close()
     log.info("caffe.cpp:250", "Optimization Done.")
     return 0

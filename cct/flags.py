@@ -37,7 +37,7 @@ DESCRIPTIONS: Dict[str, str] = {
     "devices": "cct: the devices to split every batch across, e.g. cpu:1,cpu:1 or cpu,gpu0.",
     "level": "Optional; network level.",
     "stage": "Optional; network stages (not to be confused with phase), separated by ','.",
-    "phase": "Optional; network phase (TRAIN or TEST; draw_net also ALL).",
+    "phase": "Optional; network phase (TRAIN or TEST; draw_net and summarize also ALL).",
     "iterations": "The number of iterations to run.",
     "sigint_effect": "Optional; action to take when a SIGINT signal is received: "
                      "snapshot, stop or none.",
@@ -80,6 +80,14 @@ DESCRIPTIONS: Dict[str, str] = {
     "opset": "The ONNX opset version.",
     "batch": "The batch dimension: dynamic or a number.",
     "check": "Check the exported model with onnx.checker.",
+    "progress": "cct: auto (a live progress line when stderr is a terminal), bar or none; the "
+                "log's lines are Caffe's either way.",
+    "follow": "Redraw the picture as the log grows, until 'Optimization Done.' or Ctrl-C.",
+    "follow-timeout": "With --follow: stop after this many seconds without a new log line "
+                      "(0: never).",
+    "poll": "With --follow: seconds between two reads of the log.",
+    "max-width": "Maximum field width.",
+    "color": "Color the blob names: auto (on a terminal), always or never.",
 }
 
 

@@ -10,6 +10,7 @@ import logging
 import sys
 import threading
 import time
+from typing import Callable, ContextManager, Optional
 
 _LEVEL_LETTER = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W",
                  logging.ERROR: "E", logging.CRITICAL: "F"}
@@ -29,7 +30,10 @@ class GlogFormatter(logging.Formatter):
 
 class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is at the time (glog logs to stderr), so redirections
-    made after import are honoured."""
+    made after import are honoured. While a live display holds the terminal's last line
+    (:func:`set_live_display`), each log line is written inside its ``around_line()``."""
+
+    around_line: Optional[Callable[[], ContextManager]] = None
 
     @property
     def stream(self):
@@ -39,6 +43,14 @@ class _StderrHandler(logging.StreamHandler):
     def stream(self, _value):
         pass
 
+    def emit(self, record: logging.LogRecord) -> None:
+        around = self.around_line
+        if around is None:
+            super().emit(record)
+            return
+        with around():
+            super().emit(record)
+
 
 logger = logging.getLogger("cct")
 if not logger.handlers:
@@ -47,6 +59,15 @@ if not logger.handlers:
     logger.addHandler(_handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
+
+
+def set_live_display(around_line: Optional[Callable[[], ContextManager]]) -> None:
+    """A live display on stderr (cct/progress.py's bar) or None: ``around_line()`` takes the
+    display off the terminal's last line for one log line and puts it back after, so log lines
+    and the display never share a line. The log's bytes are unchanged."""
+    for handler in logger.handlers:
+        if isinstance(handler, _StderrHandler):
+            handler.around_line = around_line
 
 
 def info(src: str, msg: str) -> None:

@@ -475,6 +475,14 @@ class HybridScheduler:
         batch's gradient (Caffe's Net::ForwardBackward, spread over the devices)."""
         m = self.master
         next_batch(m, self.sources)
+        batch = self._batch_size()
+        if batch != self.batch:       # the master's Input was given another batch (a driver
+            self.batch = batch        # group's batch re-sized): split it by the speeds known
+            if self.split is not None:
+                if self.fixed_split is not None:
+                    raise DeviceError(f"the batch changed to {batch}: the fixed split "
+                                      f"{self.fixed_split} no longer adds up; set_split(None)")
+                self._resplit(f"the batch is now {batch}")
         if self.split is None:
             self._first_split()
 

@@ -90,6 +90,8 @@ class Solver:
         self._timer = time.perf_counter()
         self.requested_early_exit = False
         self.last_snapshot: Optional[str] = None   # the last solver state written or restored
+        # Each test net's last scores, (output name, value) as the log printed them.
+        self.test_scores: Dict[int, List[Tuple[str, float]]] = {}
         self._callbacks: List = []
         self.gradient_source: GradientSource = NetSource(self.net)
         # What drivers on top keep beside a snapshot: name -> (save(state path) -> JSON,
@@ -511,7 +513,11 @@ class Solver:
             loss /= dt(n_iter)
             info("solver.cpp:401", f"Test loss: {_g(loss)}")
         if scores is not None:
-            self._log_outputs(net, "solver.cpp:414", "Test", scores / dt(n_iter), ids)
+            scores = scores / dt(n_iter)
+            self._log_outputs(net, "solver.cpp:414", "Test", scores, ids)
+            self.test_scores[test_net_id] = [
+                (net.blob_names[net.output_blob_indices[j]], float(v))
+                for j, v in zip(ids, scores)]
 
     # -- snapshots ---------------------------------------------------------------------------
     def snapshot_filename(self, extension: str, iter_: Optional[int] = None) -> str:

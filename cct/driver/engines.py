@@ -127,7 +127,7 @@ class ThreadEngine:
             return loss
 
         wait_any(store, groups, updates,
-                 start=lambda g: g.devices[0].submit(work, g),
+                 start=lambda g: g.submit(work, g),
                  finished=lambda futures: wait(futures, return_when=FIRST_COMPLETED)[0],
                  result=lambda future, _: future.result(),
                  drain=lambda pending: wait(list(pending)), observer=observer)
@@ -143,7 +143,7 @@ class ThreadEngine:
         began = time.perf_counter()
         for g in groups:          # in order: the learners' batches do not depend on timing
             g.feed()
-        futures = [(g, g.devices[0].submit(work, g)) for g in list(groups)]
+        futures = [(g, g.submit(work, g)) for g in list(groups)]
         losses = _results(groups, [(g, f.result) for g, f in futures])
         self.round_seconds = time.perf_counter() - began
         return losses

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -148,6 +149,7 @@ class Group:
         self.source = (HybridScheduler(self.net, self.devices) if len(self.devices) > 1
                        else NetSource(self.net))
         self.read_version = 0
+        self._pool: Optional[ThreadPoolExecutor] = None    # a several-device group's thread
         self.sync_fc = None        # (store, first FC layer, FC params, conv params): --sync-fc
 
     def use_sync_fc(self, store) -> None:
@@ -176,6 +178,16 @@ class Group:
         where = ",".join(d.name for d in self.devices) or "this thread"
         return f"group {self.index} ({where})"
 
+
+    def submit(self, fn, *args) -> Future:
+        """Run ``fn`` for this group off the driver's thread: on its device's thread, or,
+        with several devices, on a thread of its own (its HybridScheduler keeps the devices'
+        threads busy with their shares)."""
+        if len(self.devices) == 1:
+            return self.devices[0].submit(fn, *args)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"cct-group{self.index}")
+        return self._pool.submit(fn, *args)
 
     def feed(self) -> None:
         """The next batch into the inputs now (SMA feeds its learners in order)."""
@@ -222,6 +234,9 @@ class Group:
             mine.data[...] = theirs.data
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         self.source.close()
         self.net.close()
         for d in self.devices:

@@ -110,6 +110,7 @@ class ModelAveraging:
         self.sync_period = sync_period
         self.autotune = autotune
         self.rounds = 0
+        self.seconds = 0.0       # the rounds' time (virtual on the simulated engine)
         self.central = solver.params
         self.previous = [np.array(b.data) for b in self.central.blobs]      # z_prev
         self.delta = [np.zeros_like(p) for p in self.previous]
@@ -138,6 +139,7 @@ class ModelAveraging:
             if not s.begin_iteration(clear_diffs=False):
                 break
             losses = self.engine.compute_all(self.learners)
+            self.seconds += self.engine.round_seconds
             s.record_loss(float(np.mean(losses)), self.learners[0].net)
             for j, g in enumerate(self.learners):
                 s.apply_update(pipeline=self.pipelines[g.index], log_rate=j == 0)
@@ -203,7 +205,7 @@ class ModelAveraging:
             with open(tmp, "wb") as f:
                 np.savez(f, **arrays)
         atomic_write(self.arrays_file(state_file), write)
-        return {"rounds": self.rounds, "learners": [g.index for g in self.learners],
+        return {"rounds": self.rounds, "seconds": self.seconds, "learners": [g.index for g in self.learners],
                 "batches": [g.batch for g in self.learners],
                 "autotune": self.autotune.state() if self.autotune else None}
 
@@ -234,6 +236,7 @@ class ModelAveraging:
         for i, p in enumerate(self.previous):
             _load(p, arrays, f"zprev_p{i}", path)
         self.rounds = int(state["rounds"])
+        self.seconds = float(state.get("seconds", 0.0))
         if self.autotune and state.get("autotune"):
             self.autotune.load_state(state["autotune"])
 

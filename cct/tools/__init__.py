@@ -8,6 +8,7 @@
 | extract_features | tools/extract_features.cpp |
 | upgrade_net_proto_text, upgrade_solver_proto_text | tools/upgrade_*_proto_text.cpp |
 | parse_log, plot_log | tools/extra/parse_log.py, tools/extra/plot_training_log.py.example |
+| summarize | tools/extra/summarize.py |
 | draw_net | python/draw_net.py |
 
 The databases the tools write hold the same keys and Datum bytes as Caffe's. A database is
@@ -35,6 +36,7 @@ TOOLS: Dict[str, str] = {
     "upgrade_solver_proto_text": "upgrade_proto_text",
     "parse_log": "parse_log",
     "plot_log": "plot_log",
+    "summarize": "summarize",
     "draw_net": "draw_net",
     "export_onnx": "export_onnx",
 }

@@ -12,6 +12,12 @@ draws one chart of several logs, CHART_TYPE being
     4 Train learning rate vs. Iters   5 Train learning rate vs. Seconds
     6 Train loss vs. Iters        7 Train loss vs. Seconds
 
+``cct plot_log --follow LOGFILE OUT.png`` watches a log that training is writing
+(``cct train ... 2> LOGFILE``): it reads the log every ``--poll`` seconds and, when it has grown,
+draws the picture again, replacing OUT.png atomically (an image viewer never sees half a file).
+It stops when the log says ``Optimization Done.`` (after the last drawing), on Ctrl-C, or after
+``--follow-timeout`` seconds in which the log did not grow (0, the default: never).
+
 Needs matplotlib (``pip install matplotlib``, or the ``plot`` extra of cct). The figure is
 drawn without pyplot, so it changes no global matplotlib state.
 """
@@ -19,11 +25,13 @@ from __future__ import annotations
 
 import math
 import os
-from typing import List, Optional, Tuple
+import sys
+import time
+from typing import Callable, List, Optional, Tuple
 
 from ..errors import CCTError
 from ..flags import Flags
-from .parse_log import Row, parse_log
+from .parse_log import Row, log_created_year, parse_lines, parse_log
 
 TOOL = "plot_log"
 CHART_TYPES = {
@@ -81,6 +89,10 @@ def _save(figure, path: str) -> None:
 def plot_summary(log_path: str, out: str) -> None:
     """Loss, accuracy and learning rate of one log against iterations and seconds."""
     train, test = parse_log(log_path)
+    _plot_tables(log_path, train, test, out)
+
+
+def _plot_tables(log_path: str, train: List[Row], test: List[Row], out: str) -> None:
     if not train and not test:
         raise CCTError(f"{TOOL}: '{log_path}' holds no 'Train net output' or 'Test net output' "
                        f"lines to plot")
@@ -139,9 +151,72 @@ def plot_chart(chart_type: int, out: str, logs: List[str]) -> None:
     _save(figure, out)
 
 
+#: the line Caffe's (and cct's) ``train`` ends its log with
+DONE = "Optimization Done."
+
+
+def follow(log_path: str, out: str, poll: float = 2.0, timeout: float = 0.0,
+           clock: Callable[[], float] = time.monotonic,
+           sleep: Callable[[float], None] = time.sleep) -> str:
+    """Redraw ``out`` from ``log_path`` each time the log grows, until it holds
+    :data:`DONE` ("done"), or ``timeout`` seconds (> 0) pass without growth ("timeout"), or
+    Ctrl-C ("interrupted"). Returns why it stopped. Only whole lines are read: a line being
+    written is left for the next poll."""
+    size = -1
+    last_growth = clock()
+    try:
+        while True:
+            try:
+                now_size = os.path.getsize(log_path)
+            except OSError:
+                now_size = -1   # not written yet: training may still be starting
+            if now_size != size:
+                size = now_size
+                last_growth = clock()
+                if size >= 0 and _redraw(log_path, out):
+                    return "done"
+            elif timeout > 0 and clock() - last_growth >= timeout:
+                return "timeout"
+            sleep(poll)
+    except KeyboardInterrupt:
+        return "interrupted"
+
+
+def _redraw(log_path: str, out: str) -> bool:
+    """Draw what the log holds so far (nothing before its first output line); True when the
+    log is complete."""
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines.pop()
+    done = any(DONE in line for line in lines)
+    try:
+        train, test = parse_lines(lines, log_created_year(log_path))
+    except CCTError:
+        if done:
+            raise
+        return False     # no 'Solving' line yet
+    if train or test or done:
+        _plot_tables(log_path, train, test, out)
+    return done
+
+
 def main(argv: List[str]) -> int:
-    flags = Flags(TOOL, argv, {})
+    flags = Flags(TOOL, argv, {"follow-timeout": "0", "poll": "2"}, booleans=("follow",))
     args = flags.positional
+    if flags.bool("follow"):
+        if len(args) != 2:
+            raise CCTError(f"{TOOL}: usage: cct {TOOL} --follow LOGFILE OUT.png")
+        poll, timeout = flags.float("poll"), flags.float("follow-timeout")
+        if poll <= 0 or timeout < 0:
+            raise CCTError(f"{TOOL}: --poll must be above 0 and --follow-timeout at least 0 "
+                           f"(got {poll:g} and {timeout:g})")
+        why = follow(args[0], args[1], poll, timeout)
+        if why == "timeout":
+            print(f"{TOOL}: '{args[0]}' did not grow for {timeout:g} s; stopped following",
+                  file=sys.stderr)
+        return 0
     if len(args) >= 3 and args[0].isdigit():
         chart_type = int(args[0])
         if chart_type not in CHART_TYPES:

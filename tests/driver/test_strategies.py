@@ -302,3 +302,20 @@ def test_bad_strategy_settings(data_list, tmp_path, kw, needle):  # noqa: F811
         assert needle in str(e.value)
     finally:
         solver.close()
+
+
+def test_a_group_of_two_devices_takes_its_own_batch_and_changes_it(data_list, tmp_path):  # noqa: F811
+    # Its HybridScheduler keeps both devices' threads busy: the group runs on its own thread.
+    from ..test_scheduler import one_core_devices
+    solver = Solver(solver_param(data_list, tmp_path, display=0))
+    driver = Driver(solver, groups=1, devices=one_core_devices(2), strategy="hogbatch",
+                    batch_sizes=[12])
+    try:
+        driver.step(3)
+        driver.groups[0].batch = 7          # as Adaptive Hogbatch re-sizes it
+        driver.step(3)
+        assert solver.iter == 6 and dict(driver.feeder.records) == {0: 3 * 12 + 3 * 7}
+        assert all(np.isfinite(p).all() for p in params_of(solver))
+    finally:
+        driver.close()
+        solver.close()

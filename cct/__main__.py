@@ -1,0 +1,4 @@
+"""``python -m cct train ...``: the ``cct`` command."""
+from .cli import main
+
+raise SystemExit(main())
