@@ -98,6 +98,10 @@ class Driver:
         if strategy == "sma":
             if sync_fc:
                 raise CCTError("--sync-fc is for the parameter store's strategies, not sma")
+            if momentum is not None:
+                raise CCTError("--momentum sets the parameter store's momentum; with sma the "
+                               "learners use the solver's and the central model "
+                               "--sma-momentum")
             if learners == "auto":
                 if self.speeds:
                     count = len(self.speeds)

@@ -9,7 +9,7 @@ from .base import LAYER_REGISTRY, Layer, create_layer, layer_type_list, register
 _FAMILIES = ("input", "conv", "pooling", "inner_product", "neuron", "lrn", "normalization",
              "scale_bias", "eltwise", "structure", "reduction", "softmax", "loss", "accuracy",
              "embed", "python_layer", "data", "image_data", "hdf5_data", "memory_data",
-             "filter", "im2col", "spp", "hdf5_output")
+             "filter", "im2col", "spp", "hdf5_output", "recurrent")
 
 
 def _import_families():

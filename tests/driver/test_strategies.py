@@ -293,6 +293,7 @@ def test_processes_engine_runs_hogbatch_and_sma(data_list, tmp_path, capfd):  # 
     (dict(strategy="adaptive-hogbatch", engine="simulated", threshold=1.5),
      "--threshold is the tolerated gap"),
     (dict(strategy="sync"), "sync is the solver's own solve()"),
+    (dict(strategy="sma", momentum="auto"), "with sma the learners use the solver's"),
 ])
 def test_bad_strategy_settings(data_list, tmp_path, kw, needle):  # noqa: F811
     solver = Solver(solver_param(data_list, tmp_path))
