@@ -108,7 +108,10 @@ setup(
     extras_require={
         # hypothesis drives the fuzzing harness (tests/fuzz).
         "test": ["pytest>=7", "grpcio-tools==1.75.1", "matplotlib>=3.5", "hypothesis>=6.100",
-                 "onnx>=1.16", "onnxruntime>=1.18", "scikit-image>=0.19", "scipy>=1.6"],
+                 "onnx>=1.16", "onnxruntime>=1.18", "scikit-image>=0.19", "scipy>=1.6",
+                 "ray>=2.60"],
+        # cct train --engine=ray: groups and the parameter store's shards as Ray actors.
+        "ray": ["ray>=2.60"],
         # caffe.io.resize_image calls what Caffe's io.py calls (scikit-image, SciPy's zoom)
         # when they are there; without them orders 0 and 1 agree to 2e-6, 2 to 5 are refused.
         "io": ["scikit-image>=0.19", "scipy>=1.6"],

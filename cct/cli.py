@@ -26,10 +26,13 @@ commands:
                   none timed, so runs repeat to the bit whatever the machine's load;
                   -progress=auto|bar|none: a live progress line, by default on a terminal;
                   -strategy=sync|async|hogbatch|adaptive-hogbatch|sma -groups=G
-                  -engine=threads|processes|simulated -staleness=round-robin|exponential
+                  -engine=threads|processes|simulated|ray
+                  -staleness=round-robin|exponential
                   -momentum=auto|X -allow-negative-momentum -sync-fc -batch-sizes=16,256
                   -threshold=T -learners=K|auto -sma-alpha=A -sma-momentum=M
-                  -sync-period=P -simulate-speeds=1,8: the driver's strategies, cct/driver)
+                  -sync-period=P -simulate-speeds=1,8 -engine=ray -ray-address=A|auto
+                  -ps-shards=N|auto -ray-group-restarts=R: the driver's strategies,
+                  cct/driver)
   test            score a model (-model, -weights, -iterations, -level, -stage)
   time            benchmark forward/backward of a model (-model, -iterations, -phase, -level,
                   -stage)
@@ -209,7 +212,8 @@ def cmd_train(argv: List[str]) -> int:
                                   "progress": "auto",
                                   "threshold": "0.05", "learners": "", "sma-alpha": "",
                                   "sma-momentum": "0", "sync-period": "1",
-                                  "simulate-speeds": ""},
+                                  "simulate-speeds": "", "ray-address": "",
+                                  "ps-shards": "auto", "ray-group-restarts": "3"},
                   booleans=("deterministic", "allow-negative-momentum", "sync-fc"))
     solver_path = _require(flags, "solver", "Need a solver definition to train.")
     if flags.get("snapshot") and flags.get("weights"):
@@ -261,7 +265,10 @@ def cmd_train(argv: List[str]) -> int:
                                        else None),
                             sma_momentum=flags.float("sma-momentum"),
                             sync_period=flags.int("sync-period"),
-                            simulate_speeds=_speeds(flags.get("simulate-speeds")))
+                            simulate_speeds=_speeds(flags.get("simulate-speeds")),
+                            ray_address=flags.get("ray-address") or None,
+                            ps_shards=flags.get("ps-shards"),
+                            ray_group_restarts=flags.int("ray-group-restarts"))
         elif devices is not None:
             solver.set_gradient_source(gradient_source(solver.net, devices))
         if flags.get("snapshot"):

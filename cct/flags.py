@@ -48,7 +48,7 @@ DESCRIPTIONS: Dict[str, str] = {
                 "(async with a batch per group), adaptive-hogbatch (batches follow the groups' "
                 "speeds) or sma (Crossbow's synchronous model averaging).",
     "groups": "cct: the number of compute groups of the driver's strategies.",
-    "engine": "cct: threads, processes or simulated, how the driver runs its groups.",
+    "engine": "cct: threads, processes, simulated or ray, how the driver runs its groups.",
     "batch-sizes": "cct: each group's batch, in order (16,256) or by device (cpu:16,gpu0:256).",
     "threshold": "cct: adaptive-hogbatch's tolerated gap between a group's share of the "
                  "updates and 1/groups.",
@@ -59,6 +59,12 @@ DESCRIPTIONS: Dict[str, str] = {
     "sync-period": "cct: -strategy=sma's local steps between synchronisations.",
     "simulate-speeds": "cct: the simulated engine's device speeds in records per virtual "
                        "second, one per group (1,8).",
+    "ray-address": "cct: the Ray cluster of -engine=ray (an address or auto; none: start a "
+                   "local Ray).",
+    "ps-shards": "cct: the parameter store's shards with -engine=ray, a count or auto (Zou "
+                 "et al.'s rule from the model's bytes, the bandwidth and a step's time).",
+    "ray-group-restarts": "cct: how often Ray restarts a group actor that died before it is "
+                          "dropped.",
     "staleness": "cct: round-robin or exponential, the staleness model of a simulated run.",
     "momentum": "cct: the momentum to use instead of the solver's (auto with async).",
     "seed": "cct: the seed of a simulated run's exponential staleness.",

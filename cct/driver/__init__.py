@@ -75,7 +75,9 @@ class Driver:
                  trace: Optional[Sequence[int]] = None, sync_fc: bool = False,
                  strategy: str = "async", batch_sizes=None, threshold: float = 0.05,
                  learners=None, sma_alpha: Optional[float] = None, sma_momentum: float = 0.0,
-                 sync_period: int = 1, simulate_speeds: Optional[Sequence[float]] = None):
+                 sync_period: int = 1, simulate_speeds: Optional[Sequence[float]] = None,
+                 ray_address: Optional[str] = None, ps_shards="auto",
+                 ray_group_restarts: int = 3):
         if strategy not in STRATEGIES or strategy == "sync":
             raise CCTError(f"the driver runs strategies {', '.join(STRATEGIES[1:])}, not "
                            f"'{strategy}' (sync is the solver's own solve())")
@@ -140,6 +142,16 @@ class Driver:
             self.cores = [[c for d in p for c in d.cores] for p in places]
             for d in (d for p in places for d in p):
                 d.close()           # only their cores are used: each group is a process
+        elif engine == "ray":
+            if strategy == "sma":
+                raise CCTError("--strategy=sma runs on the threads, processes and simulated "
+                               "engines (its learners keep replicas of their own); not on ray")
+            if devices is not None:
+                raise CCTError("--engine=ray places each group on a Ray node by its CPUs: give "
+                               "no --devices")
+            from .ray_engine import RayEngine
+            self.engine = RayEngine(solver, self.feeder, ray_address, ps_shards,
+                                    ray_group_restarts)
         else:
             self.engine = SimulatedEngine(staleness, seed, trace, self.speeds)
         sizes = [None] * groups
@@ -156,9 +168,12 @@ class Driver:
             self.feeder.check_split()
         self.max_batch = max(b or self.feeder.batch for b in sizes)
         self.groups: List = []
-        self.groups = [self._group(k, b) for k, b in enumerate(sizes)]
+        if engine == "ray":
+            self.groups = self.engine.make_groups(sizes)
+        else:
+            self.groups = [self._group(k, b) for k, b in enumerate(sizes)]
         if sync_fc:
-            if engine == "processes":
+            if engine in ("processes", "ray"):
                 raise CCTError("--sync-fc runs with the threads and simulated engines (the FC "
                                "layers run on the parameter store, in the driver's process)")
             for g in self.groups:
@@ -245,9 +260,17 @@ class Driver:
 
     def compute_loss(self) -> float:
         """The final display's loss, on the train net (the store's weights), as Caffe's."""
+        self._gather()
         return self.solver.net.forward_prefilled()
 
+    def _gather(self) -> None:
+        """The store's weights where the solver reads them (Ray: from the shards)."""
+        gather = getattr(self.engine, "gather", None)
+        if gather is not None:
+            gather()
+
     def pull_statistics(self) -> None:
+        self._gather()
         if self.groups:
             self.groups[0].copy_statistics_to(self.solver.net)
 
@@ -257,6 +280,9 @@ class Driver:
         run's were restored with its snapshot)."""
         for g in self.groups:
             g.copy_statistics_from(self.solver.net)
+        scatter = getattr(self.engine, "scatter", None)
+        if scatter is not None:
+            scatter()
         if self.sma is not None and not self._restored:
             for g in self.groups:     # learners restart from z: the snapshot has none of theirs
                 self.solver.params.copy_weights_to(g.params)
@@ -266,6 +292,9 @@ class Driver:
         for g in self.groups:
             g.close()
         self.groups = []
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
 
     # -- what snapshots keep -----------------------------------------------------------------
     @staticmethod

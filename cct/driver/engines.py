@@ -106,6 +106,9 @@ def _loop(store, groups, updates, pending, start, finished, result, observer) ->
                 continue
             if applied >= updates:
                 continue          # computed past the last update: not used
+            if loss is None:      # the group was restarted and its step lost: start it again
+                _start(start, groups, group, pending)
+                continue
             if observer is not None:
                 observer.pushing(group)
             if not store.push(group.params, group.read_version, loss, group.net, group.pushed):
@@ -263,7 +266,7 @@ class SimulatedEngine:
         self._order = order
 
 
-ENGINES = ("threads", "processes", "simulated")
+ENGINES = ("threads", "processes", "simulated", "ray")
 
 
 def describe(engine, groups: Sequence) -> None:

@@ -102,8 +102,13 @@ class ParameterStore:
                      f"updates; momentum explicit {explicit:.4g} (implicit ~{implicit:.4g})")
                 for hook in self.display_hooks:
                     hook()
-            # The update reads the group's diffs where they are: no model-sized copy.
-            s.apply_update(explicit, self._update_view(gradients), only=only)
+            pipeline = getattr(gradients, "pipeline", None)
+            if pipeline is not None:
+                # Gradients held elsewhere (Ray's object store) say where they are applied.
+                s.apply_update(explicit, only=only, pipeline=pipeline)
+            else:
+                # The update reads the group's diffs where they are: no model-sized copy.
+                s.apply_update(explicit, self._update_view(gradients), only=only)
             return s.end_iteration()
 
     def _update_view(self, gradients: ParamSet) -> ParamSet:

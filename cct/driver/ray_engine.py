@@ -1,0 +1,516 @@
+"""The Ray engine: the driver's groups as Ray actors and its parameter store split into shards,
+each an actor, so the same strategies run across machines (``--engine=ray``).
+
+* **Store shards** (:class:`StoreShard`): the learnable params cut, in the net's order, into
+  ``--ps-shards`` contiguous parts of about equal bytes. A shard keeps its params and their
+  history and applies each pushed gradient with the solver's own rule (the same
+  ``UpdatePipeline``, fed the rate, iteration and momentum the driver's solver computed), so
+  the update is the one-process update, param for param. A push carries (group, sequence
+  number) and a retried push is applied once. Every ``checkpoint_every`` updates a shard writes
+  its params, history and version beside the snapshots; restarted after a failure
+  (``max_restarts=-1``) it reloads that checkpoint, and the driver logs how many of its updates
+  were lost.
+* **Groups** (:class:`GroupWorker`): a net with Input layers where the train net has data
+  layers, built in the actor's process, with the actor's cores (``num_cpus``). A step takes
+  the shards' weights (object refs, fetched by the actor from the object store: the driver
+  never copies weights) and the batch, and returns the loss, the outputs and one gradient
+  part per shard as separate objects; the driver hands those refs on to the shards without
+  fetching them. A group actor that dies is restarted by Ray (``--ray-group-restarts``) and
+  given the next batch; after its restarts it is dropped and the others go on.
+* **Data**: the driver's data layers read the database and ship each group its batch through
+  the object store (the database need only be readable where the driver runs), in the order
+  groups ask, as the other engines do.
+
+The driver's solver keeps the loop (tests, display, lr policy, snapshots): before a test or a
+snapshot the shards' params and history are gathered into it, so snapshots are ordinary Caffe
+files; a restore sends them back to the shards. Ray is imported only here, only when asked.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..errors import CCTError
+from ..glog import info, warning
+
+SRC = "driver.cpp:0"
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise CCTError("--engine=ray needs Ray, which is not installed: pip install 'cct[ray]' "
+                       "(or pip install ray)") from None
+    return ray
+
+
+def shard_bounds(nbytes: Sequence[int], shards: int) -> List[List[int]]:
+    """Param positions of each shard: contiguous runs of about total/shards bytes each (a
+    param is never split; no shard is empty, so there are at most as many as params). A
+    param goes to the shard whose byte range holds its middle, moving on by at most one
+    shard per param and early enough to leave one param to every later shard."""
+    n = len(nbytes)
+    shards = max(1, min(shards, n))
+    total = float(sum(nbytes)) or 1.0
+    out: List[List[int]] = []
+    done = 0.0
+    for i, size in enumerate(nbytes):
+        ideal = int((done + size / 2.0) / total * shards)
+        prev = len(out) - 1
+        k = min(max(ideal, prev, shards - (n - i)), prev + 1, shards - 1)
+        if k > prev:
+            out.append([])
+        out[k].append(i)
+        done += size
+    return out
+
+
+def auto_shards(model_bytes: int, step_seconds: float, bandwidth: float) -> int:
+    """Zou et al.'s rule: enough shards that pulling and pushing the model (2 x its bytes),
+    spread over the shards' links, hides under one step of a group: ceil(2M / (B T))."""
+    if step_seconds <= 0 or bandwidth <= 0:
+        return 1
+    return max(1, math.ceil(2.0 * model_bytes / (bandwidth * step_seconds)))
+
+
+# -- the actors (plain classes; ray.remote wraps them in RayEngine) ------------------------------
+class StoreShard:
+    """A part of the parameter store: see the module doc."""
+
+    def __init__(self, index: int, solver_bytes: bytes, solver_type: str,
+                 weights: List[np.ndarray], lr_mult: List[float], decay_mult: List[float],
+                 checkpoint: str, checkpoint_every: int):
+        import ray
+
+        from ..backend import get as get_backend
+        from ..params import ParamSet, StoreBlob
+        from ..proto import caffe_pb2
+        from ..solver_rules import UpdatePipeline, get_rule
+        param = caffe_pb2.SolverParameter.FromString(solver_bytes)
+        param.clip_gradients = -1            # the groups clip, knowing the whole gradient
+        self.index = index
+        self.params = ParamSet([StoreBlob(np.array(w, copy=True)) for w in weights],
+                               lr_mult, decay_mult, get_backend("cpu"))
+        self.pipeline = UpdatePipeline(get_rule(solver_type), param, self.params)
+        self.dtype = self.params.blobs[0].data.dtype.type
+        self.version = 0
+        self.seqs: Dict[int, int] = {}
+        self.checkpoint = checkpoint
+        self.every = checkpoint_every
+        self.restored_from: Optional[int] = None
+        if (ray.get_runtime_context().was_current_actor_reconstructed
+                and os.path.exists(checkpoint)):
+            self._load_checkpoint()
+
+    def push(self, group: int, seq: int, grads, rate: float, iter_: int,
+             momentum: Optional[float]) -> int:
+        if self.seqs.get(group, -1) >= seq:
+            return self.version                  # a retried push, applied already
+        for b, g in zip(self.params.blobs, grads):
+            b.diff[...] = g
+        self.pipeline.apply(self.dtype(rate), iter_, momentum)
+        self.seqs[group] = seq
+        self.version += 1
+        if self.every and self.version % self.every == 0:
+            self._write_checkpoint()
+        return self.version
+
+    def weights(self) -> List[np.ndarray]:
+        return [b.data for b in self.params.blobs]
+
+    def state(self):
+        return ([b.data for b in self.params.blobs], list(self.pipeline.history), self.version)
+
+    def load(self, weights, history, version: int) -> int:
+        for b, w in zip(self.params.blobs, weights):
+            b.data[...] = w
+        for h, s in zip(self.pipeline.history, history):
+            h[...] = s
+        self.version = int(version)
+        self.seqs = {}
+        return self.version
+
+    def where(self):
+        import ray
+        return os.getpid(), ray.get_runtime_context().get_node_id()[:8], self.version, \
+            self.restored_from
+
+    def _write_checkpoint(self) -> None:
+        from ..io.atomic import atomic_write
+        arrays = {f"w{i}": b.data for i, b in enumerate(self.params.blobs)}
+        arrays.update({f"h{i}": h for i, h in enumerate(self.pipeline.history)})
+        arrays["version"] = np.array(self.version)
+        arrays["seqs"] = np.array(sorted(self.seqs.items()), dtype=np.int64).reshape(-1, 2)
+
+        def write(tmp):
+            with open(tmp, "wb") as f:
+                np.savez(f, **arrays)
+        atomic_write(self.checkpoint, write)
+
+    def _load_checkpoint(self) -> None:
+        with np.load(self.checkpoint) as saved:
+            for i, b in enumerate(self.params.blobs):
+                b.data[...] = saved[f"w{i}"]
+            for i, h in enumerate(self.pipeline.history):
+                h[...] = saved[f"h{i}"]
+            self.version = int(saved["version"])
+            self.seqs = {int(g): int(s) for g, s in saved["seqs"]}
+        self.restored_from = self.version
+
+
+class GroupWorker:
+    """A compute group in its own process: see the module doc."""
+
+    def __init__(self, index: int, net_bytes: bytes, dtype: str, seed: Optional[int],
+                 bounds: List[List[int]], clip: float, threads: int, deterministic: bool):
+        from .. import _C, glog
+        from ..backend import plans
+        from ..net import Net
+        from ..proto import caffe_pb2
+        _C.set_num_threads(threads)
+        plans.set_deterministic(deterministic)   # the driver's --deterministic
+        plans.use_machine_cache()
+        param = caffe_pb2.NetParameter.FromString(net_bytes)
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
+        with glog.quiet():
+            self.net = Net(param, dtype=np.dtype(dtype), source=f"<group {index}>", rng=rng)
+        self.inputs = [self.net.blobs_list[i] for i in self.net.input_blob_indices]
+        self.outputs = [self.net.blobs_list[b] for b in self.net.output_blob_indices]
+        self.bounds = bounds
+        self.clip = clip
+
+    def where(self):
+        import ray
+        return os.getpid(), ray.get_runtime_context().get_node_id()[:8]
+
+    def step(self, table, batches, *shard_weights):
+        """(loss, outputs), then the gradient of each shard's params."""
+        from ..backend import plans
+        if table is not None:
+            plans.install(table)
+        params = self.net.learnable_params
+        for positions, weights in zip(self.bounds, shard_weights):
+            for i, w in zip(positions, weights):
+                params[i].data[...] = w
+        self.net.clear_param_diffs()
+        loss = 0.0
+        for batch in batches:
+            for blob, x in zip(self.inputs, batch):
+                if blob.shape != x.shape:
+                    blob.reshape(x.shape)
+                blob.data[...] = x
+            loss += self.net.forward_backward()
+        if self.clip >= 0:                     # Caffe's ClipGradients, over the whole net
+            norm = math.sqrt(sum(float(np.dot(p.diff.ravel(), p.diff.ravel())) for p in params))
+            if norm > self.clip:
+                for p in params:
+                    p.diff *= self.clip / norm
+        plans.persist()
+        head = (loss / len(batches), [np.array(o.data) for o in self.outputs])
+        return (head,) + tuple([params[i].diff for i in positions] for positions in self.bounds)
+
+
+# -- the driver's side -------------------------------------------------------------------------
+class RemoteGradients:
+    """What a Ray group's step left in the object store, as the store's push sees it: its
+    ``pipeline`` sends each shard its part (refs, not arrays) with the rate, iteration and
+    momentum the solver computed (cct/driver/store.py)."""
+
+    def __init__(self, engine: "RayEngine", group: "RayGroup"):
+        self.engine = engine
+        self.group = group
+        self.pipeline = self
+
+    def apply(self, rate, iter_, momentum=None, params=None, only=None) -> None:
+        g = self.group
+        for shard, ref in zip(self.engine.shards, g.grad_refs):
+            shard.push.remote(g.index, g.seq, ref, float(rate), int(iter_), momentum)
+        g.grad_refs = []
+
+
+class RayGroup:
+    """The driver's handle on one group actor."""
+
+    def __init__(self, engine: "RayEngine", index: int, batch: int, restarts: int):
+        self.engine = engine
+        self.index = index
+        self.batch = batch
+        self.last_batch = batch
+        self.read_version = 0
+        self.seconds = 0.0
+        self.seq = 0
+        self.restarts_left = restarts
+        self.grad_refs: List = []
+        self.sent_plans = False
+        self.started = 0.0
+        self.net = engine.master        # whose output blobs the log reads back
+        self.pushed = None
+        self.params = RemoteGradients(engine, self)
+        self.actor = engine.new_group_actor(index)
+        self.pid, self.node = engine.ray.get(self.actor.where.remote())
+        self.inputs = [[np.empty((batch,) + tuple(t.shape[1:]), t.dtype.type)
+                        for t in engine.feeder.tops] for _ in range(engine.iter_size)]
+
+    @property
+    def name(self) -> str:
+        return f"group {self.index} (pid {self.pid}, node {self.node})"
+
+    def start(self):
+        """Send the next step: the shards' current weights (refs) and the next batch."""
+        e = self.engine
+        self.started = time.perf_counter()
+        self.read_version = e.version()
+        self.last_batch = self.batch
+        for arrays in self.inputs:
+            if arrays[0].shape[0] != self.batch:
+                arrays[:] = [np.empty((self.batch,) + a.shape[1:], a.dtype) for a in arrays]
+            e.feeder.feed_arrays(arrays, self.batch, self.index)
+        weights = [s.weights.remote() for s in e.shards]
+        table = None if self.sent_plans else e.plan_table()
+        self.sent_plans = True
+        refs = self.actor.step.options(num_returns=1 + len(e.shards)).remote(
+            table, self.inputs, *weights)
+        self.head, self.pending_grads = refs[0], refs[1:]
+        self.seq += 1
+        return self.head
+
+    def result(self) -> Optional[float]:
+        """The step's loss; None when the actor died and was restarted (start it again)."""
+        e = self.engine
+        try:
+            loss, outputs = e.ray.get(self.head)
+        except e.ray.exceptions.RayActorError as err:
+            if self.restarts_left <= 0:
+                raise RuntimeError(f"the actor died and has no restarts left: "
+                                   f"{type(err).__name__}") from None
+            self.restarts_left -= 1
+            old = self.pid
+            self.pid, self.node = e.ray.get(self.actor.where.remote())
+            self.sent_plans = False
+            warning(SRC, f"group {self.index}: the actor (pid {old}) died; Ray restarted it "
+                    f"as pid {self.pid} on node {self.node} ({self.restarts_left} restart(s) "
+                    f"left); its batch is lost")
+            return None
+        self.seconds = time.perf_counter() - self.started
+        self.grad_refs = list(self.pending_grads)
+        master = e.master
+        for b, value in zip(master.output_blob_indices, outputs):
+            blob = master.blobs_list[b]
+            if blob.shape != value.shape:
+                blob.reshape(value.shape)
+            blob.data[...] = value
+        return loss
+
+    def copy_statistics_to(self, master) -> None:
+        """BatchNorm's running averages stay in the group actors (as with processes)."""
+
+    def copy_statistics_from(self, master) -> None:
+        """The actor built its net from the train net's param."""
+
+    def close(self) -> None:
+        try:
+            self.engine.ray.kill(self.actor)
+        except Exception:           # already gone
+            pass
+
+
+class RayEngine:
+    """The engine interface (``run``) over Ray actors; see the module doc."""
+
+    name = "ray"
+
+    def __init__(self, solver, feeder, address: Optional[str] = None, shards="auto",
+                 group_restarts: int = 3, checkpoint_every: int = 100,
+                 cpus_per_group: float = 1.0):
+        self.ray = ray = import_ray()
+        self.solver = solver
+        self.feeder = feeder
+        self.master = solver.net
+        self.iter_size = solver.param.iter_size
+        self.started_ray = False
+        if not ray.is_initialized():
+            # Ray's own start-up lines would interleave with Caffe's log: errors only.
+            kw = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+            if address:
+                ray.init(address=address, **kw)
+            else:
+                ray.init(object_store_memory=1 << 30, **kw)
+            self.started_ray = True
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        info(SRC, f"Ray {ray.__version__}: {'connected to ' + address if address else 'a local Ray started' if self.started_ray else 'the Ray already running'}; "
+             f"{len(nodes)} node(s), {int(ray.cluster_resources().get('CPU', 0))} CPU(s)")
+        self.group_restarts = group_restarts
+        self.cpus = cpus_per_group
+        self.checkpoint_every = checkpoint_every
+        params = solver.params
+        nbytes = [int(np.prod(b.shape)) * np.dtype(b.dtype).itemsize for b in params.blobs]
+        self.model_bytes = sum(nbytes)
+        self.n_shards = self._shard_count(shards)
+        self.bounds = shard_bounds(nbytes, self.n_shards)
+        self.shards = [self._new_shard(k, pos) for k, pos in enumerate(self.bounds)]
+        self.places = [ray.get(s.where.remote())[:2] for s in self.shards]
+        for k, (pos, (pid, node)) in enumerate(zip(self.bounds, self.places)):
+            info(SRC, f"Store shard {k} (pid {pid}, node {node}): params {pos[0]}-{pos[-1]}, "
+                 f"{sum(nbytes[i] for i in pos)} bytes")
+        self.shard_pids = [pid for pid, _ in self.places]
+        info(SRC, "Data: the driver's data layers read the database and ship each group its "
+             "batch through the object store")
+        self._plans = None
+
+    # -- construction --------------------------------------------------------------------------
+    def _shard_count(self, shards) -> int:
+        if shards != "auto":
+            try:
+                n = int(shards)
+            except (TypeError, ValueError):
+                raise CCTError(f"--ps-shards must be a count or 'auto', got '{shards}'") from None
+            if n < 1:
+                raise CCTError(f"--ps-shards must be at least 1, got {n}")
+            return n
+        step = self._step_seconds()
+        bandwidth = self._bandwidth()
+        n = min(auto_shards(self.model_bytes, step, bandwidth),
+                len(self.solver.params.blobs))
+        info(SRC, f"--ps-shards=auto: model {self.model_bytes} bytes, a group's step "
+             f"{step * 1000:.3g} ms (timed here), object-store bandwidth {bandwidth / 1e9:.3g} "
+             f"GB/s (measured): ceil(2 x bytes / (bandwidth x step)) = {n} shard(s)")
+        return n
+
+    def _step_seconds(self) -> float:
+        """One forward/backward of the train net here, above its data layers (whose tops are
+        timed as they are: the data is not read, so the groups' batches stay the run's), the
+        best of two after one untimed."""
+        net = self.master
+        first = max(self.feeder.sources, default=-1) + 1
+        last = len(net.layers) - 1
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            net.forward_from_to(first, last)
+            net.backward_from_to(last, first)
+            times.append(time.perf_counter() - t0)
+        net.clear_param_diffs()
+        return min(times[1:])
+
+    def _bandwidth(self) -> float:
+        """Bytes per second of putting a model-sized array into the object store and getting
+        it back (a lower bound of what a node's link gives on one machine)."""
+        ray = self.ray
+        a = np.ones(max(self.model_bytes // 4, 1 << 22), np.float32)   # at least 16 MiB
+        best = math.inf
+        for _ in range(3):          # the first put also maps the store's pages
+            t0 = time.perf_counter()
+            ref = ray.put(a)
+            np.array(ray.get(ref), copy=True)
+            best = min(best, time.perf_counter() - t0)
+            del ref
+        return 2 * a.nbytes / best if best > 0 else 0.0
+
+    def _checkpoint_path(self, k: int) -> str:
+        prefix = self.solver.param.snapshot_prefix or os.path.join(os.getcwd(), "cct")
+        return os.path.abspath(f"{prefix}.cct.shard{k}.npz")
+
+    def _new_shard(self, k: int, positions: List[int]):
+        p = self.solver.params
+        actor = self.ray.remote(StoreShard).options(
+            num_cpus=0, max_restarts=-1, max_task_retries=-1)
+        return actor.remote(k, self.solver.param.SerializeToString(), self.solver.type,
+                            [np.asarray(p.blobs[i].data) for i in positions],
+                            [p.lr_mult[i] for i in positions],
+                            [p.decay_mult[i] for i in positions],
+                            self._checkpoint_path(k), self.checkpoint_every)
+
+    def new_group_actor(self, index: int):
+        from ..backend import plans
+        from ..scheduler import replica_param
+        batch = self._batches[index] or self.feeder.batch
+        param = replica_param(self.master, self.feeder.sources, batch)
+        actor = self.ray.remote(GroupWorker).options(
+            num_cpus=self.cpus, max_restarts=self.group_restarts, max_task_retries=0)
+        seed = (self.solver.param.random_seed if self.solver.param.random_seed >= 0
+                else None)
+        return actor.remote(index, param.SerializeToString(), self.master.dtype.str, seed,
+                            self.bounds, float(self.solver.param.clip_gradients),
+                            max(1, int(self.cpus)), plans.deterministic())
+
+    def make_groups(self, batches: Sequence[Optional[int]]) -> List[RayGroup]:
+        self._batches = list(batches)
+        return [RayGroup(self, k, b or self.feeder.batch, self.group_restarts)
+                for k, b in enumerate(batches)]
+
+    def plan_table(self):
+        from ..backend import plans
+        return plans.table()
+
+    # -- running ---------------------------------------------------------------------------
+    def version(self) -> int:
+        return self.solver.iter
+
+    def run(self, store, groups: List[RayGroup], updates: int, observer=None) -> None:
+        from .engines import wait_any
+        ray = self.ray
+
+        def finished(heads):
+            done, _ = ray.wait(heads, num_returns=1)
+            return done
+
+        wait_any(store, groups, updates, start=lambda g: g.start(), finished=finished,
+                 result=lambda _, g: g.result(), drain=lambda pending: None,
+                 observer=observer)
+        self.check_shards()
+
+    def check_shards(self) -> None:
+        """Log every shard that was restarted since the last check, and the updates lost."""
+        for k, shard in enumerate(self.shards):
+            pid, node, version, restored = self.ray.get(shard.where.remote())
+            if pid != self.shard_pids[k]:
+                lost = "?" if restored is None else self.solver.iter - restored
+                warning(SRC, f"store shard {k} (pid {self.shard_pids[k]}) was lost; Ray "
+                        f"restarted it as pid {pid} on node {node} from its checkpoint at "
+                        f"version {restored}: {lost} update(s) of its params lost")
+                self.shard_pids[k] = pid
+
+    # -- the solver's copy ------------------------------------------------------------------
+    def gather(self) -> None:
+        """The shards' params and history into the driver's solver (before a test or a
+        snapshot)."""
+        s = self.solver
+        blobs = s.params.blobs
+        n = len(blobs)
+        states = self.ray.get([shard.state.remote() for shard in self.shards])
+        for positions, (weights, history, _) in zip(self.bounds, states):
+            for i, w in zip(positions, weights):
+                blobs[i].data[...] = w
+            sets = len(history) // max(len(positions), 1)
+            for j in range(sets):
+                for i, h in zip(positions, history[j * len(positions):(j + 1) * len(positions)]):
+                    s.history[j * n + i][...] = h
+
+    def scatter(self) -> None:
+        """The solver's (restored) params and history to the shards."""
+        s = self.solver
+        blobs = s.params.blobs
+        n = len(blobs)
+        sets = len(s.history) // max(n, 1)
+        done = []
+        for shard, positions in zip(self.shards, self.bounds):
+            weights = [np.asarray(blobs[i].data) for i in positions]
+            history = [np.asarray(s.history[j * n + i]) for j in range(sets) for i in positions]
+            done.append(shard.load.remote(weights, history, s.iter))
+        self.ray.get(done)
+
+    def close(self) -> None:
+        for shard in self.shards:
+            try:
+                self.ray.kill(shard)
+            except Exception:
+                pass
+        self.shards = []
+        if self.started_ray:
+            self.ray.shutdown()

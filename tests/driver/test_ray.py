@@ -1,0 +1,204 @@
+"""The Ray engine (cct/driver/ray_engine.py) on a real Ray cluster of two nodes on this machine
+(ray.cluster_utils.Cluster; each test module shuts down only the cluster it started): one group
+gives the threads engine's losses; a killed group actor and a killed store shard are survived;
+snapshots resume exactly; a removed node's group moves."""
+import os
+import re
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from cct.api import Solver
+from cct.driver import Driver
+from cct.driver.ray_engine import auto_shards, import_ray, shard_bounds
+from cct.errors import CCTError
+
+from ..test_scheduler import data_list, params_of, solver_param  # noqa: F401  (fixture)
+from .test_driver import losses
+
+ray = pytest.importorskip("ray", reason="the Ray engine's tests need Ray (the test extra)")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "object_store_memory": 100 << 20, "include_dashboard": False})
+    worker = c.add_node(num_cpus=1, object_store_memory=100 << 20)
+    c.wait_for_nodes()
+    ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
+    yield c, worker
+    ray.shutdown()
+    c.shutdown()
+
+
+def run(param, capfd, iters, **kw):
+    solver = Solver(param)
+    driver = Driver(solver, **kw)
+    try:
+        capfd.readouterr()
+        driver.step(iters)
+        driver.pull_statistics()
+        return params_of(solver), losses(capfd.readouterr().err), driver
+    finally:
+        driver.close()
+        solver.close()
+
+
+def test_shards_split_by_bytes_and_the_auto_rule():
+    assert shard_bounds([100, 100, 100, 100], 2) == [[0, 1], [2, 3]]
+    assert shard_bounds([10, 1000, 10], 2) == [[0], [1, 2]]   # by each param's middle
+    assert shard_bounds([5, 5], 8) == [[0], [1]]              # no empty shard
+    assert shard_bounds([1, 1, 1, 1000], 3) == [[0, 1], [2], [3]]
+    assert shard_bounds([1000, 1, 1, 1], 3) == [[0], [1], [2, 3]]
+    # 2 x 244 MB over 1 GB/s hides under a 0.25 s step with 2 shards.
+    assert auto_shards(244_000_000, 0.25, 1e9) == 2
+    assert auto_shards(1_700_000, 0.017, 6e9) == 1
+
+
+def test_without_ray_a_clear_message(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(CCTError, match=r"pip install 'cct\[ray\]'"):
+        import_ray()
+
+
+def test_one_ray_group_gives_the_threads_engines_losses(cluster, data_list, tmp_path,  # noqa: F811
+                                                         capfd):
+    param = solver_param(data_list, tmp_path)
+    want_params, want_losses, _ = run(param, capfd, 6, groups=1, engine="threads")
+    got_params, got_losses, _ = run(param, capfd, 6, groups=1, engine="ray", ps_shards=2)
+    assert got_losses == want_losses and len(want_losses) == 6
+    for a, b in zip(want_params, got_params):
+        assert np.array_equal(a, b)
+
+
+def test_two_groups_on_two_nodes_learn_lenet(cluster, caffe_fixtures, capfd):
+    from .test_strategies_mnist import lenet
+    param = lenet(caffe_fixtures)
+    param.display = 50
+    solver = Solver(param)
+    driver = Driver(solver, groups=2, engine="ray", ps_shards=2)
+    try:
+        log = capfd.readouterr().err
+        assert len(re.findall(r"Store shard \d \(pid \d+, node \w+\)", log)) == 2
+        nodes = {node for _, node in re.findall(r"group \d \(pid (\d+), node (\w+)\)", log)}
+        assert len(nodes) == 2            # one group on each node
+        driver.step(150)
+        solver.test_all()
+        assert solver.test_scores[0][0][1] > 0.85
+        shares = re.findall(r"Updates by group: group 0 (\d+) .*, group 1 (\d+)",
+                            capfd.readouterr().err)
+        assert shares and all(int(n) > 30 for n in shares[-1])
+    finally:
+        driver.close()
+        solver.close()
+
+
+def _kill_when(driver, pid_of, after: int):
+    """Run ``after`` updates, SIGKILL the process ``pid_of(driver)``, wait for it to go."""
+    driver.step(after)
+    pid = pid_of(driver)
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        time.sleep(0.05)
+    return pid
+
+
+def test_a_killed_group_actor_is_restarted_and_training_goes_on(cluster, data_list,  # noqa: F811
+                                                                 tmp_path, capfd):
+    param = solver_param(data_list, tmp_path, display=0)
+    solver = Solver(param)
+    driver = Driver(solver, groups=2, engine="ray", ps_shards=1)
+    try:
+        old = _kill_when(driver, lambda d: d.groups[1].pid, 5)
+        driver.step(15)
+        log = capfd.readouterr().err
+        assert solver.iter == 20 and len(driver.groups) == 2
+        assert re.search(rf"group 1: the actor \(pid {old}\) died; Ray restarted it as pid "
+                         rf"\d+ on node \w+ \(2 restart\(s\) left\)", log), log[-3000:]
+        assert driver.groups[1].pid != old
+    finally:
+        driver.close()
+        solver.close()
+
+
+def test_a_killed_shard_restarts_from_its_checkpoint(cluster, data_list, tmp_path, capfd):  # noqa: F811
+    param = solver_param(data_list, tmp_path, display=0)
+    solver = Solver(param)
+    driver = Driver(solver, groups=1, engine="ray", ps_shards=2)
+    driver.engine.checkpoint_every = 0
+    try:
+        driver.step(4)
+        # A checkpoint at version 4 for both shards (as every checkpoint_every updates).
+        for shard in driver.engine.shards:
+            ray.get(shard._write_checkpoint.remote())
+        old = _kill_when(driver, lambda d: d.engine.shard_pids[1], 3)
+        driver.step(5)
+        log = capfd.readouterr().err
+        assert solver.iter == 12
+        assert re.search(rf"store shard 1 \(pid {old}\) was lost; Ray restarted it as pid \d+ "
+                         rf"on node \w+ from its checkpoint at version 4: \d+ update\(s\) of "
+                         rf"its params lost", log), log[-3000:]
+        driver.pull_statistics()
+        assert all(np.isfinite(p).all() for p in params_of(solver))
+    finally:
+        driver.close()
+        solver.close()
+
+
+def test_ray_snapshots_are_caffe_files_and_resume_exactly(cluster, data_list, tmp_path,  # noqa: F811
+                                                          capfd):
+    param = solver_param(data_list, tmp_path, display=0, max_iter=12)
+    whole, _, _ = run(param, capfd, 12, groups=1, engine="ray", ps_shards=2)
+    solver = Solver(param)
+    driver = Driver(solver, groups=1, engine="ray", ps_shards=2)
+    try:
+        driver.step(5)
+        solver.snapshot()
+    finally:
+        driver.close()
+        solver.close()
+    from cct.io.weights import load_weights
+    assert load_weights(str(tmp_path / "snap_iter_5.caffemodel"))["conv"]
+    solver = Solver(param)
+    driver = Driver(solver, groups=1, engine="ray", ps_shards=1)   # another sharding
+    try:
+        solver.restore(str(tmp_path / "snap_iter_5.solverstate"))
+        driver.step(7)
+        driver.pull_statistics()
+        for a, b in zip(whole, params_of(solver)):
+            assert np.array_equal(a, b)
+    finally:
+        driver.close()
+        solver.close()
+
+
+def test_a_removed_nodes_group_moves(cluster, data_list, tmp_path, capfd):  # noqa: F811
+    c, _ = cluster
+    extra = c.add_node(num_cpus=1, object_store_memory=100 << 20)
+    c.wait_for_nodes()
+    param = solver_param(data_list, tmp_path, display=0)
+    solver = Solver(param)
+    driver = Driver(solver, groups=3, engine="ray", ps_shards=1)
+    try:
+        driver.step(3)
+        extra_id = extra.node_id[:8]
+        on_extra = [g for g in driver.groups if g.node == extra_id]
+        assert on_extra           # 3 one-CPU groups on 4 CPUs: one is on the extra node
+        c.remove_node(extra)
+        driver.step(9)
+        assert solver.iter == 12 and len(driver.groups) == 3
+        for g in on_extra:
+            assert g.node != extra_id
+    finally:
+        driver.close()
+        solver.close()
