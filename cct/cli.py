@@ -31,8 +31,8 @@ commands:
                   -momentum=auto|X -allow-negative-momentum -sync-fc -batch-sizes=16,256
                   -threshold=T -learners=K|auto -sma-alpha=A -sma-momentum=M
                   -sync-period=P -simulate-speeds=1,8 -engine=ray -ray-address=A|auto
-                  -ps-shards=N|auto -ray-group-restarts=R: the driver's strategies,
-                  cct/driver)
+                  -ps-shards=N|auto -ray-group-restarts=R -ray-data=ship|local: the
+                  driver's strategies, cct/driver)
   test            score a model (-model, -weights, -iterations, -level, -stage)
   time            benchmark forward/backward of a model (-model, -iterations, -phase, -level,
                   -stage)
@@ -213,7 +213,8 @@ def cmd_train(argv: List[str]) -> int:
                                   "threshold": "0.05", "learners": "", "sma-alpha": "",
                                   "sma-momentum": "0", "sync-period": "1",
                                   "simulate-speeds": "", "ray-address": "",
-                                  "ps-shards": "auto", "ray-group-restarts": "3"},
+                                  "ps-shards": "auto", "ray-group-restarts": "3",
+                                  "ray-data": "ship"},
                   booleans=("deterministic", "allow-negative-momentum", "sync-fc"))
     solver_path = _require(flags, "solver", "Need a solver definition to train.")
     if flags.get("snapshot") and flags.get("weights"):
@@ -268,7 +269,8 @@ def cmd_train(argv: List[str]) -> int:
                             simulate_speeds=_speeds(flags.get("simulate-speeds")),
                             ray_address=flags.get("ray-address") or None,
                             ps_shards=flags.get("ps-shards"),
-                            ray_group_restarts=flags.int("ray-group-restarts"))
+                            ray_group_restarts=flags.int("ray-group-restarts"),
+                            ray_data=flags.get("ray-data"))
         elif devices is not None:
             solver.set_gradient_source(gradient_source(solver.net, devices))
         if flags.get("snapshot"):

@@ -65,6 +65,8 @@ DESCRIPTIONS: Dict[str, str] = {
                  "et al.'s rule from the model's bytes, the bandwidth and a step's time).",
     "ray-group-restarts": "cct: how often Ray restarts a group actor that died before it is "
                           "dropped.",
+    "ray-data": "cct: -engine=ray's data: ship (the driver reads and ships batches) or local "
+                "(each group reads its part of the LMDB where it runs).",
     "staleness": "cct: round-robin or exponential, the staleness model of a simulated run.",
     "momentum": "cct: the momentum to use instead of the solver's (auto with async).",
     "seed": "cct: the seed of a simulated run's exponential staleness.",

@@ -77,7 +77,7 @@ class Driver:
                  learners=None, sma_alpha: Optional[float] = None, sma_momentum: float = 0.0,
                  sync_period: int = 1, simulate_speeds: Optional[Sequence[float]] = None,
                  ray_address: Optional[str] = None, ps_shards="auto",
-                 ray_group_restarts: int = 3):
+                 ray_group_restarts: int = 3, ray_data: str = "ship"):
         if strategy not in STRATEGIES or strategy == "sync":
             raise CCTError(f"the driver runs strategies {', '.join(STRATEGIES[1:])}, not "
                            f"'{strategy}' (sync is the solver's own solve())")
@@ -150,8 +150,11 @@ class Driver:
                 raise CCTError("--engine=ray places each group on a Ray node by its CPUs: give "
                                "no --devices")
             from .ray_engine import RayEngine
+            if ray_data == "local" and strategy == "adaptive-hogbatch":
+                raise CCTError("--ray-data=local fixes each group's batch in its data layer: "
+                               "adaptive-hogbatch needs --ray-data=ship")
             self.engine = RayEngine(solver, self.feeder, ray_address, ps_shards,
-                                    ray_group_restarts)
+                                    ray_group_restarts, data=ray_data)
         else:
             self.engine = SimulatedEngine(staleness, seed, trace, self.speeds)
         sizes = [None] * groups

@@ -17,9 +17,11 @@ each an actor, so the same strategies run across machines (``--engine=ray``).
   part per shard as separate objects; the driver hands those refs on to the shards without
   fetching them. A group actor that dies is restarted by Ray (``--ray-group-restarts``) and
   given the next batch; after its restarts it is dropped and the others go on.
-* **Data**: the driver's data layers read the database and ship each group its batch through
-  the object store (the database need only be readable where the driver runs), in the order
-  groups ask, as the other engines do.
+* **Data** (``--ray-data``): ``ship`` (default): the driver's data layers read the database
+  and ship each group its batch through the object store (the database need only be
+  readable where the driver runs), in the order groups ask, as the other engines do;
+  ``local``: each group's own Data layer reads the LMDB where the group runs, group k of g
+  starting k/g of the way into it (every node must see the path; batches stay fixed).
 
 The driver's solver keeps the loop (tests, display, lr policy, snapshots): before a test or a
 snapshot the shards' params and history are gathered into it, so snapshots are ordinary Caffe
@@ -168,7 +170,8 @@ class GroupWorker:
     """A compute group in its own process: see the module doc."""
 
     def __init__(self, index: int, net_bytes: bytes, dtype: str, seed: Optional[int],
-                 bounds: List[List[int]], clip: float, threads: int, deterministic: bool):
+                 bounds: List[List[int]], clip: float, threads: int, deterministic: bool,
+                 part: Optional[float] = None):
         from .. import _C, glog
         from ..backend import plans
         from ..net import Net
@@ -184,6 +187,13 @@ class GroupWorker:
         self.outputs = [self.net.blobs_list[b] for b in self.net.output_blob_indices]
         self.bounds = bounds
         self.clip = clip
+        self.local = part is not None
+        if self.local:                 # its own part of the database, read on this node
+            for layer in self.net.layers:
+                if callable(getattr(layer, "data_state", None)):
+                    state = layer.data_state()
+                    state.update(position=int(part * _entries(layer)), key="", records=0)
+                    layer.load_data_state(state)
 
     def where(self):
         import ray
@@ -201,11 +211,11 @@ class GroupWorker:
         self.net.clear_param_diffs()
         loss = 0.0
         for batch in batches:
-            for blob, x in zip(self.inputs, batch):
+            for blob, x in zip(self.inputs, batch or ()):
                 if blob.shape != x.shape:
                     blob.reshape(x.shape)
                 blob.data[...] = x
-            loss += self.net.forward_backward()
+            loss += self.net.forward_backward()     # local data: its data layers read
         if self.clip >= 0:                     # Caffe's ClipGradients, over the whole net
             norm = math.sqrt(sum(float(np.dot(p.diff.ravel(), p.diff.ravel())) for p in params))
             if norm > self.clip:
@@ -214,6 +224,15 @@ class GroupWorker:
         plans.persist()
         head = (loss / len(batches), [np.array(o.data) for o in self.outputs])
         return (head,) + tuple([params[i].diff for i in positions] for positions in self.bounds)
+
+
+def _entries(layer) -> int:
+    """The records of a Data layer's LMDB (what a group's part is a share of)."""
+    p = layer.layer_param.data_param
+    if p.backend != p.LMDB:
+        raise CCTError(f"--ray-data=local splits LMDB databases; layer '{layer.layer_param.name}'"
+                       f" reads LevelDB: use --ray-data=ship")
+    return len(layer.cursor)
 
 
 # -- the driver's side -------------------------------------------------------------------------
@@ -267,15 +286,21 @@ class RayGroup:
         self.started = time.perf_counter()
         self.read_version = e.version()
         self.last_batch = self.batch
-        for arrays in self.inputs:
-            if arrays[0].shape[0] != self.batch:
-                arrays[:] = [np.empty((self.batch,) + a.shape[1:], a.dtype) for a in arrays]
-            e.feeder.feed_arrays(arrays, self.batch, self.index)
+        if e.local_data:            # the actor's data layers read its part of the database
+            batches = [None] * e.iter_size
+            e.feeder.records[self.index] += self.batch * e.iter_size
+        else:
+            for arrays in self.inputs:
+                if arrays[0].shape[0] != self.batch:
+                    arrays[:] = [np.empty((self.batch,) + a.shape[1:], a.dtype)
+                                 for a in arrays]
+                e.feeder.feed_arrays(arrays, self.batch, self.index)
+            batches = self.inputs
         weights = [s.weights.remote() for s in e.shards]
         table = None if self.sent_plans else e.plan_table()
         self.sent_plans = True
         refs = self.actor.step.options(num_returns=1 + len(e.shards)).remote(
-            table, self.inputs, *weights)
+            table, batches, *weights)
         self.head, self.pending_grads = refs[0], refs[1:]
         self.seq += 1
         return self.head
@@ -327,7 +352,12 @@ class RayEngine:
 
     def __init__(self, solver, feeder, address: Optional[str] = None, shards="auto",
                  group_restarts: int = 3, checkpoint_every: int = 100,
-                 cpus_per_group: float = 1.0):
+                 cpus_per_group: float = 1.0, data: str = "ship"):
+        if data not in ("ship", "local"):
+            raise CCTError(f"--ray-data must be ship (the driver reads the database and ships "
+                           f"batches) or local (each group reads its part where it runs), got "
+                           f"'{data}'")
+        self.local_data = data == "local"
         self.ray = ray = import_ray()
         self.solver = solver
         self.feeder = feeder
@@ -353,14 +383,20 @@ class RayEngine:
         self.model_bytes = sum(nbytes)
         self.n_shards = self._shard_count(shards)
         self.bounds = shard_bounds(nbytes, self.n_shards)
+        self._held: List = []
         self.shards = [self._new_shard(k, pos) for k, pos in enumerate(self.bounds)]
         self.places = [ray.get(s.where.remote())[:2] for s in self.shards]
         for k, (pos, (pid, node)) in enumerate(zip(self.bounds, self.places)):
             info(SRC, f"Store shard {k} (pid {pid}, node {node}): params {pos[0]}-{pos[-1]}, "
                  f"{sum(nbytes[i] for i in pos)} bytes")
         self.shard_pids = [pid for pid, _ in self.places]
-        info(SRC, "Data: the driver's data layers read the database and ship each group its "
-             "batch through the object store")
+        if self.local_data:
+            info(SRC, "Data: each group's own data layers read its part of the database where "
+                 "it runs (group k of g starts k/g of the way in; every node must see the "
+                 "database path)")
+        else:
+            info(SRC, "Data: the driver's data layers read the database and ship each group "
+                 "its batch through the object store")
         self._plans = None
 
     # -- construction --------------------------------------------------------------------------
@@ -420,24 +456,40 @@ class RayEngine:
         p = self.solver.params
         actor = self.ray.remote(StoreShard).options(
             num_cpus=0, max_restarts=-1, max_task_retries=-1)
+        # The constructor's arguments are held here for the run: a restarted shard runs the
+        # constructor again with them (then loads its checkpoint over the weights).
+        weights = self.ray.put([np.asarray(p.blobs[i].data) for i in positions])
+        self._held.append(weights)
         return actor.remote(k, self.solver.param.SerializeToString(), self.solver.type,
-                            [np.asarray(p.blobs[i].data) for i in positions],
-                            [p.lr_mult[i] for i in positions],
+                            weights, [p.lr_mult[i] for i in positions],
                             [p.decay_mult[i] for i in positions],
                             self._checkpoint_path(k), self.checkpoint_every)
 
     def new_group_actor(self, index: int):
         from ..backend import plans
+        from ..proto import caffe_pb2
         from ..scheduler import replica_param
         batch = self._batches[index] or self.feeder.batch
-        param = replica_param(self.master, self.feeder.sources, batch)
+        part = None
+        if self.local_data:
+            param = caffe_pb2.NetParameter()
+            param.CopyFrom(self.master.param)
+            for i in self.feeder.sources:
+                lp = param.layer[i]
+                if lp.type != "Data":
+                    raise CCTError(f"--ray-data=local reads Data layers' LMDBs; layer "
+                                   f"'{lp.name}' is {lp.type}: use --ray-data=ship")
+                lp.data_param.batch_size = batch
+            part = index / len(self._batches)
+        else:
+            param = replica_param(self.master, self.feeder.sources, batch)
         actor = self.ray.remote(GroupWorker).options(
             num_cpus=self.cpus, max_restarts=self.group_restarts, max_task_retries=0)
         seed = (self.solver.param.random_seed if self.solver.param.random_seed >= 0
                 else None)
         return actor.remote(index, param.SerializeToString(), self.master.dtype.str, seed,
                             self.bounds, float(self.solver.param.clip_gradients),
-                            max(1, int(self.cpus)), plans.deterministic())
+                            max(1, int(self.cpus)), plans.deterministic(), part)
 
     def make_groups(self, batches: Sequence[Optional[int]]) -> List[RayGroup]:
         self._batches = list(batches)

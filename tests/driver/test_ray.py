@@ -202,3 +202,21 @@ def test_a_removed_nodes_group_moves(cluster, data_list, tmp_path, capfd):  # no
     finally:
         driver.close()
         solver.close()
+
+
+def test_groups_read_their_own_part_of_the_lmdb(cluster, caffe_fixtures, capfd):
+    from .test_strategies_mnist import lenet
+    param = lenet(caffe_fixtures)
+    param.display = 0
+    solver = Solver(param)
+    driver = Driver(solver, groups=2, engine="ray", ps_shards=1, ray_data="local")
+    try:
+        assert "Data: each group's own data layers read its part of the database" in \
+            capfd.readouterr().err
+        driver.step(60)
+        solver.test_all()
+        assert solver.test_scores[0][0][1] > 0.8
+        assert sum(driver.feeder.records.values()) >= 60 * 64   # and those in flight
+    finally:
+        driver.close()
+        solver.close()

@@ -12,7 +12,7 @@ from cct.driver import BatchFeeder, Driver, LearnerTuner, parse_batch_sizes
 from cct.errors import CCTError
 
 from ..test_scheduler import data_list, params_of, solver_param  # noqa: F401  (fixture)
-from .test_driver import driven, losses, plain
+from .test_driver import losses, plain
 
 
 # -- the feeder: every record once, in the data layers' order --------------------------------
