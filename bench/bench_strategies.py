@@ -303,6 +303,8 @@ def main(argv=None) -> None:
         "CCT_SHARED", REPO.parent / "shared")) / "caffe-zoo"))
     ap.add_argument("--json", default=str(REPO / "bench" / "strategies.json"))
     ap.add_argument("--png", default=str(REPO / "bench" / "strategies.png"))
+    ap.add_argument("--report", help="JSON files of earlier runs (comma-separated): print "
+                    "their tables and draw the PNG, running nothing")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -310,6 +312,18 @@ def main(argv=None) -> None:
         return
     for name in ("work", "setting", "strategies"):
         setattr(args, name, [x for x in getattr(args, name).split(",") if x])
+    if args.report:
+        runs = []
+        for path in args.report.split(","):
+            with open(path) as f:
+                saved = json.load(f)
+            print(f"# {path}: {saved['cpu']}")
+            runs += saved["runs"]
+        with open(args.json, "w") as f:
+            json.dump({"cpu": cpu_model(), "runs": runs}, f)
+        print("\n".join(report(runs, args)))
+        plot(runs, args.png)
+        return
     runs = []
     print(f"# {cpu_model()}, {os.cpu_count()} cores, {datetime.date.today()}")
     for work in args.work:
