@@ -21,12 +21,10 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
-import numpy as np
-
 from ..devices import CPUDevice, Device, available_cores, configure_blas, parse_devices
 from ..errors import CCTError
 from ..glog import info
-from ..io.atomic import atomic_write
+from ..io.atomic import load_arrays, save_arrays
 from .balance import UpdateBalance, parse_batch_sizes
 from .engines import ENGINES, AllGroupsLost, SimulatedEngine, ThreadEngine, describe
 from .groups import BatchFeeder, Group
@@ -309,10 +307,7 @@ class Driver:
                "strategy": self.strategy}
         feeder, rows = self.feeder.state()
         if rows:       # records of the data layers' current batch no group has taken yet
-            def write(tmp):
-                with open(tmp, "wb") as f:
-                    np.savez(f, **rows)
-            atomic_write(self.records_file(state_file), write)
+            save_arrays(self.records_file(state_file), rows)
         out["feeder"] = feeder
         if self.sma is not None:
             out["sma"] = self.sma.state(state_file)
@@ -330,13 +325,8 @@ class Driver:
         if "feeder" in state:
             rows = {}
             if state["feeder"].get("left"):
-                path = self.records_file(state_file)
-                try:
-                    with np.load(path) as saved:
-                        rows = {k: saved[k] for k in saved.files}
-                except (OSError, ValueError) as e:
-                    raise ValueError(f"cannot read the records left of the batch '{path}': "
-                                     f"{e}") from None
+                rows = load_arrays(self.records_file(state_file),
+                                   "the records left of the data layers' batch")
             self.feeder.load_state(state["feeder"], rows)
         if self.sma is not None:
             self.sma.load_state(state["sma"], state_file)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import CCTError, SourceLost
 from ..glog import error, info
-from ..io.atomic import atomic_write
+from ..io.atomic import load_arrays, save_arrays
 from .groups import Group
 from .staleness import schedule
 
@@ -226,11 +226,7 @@ class SimulatedEngine:
             return {}
         arrays = {f"g{g.index}_p{i}": np.asarray(b.data)
                   for g in groups for i, b in enumerate(g.params.blobs)}
-
-        def write(tmp):
-            with open(tmp, "wb") as f:
-                np.savez(f, **arrays)
-        atomic_write(self.weights_file(state_file), write)
+        save_arrays(self.weights_file(state_file), arrays)
         # The group whose push is being applied pulls right after it: a resumed run pulls
         # for it (the store's weights are then this snapshot's).
         return {"schedule": self._order.state(), "reads": [g.read_version for g in groups],
@@ -243,11 +239,7 @@ class SimulatedEngine:
             raise ValueError(f"the snapshot's simulated run had {len(state['reads'])} groups, "
                              f"this one {len(groups)}")
         path = self.weights_file(state_file)
-        try:
-            with np.load(path) as saved:
-                arrays = {k: saved[k] for k in saved.files}
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot read the groups' weights '{path}': {e}") from None
+        arrays = load_arrays(path, "the groups' weights")
         for g in groups:
             for i, b in enumerate(g.params.blobs):
                 a = arrays.get(f"g{g.index}_p{i}")

@@ -23,6 +23,16 @@ from ..params import NetSource, ParamSet
 from ..scheduler import HybridScheduler, next_batch, replica_param, source_layers
 
 
+def show_outputs(master, values: Sequence[np.ndarray]) -> None:
+    """A remote group's output values into the train net's output blobs, where the log reads
+    them (the processes and Ray engines)."""
+    for b, value in zip(master.output_blob_indices, values):
+        blob = master.blobs_list[b]
+        if blob.shape != value.shape:
+            blob.reshape(value.shape)
+        blob.data[...] = value
+
+
 class BatchFeeder:
     """The solver's train net's data layers, handing out records in their order: each request
     takes the next ``n`` records of the epoch (from the current batch of the data layers, then

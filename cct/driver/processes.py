@@ -29,6 +29,7 @@ from ..params import ParamSet, StoreBlob
 from ..proto import caffe_pb2
 from ..scheduler import replica_param
 from .engines import _dropped, _results, wait_any
+from .groups import show_outputs
 
 _STARTUP_SECONDS = 300
 
@@ -194,12 +195,7 @@ class ProcessGroup:
             raise CCTError(payload[0])
         self.seconds = time.perf_counter() - self._started
         loss, self.outputs = payload
-        master = self.feeder.master
-        for b, value in zip(master.output_blob_indices, self.outputs):
-            blob = master.blobs_list[b]
-            if blob.shape != value.shape:
-                blob.reshape(value.shape)
-            blob.data[...] = value
+        show_outputs(self.feeder.master, self.outputs)
         return loss
 
     def copy_statistics_to(self, master) -> None:

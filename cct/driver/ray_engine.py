@@ -39,6 +39,7 @@ import numpy as np
 
 from ..errors import CCTError
 from ..glog import info, warning
+from .groups import show_outputs
 
 SRC = "driver.cpp:0"
 
@@ -144,25 +145,22 @@ class StoreShard:
             self.restored_from
 
     def _write_checkpoint(self) -> None:
-        from ..io.atomic import atomic_write
+        from ..io.atomic import save_arrays
         arrays = {f"w{i}": b.data for i, b in enumerate(self.params.blobs)}
         arrays.update({f"h{i}": h for i, h in enumerate(self.pipeline.history)})
         arrays["version"] = np.array(self.version)
         arrays["seqs"] = np.array(sorted(self.seqs.items()), dtype=np.int64).reshape(-1, 2)
-
-        def write(tmp):
-            with open(tmp, "wb") as f:
-                np.savez(f, **arrays)
-        atomic_write(self.checkpoint, write)
+        save_arrays(self.checkpoint, arrays)
 
     def _load_checkpoint(self) -> None:
-        with np.load(self.checkpoint) as saved:
-            for i, b in enumerate(self.params.blobs):
-                b.data[...] = saved[f"w{i}"]
-            for i, h in enumerate(self.pipeline.history):
-                h[...] = saved[f"h{i}"]
-            self.version = int(saved["version"])
-            self.seqs = {int(g): int(s) for g, s in saved["seqs"]}
+        from ..io.atomic import load_arrays
+        saved = load_arrays(self.checkpoint, f"store shard {self.index}'s checkpoint")
+        for i, b in enumerate(self.params.blobs):
+            b.data[...] = saved[f"w{i}"]
+        for i, h in enumerate(self.pipeline.history):
+            h[...] = saved[f"h{i}"]
+        self.version = int(saved["version"])
+        self.seqs = {int(g): int(s) for g, s in saved["seqs"]}
         self.restored_from = self.version
 
 
@@ -324,12 +322,7 @@ class RayGroup:
             return None
         self.seconds = time.perf_counter() - self.started
         self.grad_refs = list(self.pending_grads)
-        master = e.master
-        for b, value in zip(master.output_blob_indices, outputs):
-            blob = master.blobs_list[b]
-            if blob.shape != value.shape:
-                blob.reshape(value.shape)
-            blob.data[...] = value
+        show_outputs(e.master, outputs)
         return loss
 
     def copy_statistics_to(self, master) -> None:

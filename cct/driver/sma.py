@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import CCTError
 from ..glog import info
-from ..io.atomic import atomic_write
+from ..io.atomic import load_arrays, save_arrays
 from ..solver_rules import UpdatePipeline
 
 SRC = "driver.cpp:0"
@@ -200,22 +200,14 @@ class ModelAveraging:
                 arrays[f"l{g.index}_p{i}"] = np.asarray(w)
             for i, h in enumerate(self.pipelines[g.index].history):
                 arrays[f"l{g.index}_h{i}"] = np.asarray(h)
-
-        def write(tmp):
-            with open(tmp, "wb") as f:
-                np.savez(f, **arrays)
-        atomic_write(self.arrays_file(state_file), write)
+        save_arrays(self.arrays_file(state_file), arrays)
         return {"rounds": self.rounds, "seconds": self.seconds, "learners": [g.index for g in self.learners],
                 "batches": [g.batch for g in self.learners],
                 "autotune": self.autotune.state() if self.autotune else None}
 
     def load_state(self, state: dict, state_file: str) -> None:
         path = self.arrays_file(state_file)
-        try:
-            with np.load(path) as saved:
-                arrays = {k: saved[k] for k in saved.files}
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot read the SMA learners' file '{path}': {e}") from None
+        arrays = load_arrays(path, "the SMA learners' file")
         indices = [int(k) for k in state["learners"]]
         while len(self.learners) < len(indices):        # autotune had added learners
             learner = self.make_learner(indices[len(self.learners)])

@@ -11,7 +11,9 @@ from __future__ import annotations
 import errno
 import os
 import re
-from typing import Callable, List
+from typing import Callable, Dict, List
+
+import numpy as np
 
 from ..errors import CCTError
 
@@ -40,6 +42,25 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
     except BaseException:
         _remove(tmp)
         raise
+
+
+def save_arrays(path: str, arrays: Dict[str, np.ndarray]) -> None:
+    """Named arrays into an .npz file, atomically (the driver's files beside a snapshot)."""
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+    atomic_write(path, write)
+
+
+def load_arrays(path: str, what: str) -> Dict[str, np.ndarray]:
+    """The arrays of an .npz file written by :func:`save_arrays`; ValueError naming ``what``
+    and the file when it cannot be read."""
+    try:
+        with np.load(path) as saved:
+            return {k: saved[k] for k in saved.files}
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {what} '{path}': {e}") from None
 
 
 def remove_stale_temp_files(folder: str, name_prefix: str) -> List[str]:

@@ -10,23 +10,12 @@ from ..filler import fill
 from .base import Layer, register
 
 
-class _ConvolutionBase(Layer):
-    """Shared parameter parsing and geometry of Convolution and Deconvolution.
+class ConvolutionGeometry:
+    """convolution_param's geometry, parsed and checked as Caffe's BaseConvolutionLayer does:
+    ``channel_axis``, and (h, w) pairs ``kernel``, ``stride``, ``pad`` and ``dilation`` (for
+    the layers that take convolution_param: Convolution, Deconvolution, Im2col)."""
 
-    ``reverse`` is False for Convolution (bottom -> conv -> top) and True for Deconvolution,
-    whose forward pass is the convolution's backward-data pass."""
-
-    min_bottom_blobs = 1
-    min_top_blobs = 1
-    equal_num_bottom_top_blobs = True
-    reverse = False
-
-    def layer_setup(self, bottom: List[Blob], top: List[Blob]) -> None:
-        cp = self.layer_param.convolution_param
-        b0 = bottom[0]
-        if any(t is b for t in top for b in bottom):
-            raise self.error("cannot run in place (top and bottom are one blob): every top "
-                             "value reads many bottom values; give the top its own name.")
+    def parse_geometry(self, cp, b0: Blob, what: str) -> None:
         try:
             self.channel_axis = b0.canonical_axis(cp.axis)
         except LayerError:
@@ -35,7 +24,7 @@ class _ConvolutionBase(Layer):
         num_spatial = b0.num_axes - self.channel_axis - 1
         if num_spatial != 2:
             raise self.error(
-                f"only 2-D convolution is supported: the bottom of shape {b0.shape} has "
+                f"only 2-D {what} is supported: the bottom of shape {b0.shape} has "
                 f"{num_spatial} spatial axes after the channel axis {self.channel_axis}; "
                 f"give a bottom with exactly 2 (e.g. N x C x H x W).")
         self.kernel = self._pair(cp, "kernel_size", "kernel_h", "kernel_w")
@@ -53,6 +42,43 @@ class _ConvolutionBase(Layer):
             raise self.error(f"dilation {self.dilation[0]} x {self.dilation[1]} must be "
                              f"nonzero.")
 
+    def _pair(self, cp, field: str, h_field: str = "", w_field: str = "",
+              default: Optional[int] = None) -> Tuple[int, int]:
+        """(h, w) of a spatial parameter: the repeated ``field`` given once (both axes) or once
+        per axis, or the ``h_field``/``w_field`` pair; ``default`` when none is given."""
+        values = list(getattr(cp, field))
+        if h_field and (cp.HasField(h_field) or cp.HasField(w_field)):
+            if values:
+                raise self.error(f"either {field} or {h_field}/{w_field} should be specified; "
+                                 f"not both.")
+            return self.int_params(h_field + "/" + w_field, int(getattr(cp, h_field)),
+                                   int(getattr(cp, w_field)))
+        if not values and default is not None:
+            return default, default
+        if len(values) not in (1, 2):
+            raise self.error(f"{field} must be specified once, or once per spatial dimension "
+                             f"({field} specified {len(values)} times; 2 spatial dims).")
+        return self.int_params(field, int(values[0]), int(values[-1]))
+
+
+class _ConvolutionBase(ConvolutionGeometry, Layer):
+    """Shared parameter parsing and geometry of Convolution and Deconvolution.
+
+    ``reverse`` is False for Convolution (bottom -> conv -> top) and True for Deconvolution,
+    whose forward pass is the convolution's backward-data pass."""
+
+    min_bottom_blobs = 1
+    min_top_blobs = 1
+    equal_num_bottom_top_blobs = True
+    reverse = False
+
+    def layer_setup(self, bottom: List[Blob], top: List[Blob]) -> None:
+        cp = self.layer_param.convolution_param
+        b0 = bottom[0]
+        if any(t is b for t in top for b in bottom):
+            raise self.error("cannot run in place (top and bottom are one blob): every top "
+                             "value reads many bottom values; give the top its own name.")
+        self.parse_geometry(cp, b0, "convolution")
         self.channels = b0.shape[self.channel_axis]
         self.num_output = cp.num_output
         self.group = cp.group
@@ -86,23 +112,6 @@ class _ConvolutionBase(Layer):
             fill(bias.data, cp.bias_filler, f"{self.type} layer '{self.name}': ")
             self.blobs.append(bias)
 
-    def _pair(self, cp, field: str, h_field: str = "", w_field: str = "",
-              default: Optional[int] = None) -> Tuple[int, int]:
-        """(h, w) of a spatial parameter: the repeated ``field`` given once (both axes) or once
-        per axis, or the ``h_field``/``w_field`` pair; ``default`` when none is given."""
-        values = list(getattr(cp, field))
-        if h_field and (cp.HasField(h_field) or cp.HasField(w_field)):
-            if values:
-                raise self.error(f"either {field} or {h_field}/{w_field} should be specified; "
-                                 f"not both.")
-            return self.int_params(h_field + "/" + w_field, int(getattr(cp, h_field)),
-                                   int(getattr(cp, w_field)))
-        if not values and default is not None:
-            return default, default
-        if len(values) not in (1, 2):
-            raise self.error(f"{field} must be specified once, or once per spatial dimension "
-                             f"({field} specified {len(values)} times; 2 spatial dims).")
-        return self.int_params(field, int(values[0]), int(values[-1]))
 
     def reshape(self, bottom: List[Blob], top: List[Blob]) -> None:
         b0 = bottom[0]

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import List
 
 from ..blob import INT_MAX, Blob
-from ..errors import LayerError
 from .base import Layer, register
-from .conv import _ConvolutionBase
+from .conv import ConvolutionGeometry
 
 
 def _taps(kernel, stride, pad, dilation, in_hw, out_hw):
@@ -55,7 +54,7 @@ def col2im(cols, kernel, stride, pad, dilation, out_hw, out):
 
 
 @register("Im2col")
-class Im2colLayer(Layer):
+class Im2colLayer(ConvolutionGeometry, Layer):
     """top = the columns Convolution multiplies its weights with: for a bottom
     (N, C, H, W), top (N, C kh kw, Ho, Wo) with
     top[n, (c kh + i) kw + j, y, z] = bottom[n, c, y sh - ph + i dh, z sw - pw + j dw]
@@ -70,8 +69,6 @@ class Im2colLayer(Layer):
 
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
-    # Convolution's parsing of the repeated / _h, _w geometry fields.
-    _pair = _ConvolutionBase._pair
 
     def layer_setup(self, bottom: List[Blob], top: List[Blob]) -> None:
         cp = self.layer_param.convolution_param
@@ -79,31 +76,7 @@ class Im2colLayer(Layer):
         if top[0] is b0:
             raise self.error("cannot run in place (top and bottom are one blob): the top has "
                              "another shape; give the top its own name.")
-        try:
-            self.channel_axis = b0.canonical_axis(cp.axis)
-        except LayerError:
-            raise self.error(f"convolution_param.axis {cp.axis} is out of range for a bottom "
-                             f"of shape {b0.shape}.") from None
-        num_spatial = b0.num_axes - self.channel_axis - 1
-        if num_spatial != 2:
-            raise self.error(
-                f"only 2-D im2col is supported: the bottom of shape {b0.shape} has "
-                f"{num_spatial} spatial axes after the channel axis {self.channel_axis}; give "
-                f"a bottom with exactly 2 (e.g. N x C x H x W).")
-        self.kernel = self._pair(cp, "kernel_size", "kernel_h", "kernel_w")
-        if min(self.kernel) <= 0:
-            raise self.error(f"kernel size {self.kernel[0]} x {self.kernel[1]}: filter "
-                             f"dimensions must be nonzero (set kernel_size, or both kernel_h "
-                             f"and kernel_w).")
-        self.stride = self._pair(cp, "stride", "stride_h", "stride_w", 1)
-        if min(self.stride) <= 0:
-            raise self.error(f"stride {self.stride[0]} x {self.stride[1]}: stride dimensions "
-                             f"must be nonzero (set stride, or both stride_h and stride_w).")
-        self.pad = self._pair(cp, "pad", "pad_h", "pad_w", 0)
-        self.dilation = self._pair(cp, "dilation", default=1)
-        if min(self.dilation) <= 0:
-            raise self.error(f"dilation {self.dilation[0]} x {self.dilation[1]} must be "
-                             f"nonzero.")
+        self.parse_geometry(cp, b0, "im2col")
 
     def reshape(self, bottom: List[Blob], top: List[Blob]) -> None:
         b0 = bottom[0]
