@@ -187,8 +187,9 @@ def run_one(job: dict) -> dict:
                 virtual = records / 9.0
             else:
                 records = sum(driver.feeder.records.values())
-                virtual = (driver.engine.now() if job["strategy"] != "sma"
-                           else driver.sma.seconds)
+                if simulated:
+                    virtual = (driver.engine.now() if job["strategy"] != "sma"
+                               else driver.sma.seconds)
             curve.append({"iter": solver.iter, "epochs": records / train_size,
                           "seconds": virtual if simulated else trained,
                           "accuracy": acc, "loss": loss})

@@ -77,9 +77,9 @@ def test_one_ray_group_gives_the_threads_engines_losses(cluster, data_list, tmp_
         assert np.array_equal(a, b)
 
 
-def test_two_groups_on_two_nodes_learn_lenet(cluster, caffe_fixtures, capfd):
+def test_two_groups_on_two_nodes_learn_lenet(cluster, caffe_fixtures, tmp_path, capfd):
     from .test_strategies_mnist import lenet
-    param = lenet(caffe_fixtures)
+    param = lenet(caffe_fixtures, str(tmp_path / "lenet"))
     param.display = 50
     solver = Solver(param)
     driver = Driver(solver, groups=2, engine="ray", ps_shards=2)
@@ -204,9 +204,9 @@ def test_a_removed_nodes_group_moves(cluster, data_list, tmp_path, capfd):  # no
         solver.close()
 
 
-def test_groups_read_their_own_part_of_the_lmdb(cluster, caffe_fixtures, capfd):
+def test_groups_read_their_own_part_of_the_lmdb(cluster, caffe_fixtures, tmp_path, capfd):
     from .test_strategies_mnist import lenet
-    param = lenet(caffe_fixtures)
+    param = lenet(caffe_fixtures, str(tmp_path / "lenet"))
     param.display = 0
     solver = Solver(param)
     driver = Driver(solver, groups=2, engine="ray", ps_shards=1, ray_data="local")

@@ -21,8 +21,11 @@ STRATEGIES = {
 }
 
 
-def lenet(fixtures) -> caffe_pb2.SolverParameter:
+def lenet(fixtures, prefix: str) -> caffe_pb2.SolverParameter:
+    """lenet_solver.prototxt with its net inline, no display, tests or snapshots of its own;
+    files it writes (a Ray run's shard checkpoints) start with ``prefix``."""
     param = read_solver_text(str(fixtures / "lenet_solver.prototxt"))
+    param.snapshot_prefix = prefix
     net = read_net_text(str(fixtures / "lenet_train_test.prototxt"))
     for lp in net.layer:
         lp.data_param.source = str(fixtures / lp.data_param.source)
@@ -54,10 +57,10 @@ def epochs_to_target(param, kw) -> float:
         solver.close()
 
 
-def test_every_strategy_reaches_975_within_twice_syncs_epochs(caffe_fixtures, capfd):
+def test_every_strategy_reaches_975_within_twice_syncs_epochs(caffe_fixtures, tmp_path, capfd):
     plans.set_deterministic(True)
     try:
-        param = lenet(caffe_fixtures)
+        param = lenet(caffe_fixtures, str(tmp_path / "lenet"))
         epochs = {name: epochs_to_target(param, kw) for name, kw in STRATEGIES.items()}
     finally:
         plans.set_deterministic(False)
