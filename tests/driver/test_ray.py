@@ -220,3 +220,18 @@ def test_groups_read_their_own_part_of_the_lmdb(cluster, caffe_fixtures, tmp_pat
     finally:
         driver.close()
         solver.close()
+
+
+def test_a_retried_push_is_applied_once(cluster, tmp_path):
+    from cct.driver.ray_engine import StoreShard
+    from cct.proto import caffe_pb2
+    p = caffe_pb2.SolverParameter(base_lr=0.1, momentum=0.0, lr_policy="fixed")
+    shard = ray.remote(StoreShard).options(num_cpus=0).remote(
+        0, p.SerializeToString(), "SGD", [np.ones(3, np.float32)], [1.0], [0.0],
+        str(tmp_path / "shard.npz"), 0)
+    grad = [np.ones(3, np.float32)]
+    assert ray.get(shard.push.remote(0, 1, grad, 0.1, 0, 0.0)) == 1
+    assert ray.get(shard.push.remote(0, 1, grad, 0.1, 0, 0.0)) == 1     # the same push again
+    assert ray.get(shard.push.remote(1, 1, grad, 0.1, 1, 0.0)) == 2     # another group's
+    np.testing.assert_allclose(ray.get(shard.weights.remote())[0], 0.8, rtol=1e-6)
+    ray.kill(shard)
