@@ -220,7 +220,7 @@ class GroupWorker:
                 for p in params:
                     p.diff *= self.clip / norm
         plans.persist()
-        head = (loss / len(batches), [np.array(o.data) for o in self.outputs])
+        head = (loss / len(batches), [np.array(o.data) for o in self.outputs], self.where())
         return (head,) + tuple([params[i].diff for i in positions] for positions in self.bounds)
 
 
@@ -307,23 +307,29 @@ class RayGroup:
         """The step's loss; None when the actor died and was restarted (start it again)."""
         e = self.engine
         try:
-            loss, outputs = e.ray.get(self.head)
+            loss, outputs, where = e.ray.get(self.head)
         except e.ray.exceptions.RayActorError as err:
             if self.restarts_left <= 0:
                 raise RuntimeError(f"the actor died and has no restarts left: "
                                    f"{type(err).__name__}") from None
-            self.restarts_left -= 1
-            old = self.pid
-            self.pid, self.node = e.ray.get(self.actor.where.remote())
-            self.sent_plans = False
-            warning(SRC, f"group {self.index}: the actor (pid {old}) died; Ray restarted it "
-                    f"as pid {self.pid} on node {self.node} ({self.restarts_left} restart(s) "
-                    f"left); its batch is lost")
+            self._restarted(e.ray.get(self.actor.where.remote()), "its batch is lost")
             return None
+        if tuple(where) != (self.pid, self.node):
+            # It died between steps; Ray restarted it and the step ran there.
+            self._restarted(where, "no batch was lost")
         self.seconds = time.perf_counter() - self.started
         self.grad_refs = list(self.pending_grads)
         show_outputs(e.master, outputs)
         return loss
+
+    def _restarted(self, where, lost: str) -> None:
+        old = self.pid
+        self.restarts_left -= 1
+        self.pid, self.node = where
+        self.sent_plans = False
+        warning(SRC, f"group {self.index}: the actor (pid {old}) died; Ray restarted it as pid "
+                f"{self.pid} on node {self.node} ({max(self.restarts_left, 0)} restart(s) "
+                f"left); {lost}")
 
     def copy_statistics_to(self, master) -> None:
         """BatchNorm's running averages stay in the group actors (as with processes)."""

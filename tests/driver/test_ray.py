@@ -77,26 +77,52 @@ def test_one_ray_group_gives_the_threads_engines_losses(cluster, data_list, tmp_
         assert np.array_equal(a, b)
 
 
-def test_two_groups_on_two_nodes_learn_lenet(cluster, caffe_fixtures, tmp_path, capfd):
+def test_lenet_reaches_975_on_two_nodes_through_a_killed_group_and_shard(
+        cluster, caffe_fixtures, tmp_path, capfd):
     from .test_strategies_mnist import lenet
     param = lenet(caffe_fixtures, str(tmp_path / "lenet"))
-    param.display = 50
+    param.display = 100
     solver = Solver(param)
     driver = Driver(solver, groups=2, engine="ray", ps_shards=2)
+    driver.engine.checkpoint_every = 50
     try:
         log = capfd.readouterr().err
         assert len(re.findall(r"Store shard \d \(pid \d+, node \w+\)", log)) == 2
         nodes = {node for _, node in re.findall(r"group \d \(pid (\d+), node (\w+)\)", log)}
         assert len(nodes) == 2            # one group on each node
-        driver.step(150)
-        solver.test_all()
-        assert solver.test_scores[0][0][1] > 0.85
-        shares = re.findall(r"Updates by group: group 0 (\d+) .*, group 1 (\d+)",
-                            capfd.readouterr().err)
-        assert shares and all(int(n) > 30 for n in shares[-1])
+        group = _kill_when(driver, lambda d: d.groups[1].pid, 200)       # from outside, by pid
+        shard = _kill_when(driver, lambda d: d.engine.shard_pids[1], 230)
+        accuracy = 0.0
+        while solver.iter < 2000 and accuracy < 0.975:
+            driver.step(200)
+            solver.test_all()
+            accuracy = solver.test_scores[0][0][1]
+        log = capfd.readouterr().err
+        assert accuracy >= 0.975, (solver.iter, accuracy)
+        assert f"group 1: the actor (pid {group}) died; Ray restarted it" in log
+        assert re.search(rf"store shard 1 \(pid {shard}\) was lost; Ray restarted it as pid "
+                         rf"\d+ on node \w+ from its checkpoint at version \d+: \d+ update", log)
+        shares = re.findall(r"Updates by group: group 0 (\d+) .*, group 1 (\d+)", log)
+        assert shares and all(int(n) > 100 for n in shares[-1])
     finally:
         driver.close()
         solver.close()
+
+
+def test_the_cli_without_ray_says_what_to_install(caffe_fixtures, tmp_path):
+    import shutil
+    import subprocess
+    for name in ("lenet_train_test.prototxt", "lenet_solver.prototxt", "mnist10k_train_lmdb",
+                 "mnist10k_test_lmdb"):
+        src = caffe_fixtures / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    hide = ("import sys; sys.modules['ray'] = None; from cct.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    run = subprocess.run([sys.executable, "-c", hide, "train", "--solver=lenet_solver.prototxt",
+                          "--strategy=async", "--groups=2", "--engine=ray"],
+                         cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 1
+    assert "pip install 'cct[ray]'" in run.stderr and "Traceback" not in run.stderr
 
 
 def _kill_when(driver, pid_of, after: int):
