@@ -2,13 +2,13 @@
 against one and two nodes here (issue 11).
 
     python bench/bench_ray.py                        # both parts
-    python bench/bench_ray.py --part overhead --nets lenet,cifar10_quick --updates 20
+    python bench/bench_ray.py --part overhead --nets lenet,cifar10_quick --updates 30
 
 **overhead**: for each net (the zoo's prototxt on synthetic data, as bench_train.py builds it;
 the train net's Input blobs filled once and fed to the groups as a data layer's tops would
 be), one group on one core under the threads engine and under the Ray engine (a local Ray,
-one shard, the group actor with one CPU): median seconds per update over ``--updates`` after
-warm-up. Printed: both, the difference (what Ray adds per update: actor calls, the weights and
+one shard, the group actor with one CPU): seconds per update over ``--updates`` after
+warm-up (one steady run, total time / updates). Printed: both, the difference (what Ray adds per update: actor calls, the weights and
 the gradient through the object store, the batch shipped) and its share of the threads step
 (target: under 5% for CIFAR10-quick and CaffeNet; LeNet's step is milliseconds, so it is
 latency-bound).
@@ -74,13 +74,12 @@ def synthetic_solver(name: str, zoo: str, max_iter: int):
 
 
 def seconds_per_update(driver, solver, updates: int, warm: int) -> float:
+    """Seconds per update in a steady run of ``updates`` (after ``warm``): the group is sent
+    its next step as soon as its push is handed on, as in training."""
     driver.step(warm)
-    times = []
-    for _ in range(updates):
-        t0 = time.perf_counter()
-        driver.step(1)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    t0 = time.perf_counter()
+    driver.step(updates)
+    return (time.perf_counter() - t0) / updates
 
 
 def overhead_run(name: str, zoo: str, engine: str, updates: int) -> dict:
@@ -164,7 +163,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", default="overhead,scale-out")
     ap.add_argument("--nets", default=",".join(OVERHEAD_NETS))
-    ap.add_argument("--updates", type=int, default=15)
+    ap.add_argument("--updates", type=int, default=30)
     ap.add_argument("--bandwidth", type=float, default=1.25e9)
     ap.add_argument("--zoo", default=str(default_zoo()))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
