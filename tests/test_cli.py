@@ -16,6 +16,10 @@ class Interrupt:
         if name == "cct.net":
             os.kill(os.getpid(), signal.SIGINT)
 
+# A user's shell delivers Ctrl-C: whatever this test's parent did with SIGINT (ignored or
+# blocked by a library in the test process) is not what a user's cct sees.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 sys.meta_path.insert(0, Interrupt())
 import runpy
 sys.argv = ["cct", "train", "-solver", "solver.prototxt"]

@@ -1,4 +1,5 @@
-"""The driver: parallel strategies on top of the solver (Omnivore's asynchronous compute groups).
+"""The driver: parallel strategies on top of the solver (Omnivore's asynchronous compute groups
+and their relatives).
 
 * ``sync``: what ``cct train`` does: one update stream, each batch's gradient from the solver's
   own gradient source (the train net, or a HybridScheduler over ``--devices``).
@@ -6,14 +7,21 @@
   pulls the weights (and the version it read), computes a whole batch's gradient on its own
   copy, and pushes it; the store applies it with the solver's rule and records its staleness
   (versions applied since the read). g = 1 is plain training, loss for loss.
+* ``hogbatch`` / ``adaptive-hogbatch``: async with a batch per group (CPU+GPU Hogbatch); the
+  adaptive one re-sizes the batches so the groups update at the same rate (balance.py).
+* ``sma``: Crossbow's synchronous model averaging: learners with replicas of their own pulled
+  toward a central model (sma.py).
 
 Engines (cct/driver/engines.py): ``threads`` (default), ``processes`` (a group is an OS
-process with shared memory; killing it costs only its batch; cct/driver/processes.py) and
-``simulated`` (deterministic staleness: round-robin, seeded exponential, replayed). ``--momentum=auto`` sets the explicit
-momentum from the measured staleness (cct/driver/staleness.py). From Python::
+process with shared memory; killing it costs only its batch; processes.py), ``simulated``
+(deterministic staleness: round-robin, seeded exponential, replayed, or devices of given
+speeds on a virtual clock) and ``ray`` (groups and a sharded store as Ray actors;
+ray_engine.py, imported only then). ``--momentum=auto`` sets the explicit momentum from the
+measured staleness (staleness.py). From Python::
 
     solver = cct.get_solver("solver.prototxt")
-    driver = cct.driver.AsyncDriver(solver, groups=4, engine="simulated", momentum="auto")
+    driver = cct.driver.Driver(solver, strategy="async", groups=4, engine="simulated",
+                               momentum="auto")
     driver.solve()          # or driver.step(n); solver.snapshot() as usual
     driver.close()
 """
@@ -155,61 +163,67 @@ class Driver:
                                     ray_group_restarts, data=ray_data)
         else:
             self.engine = SimulatedEngine(staleness, seed, trace, self.speeds)
-        sizes = [None] * groups
-        if batch_sizes is not None:
-            sizes = (parse_batch_sizes(batch_sizes, [self._device_names(k)
-                                                     for k in range(groups)])
-                     if isinstance(batch_sizes, str)
-                     else [None if b is None else int(b) for b in batch_sizes])
-            if len(sizes) != groups:
-                raise CCTError(f"{len(sizes)} batch size(s) for {groups} group(s)")
-            if any(b is not None and b != self.feeder.batch for b in sizes):
-                self.feeder.check_split()
-        if strategy == "adaptive-hogbatch":
-            self.feeder.check_split()
-        self.max_batch = max(b or self.feeder.batch for b in sizes)
         self.groups: List = []
-        if engine == "ray":
-            self.groups = self.engine.make_groups(sizes)
-        else:
-            self.groups = [self._group(k, b) for k, b in enumerate(sizes)]
-        if sync_fc:
-            if engine in ("processes", "ray"):
-                raise CCTError("--sync-fc runs with the threads and simulated engines (the FC "
-                               "layers run on the parameter store, in the driver's process)")
-            for g in self.groups:
-                g.use_sync_fc(self.store)
-            info("driver.cpp:0", "Sync FC: the InnerProduct layers and those above them run "
-                 "serially on the store's current weights, updated at once (never stale)")
-        solver.set_gradient_source(self)
-        solver.side_state["driver"] = (self.state, self.load_state)
-        describe(self.engine, self.groups)
         self.sma = None
         self.balance = None
         self._restored = False       # the learners' replicas came with a snapshot
-        if strategy == "sma":
-            if learners == "auto":
-                if engine == "threads" and not all(isinstance(d, CPUDevice)
-                                                   for p in self.places for d in p):
-                    raise CCTError("--learners=auto adds learners on CPU cores (or simulated "
-                                   "devices); give --devices of cpu cores or a number")
-                autotune = LearnerTuner(per_step=len(self.groups))
-            self.sma = ModelAveraging(solver, self.groups, self.engine, self._group,
-                                      sma_alpha, sma_momentum, sync_period, autotune)
-            info("driver.cpp:0", self.sma.describe())
-        else:
-            clock = self.engine.now if self.speeds else None
-            self.balance = UpdateBalance(self.groups, self.feeder,
-                                         adaptive=strategy == "adaptive-hogbatch",
-                                         threshold=threshold, clock=clock)
-            self.store.display_hooks.append(self.balance.display)
-            info("driver.cpp:0", policy.describe())
-        info("driver.cpp:0", "Batches: " + ", ".join(
-            f"group {g.index} {g.batch}" for g in self.groups) + f" (the data layers' batch is "
-            f"{self.feeder.batch}; each group takes the next records of the epoch in turn)")
-        if self.speeds:
-            info("driver.cpp:0", "Simulated device speeds (records per virtual second): "
-                 + ", ".join(f"{v:g}" for v in self.speeds))
+        built = False
+        try:       # a setting refused once groups exist: their threads, processes, actors go
+            sizes = [None] * groups
+            if batch_sizes is not None:
+                sizes = (parse_batch_sizes(batch_sizes, [self._device_names(k)
+                                                         for k in range(groups)])
+                         if isinstance(batch_sizes, str)
+                         else [None if b is None else int(b) for b in batch_sizes])
+                if len(sizes) != groups:
+                    raise CCTError(f"{len(sizes)} batch size(s) for {groups} group(s)")
+                if any(b is not None and b != self.feeder.batch for b in sizes):
+                    self.feeder.check_split()
+            if strategy == "adaptive-hogbatch":
+                self.feeder.check_split()
+            self.max_batch = max(b or self.feeder.batch for b in sizes)
+            if engine == "ray":
+                self.groups = self.engine.make_groups(sizes)
+            else:
+                self.groups = [self._group(k, b) for k, b in enumerate(sizes)]
+            if sync_fc:
+                if engine in ("processes", "ray"):
+                    raise CCTError("--sync-fc runs with the threads and simulated engines (the FC "
+                                   "layers run on the parameter store, in the driver's process)")
+                for g in self.groups:
+                    g.use_sync_fc(self.store)
+                info("driver.cpp:0", "Sync FC: the InnerProduct layers and those above them run "
+                     "serially on the store's current weights, updated at once (never stale)")
+            solver.set_gradient_source(self)
+            solver.side_state["driver"] = (self.state, self.load_state)
+            describe(self.engine, self.groups)
+            if strategy == "sma":
+                if learners == "auto":
+                    if engine == "threads" and not all(isinstance(d, CPUDevice)
+                                                       for p in self.places for d in p):
+                        raise CCTError("--learners=auto adds learners on CPU cores (or simulated "
+                                       "devices); give --devices of cpu cores or a number")
+                    autotune = LearnerTuner(per_step=len(self.groups))
+                self.sma = ModelAveraging(solver, self.groups, self.engine, self._group,
+                                          sma_alpha, sma_momentum, sync_period, autotune)
+                info("driver.cpp:0", self.sma.describe())
+            else:
+                clock = self.engine.now if self.speeds else None
+                self.balance = UpdateBalance(self.groups, self.feeder,
+                                             adaptive=strategy == "adaptive-hogbatch",
+                                             threshold=threshold, clock=clock)
+                self.store.display_hooks.append(self.balance.display)
+                info("driver.cpp:0", policy.describe())
+            info("driver.cpp:0", "Batches: " + ", ".join(
+                f"group {g.index} {g.batch}" for g in self.groups) + f" (the data layers' batch is "
+                f"{self.feeder.batch}; each group takes the next records of the epoch in turn)")
+            if self.speeds:
+                info("driver.cpp:0", "Simulated device speeds (records per virtual second): "
+                     + ", ".join(f"{v:g}" for v in self.speeds))
+            built = True
+        finally:
+            if not built:
+                self.close()
 
     def _device_names(self, index: int) -> List[str]:
         if self.engine_name == "threads":

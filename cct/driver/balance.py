@@ -136,16 +136,18 @@ class UpdateBalance:
             n = interval.get(g.index, [0])[0]
             rate = n / lapse if lapse > 0 else 0.0
             took = records.get(g.index, 0)
-            info(SRC, f"    group {g.index}: batch {g.batch}, {n} updates ({100 * shares[g.index]:.1f}%)"
-                 f", {rate:.4g} updates/s; {took} records so far "
+            share = 100 * shares[g.index]
+            info(SRC, f"    group {g.index}: batch {g.batch}, {n} updates ({share:.1f}%), "
+                 f"{rate:.4g} updates/s; {took} records so far "
                  f"({100 * took / total_records:.1f}% of those read)")
 
     def summary(self) -> None:
         total = sum(self.updates.values()) or 1
-        info(SRC, "Updates by group: " + ", ".join(
-            f"group {g.index} {self.updates.get(g.index, 0)} ({100 * self.updates.get(g.index, 0) / total:.1f}%)"
-            for g in self.groups) + "; records: " + ", ".join(
-            f"group {g.index} {self.feeder.records.get(g.index, 0)}" for g in self.groups))
+        counts = [(g.index, self.updates.get(g.index, 0)) for g in self.groups]
+        records = [(g.index, self.feeder.records.get(g.index, 0)) for g in self.groups]
+        info(SRC, "Updates by group: "
+             + ", ".join(f"group {k} {n} ({100 * n / total:.1f}%)" for k, n in counts)
+             + "; records: " + ", ".join(f"group {k} {n}" for k, n in records))
 
     # -- snapshots ---------------------------------------------------------------------------
     def state(self) -> dict:

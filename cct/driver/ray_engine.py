@@ -372,8 +372,10 @@ class RayEngine:
                 ray.init(object_store_memory=1 << 30, **kw)
             self.started_ray = True
         nodes = [n for n in ray.nodes() if n.get("Alive")]
-        info(SRC, f"Ray {ray.__version__}: {'connected to ' + address if address else 'a local Ray started' if self.started_ray else 'the Ray already running'}; "
-             f"{len(nodes)} node(s), {int(ray.cluster_resources().get('CPU', 0))} CPU(s)")
+        where = (f"connected to {address}" if address else
+                 "a local Ray started" if self.started_ray else "the Ray already running")
+        info(SRC, f"Ray {ray.__version__}: {where}; {len(nodes)} node(s), "
+             f"{int(ray.cluster_resources().get('CPU', 0))} CPU(s)")
         self.group_restarts = group_restarts
         self.cpus = cpus_per_group
         self.checkpoint_every = checkpoint_every
@@ -448,7 +450,11 @@ class RayEngine:
         return 2 * a.nbytes / best if best > 0 else 0.0
 
     def _checkpoint_path(self, k: int) -> str:
-        prefix = self.solver.param.snapshot_prefix or os.path.join(os.getcwd(), "cct")
+        """Beside the snapshots; a solver that takes none checkpoints in a temporary folder."""
+        prefix = self.solver.param.snapshot_prefix
+        if not prefix:
+            import tempfile
+            prefix = os.path.join(tempfile.gettempdir(), f"cct-{os.getpid()}")
         return os.path.abspath(f"{prefix}.cct.shard{k}.npz")
 
     def _new_shard(self, k: int, positions: List[int]):

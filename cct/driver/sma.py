@@ -201,7 +201,8 @@ class ModelAveraging:
             for i, h in enumerate(self.pipelines[g.index].history):
                 arrays[f"l{g.index}_h{i}"] = np.asarray(h)
         save_arrays(self.arrays_file(state_file), arrays)
-        return {"rounds": self.rounds, "seconds": self.seconds, "learners": [g.index for g in self.learners],
+        return {"rounds": self.rounds, "seconds": self.seconds,
+                "learners": [g.index for g in self.learners],
                 "batches": [g.batch for g in self.learners],
                 "autotune": self.autotune.state() if self.autotune else None}
 

@@ -320,3 +320,14 @@ def test_a_group_of_two_devices_takes_its_own_batch_and_changes_it(data_list, tm
     finally:
         driver.close()
         solver.close()
+
+
+def test_a_setting_refused_after_the_groups_exist_stops_them(data_list, tmp_path):  # noqa: F811
+    import multiprocessing
+    solver = Solver(solver_param(data_list, tmp_path))
+    try:
+        with pytest.raises(CCTError, match="--sync-fc runs with the threads and simulated"):
+            Driver(solver, groups=2, engine="processes", sync_fc=True)
+        assert not multiprocessing.active_children()
+    finally:
+        solver.close()

@@ -3,6 +3,7 @@ into the solver they were written for, which then trains one iteration: every fa
 CCTError; a damaged side file only a warning."""
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 
@@ -102,7 +103,7 @@ def apply_json(text: bytes, ops) -> bytes:
         if kind == "delete" and isinstance(parent, dict):
             del parent[key]
         else:
-            parent[key] = JSON_VALUES[v]
+            parent[key] = copy.deepcopy(JSON_VALUES[v])   # never one object in two places
     return json.dumps(side).encode()
 
 
