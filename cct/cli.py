@@ -33,6 +33,10 @@ commands:
                   -sync-period=P -simulate-speeds=1,8 -engine=ray -ray-address=A|auto
                   -ps-shards=N|auto -ray-group-restarts=R -ray-data=ship|local: the
                   driver's strategies, cct/driver)
+  plan            the optimizer's plan for a solver, without training (-solver, -devices,
+                  -engine, -target-accuracy, -target-loss, -budget, -probe-share,
+                  -bandwidth: each candidate's measured HE, probe and predicted time, the
+                  choice and why, and the advisor's batch, devices and shards)
   test            score a model (-model, -weights, -iterations, -level, -stage)
   time            benchmark forward/backward of a model (-model, -iterations, -phase, -level,
                   -stage)
@@ -209,13 +213,15 @@ def cmd_train(argv: List[str]) -> int:
                                   "sighup_effect": "snapshot", "strategy": "sync", "groups": "1",
                                   "engine": "threads", "staleness": "round-robin",
                                   "momentum": "", "seed": "0", "batch-sizes": "",
-                                  "progress": "auto",
+                                  "progress": "auto", "target-accuracy": "",
+                                  "target-loss": "", "budget": "", "probe-share": "0.1",
+                                  "retune-every": "0",
                                   "threshold": "0.05", "learners": "", "sma-alpha": "",
                                   "sma-momentum": "0", "sync-period": "1",
                                   "simulate-speeds": "", "ray-address": "",
                                   "ps-shards": "auto", "ray-group-restarts": "3",
                                   "ray-data": "ship"},
-                  booleans=("deterministic", "allow-negative-momentum", "sync-fc"))
+                  booleans=("deterministic", "allow-negative-momentum", "sync-fc", "optimize"))
     solver_path = _require(flags, "solver", "Need a solver definition to train.")
     if flags.get("snapshot") and flags.get("weights"):
         raise CCTError("train: give a snapshot to resume training (-snapshot) or weights to "
@@ -278,12 +284,71 @@ def cmd_train(argv: List[str]) -> int:
         if show_progress:  # the solver's callbacks run under the driver's strategies too
             progress = TrainingProgress(solver).attach()
         log.info("caffe.cpp:239", "Starting Optimization")
-        (driver.solve if driver else solver.solve)()
+        if flags.bool("optimize"):
+            if strategy != "sync":
+                raise CCTError("train: -optimize chooses the strategy and groups itself; give "
+                               "no -strategy")
+            from .optimizer import Optimizer
+            optimizer = Optimizer(solver, **_optimize_args(flags), engine=flags.get("engine"),
+                                  devices=devices)
+            try:
+                optimizer.solve()
+            finally:
+                optimizer.close()
+        else:
+            (driver.solve if driver else solver.solve)()
     finally:
         if progress is not None:
             progress.close()
         solver.close()
     log.info("caffe.cpp:250", "Optimization Done.")
+    return 0
+
+
+def _optimize_args(flags: Flags) -> dict:
+    """The optimizer's settings from -target-accuracy, -target-loss, -budget, -probe-share and
+    -retune-every (cct/optimizer)."""
+    def number(name):
+        return flags.float(name) if flags.get(name) else None
+    if flags.get("target-accuracy") and flags.get("target-loss"):
+        raise CCTError(f"{flags.command}: give -target-accuracy or -target-loss, not both")
+    return {"target_accuracy": number("target-accuracy"), "target_loss": number("target-loss"),
+            "budget": number("budget"), "probe_share": flags.float("probe-share"),
+            "retune_every": (flags.int("retune-every") or None) if "retune-every" in flags.values
+            else None}
+
+
+def cmd_plan(argv: List[str]) -> int:
+    """``cct plan``: the optimizer's plan for a solver (every candidate with its measured HE,
+    probe and predicted time, the choice and why) and the advisor's batch, devices and
+    shards, without training. Writes nothing: no snapshot, and the kernel plan cache is off."""
+    import os
+
+    os.environ["CCT_PLAN_CACHE"] = "off"
+    from .io.prototxt import read_solver_text
+    from .optimizer import Optimizer, advise
+    from .solver import Solver
+
+    flags = Flags("plan", argv, {"solver": "", "devices": "", "engine": "threads",
+                                 "target-accuracy": "", "target-loss": "", "budget": "",
+                                 "probe-share": "0.1", "bandwidth": "1.25e9"})
+    solver_path = _require(flags, "solver", "Need a solver definition to plan.")
+    param = read_solver_text(solver_path)
+    param.snapshot = 0
+    param.snapshot_after_train = False
+    devices = flags.get("devices") or None
+    solver = Solver(param, solver_path)
+    optimizer = None
+    try:
+        optimizer = Optimizer(solver, **_optimize_args(flags), engine=flags.get("engine"),
+                              devices=devices)
+        plan = optimizer.make_plan()
+        optimizer.log_plan(plan)
+        advise(solver, devices, step_seconds=plan.winner.he, bandwidth=flags.float("bandwidth"))
+    finally:
+        if optimizer is not None:
+            optimizer.close()
+        solver.close()
     return 0
 
 
@@ -433,7 +498,8 @@ def cmd_time(argv: List[str]) -> int:
 
 
 COMMANDS: Dict[str, Callable[[List[str]], int]] = {
-    "train": cmd_train, "test": cmd_test, "time": cmd_time, "device_query": cmd_device_query}
+    "train": cmd_train, "test": cmd_test, "time": cmd_time, "device_query": cmd_device_query,
+    "plan": cmd_plan}
 COMMANDS.update({name: tool_command(name) for name in TOOLS})
 
 

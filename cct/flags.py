@@ -68,6 +68,17 @@ DESCRIPTIONS: Dict[str, str] = {
     "ray-data": "cct: -engine=ray's data: ship (the driver reads and ships batches) or local "
                 "(each group reads its part of the LMDB where it runs).",
     "staleness": "cct: round-robin or exponential, the staleness model of a simulated run.",
+    "optimize": "cct: let the optimizer choose strategy, groups, lr and momentum from "
+                "in-run probes, print its plan, and re-tune while training (cct/optimizer).",
+    "target-accuracy": "cct: with -optimize, stop when the first test net's accuracy reaches "
+                       "this.",
+    "target-loss": "cct: with -optimize, stop when the smoothed training loss reaches this.",
+    "budget": "cct: with -optimize, the seconds the run may take (sizes the probes).",
+    "probe-share": "cct: with -optimize, the share of the run's time its probes may take.",
+    "retune-every": "cct: with -optimize, iterations between re-tunes (0: one epoch when "
+                    "known, else max_iter/10).",
+    "bandwidth": "cct: plan's link bandwidth in bytes/s for the store-shard advice "
+                 "(assumed, 10 Gbit/s by default).",
     "momentum": "cct: the momentum to use instead of the solver's (auto with async).",
     "seed": "cct: the seed of a simulated run's exponential staleness.",
     "allow-negative-momentum": "cct: let -momentum=auto go below zero.",

@@ -640,6 +640,38 @@ class Solver:
         self.gradient_source.refresh()  # what a source's replicas keep of their own
         self.last_snapshot = state_file
 
+    def capture(self) -> dict:
+        """An in-memory snapshot for a branch that will be thrown away: copies of every train
+        net param (learnable or not, BatchNorm's statistics too), the history, ``iter``,
+        ``current_step``, the random generator, the data layers' positions and the smoothed
+        loss. Nothing is written to disk; :meth:`restore_capture` puts it all back."""
+        self._pull_statistics()
+        return {"params": [np.array(_host(p.data), copy=True) for p in self.net.params_list],
+                "history": [np.array(_host(h), copy=True) for h in self.history],
+                "iter": self.iter, "current_step": self.current_step,
+                "rng": rng.get_rng().bit_generator.state,
+                "data": {(k, n): layer.data_state() for k, n, layer in self._data_layers()},
+                "losses": (list(self._losses), self.smoothed_loss, self._start_iter)}
+
+    def restore_capture(self, captured: dict) -> None:
+        """Return to a :meth:`capture`: params and history bit for bit, the iteration, the
+        random generator and the data layers' positions (their prefetch restarts there)."""
+        xp = self.net.backend.xp
+        for p, a in zip(self.net.params_list, captured["params"]):
+            p.data[...] = xp.asarray(a)
+        for h, a in zip(self.history, captured["history"]):
+            h[...] = xp.asarray(a)
+        self.iter, self.current_step = captured["iter"], captured["current_step"]
+        rng.get_rng().bit_generator.state = captured["rng"]
+        for key, name, layer in self._data_layers():
+            state = captured["data"].get((key, name))
+            if state is not None and callable(getattr(layer, "load_data_state", None)):
+                layer.load_data_state(state)
+        losses, self.smoothed_loss, self._start_iter = captured["losses"]
+        self._losses = list(losses)
+        self.requested_early_exit = False
+        self.gradient_source.refresh()
+
     def _read_side_file(self, state_file: str, state: dict) -> None:
         """Restore what cct's side file keeps beside the state: the random generator, the
         data layers' positions, the kernel plans. A missing, damaged or mismatched side file

@@ -1,0 +1,15 @@
+"""The optimizer: chooses strategy, groups, batch, learning rate and momentum for the shortest
+predicted time to a target, from measurements taken inside the run (cct/optimizer/plan.py),
+and the advisor's batch, device and shard rules (cct/optimizer/advisor.py). From Python::
+
+    solver = cct.get_solver("solver.prototxt")
+    opt = cct.optimizer.Optimizer(solver, target_loss=0.1)
+    opt.solve()           # plan (logged), train, re-tune; stops at the target
+    opt.close()
+"""
+from .advisor import Advice, advise
+from .curve import CurveFit, fit_power_law, smooth
+from .plan import Candidate, Optimizer, Plan
+
+__all__ = ["Optimizer", "Candidate", "Plan", "CurveFit", "fit_power_law", "smooth", "Advice",
+           "advise"]

@@ -1,0 +1,590 @@
+"""The optimizer: strategy, groups, batch, learning rate and momentum for the shortest time to a
+target, chosen from measurements taken inside the run, re-tuned while it goes on.
+
+Time to target = HE x iterations to target (Omnivore's hardware and statistical efficiency).
+
+* **Candidates** are (strategy, groups, batch per group, lr multiple, momentum). One group with
+  the data layers' batch is the solver alone (``sync``); more groups, or another batch, run on
+  a :class:`~cct.driver.Driver` (``async``; ``hogbatch`` when the batch differs) built on the
+  same solver.
+* **HE** (seconds per iteration) is measured once per (strategy, groups, batch): a few warm-up
+  iterations, then a few timed ones, on a branch that is thrown away. The same run measures the
+  staleness of a driven configuration: its implicit momentum E[tau]/(1+E[tau]) moved the
+  momentum search's centre (negative values allowed). On the simulated engine the groups run
+  one after another in this thread, so its HE is that of one group: the simulated engine is
+  for statistical efficiency (tests, planning), not for speed.
+* **SE probes** are short runs that branch from :meth:`Solver.capture` (weights, history,
+  iteration, random generator, data position) and are discarded with
+  :meth:`Solver.restore_capture`; nothing is written to disk (tests, display and snapshots
+  are off during a probe). Each probe's losses are fitted with :mod:`.curve`'s power law and
+  the fit predicts the iterations to the reference loss: the target loss, or, without one (or
+  with a target accuracy, which a probe does not measure), 0.9 x the lowest fitted loss at
+  any probe's end. Predicted seconds = HE x predicted iterations; the fewest wins.
+* **Search and pruning** follow Omnivore's cold start (../shared/research/omnivore.md
+  section 1.4) where it is sound: groups from 1 upward, stopping when HE improves by less than
+  10%; for one group every lr multiple x momentum around the solver's; for more groups the
+  previous optimum's lr and a third of it, with momenta around the staleness-corrected
+  centre; nothing at or above a diverged (lr, momentum); for more groups nothing above the
+  previous optimum's lr and nothing lower in both lr and momentum. Unlike Omnivore, nothing
+  restarts and candidates are compared by a predicted time, not by equal-time losses.
+* **Re-tuning** every ``retune_every`` iterations, or when the measured seconds per iteration
+  drift by more than 25% from the chosen candidate's HE, probes the current lr and a third of
+  it with momenta around the current one at the current group count, and (Omnivore's steady
+  state) halves the groups when the best momentum is not positive. lr changes are a multiple
+  of the solver's base_lr; momentum and groups are applied by rebuilding the driver on the
+  same solver, in the same process.
+
+Approximations, said once: a driver rebuilt for a probe or a re-tune drops the records of the
+data layers' current batch that its predecessor had not handed out (a few records of the
+epoch are skipped); HE measured over a few iterations includes the noise of a shared machine;
+the power law is a ranking device (see :mod:`.curve`).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..errors import CCTError
+from ..glog import info, quiet
+from ..params import NetSource
+from .curve import CurveFit, fit_power_law
+
+SRC = "optimizer.py:0"
+LR_MULTIPLES = (0.1, 0.3, 1.0, 3.0)
+MOMENTUM_OFFSETS = (-0.225, 0.0, 0.225)
+HE_GAIN = 0.10          # Omnivore's "FC saturation": more groups must cut HE by 10%
+DRIFT = 0.25            # re-tune when seconds/iteration drift by more than this
+MU_RANGE = (-0.9, 0.99)
+
+
+@dataclass
+class Candidate:
+    """One configuration and what was measured and predicted for it."""
+    strategy: str
+    groups: int
+    batch: int
+    lr: float                 # the base_lr it trains with
+    momentum: float
+    he: Optional[float] = None          # seconds per iteration
+    fit: Optional[CurveFit] = None
+    iters: Optional[float] = None       # predicted iterations to the reference loss
+    seconds: Optional[float] = None     # predicted seconds to it
+    status: str = "not probed"
+
+    @property
+    def config(self) -> Tuple[str, int, int]:
+        return (self.strategy, self.groups, self.batch)
+
+    def describe(self) -> str:
+        return (f"{self.strategy} groups {self.groups} batch {self.batch} lr {self.lr:.4g} "
+                f"momentum {self.momentum:.4g}")
+
+
+@dataclass
+class Plan:
+    candidates: List[Candidate] = field(default_factory=list)
+    winner: Optional[Candidate] = None
+    reference_loss: Optional[float] = None
+    reason: str = ""
+    probe_iters: int = 0
+    probe_seconds: float = 0.0
+
+    def table(self) -> List[str]:
+        head = (f"{'#':>3} {'strategy':<9} {'groups':>6} {'batch':>5} {'lr':>9} {'momentum':>8} "
+                f"{'HE s/iter':>10} {'probe loss':>10} {'pred iters':>10} {'pred s':>9}  status")
+        rows = [head]
+        for i, c in enumerate(self.candidates):
+            rows.append(f"{i:>3} {c.strategy:<9} {c.groups:>6} {c.batch:>5} {c.lr:>9.4g} "
+                        f"{c.momentum:>8.4g} {_num(c.he, '.4g'):>10} "
+                        f"{_num(c.fit.last if c.fit else None, '.4g'):>10} "
+                        f"{_num(c.iters, '.0f'):>10} {_num(c.seconds, '.3g'):>9}  {c.status}")
+        return rows
+
+
+def _num(x, fmt: str) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    return format(x, fmt)
+
+
+def _clip_mu(mu: float) -> float:
+    return round(min(MU_RANGE[1], max(MU_RANGE[0], mu)), 4)
+
+
+class Optimizer:
+    """Plans and drives a solver's training (see the module doc). ``engine`` and ``devices``
+    are the driver's for configurations of several groups; ``groups`` the group counts to
+    consider (default 1, 2, 4, ... up to the cores or devices)."""
+
+    def __init__(self, solver, *, target_loss: Optional[float] = None,
+                 target_accuracy: Optional[float] = None, budget: Optional[float] = None,
+                 probe_share: float = 0.1, engine: str = "threads", devices=None,
+                 groups: Optional[Sequence[int]] = None, batches: Optional[Sequence[int]] = None,
+                 lr_multiples: Sequence[float] = LR_MULTIPLES,
+                 momentum_offsets: Sequence[float] = MOMENTUM_OFFSETS,
+                 probe_iters: Optional[int] = None, retune_every: Optional[int] = None,
+                 he_iters: int = 6, staleness: str = "round-robin"):
+        if target_loss is not None and target_accuracy is not None:
+            raise CCTError("give --target-loss or --target-accuracy, not both")
+        if not 0 < probe_share < 1:
+            raise CCTError(f"--probe-share must be between 0 and 1, got {probe_share}")
+        self.solver = solver
+        self.target_loss = target_loss
+        self.target_accuracy = target_accuracy
+        self.budget = budget
+        self.probe_share = probe_share
+        self.engine = engine
+        self.devices = devices
+        self.base_lr = float(solver.param.base_lr)
+        self.base_momentum = float(solver.param.momentum)
+        self.data_batch = _data_batch(solver.net)
+        self.groups = sorted(set(groups or _default_groups(engine, devices)))
+        self.batches = list(batches or [self.data_batch])
+        self.lr_multiples = sorted(lr_multiples)
+        self.momentum_offsets = sorted(momentum_offsets)
+        self.probe_iters = probe_iters
+        self.retune_every = retune_every
+        self.he_iters = max(2, he_iters)
+        self.staleness = staleness
+        self.he: Dict[Tuple[str, int, int], float] = {}
+        self.implicit: Dict[Tuple[str, int, int], float] = {}
+        self.current: Optional[Candidate] = None
+        self.driver = None
+        self.plan: Optional[Plan] = None
+        self.reached: Optional[str] = None
+        self.retunes = 0
+        self._probing = False
+        self._fresh = False
+        self._record: Optional[List[Tuple[float, float]]] = None
+        self._user_action = solver.action_request
+        solver.action_request = self._action
+        solver.add_callback(self._on_start, self._on_gradients_ready)
+
+    # -- hooks on the solver -----------------------------------------------------------------
+    def _action(self) -> str:
+        user = self._user_action() if self._user_action is not None else "none"
+        if self.reached and not self._probing and user == "none":
+            return "stop"
+        return user or "none"
+
+    def _on_start(self) -> None:
+        s = self.solver
+        if self._probing or self.target_accuracy is None or self.reached:
+            return
+        if s.iter and s.param.test_interval and s.iter % s.param.test_interval == 0:
+            acc = _accuracy(s.test_scores)
+            if acc is not None and acc >= self.target_accuracy:
+                self._reach(f"target accuracy {self.target_accuracy:g} reached at iteration "
+                            f"{s.iter} (test accuracy {acc:.4g})")
+
+    def _on_gradients_ready(self) -> None:
+        s = self.solver
+        if self._record is not None:
+            self._record.append((time.perf_counter(), float(s.smoothed_loss)))
+        if self._probing or self.target_loss is None or self.reached:
+            return
+        if float(s.smoothed_loss) <= self.target_loss:
+            self._reach(f"target loss {self.target_loss:g} reached at iteration {s.iter} "
+                        f"(smoothed loss {float(s.smoothed_loss):.4g})")
+
+    def _reach(self, what: str) -> None:
+        self.reached = what
+        info(SRC, f"Optimizer: {what}; stopping.")
+
+    # -- configurations ----------------------------------------------------------------------
+    def configure(self, cand: Candidate) -> None:
+        """Make the solver train as ``cand`` says, in this process: the solver alone, or a
+        driver (the previous one closed) on the same solver."""
+        s = self.solver
+        s.param.base_lr = cand.lr
+        if cand.strategy == "sync":
+            s.param.momentum = cand.momentum
+            if self.driver is not None or not isinstance(s.gradient_source, NetSource):
+                s.set_gradient_source(NetSource(s.net))
+            s.side_state.pop("driver", None)
+            self.driver = None
+        else:
+            from ..driver import Driver
+            s.param.momentum = self.base_momentum
+            sizes = None if cand.batch == self.data_batch else [cand.batch] * cand.groups
+            self.driver = None
+            self.driver = Driver(s, groups=cand.groups, engine=self.engine,
+                                 devices=self.devices, staleness=self.staleness,
+                                 momentum=repr(cand.momentum), allow_negative_momentum=True,
+                                 strategy=cand.strategy, batch_sizes=sizes)
+        self.current = cand
+        self._fresh = True      # its first chunk carries warm-up: no drift check on it
+
+    def _candidate(self, groups: int, batch: int, lr: float, mu: float) -> Candidate:
+        strategy = ("sync" if groups == 1 and batch == self.data_batch else
+                    "async" if batch == self.data_batch else "hogbatch")
+        return Candidate(strategy, groups, batch, lr, _clip_mu(mu))
+
+    def _step(self, iters: int) -> None:
+        if self.driver is not None:
+            self.driver.step(iters)
+        else:
+            self.solver.step(iters)
+
+    # -- branches ----------------------------------------------------------------------------
+    def _branch(self, cand: Candidate, iters: int) -> Tuple[List[Tuple[float, float]], bool]:
+        """Run ``cand`` for ``iters`` iterations on a branch of the run and throw the branch
+        away: the (time, smoothed loss) of each iteration and whether it diverged. The
+        solver's configuration and state are as before afterwards."""
+        s = self.solver
+        saved = {k: getattr(s.param, k) for k in ("test_interval", "display", "snapshot",
+                                                  "base_lr", "momentum", "snapshot_after_train")}
+        captured = s.capture()
+        self._probing = True
+        self._record = []
+        diverged = False
+        try:
+            s.param.test_interval = 0
+            s.param.display = 0
+            s.param.snapshot = 0
+            with quiet():
+                self.configure(cand)
+                try:
+                    self._step(iters)
+                except CCTError as e:
+                    if "loss is" not in str(e):
+                        raise
+                    diverged = True
+                if self.driver is not None:
+                    stats = self.driver.store.stats
+                    self.implicit[cand.config] = stats.mean() / (1.0 + stats.mean())
+                s.set_gradient_source(NetSource(s.net))
+                s.side_state.pop("driver", None)
+                self.driver = None
+        finally:
+            record, self._record = self._record, None
+            for k, v in saved.items():
+                setattr(s.param, k, v)
+            s.restore_capture(captured)
+            self._probing = False
+        return record, diverged
+
+    def measure_he(self, cand: Candidate) -> float:
+        """Seconds per iteration of ``cand``'s (strategy, groups, batch), cached: two warm-up
+        iterations, then ``he_iters`` timed ones (the mean of the second half's gaps between
+        iterations, as Omnivore's second half of its display lines)."""
+        key = cand.config
+        if key not in self.he:
+            record, _ = self._branch(cand, 2 + self.he_iters)
+            times = [t for t, _ in record[2:]] or [t for t, _ in record]
+            if len(times) >= 2:
+                self.he[key] = (times[-1] - times[0]) / (len(times) - 1)
+            else:
+                self.he[key] = math.inf
+            self.implicit.setdefault(key, 0.0)
+        cand.he = self.he[key]
+        return cand.he
+
+    def probe(self, cand: Candidate, iters: int) -> Candidate:
+        """An SE probe of ``cand`` (see the module doc); fills ``fit`` and ``status``."""
+        record, diverged = self._branch(cand, iters)
+        losses = [v for _, v in record]
+        cand.fit = fit_power_law(losses, self.solver.iter)
+        if diverged or cand.fit.diverged:
+            cand.fit.diverged = True
+            cand.status = "pruned: diverged"
+        else:
+            cand.status = "kept"
+        return cand
+
+    # -- the plan ----------------------------------------------------------------------------
+    def _probe_iters(self, probes: int, he: float) -> int:
+        if self.probe_iters:
+            return int(self.probe_iters)
+        s = self.solver
+        total = self.budget if self.budget else max(1, s.param.max_iter - s.iter) * he
+        n = int(self.probe_share * total / max(1, probes) / max(he, 1e-9))
+        return max(20, min(200, n))
+
+    def make_plan(self) -> Plan:
+        """The cold-start search (module doc): measure, probe, prune, predict, choose."""
+        began = time.perf_counter()
+        plan = Plan()
+        start_lr = self.base_lr if self.current is None else self.current.lr
+        first = self._candidate(1, self.batches[0], start_lr, self.base_momentum)
+        he1 = self.measure_he(first)
+        n_probes = len(self.lr_multiples) * len(self.momentum_offsets) * len(self.batches) + \
+            5 * (len(self.groups) - 1)
+        plan.probe_iters = self._probe_iters(n_probes, he1)
+        prev: Optional[Candidate] = None
+        prev_he: Optional[float] = None
+        saturated = False
+        for g in self.groups:
+            for batch in self.batches:
+                centre_c = self._candidate(g, batch, start_lr, self.base_momentum)
+                if saturated:
+                    centre_c.status = "pruned: more groups stopped paying (HE)"
+                    plan.candidates.append(centre_c)
+                    continue
+                he = self.measure_he(centre_c)
+                if prev is None:
+                    centre = self.base_momentum
+                    lrs = [start_lr * m for m in self.lr_multiples]
+                else:
+                    centre = prev.momentum - self.implicit.get(centre_c.config, 0.0)
+                    lrs = [prev.lr / 3.0, prev.lr]
+                grid = _unique([self._candidate(g, batch, lr, centre + o)
+                                for lr in sorted(lrs) for o in self.momentum_offsets])
+                if g > 1 and prev_he is not None and he > prev_he / (1 + HE_GAIN):
+                    for c in grid:
+                        c.he = he
+                        c.status = (f"pruned: HE {he:.3g} s/iter not {HE_GAIN:.0%} better than "
+                                    f"{prev_he:.3g} with fewer groups")
+                    plan.candidates.extend(grid)
+                    saturated = True
+                    continue
+                diverged_at: List[Tuple[float, float]] = []
+                for c in grid:
+                    c.he = he
+                    why = self._pruned(c, prev, centre, diverged_at)
+                    if why:
+                        c.status = "pruned: " + why
+                    else:
+                        self.probe(c, plan.probe_iters)
+                        if c.fit.diverged:
+                            diverged_at.append((c.lr, c.momentum))
+                    plan.candidates.append(c)
+                best_here = self._score(plan, [c for c in grid if c.status == "kept"])
+                if best_here is not None and batch == self.batches[0]:
+                    prev, prev_he = best_here, he
+        self._score(plan, [c for c in plan.candidates if c.status == "kept"])
+        kept = [c for c in plan.candidates if c.status == "kept"]
+        if not kept:
+            raise CCTError("optimizer: every probe diverged or was pruned; lower base_lr in "
+                           "the solver or give a target the probes can reach")
+        plan.winner = min(kept, key=lambda c: (c.seconds, -c.lr))
+        plan.winner.status = "chosen"
+        plan.reason = self._reason(plan)
+        plan.probe_seconds = time.perf_counter() - began
+        self.plan = plan
+        return plan
+
+    def _pruned(self, c: Candidate, prev: Optional[Candidate], centre: float,
+                diverged_at: List[Tuple[float, float]]) -> str:
+        for lr, mu in diverged_at:
+            if c.lr >= lr and c.momentum >= mu:
+                return f"at or above the diverged lr {lr:.4g} momentum {mu:.4g}"
+        if prev is not None:
+            if c.lr > prev.lr * (1 + 1e-9):
+                return "lr above the optimum with fewer groups"
+            if c.lr < prev.lr * (1 - 1e-9) and c.momentum < centre - 1e-9:
+                return "too low: lr and momentum both below the optimum's"
+        return ""
+
+    def _score(self, plan: Plan, kept: List[Candidate]) -> Optional[Candidate]:
+        """Predicted iterations and seconds to the reference loss; the best of ``kept``."""
+        if not kept:
+            return None
+        everything = [c for c in plan.candidates if c.status == "kept"] or kept
+        if self.target_loss is not None:
+            ref = self.target_loss
+        else:
+            # The models' own values at the probes' ends: a reference below them all is one
+            # every model still has to reach, whatever the lag of the smoothed losses.
+            ref = 0.9 * min(c.fit.loss_at(c.fit.t_last) for c in everything)
+        plan.reference_loss = ref
+        for c in kept:
+            c.iters = c.fit.iterations_to(ref)
+            c.seconds = c.iters * c.he if math.isfinite(c.iters) else math.inf
+        return min(kept, key=lambda c: (c.seconds, -c.lr))
+
+    def _reason(self, plan: Plan) -> str:
+        w = plan.winner
+        ref = (f"target loss {self.target_loss:g}" if self.target_loss is not None
+               else f"reference loss {plan.reference_loss:.4g} (0.9 x the lowest fitted loss "
+                    f"at a probe's end)")
+        line = (f"{w.describe()} wins: predicted {_num(w.seconds, '.3g')} s to the {ref} "
+                f"({_num(w.he, '.3g')} s/iter x {_num(w.iters, '.0f')} iterations)")
+        others = sorted((c for c in plan.candidates if c.status == "kept"),
+                        key=lambda c: c.seconds)
+        if others:
+            o = others[0]
+            ratio = (o.seconds / w.seconds if w.seconds and math.isfinite(o.seconds)
+                     else math.inf)
+            line += (f"; next best {o.describe()} at {_num(o.seconds, '.3g')} s "
+                     f"({_num(ratio, '.2f')}x)")
+        return line
+
+    def log_plan(self, plan: Plan) -> None:
+        ref = (f"target loss {self.target_loss:g}" if self.target_loss is not None else
+               f"reference loss {_num(plan.reference_loss, '.4g')}")
+        info(SRC, f"Optimizer plan at iteration {self.solver.iter}: {len(plan.candidates)} "
+             f"candidates, probes of {plan.probe_iters} iterations, predicted to the {ref}; "
+             f"planning took {plan.probe_seconds:.3g} s")
+        for row in plan.table():
+            info(SRC, "  " + row)
+        info(SRC, f"Optimizer: {plan.reason}")
+
+    # -- training ----------------------------------------------------------------------------
+    def start(self) -> Plan:
+        plan = self.make_plan()
+        self.log_plan(plan)
+        self.configure(plan.winner)
+        return plan
+
+    def solve(self, resume_file: Optional[str] = None) -> None:
+        """Plan, then train to max_iter (or the target), re-tuning on the way."""
+        s = self.solver
+        if resume_file:
+            s.restore(resume_file)
+        self.start()
+        try:
+            s.solve(step=self.step)
+        finally:
+            if self.driver is not None:
+                s.set_gradient_source(NetSource(s.net))
+                self.driver = None
+        if self.reached:
+            info(SRC, f"Optimizer: stopped early: {self.reached}")
+
+    def _retune_every(self) -> int:
+        if self.retune_every:
+            return int(self.retune_every)
+        epoch = _epoch_iterations(self.solver.net, self.data_batch)
+        return epoch or max(1, self.solver.param.max_iter // 10)
+
+    def step(self, iters: int) -> None:
+        """Solver.step's contract: ``iters`` iterations in chunks, re-tuning between them."""
+        s = self.solver
+        stop = s.iter + iters
+        every = self._retune_every()
+        check = max(10, min(every, 100))
+        next_retune = (s.iter // every + 1) * every
+        while s.iter < stop and not s.requested_early_exit and not self.reached:
+            n = min(stop, next_retune, s.iter + check) - s.iter
+            began, first = time.perf_counter(), s.iter
+            self._step(n)
+            done = s.iter - first
+            ti = s.param.test_interval
+            tested = ti and (first // ti != s.iter // ti or first % ti == 0)
+            if s.requested_early_exit or self.reached or s.iter >= stop:
+                break
+            if s.iter >= next_retune:
+                next_retune += every
+                self.retune(f"every {every} iterations")
+            elif self._fresh:
+                self._fresh = False
+            elif done and not tested and self.current and self.current.he:
+                per = (time.perf_counter() - began) / done
+                if abs(per - self.current.he) > DRIFT * self.current.he:
+                    self.he.pop(self.current.config, None)
+                    self.retune(f"measured {per:.3g} s/iter drifted more than {DRIFT:.0%} "
+                                f"from {self.current.he:.3g}")
+
+    def retune(self, why: str) -> Candidate:
+        """Omnivore's steady state, in process: probe the current lr and a third of it with
+        momenta around the current one; halve the groups when the best momentum is not
+        positive. Applies and logs the choice."""
+        s = self.solver
+        cur = self.current
+        plan = Plan()
+        he = self.measure_he(cur)
+        plan.probe_iters = self._probe_iters(2 * len(self.momentum_offsets), he)
+        diverged_at: List[Tuple[float, float]] = []
+        for c in _unique([self._candidate(cur.groups, cur.batch, lr, cur.momentum + o)
+                          for lr in (cur.lr / 3.0, cur.lr) for o in self.momentum_offsets]):
+            c.he = he
+            why_pruned = self._pruned(c, None, cur.momentum, diverged_at)
+            if why_pruned:
+                c.status = "pruned: " + why_pruned
+            else:
+                self.probe(c, plan.probe_iters)
+                if c.fit.diverged:
+                    diverged_at.append((c.lr, c.momentum))
+            plan.candidates.append(c)
+        best = self._score(plan, [c for c in plan.candidates if c.status == "kept"])
+        if best is None:
+            info(SRC, f"Optimizer re-tune at iteration {s.iter} ({why}): every probe diverged; "
+                 f"keeping {cur.describe()}")
+            self.configure(cur)
+            return cur
+        if best.momentum <= 0 and best.groups > 1:
+            halved = self._candidate(max(1, best.groups // 2), best.batch, best.lr,
+                                     best.momentum + self.implicit.get(best.config, 0.0))
+            self.measure_he(halved)
+            note = f"; best momentum {best.momentum:.3g} <= 0: halving the groups"
+            best = halved
+        else:
+            note = ""
+        self.retunes += 1
+        info(SRC, f"Optimizer re-tune at iteration {s.iter} ({why}): lr {cur.lr:.4g} -> "
+             f"{best.lr:.4g}, momentum {cur.momentum:.4g} -> {best.momentum:.4g}, groups "
+             f"{cur.groups} -> {best.groups} (pid {os.getpid()}){note}")
+        for row in plan.table():
+            info(SRC, "  " + row)
+        self.configure(best)
+        return best
+
+    def close(self) -> None:
+        if self.driver is not None:
+            self.solver.set_gradient_source(NetSource(self.solver.net))
+            self.driver = None
+        self.solver.action_request = self._user_action
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def _unique(cands: List[Candidate]) -> List[Candidate]:
+    """The candidates in order, one per (config, lr, momentum) (clipping can repeat one)."""
+    seen, out = set(), []
+    for c in cands:
+        key = (c.config, round(c.lr, 12), c.momentum)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def _data_batch(net) -> int:
+    from ..scheduler import source_layers
+    for i in source_layers(net):
+        for b in net.top_id_vecs[i]:
+            shape = net.blobs_list[b].shape
+            if shape:
+                return int(shape[0])
+    return 1
+
+
+def _epoch_iterations(net, batch: int) -> Optional[int]:
+    """Iterations of one epoch when a data layer knows its record count, else None."""
+    from ..scheduler import source_layers
+    for i in source_layers(net):
+        layer = net.layers[i]
+        n = getattr(layer, "num_records", None)
+        if isinstance(n, int) and n > 0:
+            return max(1, n // max(1, batch))
+    return None
+
+
+def _default_groups(engine: str, devices) -> List[int]:
+    if devices is not None:
+        from ..devices import parse_devices
+        n = len(parse_devices(devices) if isinstance(devices, str) else list(devices))
+    elif engine == "simulated":
+        n = 4
+    else:
+        from ..devices import available_cores
+        n = len(available_cores())
+    out, g = [], 1
+    while g <= max(1, n):
+        out.append(g)
+        g *= 2
+    return out
+
+
+def _accuracy(test_scores) -> Optional[float]:
+    """The first test net's first output named like an accuracy."""
+    for _, scores in sorted(test_scores.items()):
+        for name, value in scores:
+            if "acc" in name.lower():
+                return float(value)
+    return None

@@ -1,0 +1,132 @@
+"""The optimizer (cct/optimizer) on the tiny HDF5 net of tests/test_scheduler.py with the
+simulated engine: probes branch and restore exactly, the plan and its reason reach the log,
+`cct plan` writes nothing, a re-tune changes lr/momentum in this process, a target stops the
+run."""
+import os
+
+import numpy as np
+from google.protobuf import text_format
+
+from cct import cli
+from cct.api import Solver
+from cct.optimizer import Candidate, Optimizer
+
+from ..test_scheduler import data_list, solver_param  # noqa: F401  (fixture)
+
+
+def _solver(data_list, tmp_path, **fields):  # noqa: F811
+    fields.setdefault("display", 0)
+    return Solver(solver_param(data_list, tmp_path, **fields))
+
+
+def _state(solver):
+    return ([np.array(p.data) for p in solver.net.params_list],
+            [np.array(h) for h in solver.history], solver.iter, solver.current_step)
+
+
+def test_probe_branch_restores_weights_history_and_data_exactly(data_list, tmp_path):  # noqa: F811
+    solver = _solver(data_list, tmp_path, max_iter=40)
+    opt = Optimizer(solver, engine="simulated", groups=[1, 2])
+    try:
+        solver.step(3)                       # a non-zero history to restore
+        before = _state(solver)
+        opt.probe(Candidate("sync", 1, 16, 0.1, 0.5), 5)
+        opt.probe(Candidate("async", 2, 16, 0.1, 0.2), 5)
+        after = _state(solver)
+        for a, b in zip(before[0] + before[1], after[0] + after[1]):
+            assert np.array_equal(a, b)
+        assert before[2:] == after[2:]
+        # and the data position: the next iteration is the one the run would have taken
+        plain = _solver(data_list, tmp_path / "p", max_iter=40)
+        plain.step(4)
+        solver.step(1)
+        for a, b in zip(plain.net.params_list, solver.net.params_list):
+            assert np.array_equal(a.data, b.data)
+        plain.close()
+    finally:
+        opt.close()
+        solver.close()
+
+
+def test_plan_table_and_reason_in_the_log(data_list, tmp_path, capfd):  # noqa: F811
+    solver = _solver(data_list, tmp_path, max_iter=40)
+    opt = Optimizer(solver, engine="simulated", groups=[1, 2], probe_iters=15,
+                    lr_multiples=(0.3, 1.0))
+    try:
+        capfd.readouterr()
+        plan = opt.make_plan()
+        opt.log_plan(plan)
+        err = capfd.readouterr().err
+    finally:
+        opt.close()
+        solver.close()
+    assert "Optimizer plan at iteration 0" in err
+    assert "HE s/iter" in err and "pred s" in err and "chosen" in err
+    assert f"Optimizer: {plan.winner.describe()} wins: predicted" in err
+    assert sum(1 for c in plan.candidates if c.status == "chosen") == 1
+    assert all(c.status == "kept" or c.status == "chosen" or c.status.startswith("pruned")
+               for c in plan.candidates)
+
+
+def _solver_file(data_list, tmp_path, **fields):  # noqa: F811
+    p = solver_param(data_list, tmp_path, **fields)
+    path = tmp_path / "solver.prototxt"
+    path.write_text(text_format.MessageToString(p))
+    return str(path)
+
+
+def test_cct_plan_writes_nothing(data_list, tmp_path, capfd, monkeypatch):  # noqa: F811
+    path = _solver_file(data_list, tmp_path, max_iter=40, snapshot=10)
+    monkeypatch.chdir(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    assert cli.main(["plan", "-solver", path, "-engine", "simulated"]) == 0
+    err = capfd.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == before
+    assert "wins: predicted" in err and "Advisor: batch per device" in err
+    assert "Advisor: store shards on a cluster" in err
+
+
+def test_retune_changes_lr_and_momentum_in_this_process(data_list, tmp_path, capfd):  # noqa: F811
+    solver = _solver(data_list, tmp_path, max_iter=60)
+    opt = Optimizer(solver, engine="simulated", groups=[1], probe_iters=10,
+                    lr_multiples=(1.0,), retune_every=20)
+    pid = os.getpid()
+    try:
+        opt.start()
+        opt.configure(Candidate("async", 2, 16, 0.02, -0.1))
+        solver.step(0)
+        assert opt.driver is not None and opt.driver.store.momentum.value == -0.1
+        assert solver.param.base_lr == np.float32(0.02)
+        capfd.readouterr()
+        opt.step(40)
+        err = capfd.readouterr().err
+        assert "Optimizer re-tune at iteration 20 (every 20 iterations)" in err
+        assert f"(pid {pid})" in err and os.getpid() == pid
+        assert solver.iter == 40
+        cur = opt.current
+        assert solver.param.base_lr == np.float32(cur.lr)
+        if cur.strategy == "sync":
+            assert solver.param.momentum == np.float32(cur.momentum)
+        else:
+            assert opt.driver.store.momentum.value == cur.momentum
+    finally:
+        opt.close()
+        solver.close()
+
+
+def test_target_loss_stops_the_run_and_says_so(data_list, tmp_path, capfd):  # noqa: F811
+    path = _solver_file(data_list, tmp_path, max_iter=400, display=10)
+    assert cli.main(["train", "-solver", path, "--optimize", "--target-loss", "1.2",
+                     "-engine", "simulated", "--retune-every", "1000"]) == 0
+    err = capfd.readouterr().err
+    assert "Optimizer: target loss 1.2 reached at iteration" in err
+    assert "Optimization stopped early." in err
+    assert "Iteration 400" not in err
+
+
+def test_without_target_runs_to_max_iter(data_list, tmp_path, capfd):  # noqa: F811
+    path = _solver_file(data_list, tmp_path, max_iter=50, display=10)
+    assert cli.main(["train", "-solver", path, "--optimize", "-engine", "simulated",
+                     "--retune-every", "1000"]) == 0
+    err = capfd.readouterr().err
+    assert "Iteration 50, loss" in err and "stopped early" not in err
