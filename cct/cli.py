@@ -32,7 +32,9 @@ commands:
                   -threshold=T -learners=K|auto -sma-alpha=A -sma-momentum=M
                   -sync-period=P -simulate-speeds=1,8 -engine=ray -ray-address=A|auto
                   -ps-shards=N|auto -ray-group-restarts=R -ray-data=ship|local: the
-                  driver's strategies, cct/driver)
+                  driver's strategies, cct/driver; -optimize -target-accuracy=A
+                  -target-loss=L -budget=S -probe-share=P -retune-every=K: the optimizer
+                  chooses them, cct/optimizer)
   plan            the optimizer's plan for a solver, without training (-solver, -devices,
                   -engine, -target-accuracy, -target-loss, -budget, -probe-share,
                   -bandwidth: each candidate's measured HE, probe and predicted time, the
