@@ -42,6 +42,7 @@ from ..glog import info, warning
 from .groups import show_outputs
 
 SRC = "driver.cpp:0"
+_RESTART_SECONDS = 300       # how long a group actor may take to come back after a failure
 
 
 def import_ray():
@@ -306,13 +307,24 @@ class RayGroup:
     def result(self) -> Optional[float]:
         """The step's loss; None when the actor died and was restarted (start it again)."""
         e = self.engine
+        errors = e.ray.exceptions
         try:
             loss, outputs, where = e.ray.get(self.head)
-        except e.ray.exceptions.RayActorError as err:
+        except errors.RayTaskError as err:        # raised by the step's own code
+            if isinstance(err.cause, CCTError):
+                raise err.cause from None        # the user's net or data: stop the run
+            raise RuntimeError(f"its step failed: {type(err.cause).__name__}: "
+                               f"{err.cause}") from None
+        except errors.RayError as err:            # the actor (or its node) died meanwhile
             if self.restarts_left <= 0:
                 raise RuntimeError(f"the actor died and has no restarts left: "
                                    f"{type(err).__name__}") from None
-            self._restarted(e.ray.get(self.actor.where.remote()), "its batch is lost")
+            try:
+                where = e.ray.get(self.actor.where.remote(), timeout=_RESTART_SECONDS)
+            except errors.RayError as again:
+                raise RuntimeError(f"the actor died ({type(err).__name__}) and did not come "
+                                   f"back: {type(again).__name__}") from None
+            self._restarted(where, f"its batch is lost ({type(err).__name__})")
             return None
         if tuple(where) != (self.pid, self.node):
             # It died between steps; Ray restarted it and the step ran there.
