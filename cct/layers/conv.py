@@ -42,6 +42,36 @@ class ConvolutionGeometry:
             raise self.error(f"dilation {self.dilation[0]} x {self.dilation[1]} must be "
                              f"nonzero.")
 
+    def output_size(self, b0: Blob, reverse: bool = False) -> Tuple[int, int]:
+        """(height, width) of the top for bottom ``b0`` (the deconvolution's with
+        ``reverse``), refusing geometry outside int arithmetic and an empty top."""
+        out_hw = []
+        for axis in range(2):
+            size = b0.shape[self.channel_axis + 1 + axis]
+            k, s, p, d = (self.kernel[axis], self.stride[axis], self.pad[axis],
+                          self.dilation[axis])
+            extent = d * (k - 1) + 1
+            if size + 2 * p > INT_MAX or extent > INT_MAX:
+                raise self.error(
+                    f"pad {p} and dilation {d} give a padded bottom of {size + 2 * p} and a "
+                    f"kernel extent of {extent}; both must stay within {INT_MAX} (INT_MAX), "
+                    f"the int arithmetic of Caffe's and cct's kernels.")
+            if reverse:
+                out = self.backend.deconv_out_size(size, k, s, p, d)
+                empty = out <= 0
+            else:
+                out = self.backend.conv_out_size(size, k, s, p, d)
+                # Also covers a kernel wider than the padded bottom.
+                empty = out <= 0 or size + 2 * p < extent
+            if empty:
+                what = "height" if axis == 0 else "width"
+                raise self.error(
+                    f"kernel {k} (dilation {d}, extent {extent}) with pad {p} and stride {s} "
+                    f"on a bottom of {what} {size} (shape {b0.shape}) gives an empty top; "
+                    f"lower kernel_size/dilation or add pad.")
+            out_hw.append(out)
+        return tuple(out_hw)
+
     def _pair(self, cp, field: str, h_field: str = "", w_field: str = "",
               default: Optional[int] = None) -> Tuple[int, int]:
         """(h, w) of a spatial parameter: the repeated ``field`` given once (both axes) or once
@@ -128,30 +158,7 @@ class _ConvolutionBase(ConvolutionGeometry, Layer):
                 raise self.error(f"all bottoms must have the same shape: bottom 0 is "
                                  f"{b0.shape}, bottom {i} is {b.shape}.")
         in_hw = b0.shape[self.channel_axis + 1:]
-        out_hw = []
-        for axis in range(2):
-            size, k, s, p, d = (in_hw[axis], self.kernel[axis], self.stride[axis],
-                                self.pad[axis], self.dilation[axis])
-            extent = d * (k - 1) + 1
-            if size + 2 * p > INT_MAX or extent > INT_MAX:
-                raise self.error(
-                    f"pad {p} and dilation {d} give a padded bottom of {size + 2 * p} and a "
-                    f"kernel extent of {extent}; both must stay within {INT_MAX} (INT_MAX), "
-                    f"the int arithmetic of Caffe's and cct's kernels.")
-            if self.reverse:
-                out = self.backend.deconv_out_size(size, k, s, p, d)
-                empty = out <= 0
-            else:
-                out = self.backend.conv_out_size(size, k, s, p, d)
-                # Also covers a kernel wider than the padded bottom.
-                empty = out <= 0 or size + 2 * p < extent
-            if empty:
-                what = "height" if axis == 0 else "width"
-                raise self.error(
-                    f"kernel {k} (dilation {d}, extent {extent}) with pad {p} and stride {s} "
-                    f"on a bottom of {what} {size} (shape {b0.shape}) gives an empty top; "
-                    f"lower kernel_size/dilation or add pad.")
-            out_hw.append(out)
+        out_hw = self.output_size(b0, self.reverse)
         self.num = b0.count_range(0, self.channel_axis)
         self.in_shape4 = (self.num, self.channels) + tuple(in_hw)
         self.out_shape4 = (self.num, self.num_output) + tuple(out_hw)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import List
 
-from ..blob import INT_MAX, Blob
+from ..blob import Blob
 from .base import Layer, register
 from .conv import ConvolutionGeometry
 
@@ -85,24 +85,7 @@ class Im2colLayer(ConvolutionGeometry, Layer):
             raise self.error(f"bottom num_axes may not change: the layer was set up for "
                              f"{ca + 3} axes, the bottom now has shape {b0.shape}.")
         in_hw = b0.shape[ca + 1:]
-        out_hw = []
-        for axis in range(2):
-            size, k, s, p, d = (in_hw[axis], self.kernel[axis], self.stride[axis],
-                                self.pad[axis], self.dilation[axis])
-            extent = d * (k - 1) + 1
-            if size + 2 * p > INT_MAX or extent > INT_MAX:
-                raise self.error(
-                    f"pad {p} and dilation {d} give a padded bottom of {size + 2 * p} and a "
-                    f"kernel extent of {extent}; both must stay within {INT_MAX} (INT_MAX), "
-                    f"the int arithmetic of Caffe's and cct's kernels.")
-            out = self.backend.conv_out_size(size, k, s, p, d)
-            if out <= 0 or size + 2 * p < extent:
-                what = "height" if axis == 0 else "width"
-                raise self.error(
-                    f"kernel {k} (dilation {d}, extent {extent}) with pad {p} and stride {s} "
-                    f"on a bottom of {what} {size} (shape {b0.shape}) gives an empty top; "
-                    f"lower kernel_size/dilation or add pad.")
-            out_hw.append(out)
+        out_hw = self.output_size(b0)
         self.out_hw = tuple(out_hw)
         channels = b0.shape[ca]
         self.in_shape4 = (b0.count_range(0, ca), channels) + tuple(in_hw)
