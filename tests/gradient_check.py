@@ -121,3 +121,22 @@ def assert_param_diffs_accumulate(layer, bottom: List[Blob], top: List[Blob],
         np.testing.assert_allclose(b.diff, 2 * d)
     np.testing.assert_allclose(bottom[0].diff, dx)
     return once
+
+
+def forward_backward_on(backend_name: str, layer_text: str, x: np.ndarray, rng,
+                        dy: Optional[np.ndarray] = None):
+    """One-bottom, one-top layer ``layer_text`` on backend ``backend_name`` in float64: its
+    top, and the bottom diff for top diff ``dy`` (drawn from ``rng`` when None); returns
+    (top, bottom diff, dy) as host arrays, so that backends can be compared on the same dy."""
+    be = backends.get(backend_name)
+    layer = create_layer(make_layer_param(layer_text), be, np.float64)
+    b = Blob(x.shape, np.float64, be.xp)
+    b.data[...] = be.xp.asarray(x)
+    t = Blob((), np.float64, be.xp)
+    layer.setup([b], [t])
+    layer.forward([b], [t])
+    if dy is None:
+        dy = rng.standard_normal(t.shape)
+    t.diff[...] = be.xp.asarray(dy)
+    layer.backward([t], [True], [b])
+    return np.array(t.cpu_data()), np.array(b.cpu_diff()), dy

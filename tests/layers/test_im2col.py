@@ -4,11 +4,9 @@ col2im backward against the loops' transpose, gradient checks, agreement with Co
 import numpy as np
 import pytest
 
-from cct import backend as backends
-from cct.blob import Blob
 from cct.errors import LayerError
-from cct.layers import create_layer
-from tests.gradient_check import build_layer, check_gradient, make_layer_param, run_forward
+from tests.gradient_check import (build_layer, check_gradient, forward_backward_on,
+                                  run_forward)
 
 RNG = np.random.default_rng(11)
 
@@ -144,23 +142,8 @@ def test_bad_parameters(text, shape, match):
 
 def test_numpy_backend_matches_cpu():
     x = RNG.standard_normal((2, 3, 7, 6))
-    dy = None
-    results = []
-    for name in ("cpu", "numpy"):
-        be = backends.get(name)
-        layer = create_layer(make_layer_param(body(kernel_size=3, stride=2, pad=1)), be,
-                             np.float64)
-        b = Blob(x.shape, np.float64, be.xp)
-        b.data[...] = be.xp.asarray(x)
-        t = Blob((), np.float64, be.xp)
-        layer.setup([b], [t])
-        layer.forward([b], [t])
-        if dy is None:
-            dy = RNG.standard_normal(t.shape)
-        t.diff[...] = be.xp.asarray(dy)
-        layer.backward([t], [True], [b])
-        results.append((np.array(t.cpu_data()), np.array(b.cpu_diff())))
-    for a, b in zip(*results):
+    top, diff, dy = forward_backward_on("cpu", body(kernel_size=3, stride=2, pad=1), x, RNG)
+    for a, b in zip((top, diff), forward_backward_on("numpy", body(kernel_size=3, stride=2, pad=1), x, RNG, dy)):
         np.testing.assert_array_equal(a, b)
 
 

@@ -6,11 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from cct import backend as backends
-from cct.blob import Blob
 from cct.errors import LayerError
-from cct.layers import create_layer
-from tests.gradient_check import build_layer, check_gradient, make_layer_param, run_forward
+from tests.gradient_check import (build_layer, check_gradient, forward_backward_on,
+                                  run_forward)
 from tests.layers.test_pooling import ref_pool
 
 RNG = np.random.default_rng(5)
@@ -105,20 +103,6 @@ def test_bad_parameters(text, shape, match):
 @pytest.mark.parametrize("method", ["MAX", "AVE"])
 def test_numpy_backend_matches_cpu(method):
     x = RNG.standard_normal((2, 3, 9, 8))
-    dy = None
-    results = []
-    for name in ("cpu", "numpy"):
-        be = backends.get(name)
-        layer = create_layer(make_layer_param(body(3, method)), be, np.float64)
-        b = Blob(x.shape, np.float64, be.xp)
-        b.data[...] = be.xp.asarray(x)
-        t = Blob((), np.float64, be.xp)
-        layer.setup([b], [t])
-        layer.forward([b], [t])
-        if dy is None:
-            dy = RNG.standard_normal(t.shape)
-        t.diff[...] = be.xp.asarray(dy)
-        layer.backward([t], [True], [b])
-        results.append((np.array(t.cpu_data()), np.array(b.cpu_diff())))
-    for a, b in zip(*results):
+    top, diff, dy = forward_backward_on("cpu", body(3, method), x, RNG)
+    for a, b in zip((top, diff), forward_backward_on("numpy", body(3, method), x, RNG, dy)):
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
