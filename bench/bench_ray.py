@@ -21,6 +21,8 @@ the driver's solver), and its links carry at most S x B / (2M) updates per secon
 
     updates/s(N) = min(N / (T + 2M/B + c), S / t_apply, S B / (2M))
 
+(cct/optimizer/cluster.py's ``updates_per_second``, which ``cct plan --cluster`` plans with)
+
 Checked against LeNet measured here with a ray.cluster_utils.Cluster of 1 and 2 one-CPU nodes
 (on one 2-core machine the nodes share its memory bus, so B is the object store's measured
 copy rate), then printed for N = 1..64 at a stated bandwidth (``--bandwidth``, default 1.25
@@ -32,7 +34,6 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 import time
@@ -44,6 +45,8 @@ sys.path.append(str(REPO))
 
 from bench.bench_momentum import cpu_model  # noqa: E402
 from bench.bench_train import NETS, default_zoo, num_classes, train_net_param  # noqa: E402
+from cct.optimizer.cluster import apply_seconds  # noqa: E402
+from cct.optimizer.cluster import updates_per_second as predict  # noqa: E402
 
 OVERHEAD_NETS = ("lenet", "cifar10_quick", "caffenet_b32")
 
@@ -103,16 +106,6 @@ def overhead_run(name: str, zoo: str, engine: str, updates: int) -> dict:
         solver.close()
 
 
-def apply_seconds(solver) -> float:
-    """One update of the whole model with the solver's rule, here (what a single shard does)."""
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        solver.apply_update(log_rate=False)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def nodes_run(nodes: int, updates: int) -> dict:
     """LeNet on synthetic data, one group per one-CPU node of a local Cluster: updates/s."""
     import ray
@@ -139,13 +132,6 @@ def nodes_run(nodes: int, updates: int) -> dict:
         solver.close()
         ray.shutdown()
         c.shutdown()
-
-
-def predict(nodes: int, step: float, model_bytes: int, bandwidth: float, overhead: float,
-            apply: float, shards: int = 1) -> float:
-    cycle = step + 2.0 * model_bytes / bandwidth + overhead
-    return min(nodes / cycle, shards / apply if apply > 0 else float("inf"),
-               shards * bandwidth / (2.0 * model_bytes))
 
 
 def spawn(args, job: dict) -> dict:

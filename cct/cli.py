@@ -38,7 +38,9 @@ commands:
   plan            the optimizer's plan for a solver, without training (-solver, -devices,
                   -engine, -target-accuracy, -target-loss, -budget, -probe-share,
                   -bandwidth: each candidate's measured HE, probe and predicted time, the
-                  choice and why, and the advisor's batch, devices and shards)
+                  choice and why, and the advisor's batch, devices and shards;
+                  -cluster=nodes=N,bandwidth=X[,shards=S][,overhead=C] -staleness=...:
+                  the plan for that cluster, HE from the scale-out model, SE simulated)
   test            score a model (-model, -weights, -iterations, -level, -stage)
   time            benchmark forward/backward of a model (-model, -iterations, -phase, -level,
                   -stage)
@@ -333,8 +335,13 @@ def cmd_plan(argv: List[str]) -> int:
 
     flags = Flags("plan", argv, {"solver": "", "devices": "", "engine": "threads",
                                  "target-accuracy": "", "target-loss": "", "budget": "",
-                                 "probe-share": "0.1", "bandwidth": "1.25e9"})
+                                 "probe-share": "0.1", "bandwidth": "1.25e9", "cluster": "",
+                                 "staleness": "round-robin"})
     solver_path = _require(flags, "solver", "Need a solver definition to plan.")
+    cluster = None
+    if flags.get("cluster"):
+        from .optimizer.cluster import parse_cluster
+        cluster = parse_cluster(flags.get("cluster"))
     param = read_solver_text(solver_path)
     param.snapshot = 0
     param.snapshot_after_train = False
@@ -342,11 +349,23 @@ def cmd_plan(argv: List[str]) -> int:
     solver = Solver(param, solver_path)
     optimizer = None
     try:
-        optimizer = Optimizer(solver, **_optimize_args(flags), engine=flags.get("engine"),
-                              devices=devices)
+        kw = {"engine": flags.get("engine"), "devices": devices}
+        if cluster is not None:
+            # HE from the scale-out model, SE from the simulated engine with one group a node.
+            from .optimizer.cluster import ClusterModel, apply_seconds
+            from .params import ParamSet
+            model = ClusterModel(cluster, ParamSet.of_net(solver.net).nbytes,
+                                 apply_seconds(solver))
+            kw = {"engine": "simulated", "groups": cluster.groups(), "he_model": model,
+                  "staleness": flags.get("staleness")}
+        optimizer = Optimizer(solver, **_optimize_args(flags), **kw)
         plan = optimizer.make_plan()
+        if cluster is not None:
+            for line in model.lines():
+                log.info("optimizer.py:0", line)
         optimizer.log_plan(plan)
-        advise(solver, devices, step_seconds=plan.winner.he, bandwidth=flags.float("bandwidth"))
+        bandwidth = cluster.bandwidth if cluster is not None else flags.float("bandwidth")
+        advise(solver, devices, step_seconds=plan.winner.he, bandwidth=bandwidth)
     finally:
         if optimizer is not None:
             optimizer.close()

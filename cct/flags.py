@@ -79,6 +79,8 @@ DESCRIPTIONS: Dict[str, str] = {
                     "known, else max_iter/10).",
     "bandwidth": "cct: plan's link bandwidth in bytes/s for the store-shard advice "
                  "(assumed, 10 Gbit/s by default).",
+    "cluster": "cct: plan for a cluster: nodes=N,bandwidth=BYTES_PER_S[,shards=S]"
+               "[,overhead=SECONDS]; HE from the scale-out model, SE from the simulated engine.",
     "momentum": "cct: the momentum to use instead of the solver's (auto with async).",
     "seed": "cct: the seed of a simulated run's exponential staleness.",
     "allow-negative-momentum": "cct: let -momentum=auto go below zero.",

@@ -62,8 +62,10 @@ class CurveFit:
             return 0.0
         if self.c <= 1e-6 or target <= 0:
             return math.inf
-        t_star = (self.a / target) ** (1.0 / self.c)
-        return max(0.0, t_star - self.t_last)
+        log_t = math.log(self.a / target) / self.c
+        if log_t > 700.0:           # a nearly flat curve: beyond any float, never
+            return math.inf
+        return max(0.0, math.exp(log_t) - self.t_last)
 
 
 def fit_power_law(losses: Sequence[float], start_iter: int = 0) -> CurveFit:

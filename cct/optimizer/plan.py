@@ -45,7 +45,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import CCTError
 from ..glog import info, quiet
@@ -119,7 +119,9 @@ def _clip_mu(mu: float) -> float:
 class Optimizer:
     """Plans and drives a solver's training (see the module doc). ``engine`` and ``devices``
     are the driver's for configurations of several groups; ``groups`` the group counts to
-    consider (default 1, 2, 4, ... up to the cores or devices)."""
+    consider (default 1, 2, 4, ... up to the cores or devices); ``he_model`` maps a candidate
+    and the seconds per iteration measured here to the HE to plan with (a cluster's, from
+    :class:`~.cluster.ClusterModel`)."""
 
     def __init__(self, solver, *, target_loss: Optional[float] = None,
                  target_accuracy: Optional[float] = None, budget: Optional[float] = None,
@@ -128,7 +130,8 @@ class Optimizer:
                  lr_multiples: Sequence[float] = LR_MULTIPLES,
                  momentum_offsets: Sequence[float] = MOMENTUM_OFFSETS,
                  probe_iters: Optional[int] = None, retune_every: Optional[int] = None,
-                 he_iters: int = 6, staleness: str = "round-robin"):
+                 he_iters: int = 6, staleness: str = "round-robin",
+                 he_model: Optional[Callable[[Candidate, float], float]] = None):
         if target_loss is not None and target_accuracy is not None:
             raise CCTError("give --target-loss or --target-accuracy, not both")
         if not 0 < probe_share < 1:
@@ -151,6 +154,7 @@ class Optimizer:
         self.retune_every = retune_every
         self.he_iters = max(2, he_iters)
         self.staleness = staleness
+        self.he_model = he_model
         self.he: Dict[Tuple[str, int, int], float] = {}
         self.implicit: Dict[Tuple[str, int, int], float] = {}
         self.current: Optional[Candidate] = None
@@ -232,9 +236,11 @@ class Optimizer:
             self.solver.step(iters)
 
     # -- branches ----------------------------------------------------------------------------
-    def _branch(self, cand: Candidate, iters: int) -> Tuple[List[Tuple[float, float]], bool]:
-        """Run ``cand`` for ``iters`` iterations on a branch of the run and throw the branch
-        away: the (time, smoothed loss) of each iteration and whether it diverged. The
+    def _branch(self, cand: Candidate, iters: int,
+                seconds: Optional[float] = None) -> Tuple[List[Tuple[float, float]], bool]:
+        """Run ``cand`` for ``iters`` iterations (with ``seconds``: chunks of ``iters`` until
+        that much wall time has passed, Omnivore's probes) on a branch of the run and throw the
+        branch away: the (time, smoothed loss) of each iteration and whether it diverged. The
         solver's configuration and state are as before afterwards."""
         s = self.solver
         saved = {k: getattr(s.param, k) for k in ("test_interval", "display", "snapshot",
@@ -250,7 +256,10 @@ class Optimizer:
             with quiet():
                 self.configure(cand)
                 try:
+                    began = time.perf_counter()
                     self._step(iters)
+                    while seconds is not None and time.perf_counter() - began < seconds:
+                        self._step(iters)
                 except CCTError as e:
                     if "loss is" not in str(e):
                         raise
@@ -281,6 +290,8 @@ class Optimizer:
                 self.he[key] = (times[-1] - times[0]) / (len(times) - 1)
             else:
                 self.he[key] = math.inf
+            if self.he_model is not None:
+                self.he[key] = self.he_model(cand, self.he[key])
             self.implicit.setdefault(key, 0.0)
         cand.he = self.he[key]
         return cand.he
