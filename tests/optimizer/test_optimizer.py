@@ -130,3 +130,21 @@ def test_without_target_runs_to_max_iter(data_list, tmp_path, capfd):  # noqa: F
                      "--retune-every", "1000"]) == 0
     err = capfd.readouterr().err
     assert "Iteration 50, loss" in err and "stopped early" not in err
+
+
+def test_an_optimized_runs_snapshots_are_caffe_files_and_resume(data_list, tmp_path,  # noqa: F811
+                                                                 capfd):
+    from cct.io import solverstate
+    from cct.io.weights import load_weights
+    path = _solver_file(data_list, tmp_path, max_iter=60, display=10, snapshot=20)
+    assert cli.main(["train", "-solver", path, "--optimize", "-engine", "simulated",
+                     "--retune-every", "30"]) == 0
+    prefix = str(tmp_path / "snap")
+    weights = load_weights(f"{prefix}_iter_40.caffemodel")      # Caffe's NetParameter
+    assert set(weights) >= {"conv", "ip", "ip2"}
+    state = solverstate.read_solver_state(f"{prefix}_iter_40.solverstate")
+    assert state["iter"] == 40
+    capfd.readouterr()
+    assert cli.main(["train", "-solver", path, "-snapshot", f"{prefix}_iter_40.solverstate"]) == 0
+    err = capfd.readouterr().err
+    assert "Resuming from" in err and "Iteration 60, loss" in err
