@@ -29,7 +29,6 @@ import argparse
 import json
 import pathlib
 import statistics
-import subprocess
 import sys
 import time
 
@@ -40,6 +39,7 @@ sys.path.append(str(REPO))
 
 from bench.bench_momentum import cpu_model, default_data_dir, mnist_lmdbs  # noqa: E402
 from bench.bench_momentum import evaluate, solver_param  # noqa: E402
+from bench.worker import run_worker  # noqa: E402
 from bench.bench_train import (NETS, default_zoo, sgd_update, synthetic_net,  # noqa: E402
                                timed_iterations)
 
@@ -141,12 +141,7 @@ def spawn(args, config: str) -> dict:
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", config,
            "--data-dir", args.data_dir, "--cap", str(args.cap), "--every", str(args.every),
            "--kill-iters", str(args.kill_iters)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = "\n".join(proc.stderr.splitlines()[-15:])
-    raise SystemExit(f"bench: {config} failed (exit {proc.returncode}):\n{tail}")
+    return run_worker(cmd, config)
 
 
 def main(argv=None) -> None:

@@ -18,7 +18,6 @@ import argparse
 import json
 import pathlib
 import statistics
-import subprocess
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -27,6 +26,7 @@ sys.path.append(str(HERE.parent))   # after the installed cct (see bench_train.p
 
 from bench_train import (NETS, default_zoo, machine, sgd_update, synthetic_net,  # noqa: E402
                          timed_iterations)
+from worker import run_worker  # noqa: E402
 
 DEFAULT_NETS = "caffenet_b256,cifar10_quick"
 
@@ -58,12 +58,7 @@ def spawn(net: str, devices: str, args) -> dict:
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", devices,
            "--nets", net, "--zoo", args.zoo, "--iters", str(args.iters), "--warmup",
            str(args.warmup)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = "\n".join(proc.stderr.splitlines()[-15:])
-    raise SystemExit(f"bench: {net} on {devices} failed (exit {proc.returncode}):\n{tail}")
+    return run_worker(cmd, f"{net} on {devices}")
 
 
 def main(argv=None) -> None:

@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import time
 
@@ -45,6 +44,7 @@ sys.path.append(str(REPO))
 
 from bench.bench_momentum import cpu_model  # noqa: E402
 from bench.bench_train import NETS, default_zoo, num_classes, train_net_param  # noqa: E402
+from bench.worker import one_thread_env, run_worker  # noqa: E402
 from cct.optimizer.cluster import apply_seconds  # noqa: E402
 from cct.optimizer.cluster import updates_per_second as predict  # noqa: E402
 
@@ -135,14 +135,8 @@ def nodes_run(nodes: int, updates: int) -> dict:
 
 
 def spawn(args, job: dict) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--worker",
-                           json.dumps(job)], capture_output=True, text=True, env=env)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise SystemExit(f"bench: {job} failed (exit {proc.returncode}):\n"
-                     + "\n".join(proc.stderr.splitlines()[-15:]))
+    return run_worker([sys.executable, str(pathlib.Path(__file__).resolve()), "--worker",
+                       json.dumps(job)], str(job), one_thread_env())
 
 
 def main(argv=None) -> None:

@@ -37,7 +37,6 @@ import json
 import math
 import os
 import pathlib
-import subprocess
 import sys
 import time
 from typing import List, Optional
@@ -49,6 +48,7 @@ sys.path.append(str(REPO))
 
 from bench.bench_momentum import cpu_model, default_data_dir, mnist_lmdbs  # noqa: E402
 from bench.bench_momentum import solver_param as lenet_solver  # noqa: E402
+from bench.worker import one_thread_env, run_worker  # noqa: E402
 
 STRATEGIES = ("sync", "async", "hogbatch", "adaptive-hogbatch", "sma")
 SETTINGS = ("real", "simulated")
@@ -214,15 +214,9 @@ def first(curve: List[dict], done) -> Optional[dict]:
 
 
 def spawn(job: dict) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--worker",
-                           json.dumps(job)], capture_output=True, text=True, env=env)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = "\n".join(proc.stderr.splitlines()[-15:])
-    raise SystemExit(f"bench: {job['work']} {job['setting']} {job['strategy']} failed "
-                     f"(exit {proc.returncode}):\n{tail}")
+    return run_worker([sys.executable, str(pathlib.Path(__file__).resolve()), "--worker",
+                       json.dumps(job)], f"{job['work']} {job['setting']} {job['strategy']}",
+                      one_thread_env())
 
 
 def report(runs: List[dict], args) -> List[str]:

@@ -34,7 +34,6 @@ import json
 import math
 import os
 import pathlib
-import subprocess
 import sys
 import time
 from typing import List, Optional
@@ -46,6 +45,7 @@ sys.path.append(str(REPO))
 
 from bench.bench_momentum import cpu_model, default_data_dir, mnist_lmdbs, write_json  # noqa: E402
 from bench.bench_momentum import solver_param as lenet_solver  # noqa: E402
+from bench.worker import run_worker  # noqa: E402
 from bench.bench_strategies import cifar_h5, cifar_solver, evaluate, first  # noqa: E402
 from bench.bench_train import default_zoo  # noqa: E402
 
@@ -116,14 +116,8 @@ def run_one(job: dict) -> dict:
 
 
 def spawn(job: dict) -> dict:
-    proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--worker",
-                           json.dumps(job)], capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = "\n".join(proc.stderr.splitlines()[-15:])
-    raise SystemExit(f"bench: {job['work']} {job['arm']} failed (exit {proc.returncode}):\n"
-                     f"{tail}")
+    return run_worker([sys.executable, str(pathlib.Path(__file__).resolve()), "--worker",
+                       json.dumps(job)], f"{job['work']} {job['arm']}")
 
 
 def report(runs: List[dict], args) -> List[str]:

@@ -25,7 +25,6 @@ import os
 import pathlib
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
@@ -33,6 +32,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 # After the installed packages: `import cct` is the installed cct (whose compiled _C a source
 # checkout lacks after a non-editable install); the repository gives only the `bench` package.
 sys.path.append(str(REPO))
+
+from bench.worker import run_worker  # noqa: E402
 
 # name: (prototxt under caffe-zoo, batch)
 NETS = {
@@ -363,12 +364,7 @@ def spawn(kind: str, net: str, args) -> dict:
            "--zoo", str(args.zoo), "--iters", str(args.iters), "--warmup", str(args.warmup)]
     if args.batch:
         cmd += ["--batch", str(args.batch)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = "\n".join(proc.stderr.splitlines()[-15:])
-    raise SystemExit(f"bench: the {kind} run of {net} failed (exit {proc.returncode}):\n{tail}")
+    return run_worker(cmd, f"the {kind} run of {net}")
 
 
 def machine() -> str:
