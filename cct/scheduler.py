@@ -475,9 +475,10 @@ class HybridScheduler:
         batch's gradient (Caffe's Net::ForwardBackward, spread over the devices)."""
         m = self.master
         next_batch(m, self.sources)
-        batch = self._batch_size()
-        if batch != self.batch:       # the master's Input was given another batch (a driver
-            self.batch = batch        # group's batch re-sized): split it by the speeds known
+        if self.source_tops[0][1].shape[0] != self.batch:
+            # The master's Input was given another batch (a driver group's batch re-sized):
+            # check the tops agree, and split it by the speeds known.
+            batch = self.batch = self._batch_size()
             if self.split is not None:
                 if self.fixed_split is not None:
                     raise DeviceError(f"the batch changed to {batch}: the fixed split "

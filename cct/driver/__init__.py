@@ -275,17 +275,11 @@ class Driver:
 
     def compute_loss(self) -> float:
         """The final display's loss, on the train net (the store's weights), as Caffe's."""
-        self._gather()
+        self.engine.gather()
         return self.solver.net.forward_prefilled()
 
-    def _gather(self) -> None:
-        """The store's weights where the solver reads them (Ray: from the shards)."""
-        gather = getattr(self.engine, "gather", None)
-        if gather is not None:
-            gather()
-
     def pull_statistics(self) -> None:
-        self._gather()
+        self.engine.gather()
         if self.groups:
             self.groups[0].copy_statistics_to(self.solver.net)
 
@@ -295,9 +289,7 @@ class Driver:
         run's were restored with its snapshot)."""
         for g in self.groups:
             g.copy_statistics_from(self.solver.net)
-        scatter = getattr(self.engine, "scatter", None)
-        if scatter is not None:
-            scatter()
+        self.engine.scatter()
         if self.sma is not None and not self._restored:
             for g in self.groups:     # learners restart from z: the snapshot has none of theirs
                 self.solver.params.copy_weights_to(g.params)
@@ -307,9 +299,7 @@ class Driver:
         for g in self.groups:
             g.close()
         self.groups = []
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        self.engine.close()
 
     # -- what snapshots keep -----------------------------------------------------------------
     @staticmethod

@@ -118,7 +118,25 @@ def _loop(store, groups, updates, pending, start, finished, result, observer) ->
                 _start(start, groups, group, pending)
 
 
-class ThreadEngine:
+class Engine:
+    """What every engine offers besides ``run`` (and ``compute_all`` for SMA's rounds): the
+    store's weights where the solver reads them (``gather``, before tests and snapshots),
+    restored weights back to where the groups read them (``scatter``), and ``close``. An
+    in-process store is the solver's own params: nothing to move."""
+
+    round_seconds = 0.0      # the last compute_all's duration (virtual when simulated)
+
+    def gather(self) -> None:
+        """The solver's params are the store's."""
+
+    def scatter(self) -> None:
+        """The groups pull the solver's params."""
+
+    def close(self) -> None:
+        """Nothing of its own to release."""
+
+
+class ThreadEngine(Engine):
     name = "threads"
 
     def run(self, store, groups: List[Group], updates: int, observer=None) -> None:
@@ -152,7 +170,7 @@ class ThreadEngine:
         return losses
 
 
-class SimulatedEngine:
+class SimulatedEngine(Engine):
     """See the module doc. Its state (the schedule's, each group's read version and the
     weights it read) goes with a snapshot, so a resumed simulated run repeats the
     uninterrupted one exactly: the weights into ``<state>.cct.groups.npz``."""

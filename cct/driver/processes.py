@@ -28,7 +28,7 @@ from ..net import Net
 from ..params import ParamSet, StoreBlob
 from ..proto import caffe_pb2
 from ..scheduler import replica_param
-from .engines import _dropped, _results, wait_any
+from .engines import Engine, _dropped, _results, wait_any
 from .groups import show_outputs
 
 _STARTUP_SECONDS = 300
@@ -221,7 +221,7 @@ class ProcessGroup:
         self.shm.unlink()
 
 
-class ProcessEngine:
+class ProcessEngine(Engine):
     name = "processes"
 
     def run(self, store, groups: List[ProcessGroup], updates: int, observer=None) -> None:

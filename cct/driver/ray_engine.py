@@ -39,6 +39,7 @@ import numpy as np
 
 from ..errors import CCTError
 from ..glog import info, warning
+from .engines import Engine, wait_any
 from .groups import show_outputs
 
 SRC = "driver.cpp:0"
@@ -356,7 +357,7 @@ class RayGroup:
             pass
 
 
-class RayEngine:
+class RayEngine(Engine):
     """The engine interface (``run``) over Ray actors; see the module doc."""
 
     name = "ray"
@@ -522,7 +523,6 @@ class RayEngine:
         return self.solver.iter
 
     def run(self, store, groups: List[RayGroup], updates: int, observer=None) -> None:
-        from .engines import wait_any
         ray = self.ray
 
         def finished(heads):

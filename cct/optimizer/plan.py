@@ -357,13 +357,7 @@ class Optimizer:
                 diverged_at: List[Tuple[float, float]] = []
                 for c in grid:
                     c.he = he
-                    why = self._pruned(c, prev, centre, diverged_at)
-                    if why:
-                        c.status = "pruned: " + why
-                    else:
-                        self.probe(c, plan.probe_iters)
-                        if c.fit.diverged:
-                            diverged_at.append((c.lr, c.momentum))
+                    self._probe_unless_pruned(c, prev, centre, diverged_at, plan.probe_iters)
                     plan.candidates.append(c)
                 best_here = self._score(plan, [c for c in grid if c.status == "kept"])
                 if best_here is not None and batch == self.batches[0]:
@@ -379,6 +373,17 @@ class Optimizer:
         plan.probe_seconds = time.perf_counter() - began
         self.plan = plan
         return plan
+
+    def _probe_unless_pruned(self, c: Candidate, prev: Optional[Candidate], centre: float,
+                             diverged_at: List[Tuple[float, float]], iters: int) -> None:
+        """Mark ``c`` pruned (and why), or probe it, noting where probes diverged."""
+        why = self._pruned(c, prev, centre, diverged_at)
+        if why:
+            c.status = "pruned: " + why
+            return
+        self.probe(c, iters)
+        if c.fit.diverged:
+            diverged_at.append((c.lr, c.momentum))
 
     def _pruned(self, c: Candidate, prev: Optional[Candidate], centre: float,
                 diverged_at: List[Tuple[float, float]]) -> str:
@@ -505,13 +510,7 @@ class Optimizer:
         for c in _unique([self._candidate(cur.groups, cur.batch, lr, cur.momentum + o)
                           for lr in (cur.lr / 3.0, cur.lr) for o in self.momentum_offsets]):
             c.he = he
-            why_pruned = self._pruned(c, None, cur.momentum, diverged_at)
-            if why_pruned:
-                c.status = "pruned: " + why_pruned
-            else:
-                self.probe(c, plan.probe_iters)
-                if c.fit.diverged:
-                    diverged_at.append((c.lr, c.momentum))
+            self._probe_unless_pruned(c, None, cur.momentum, diverged_at, plan.probe_iters)
             plan.candidates.append(c)
         best = self._score(plan, [c for c in plan.candidates if c.status == "kept"])
         if best is None:
