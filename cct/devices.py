@@ -26,13 +26,23 @@ from .errors import CCTError, SourceLost
 from .net import Net
 
 
-def configure_blas(devices: Sequence["Device"]) -> None:
+def configure_blas(devices: Sequence["Device"]) -> int:
     """Devices that run at once on CPU cores: the BLAS's thread count, one number for the
     process, becomes the smallest group's, so that no device's GEMMs spread beyond its own
-    cores (OpenBLAS's worker threads are not pinned with the device's thread)."""
+    cores (OpenBLAS's worker threads are not pinned with the device's thread). Returns the
+    count it replaced: whoever called it gives that back when its devices close, because
+    OpenBLAS rounds differently with another thread count and a later run in the same process
+    must repeat to the bit."""
+    before = _C.blas_num_threads()
     cpus = [d for d in devices if isinstance(d, CPUDevice)]
     if cpus:
         _C.set_blas_num_threads(min(d.threads for d in cpus))
+    return before
+
+
+def restore_blas(before: int) -> None:
+    """Give back the BLAS thread count that :func:`configure_blas` replaced."""
+    _C.set_blas_num_threads(before)
 
 
 class DeviceError(SourceLost):

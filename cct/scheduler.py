@@ -40,7 +40,7 @@ import numpy as np
 
 from . import glog
 from .devices import (CPUDevice, Device, DeviceError, GPUDevice, available_cores,
-                      configure_blas, parse_devices)
+                      configure_blas, parse_devices, restore_blas)
 from .errors import CCTError
 from .params import GradientSource, NetSource
 from .proto import caffe_pb2
@@ -206,7 +206,7 @@ class HybridScheduler:
         m = master
         self.updated_ids = [m.learnable_param_ids[k] for k in range(len(m.learnable_params))
                             if m.params_lr[k] != 0]
-        configure_blas(self.devices)
+        self.blas_threads_before = configure_blas(self.devices)
         self.replicas: List[_Replica] = [self._make_replica(d) for d in self.devices]
         self._free_master_activations()
         self.split: Optional[List[int]] = None
@@ -544,3 +544,6 @@ class HybridScheduler:
         for r in self.replicas:
             r.net.close()
             r.device.close()
+        if self.blas_threads_before is not None:
+            restore_blas(self.blas_threads_before)
+            self.blas_threads_before = None

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
-from ..devices import CPUDevice, Device, available_cores, configure_blas, parse_devices
+from ..devices import (CPUDevice, Device, available_cores, configure_blas, parse_devices,
+                       restore_blas)
 from ..errors import CCTError
 from ..glog import info
 from ..io.atomic import load_arrays, save_arrays
@@ -135,10 +136,11 @@ class Driver:
         self.feeder = BatchFeeder(solver.net)
         self.iter_size = solver.param.iter_size
         self.places = None
+        self.blas_threads_before = None
         if engine == "threads":
             self.engine = ThreadEngine()
             self.places = group_devices(groups, devices)
-            configure_blas([d for p in self.places for d in p])
+            self.blas_threads_before = configure_blas([d for p in self.places for d in p])
         elif engine == "processes":
             self.engine = ProcessEngine()
             places = group_devices(groups, devices)
@@ -300,6 +302,9 @@ class Driver:
             g.close()
         self.groups = []
         self.engine.close()
+        if self.blas_threads_before is not None:
+            restore_blas(self.blas_threads_before)
+            self.blas_threads_before = None
 
     # -- what snapshots keep -----------------------------------------------------------------
     @staticmethod

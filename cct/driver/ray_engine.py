@@ -320,11 +320,12 @@ class RayGroup:
             if self.restarts_left <= 0:
                 raise RuntimeError(f"the actor died and has no restarts left: "
                                    f"{type(err).__name__}") from None
-            try:
-                where = e.ray.get(self.actor.where.remote(), timeout=_RESTART_SECONDS)
-            except errors.RayError as again:
-                raise RuntimeError(f"the actor died ({type(err).__name__}) and did not come "
-                                   f"back: {type(again).__name__}") from None
+            where = self._where_after_restart(err)
+            if tuple(where) == (self.pid, self.node):
+                # The actor lives: a store shard it read its weights from died under the step.
+                warning(SRC, f"{self.name}: its step lost its weights ({type(err).__name__}: a "
+                        f"store shard restarting); its batch is lost")
+                return None
             self._restarted(where, f"its batch is lost ({type(err).__name__})")
             return None
         if tuple(where) != (self.pid, self.node):
@@ -334,6 +335,23 @@ class RayGroup:
         self.grad_refs = list(self.pending_grads)
         show_outputs(e.master, outputs)
         return loss
+
+    def _where_after_restart(self, err) -> tuple:
+        """Where Ray brought the actor back. A call made while it is still restarting may fail
+        too (ActorUnavailableError, or ActorDiedError before Ray has noticed the death): ask
+        again until it answers or the restart deadline passes."""
+        errors = self.engine.ray.exceptions
+        deadline = time.monotonic() + _RESTART_SECONDS
+        while True:
+            try:
+                left = max(deadline - time.monotonic(), 1.0)
+                return self.engine.ray.get(self.actor.where.remote(), timeout=left)
+            except errors.RayError as again:
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"the actor died ({type(err).__name__}) and did not "
+                                       f"come back in {_RESTART_SECONDS} s: "
+                                       f"{type(again).__name__}") from None
+                time.sleep(0.2)
 
     def _restarted(self, where, lost: str) -> None:
         old = self.pid

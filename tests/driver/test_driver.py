@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cct.api import Solver
-from cct.devices import CPUDevice
+from cct.devices import CPUDevice, available_cores
 from cct.driver import (AsyncDriver, MomentumPolicy, StalenessStats, group_devices,
                         implicit_momentum, schedule)
 from cct.errors import CCTError
@@ -139,6 +139,25 @@ def test_a_failing_group_is_dropped_and_training_goes_on(data_list, tmp_path, ca
     finally:
         driver.close()
         solver.close()
+
+
+def test_a_closed_driver_gives_the_blas_thread_count_back(data_list, tmp_path, capfd):  # noqa: F811
+    """OpenBLAS rounds differently with another thread count: two groups of one core each set
+    it to 1 while they run, and a plain run after them in the same process must see the count
+    it had before, and repeat its weights to the bit."""
+    from cct import _C
+    param = solver_param(data_list, tmp_path)
+    want_params, _ = plain(param, capfd, 3)
+    before = _C.blas_num_threads()
+    solver = Solver(param)
+    driver = AsyncDriver(solver, groups=2, engine="threads")
+    assert _C.blas_num_threads() == 1 or len(available_cores()) < 2
+    driver.close()
+    solver.close()
+    assert _C.blas_num_threads() == before
+    got_params, _ = plain(param, capfd, 3)
+    for a, b in zip(want_params, got_params):
+        assert np.array_equal(a, b)
 
 
 def test_staleness_distribution_is_kept_with_the_snapshot(data_list, tmp_path, capfd):  # noqa: F811
