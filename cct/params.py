@@ -10,11 +10,21 @@ these machines first-touch of fresh memory costs about 20x a copy.
 """
 from __future__ import annotations
 
-from typing import List, Protocol, Sequence
+from typing import Collection, List, Protocol, Sequence
 
 import numpy as np
 
 from .backend import get as get_backend
+
+
+def statistics_positions(net) -> List[int]:
+    """Positions in ``net.learnable_params`` of what a forward pass changes rather than an
+    update: BatchNorm's running mean, variance and factor (Caffe masks them with lr_mult 0).
+    Replicas of a net each keep their own, as each of Caffe's multi-GPU solvers does; the train
+    net takes the first replica's for tests and snapshots."""
+    running = {id(b) for layer in net.layers if layer.layer_param.type == "BatchNorm"
+               for b in layer.blobs}
+    return [k for k, b in enumerate(net.learnable_params) if id(b) in running]
 
 
 class ParamSet:
@@ -55,9 +65,10 @@ class ParamSet:
     def gradients(self) -> List:
         return [b.diff for b in self.blobs]
 
-    def copy_weights_to(self, other: "ParamSet") -> None:
-        for mine, theirs in zip(self.blobs, other.blobs):
-            _copy(theirs.data, mine.data)
+    def copy_weights_to(self, other: "ParamSet", skip: Collection[int] = ()) -> None:
+        for k, (mine, theirs) in enumerate(zip(self.blobs, other.blobs)):
+            if k not in skip:
+                _copy(theirs.data, mine.data)
 
     def set_weights(self, arrays: Sequence) -> None:
         for b, a in zip(self.blobs, arrays):

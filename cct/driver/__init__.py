@@ -114,6 +114,8 @@ class Driver:
             if learners == "auto":
                 if self.speeds:
                     count = len(self.speeds)
+                elif engine == "ray":      # Ray's CPUs are the cluster's: one per --groups
+                    count = groups
                 elif devices is None:
                     count = len(available_cores())
                 else:
@@ -151,9 +153,6 @@ class Driver:
             for d in (d for p in places for d in p):
                 d.close()           # only their cores are used: each group is a process
         elif engine == "ray":
-            if strategy == "sma":
-                raise CCTError("--strategy=sma runs on the threads, processes and simulated "
-                               "engines (its learners keep replicas of their own); not on ray")
             if devices is not None:
                 raise CCTError("--engine=ray places each group on a Ray node by its CPUs: give "
                                "no --devices")
@@ -162,7 +161,8 @@ class Driver:
                 raise CCTError("--ray-data=local fixes each group's batch in its data layer: "
                                "adaptive-hogbatch needs --ray-data=ship")
             self.engine = RayEngine(solver, self.feeder, ray_address, ps_shards,
-                                    ray_group_restarts, data=ray_data)
+                                    ray_group_restarts, data=ray_data,
+                                    replicas=strategy == "sma")
         else:
             self.engine = SimulatedEngine(staleness, seed, trace, self.speeds)
         self.groups: List = []
@@ -244,6 +244,8 @@ class Driver:
             if index >= len(self.places):
                 place = [CPUDevice(d.cores) for d in place]   # its own thread, same cores
             return Group(index, self.feeder, place, self.iter_size, self.group_seed, batch)
+        if self.engine_name == "ray":
+            return self.engine.add_group(index, batch)
         if self.engine_name == "processes":
             return ProcessGroup(index, self.feeder, self.cores[index % len(self.cores)],
                                 self.iter_size, self.group_seed, batch,

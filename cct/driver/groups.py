@@ -19,8 +19,19 @@ from ..devices import Device
 from ..errors import CCTError
 from ..glog import quiet
 from ..net import Net
-from ..params import NetSource, ParamSet
+from ..params import NetSource, ParamSet, statistics_positions
 from ..scheduler import HybridScheduler, next_batch, replica_param, source_layers
+
+
+def unlearned_params(net) -> List:
+    """The params of ``net`` that no update changes and a group keeps its own of: BatchNorm's
+    running averages (which its forward passes move), params that are not learnable (owners
+    only; shared ones are the same arrays). A group's replica of the train net has them in the
+    same order (its data layers, replaced by Input layers, have none)."""
+    learnable = {id(b) for b in net.learnable_params}
+    return ([net.learnable_params[k] for k in statistics_positions(net)]
+            + [p for p, owner in zip(net.params_list, net.param_owners)
+               if id(p) not in learnable and owner < 0])
 
 
 def show_outputs(master, values: Sequence[np.ndarray]) -> None:
@@ -223,13 +234,8 @@ class Group:
         return loss / self.iter_size
 
     def _unlearned(self, master):
-        """(this net's, the train net's) params that no update touches: BatchNorm's running
-        averages, lr_mult 0 params (owners only; shared ones are the same arrays)."""
-        learnable = {id(b) for b in self.net.learnable_params}
-        for mine, theirs, owner in zip(self.net.params_list, master.params_list,
-                                       master.param_owners):
-            if id(mine) not in learnable and owner < 0:
-                yield mine, theirs
+        """(this net's, the train net's) params that no update touches."""
+        return zip(unlearned_params(self.net), unlearned_params(master))
 
     def copy_statistics_to(self, master) -> None:
         """What only this group's net holds back into the train net, for tests and

@@ -25,11 +25,11 @@ from .. import _C, glog
 from ..backend import get as get_backend, plans
 from ..errors import CCTError
 from ..net import Net
-from ..params import ParamSet, StoreBlob
+from ..params import ParamSet, StoreBlob, statistics_positions
 from ..proto import caffe_pb2
 from ..scheduler import replica_param
 from .engines import Engine, _dropped, _results, wait_any
-from .groups import show_outputs
+from .groups import show_outputs, unlearned_params
 
 _STARTUP_SECONDS = 300
 
@@ -80,15 +80,24 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
         weights, grads, batches = layout.arrays(shm.buf)
         inputs = [net.blobs_list[i] for i in net.input_blob_indices]
         outputs = [net.blobs_list[b] for b in net.output_blob_indices]
+        own = set(statistics_positions(net))       # its running statistics: not pulled
         conn.send(("ready", os.getpid()))
         while True:
             msg, table, n = conn.recv()
             if msg == "stop":
                 break
+            if msg == "statistics":        # BatchNorm's running averages, to the driver
+                conn.send(("statistics", [np.array(p.data) for p in unlearned_params(net)]))
+                continue
+            if msg == "load_statistics":   # a restored train net's, from the driver
+                for p, a in zip(unlearned_params(net), table):
+                    p.data[...] = a
+                continue
             if table is not None:
                 plans.install(table)   # the driver's plans (a resumed run's side file's)
-            for blob, w in zip(net.learnable_params, weights):
-                blob.data[...] = w
+            for k, (blob, w) in enumerate(zip(net.learnable_params, weights)):
+                if k not in own:
+                    blob.data[...] = w
             net.clear_param_diffs()
             loss = 0.0
             for batch in batches:
@@ -175,22 +184,28 @@ class ProcessGroup:
         for batch in self.batches:
             self.feeder.feed_arrays(batch, self.batch, self.index)
         # The kernels' plans round differently: the group runs the driver's (first step only).
+        self._ask(("step", None if self.sent_plans else plans.table(), self.batch))
+        self.sent_plans = True
+
+    def _ask(self, message) -> None:
         try:
-            self.conn.send(("step", None if self.sent_plans else plans.table(), self.batch))
+            self.conn.send(message)
         except OSError as e:        # BrokenPipeError: the process is gone
             self.process.join(1)
             raise RuntimeError(f"the process ended (exit code {self.process.exitcode}): "
                                f"{type(e).__name__}") from None
-        self.sent_plans = True
 
-    def result(self) -> float:
-        """The loss of the step just finished; RuntimeError when the process died."""
+    def _answer(self) -> tuple:
         try:
-            kind, *payload = self.conn.recv()
+            return self.conn.recv()
         except (EOFError, OSError) as e:
             self.process.join(1)
             raise RuntimeError(f"the process ended (exit code {self.process.exitcode}): "
                                f"{type(e).__name__}") from None
+
+    def result(self) -> float:
+        """The loss of the step just finished; RuntimeError when the process died."""
+        kind, *payload = self._answer()
         if kind == "error":
             raise CCTError(payload[0])
         self.seconds = time.perf_counter() - self._started
@@ -199,11 +214,23 @@ class ProcessGroup:
         return loss
 
     def copy_statistics_to(self, master) -> None:
-        """BatchNorm's running averages stay in the group processes: tests and snapshots see
-        the train net's own (a known limit of this engine)."""
+        """What only this group's net holds (BatchNorm's running averages) back into the
+        train net, for tests and snapshots (between steps: the pipe is idle)."""
+        ours = unlearned_params(master)
+        if not ours:
+            return
+        self._ask(("statistics", None, 0))
+        kind, arrays = self._answer()
+        for p, a in zip(ours, arrays):
+            p.data[...] = a
 
     def copy_statistics_from(self, master) -> None:
-        """The process built its net from the train net's param; nothing to send after."""
+        """The train net's (restored) unlearned params into the group's net."""
+        ours = unlearned_params(master)
+        if ours:
+            if self.pid is None:
+                self.wait_ready()
+            self._ask(("load_statistics", [np.array(p.data) for p in ours], 0))
 
     def close(self) -> None:
         try:

@@ -22,6 +22,12 @@ each an actor, so the same strategies run across machines (``--engine=ray``).
   readable where the driver runs), in the order groups ask, as the other engines do;
   ``local``: each group's own Data layer reads the LMDB where the group runs, group k of g
   starting k/g of the way into it (every node must see the path; batches stay fixed).
+* **SMA** (``replicas=True``): the learners' replicas, their histories, the central model and
+  the averaging stay in the driver, where cct/driver/sma.py runs them as on every engine; a
+  round ships each learner actor its replica's weights and takes back one gradient, and there
+  are no store shards. A learner added by ``--learners=auto`` beyond the first ones reserves
+  no CPU of its own: it shares the cluster's cores, as added learners share their device's
+  elsewhere (an actor asking for a core that is not free would wait for it forever).
 
 The driver's solver keeps the loop (tests, display, lr policy, snapshots): before a test or a
 snapshot the shards' params and history are gathered into it, so snapshots are ordinary Caffe
@@ -39,8 +45,9 @@ import numpy as np
 
 from ..errors import CCTError
 from ..glog import info, warning
-from .engines import Engine, wait_any
-from .groups import show_outputs
+from ..params import ParamSet, statistics_positions
+from .engines import Engine, _results, wait_any
+from .groups import show_outputs, unlearned_params
 
 SRC = "driver.cpp:0"
 _RESTART_SECONDS = 300       # how long a group actor may take to come back after a failure
@@ -186,6 +193,7 @@ class GroupWorker:
         self.inputs = [self.net.blobs_list[i] for i in self.net.input_blob_indices]
         self.outputs = [self.net.blobs_list[b] for b in self.net.output_blob_indices]
         self.bounds = bounds
+        self.own = set(statistics_positions(self.net))   # its running statistics: not pulled
         self.clip = clip
         self.local = part is not None
         if self.local:                 # its own part of the database, read on this node
@@ -199,6 +207,14 @@ class GroupWorker:
         import ray
         return os.getpid(), ray.get_runtime_context().get_node_id()[:8]
 
+    def statistics(self) -> List[np.ndarray]:
+        """What no update touches (BatchNorm's running averages), for the driver's net."""
+        return [np.array(p.data) for p in unlearned_params(self.net)]
+
+    def load_statistics(self, arrays: List[np.ndarray]) -> None:
+        for p, a in zip(unlearned_params(self.net), arrays):
+            p.data[...] = a
+
     def step(self, table, batches, *shard_weights):
         """(loss, outputs), then the gradient of each shard's params."""
         from ..backend import plans
@@ -207,7 +223,8 @@ class GroupWorker:
         params = self.net.learnable_params
         for positions, weights in zip(self.bounds, shard_weights):
             for i, w in zip(positions, weights):
-                params[i].data[...] = w
+                if i not in self.own:
+                    params[i].data[...] = w
         self.net.clear_param_diffs()
         loss = 0.0
         for batch in batches:
@@ -256,7 +273,8 @@ class RemoteGradients:
 class RayGroup:
     """The driver's handle on one group actor."""
 
-    def __init__(self, engine: "RayEngine", index: int, batch: int, restarts: int):
+    def __init__(self, engine: "RayEngine", index: int, batch: int, restarts: int,
+                 cpus: float):
         self.engine = engine
         self.index = index
         self.batch = batch
@@ -270,8 +288,10 @@ class RayGroup:
         self.started = 0.0
         self.net = engine.master        # whose output blobs the log reads back
         self.pushed = None
-        self.params = RemoteGradients(engine, self)
-        self.actor = engine.new_group_actor(index)
+        # SMA's learner: its replica (weights, and the gradient its actor sends back) is here.
+        self.replica = ParamSet.copy_of(engine.solver.params) if engine.replicas else None
+        self.params = self.replica if self.replica is not None else RemoteGradients(engine, self)
+        self.actor = engine.new_group_actor(index, batch, cpus)
         self.pid, self.node = engine.ray.get(self.actor.where.remote())
         self.inputs = [[np.empty((batch,) + tuple(t.shape[1:]), t.dtype.type)
                         for t in engine.feeder.tops] for _ in range(engine.iter_size)]
@@ -296,10 +316,13 @@ class RayGroup:
                                  for a in arrays]
                 e.feeder.feed_arrays(arrays, self.batch, self.index)
             batches = self.inputs
-        weights = [s.weights.remote() for s in e.shards]
+        if self.replica is not None:
+            weights = [e.ray.put(self.replica.weights())]
+        else:
+            weights = [s.weights.remote() for s in e.shards]
         table = None if self.sent_plans else e.plan_table()
         self.sent_plans = True
-        refs = self.actor.step.options(num_returns=1 + len(e.shards)).remote(
+        refs = self.actor.step.options(num_returns=1 + len(e.bounds)).remote(
             table, batches, *weights)
         self.head, self.pending_grads = refs[0], refs[1:]
         self.seq += 1
@@ -333,6 +356,8 @@ class RayGroup:
             self._restarted(where, "no batch was lost")
         self.seconds = time.perf_counter() - self.started
         self.grad_refs = list(self.pending_grads)
+        if self.replica is not None:
+            self.replica.set_gradients(e.ray.get(self.grad_refs.pop()))
         show_outputs(e.master, outputs)
         return loss
 
@@ -363,10 +388,20 @@ class RayGroup:
                 f"left); {lost}")
 
     def copy_statistics_to(self, master) -> None:
-        """BatchNorm's running averages stay in the group actors (as with processes)."""
+        """What only the actor's net holds (BatchNorm's running averages) back into the
+        train net, for tests and snapshots."""
+        ours = unlearned_params(master)
+        if ours:
+            arrays = self.engine.ray.get(self.actor.statistics.remote())
+            for p, a in zip(ours, arrays):
+                p.data[...] = a
 
     def copy_statistics_from(self, master) -> None:
-        """The actor built its net from the train net's param."""
+        """The train net's (restored) unlearned params into the actor's net."""
+        ours = unlearned_params(master)
+        if ours:
+            self.engine.ray.get(self.actor.load_statistics.remote(
+                [np.array(p.data) for p in ours]))
 
     def close(self) -> None:
         try:
@@ -382,7 +417,7 @@ class RayEngine(Engine):
 
     def __init__(self, solver, feeder, address: Optional[str] = None, shards="auto",
                  group_restarts: int = 3, checkpoint_every: int = 100,
-                 cpus_per_group: float = 1.0, data: str = "ship"):
+                 cpus_per_group: float = 1.0, data: str = "ship", replicas: bool = False):
         if data not in ("ship", "local"):
             raise CCTError(f"--ray-data must be ship (the driver reads the database and ships "
                            f"batches) or local (each group reads its part where it runs), got "
@@ -410,13 +445,23 @@ class RayEngine(Engine):
         self.group_restarts = group_restarts
         self.cpus = cpus_per_group
         self.checkpoint_every = checkpoint_every
+        self.replicas = replicas
         params = solver.params
         nbytes = [int(np.prod(b.shape)) * np.dtype(b.dtype).itemsize for b in params.blobs]
         self.model_bytes = sum(nbytes)
-        self.n_shards = self._shard_count(shards)
-        self.bounds = shard_bounds(nbytes, self.n_shards)
         self._held: List = []
-        self.shards = [self._new_shard(k, pos) for k, pos in enumerate(self.bounds)]
+        if replicas:
+            self.n_shards = 0
+            self.bounds = [list(range(len(nbytes)))]    # a learner's gradient: one part
+            info(SRC, "SMA on Ray: the learners' replicas, the central model and the averaging "
+                 "stay in the driver; each round ships every learner actor its replica's "
+                 f"weights ({self.model_bytes} bytes) and takes its gradient back; no store "
+                 "shards")
+        else:
+            self.n_shards = self._shard_count(shards)
+            self.bounds = shard_bounds(nbytes, self.n_shards)
+        self.shards = [self._new_shard(k, pos) for k, pos in enumerate(self.bounds[
+            :self.n_shards])]
         self.places = [ray.get(s.where.remote())[:2] for s in self.shards]
         for k, (pos, (pid, node)) in enumerate(zip(self.bounds, self.places)):
             info(SRC, f"Store shard {k} (pid {pid}, node {node}): params {pos[0]}-{pos[-1]}, "
@@ -501,11 +546,10 @@ class RayEngine(Engine):
                             [p.decay_mult[i] for i in positions],
                             self._checkpoint_path(k), self.checkpoint_every)
 
-    def new_group_actor(self, index: int):
+    def new_group_actor(self, index: int, batch: int, cpus: float):
         from ..backend import plans
         from ..proto import caffe_pb2
         from ..scheduler import replica_param
-        batch = self._batches[index] or self.feeder.batch
         part = None
         if self.local_data:
             param = caffe_pb2.NetParameter()
@@ -516,11 +560,11 @@ class RayEngine(Engine):
                     raise CCTError(f"--ray-data=local reads Data layers' LMDBs; layer "
                                    f"'{lp.name}' is {lp.type}: use --ray-data=ship")
                 lp.data_param.batch_size = batch
-            part = index / len(self._batches)
+            part = index % len(self._batches) / len(self._batches)
         else:
             param = replica_param(self.master, self.feeder.sources, batch)
         actor = self.ray.remote(GroupWorker).options(
-            num_cpus=self.cpus, max_restarts=self.group_restarts, max_task_retries=0)
+            num_cpus=cpus, max_restarts=self.group_restarts, max_task_retries=0)
         seed = (self.solver.param.random_seed if self.solver.param.random_seed >= 0
                 else None)
         return actor.remote(index, param.SerializeToString(), self.master.dtype.str, seed,
@@ -529,8 +573,12 @@ class RayEngine(Engine):
 
     def make_groups(self, batches: Sequence[Optional[int]]) -> List[RayGroup]:
         self._batches = list(batches)
-        return [RayGroup(self, k, b or self.feeder.batch, self.group_restarts)
+        return [RayGroup(self, k, b or self.feeder.batch, self.group_restarts, self.cpus)
                 for k, b in enumerate(batches)]
+
+    def add_group(self, index: int, batch: int) -> RayGroup:
+        """One more learner (SMA's autotune): it shares the cores (see the module doc)."""
+        return RayGroup(self, index, batch, self.group_restarts, 0)
 
     def plan_table(self):
         from ..backend import plans
@@ -551,6 +599,24 @@ class RayEngine(Engine):
                  result=lambda _, g: g.result(), drain=lambda pending: None,
                  observer=observer)
         self.check_shards()
+
+    def compute_all(self, groups: List[RayGroup]) -> List[float]:
+        """Every learner's gradient on its replica (SMA's round), all at once; a learner whose
+        actor Ray restarted takes the next batch, one that is gone for good is dropped."""
+        began = time.perf_counter()
+        for g in list(groups):      # in order: the learners' batches do not depend on timing
+            g.start()
+
+        def loss_of(g: RayGroup) -> float:
+            loss = g.result()
+            while loss is None:
+                g.start()
+                loss = g.result()
+            return loss
+
+        losses = _results(groups, [(g, lambda g=g: loss_of(g)) for g in list(groups)])
+        self.round_seconds = time.perf_counter() - began
+        return losses
 
     def check_shards(self) -> None:
         """Log every shard that was restarted since the last check, and the updates lost."""

@@ -14,7 +14,7 @@ import threading
 from typing import List, Optional, Tuple
 
 from ..glog import info
-from ..params import ParamSet
+from ..params import ParamSet, statistics_positions
 from .staleness import StalenessStats, implicit_momentum
 
 
@@ -53,6 +53,8 @@ class ParameterStore:
                  stats: Optional[StalenessStats] = None):
         self.solver = solver
         self.params: ParamSet = solver.params
+        # A group keeps its own running statistics (BatchNorm's): a pull leaves them.
+        self.statistics = frozenset(statistics_positions(solver.net))
         self.momentum = momentum
         self.stats = stats or StalenessStats()
         self.lock = threading.Lock()
@@ -66,7 +68,7 @@ class ParameterStore:
     def pull(self, into: ParamSet) -> int:
         """Copy the weights into a group's params; the version read."""
         with self.lock:
-            self.params.copy_weights_to(into)
+            self.params.copy_weights_to(into, skip=self.statistics)
             return self.solver.iter
 
     def fc_step(self, net, first_fc: int, fc: List[int], gradients: ParamSet) -> float:

@@ -42,6 +42,33 @@ def driven(param, capfd, iters, **kw):
 
 
 @pytest.mark.parametrize("engine", ["threads", "simulated"])
+def test_one_groups_batchnorm_statistics_are_plain_trainings(data_list, tmp_path,  # noqa: F811
+                                                            engine):
+    """A group keeps its own running averages (a pull leaves them, as each of Caffe's
+    multi-GPU solvers keeps its own); the train net takes group 0's for tests and snapshots."""
+    from cct.driver.groups import unlearned_params
+    param = solver_param(data_list, tmp_path, batch_norm=True, display=0)
+    got = []
+    for kw in (None, dict(groups=1, engine=engine)):
+        solver = Solver(param)
+        driver = None if kw is None else AsyncDriver(solver, **kw)
+        try:
+            if driver is None:
+                solver.step(5)
+            else:
+                driver.step(5)
+                driver.pull_statistics()
+            got.append([p.data.copy() for p in unlearned_params(solver.net)])
+        finally:
+            if driver is not None:
+                driver.close()
+            solver.close()
+    assert len(got[0]) == 3 and float(got[0][2][0]) > 0    # mean, variance, factor
+    for a, b in zip(*got):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("engine", ["threads", "simulated"])
 def test_one_group_is_plain_training_bit_for_bit(data_list, tmp_path, capfd, engine):  # noqa: F811
     param = solver_param(data_list, tmp_path)
     want_params, want_losses = plain(param, capfd, 6)
@@ -189,6 +216,41 @@ def test_processes_engine_one_group_is_plain_training(data_list, tmp_path, capfd
     assert got_losses == want_losses
     for a, b in zip(want_params, got_params):
         assert np.array_equal(a, b)
+
+
+def test_processes_engine_brings_batchnorm_statistics_back_and_resumes_them(  # noqa: F811
+        data_list, tmp_path, capfd):
+    from cct.driver.groups import unlearned_params
+    param = solver_param(data_list, tmp_path, batch_norm=True, display=0)
+    solver = Solver(param)
+    try:
+        solver.step(6)
+        want = [p.data.copy() for p in unlearned_params(solver.net)]
+        want_params = params_of(solver)
+    finally:
+        solver.close()
+    assert want and any(np.abs(w).sum() > 0 for w in want)
+    solver = Solver(param)
+    driver = AsyncDriver(solver, groups=1, engine="processes", devices="cpu")
+    try:
+        driver.step(3)
+        solver.snapshot()       # the group process's running averages go into the snapshot
+    finally:
+        driver.close()
+        solver.close()
+    solver = Solver(param)
+    driver = AsyncDriver(solver, groups=1, engine="processes", devices="cpu")
+    try:
+        solver.restore(str(tmp_path / "snap_iter_3.solverstate"))   # and back to the process
+        driver.step(3)
+        driver.pull_statistics()
+        for a, b in zip(want, [p.data for p in unlearned_params(solver.net)]):
+            assert np.array_equal(a, b)
+        for a, b in zip(want_params, params_of(solver)):
+            assert np.array_equal(a, b)
+    finally:
+        driver.close()
+        solver.close()
 
 
 def test_a_killed_group_process_is_dropped_and_training_reaches_the_end(data_list, tmp_path,  # noqa: F811

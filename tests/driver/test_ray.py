@@ -80,6 +80,25 @@ def test_one_ray_group_gives_the_threads_engines_losses(cluster, data_list, tmp_
         assert np.array_equal(a, b)
 
 
+def test_ray_groups_bring_batchnorm_statistics_back(cluster, data_list, tmp_path):  # noqa: F811
+    from cct.driver.groups import unlearned_params
+    param = solver_param(data_list, tmp_path, batch_norm=True, display=0)
+    got = []
+    for kw in (dict(engine="threads", devices="cpu:1"), dict(engine="ray", ps_shards=1)):
+        solver = Solver(param)
+        driver = Driver(solver, groups=1, **kw)
+        try:
+            driver.step(4)
+            driver.pull_statistics()
+            got.append([p.data.copy() for p in unlearned_params(solver.net)])
+        finally:
+            driver.close()
+            solver.close()
+    assert got[0] and any(np.abs(w).sum() > 0 for w in got[0])
+    for a, b in zip(*got):
+        assert np.array_equal(a, b)
+
+
 def test_lenet_reaches_975_on_two_nodes_through_a_killed_group_and_shard(
         cluster, caffe_fixtures, tmp_path, capfd):
     from .test_strategies_mnist import lenet
@@ -266,3 +285,89 @@ def test_a_retried_push_is_applied_once(cluster, tmp_path):
     assert ray.get(shard.push.remote(1, 1, grad, 0.1, 1, 0.0)) == 2     # another group's
     np.testing.assert_allclose(ray.get(shard.weights.remote())[0], 0.8, rtol=1e-6)
     ray.kill(shard)
+
+
+# -- SMA on Ray: the learners' replicas in the driver, their gradients from actors -----------
+def test_sma_on_ray_one_learner_alpha_0_is_the_threads_engines_plain_training(
+        cluster, data_list, tmp_path, capfd):  # noqa: F811
+    param = solver_param(data_list, tmp_path)
+    sma = dict(groups=1, strategy="sma", learners=1, sma_alpha=0.0)
+    solver = Solver(param)
+    driver = Driver(solver, engine="threads", devices="cpu:1", **sma)
+    try:
+        capfd.readouterr()
+        driver.step(6)
+        want_losses = losses(capfd.readouterr().err)
+        want = [np.array(w) for w in driver.groups[0].params.weights()]
+    finally:
+        driver.close()
+        solver.close()
+    solver = Solver(param)
+    z0 = params_of(solver)
+    driver = Driver(solver, engine="ray", **sma)
+    try:
+        assert not driver.engine.shards          # the central model is the driver's solver
+        capfd.readouterr()
+        driver.step(6)
+        assert losses(capfd.readouterr().err) == want_losses and len(want_losses) == 6
+        for a, b in zip(want, driver.groups[0].params.weights()):
+            assert np.array_equal(a, b)          # the learner trains as plain SGD does
+        for a, b in zip(z0, params_of(solver)):
+            assert np.array_equal(a, b)          # alpha 0: z never moves
+    finally:
+        driver.close()
+        solver.close()
+
+
+def test_sma_on_ray_snapshots_resume_exactly_through_a_killed_learner(
+        cluster, data_list, tmp_path, capfd):  # noqa: F811
+    param = solver_param(data_list, tmp_path, display=0, max_iter=12)
+    sma = dict(groups=2, engine="ray", strategy="sma", learners=2, sma_momentum=0.3)
+    whole, _, _ = run(param, capfd, 12, **sma)
+    solver = Solver(param)
+    driver = Driver(solver, **sma)
+    try:
+        driver.step(5)
+        solver.snapshot()
+    finally:
+        driver.close()
+        solver.close()
+    assert (tmp_path / "snap_iter_5.solverstate.cct.sma.npz").exists()
+    solver = Solver(param)
+    driver = Driver(solver, **sma)
+    try:
+        solver.restore(str(tmp_path / "snap_iter_5.solverstate"))
+        driver.step(7)
+        for a, b in zip(whole, params_of(solver)):
+            assert np.array_equal(a, b)          # z, the .caffemodel's weights
+        old = _kill_when(driver, lambda d: d.groups[1].pid, 0)
+        driver.step(4)
+        log = capfd.readouterr().err
+        assert re.search(rf"group 1: the actor \(pid {old}\) died; Ray restarted it", log)
+        assert solver.iter == 16 and len(driver.groups) == 2
+        assert all(np.isfinite(p).all() for p in params_of(solver))
+    finally:
+        driver.close()
+        solver.close()
+
+
+def test_sma_on_ray_learners_auto_adds_learners_sharing_the_cores(cluster, data_list,  # noqa: F811
+                                                                  tmp_path, capfd):
+    param = solver_param(data_list, tmp_path, display=0, max_iter=40)
+    solver = Solver(param)
+    driver = Driver(solver, groups=1, engine="ray", strategy="sma", learners="auto",
+                    batch_sizes=[4])
+    try:
+        driver.step(12)
+        log = capfd.readouterr().err
+        steps = re.findall(r"SMA autotune: (\d) learner\(s\): [\d.]+ records/s.*; "
+                           r"(adding|removing)", log)
+        assert steps and steps[0] == ("1", "adding"), log[-3000:]
+        # Timing decides how far it goes; the learners are what the log says they are.
+        count, action = int(steps[-1][0]), steps[-1][1]
+        assert len(driver.groups) == (count + 1 if action == "adding" else count - 1)
+        assert solver.iter == 12
+        assert all(np.isfinite(p).all() for p in params_of(solver))
+    finally:
+        driver.close()
+        solver.close()
