@@ -104,6 +104,8 @@ setup(
         "Pillow>=9.0",
         # cct train's live progress line on a terminal (cct/progress.py).
         "tqdm>=4.60",
+        # The solver rules other than SGD as fused CPU kernels (cct/backend/jit.py).
+        "numba>=0.59",
     ],
     extras_require={
         # hypothesis drives the fuzzing harness (tests/fuzz).

@@ -38,7 +38,6 @@ import math
 import multiprocessing
 import os
 import pathlib
-import platform
 import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -47,6 +46,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 # After the installed packages: `import cct` is the installed cct (whose compiled _C a source
 # checkout lacks after a non-editable install); the repository gives only the `bench` package.
 sys.path.append(str(REPO))
+from bench.worker import cpu_model  # noqa: E402
 
 MNIST = REPO / "examples" / "mnist"
 SOLVER = MNIST / "lenet_solver.prototxt"
@@ -338,17 +338,6 @@ def plot(runs: List[dict], groups: Sequence[int], momenta: Sequence[str], cap: i
             ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def write_json(path: str, meta: dict, runs: List[dict]) -> None:

@@ -374,14 +374,8 @@ def machine() -> str:
 
     from cct import _C
 
-    model = "unknown CPU"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from bench.worker import cpu_model
+    model = cpu_model()
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
     avx = "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "no AVX2")
     return (f"{model}, {_C.available_cores()} cores available ({avx}), Python "

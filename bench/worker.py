@@ -22,3 +22,16 @@ def run_worker(cmd: List[str], what: str, env: Optional[Dict[str, str]] = None) 
 def one_thread_env() -> Dict[str, str]:
     """This environment with OpenMP and OpenBLAS held to one thread (cct sets its own)."""
     return dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (what bench/RESULTS.md records with every figure)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or "unknown CPU"

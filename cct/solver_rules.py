@@ -29,8 +29,10 @@ momentum2 0.999, delta 1e-8, rms_decay 0.99), h = history set 1, s = set 2::
 The history is laid out as in Caffe's ``.solverstate``: one blob per learnable param in net
 order (set 1), then, for AdaDelta and Adam, one more per param (set 2). Arithmetic is done in
 the params' dtype (float32 like Caffe), in place, with the same rounding steps as Caffe's BLAS
-calls (``axpby`` = scale then add). A rule may also name a fused backend kernel that does regularize, rule and
-``w -= g`` in one pass over memory with the same steps (SGD: ``sgd_update``).
+calls (``axpby`` = scale then add). Each rule is a backend kernel (its row names it) that
+regularizes, applies the rule and does ``w -= g`` for one param: on the CPU in one fused pass
+over memory (SGD in C++, the others in numba: cct/backend/jit.py), elsewhere as the steps one
+by one (cct/backend/array_kernels.py), the same numbers to the bit.
 """
 from __future__ import annotations
 
@@ -157,84 +159,13 @@ class Hyper(NamedTuple):
     t: int                          # iter + 1, the step number (Adam's bias correction)
 
 
-def _sgd(xp, g, h, s, tmp, k: Hyper) -> None:
-    g *= k.local_rate
-    h *= k.momentum
-    h += g
-    g[...] = h
-
-
-def _sgd_fused(backend, w, g, h, k: Hyper, local_decay) -> None:
-    backend.sgd_update(w, g, h, k.local_rate, k.momentum, local_decay)
-
-
-def _nesterov(xp, g, h, s, tmp, k: Hyper) -> None:
-    tmp[0][...] = h
-    g *= k.local_rate
-    h *= k.momentum
-    h += g
-    tmp[0] *= -k.momentum
-    xp.multiply(h, 1 + k.momentum, out=g)
-    g += tmp[0]
-
-
-def _adagrad(xp, g, h, s, tmp, k: Hyper) -> None:
-    u = tmp[0]
-    xp.multiply(g, g, out=u)
-    h += u
-    xp.sqrt(h, out=u)
-    u += k.delta
-    xp.divide(g, u, out=g)
-    g *= k.local_rate
-
-
-def _rmsprop(xp, g, h, s, tmp, k: Hyper) -> None:
-    u = tmp[0]
-    xp.multiply(g, g, out=u)
-    h *= k.rms_decay
-    u *= 1 - k.rms_decay
-    h += u
-    xp.sqrt(h, out=u)
-    u += k.delta
-    xp.divide(g, u, out=g)
-    g *= k.local_rate
-
-
-def _adadelta(xp, g, h, s, tmp, k: Hyper) -> None:
-    u, t = tmp
-    xp.multiply(g, g, out=u)
-    h *= k.momentum
-    u *= 1 - k.momentum
-    h += u
-    xp.add(s, k.delta, out=u)
-    xp.add(h, k.delta, out=t)
-    xp.divide(u, t, out=u)
-    xp.sqrt(u, out=u)
-    g *= u
-    xp.multiply(g, g, out=u)
-    s *= k.momentum
-    u *= 1 - k.momentum
-    s += u
-    g *= k.local_rate
-
-
-def _adam(xp, g, h, s, tmp, k: Hyper) -> None:
-    t = tmp[0]
+def _adam_step(k: Hyper):
+    """local_rate x Adam's bias correction sqrt(1 - b2^t) / (1 - b1^t). std::pow(float, int)
+    is computed in double in Caffe, then the factor is cast to Dtype."""
     b1, b2 = k.momentum, k.momentum2
-    # std::pow(float, int) is computed in double in Caffe, then the factor is cast to Dtype.
     correction = type(b1)(math.sqrt(1.0 - math.pow(float(b2), k.t))
                           / (1.0 - math.pow(float(b1), k.t)))
-    h *= b1
-    xp.multiply(g, 1 - b1, out=t)
-    h += t
-    xp.multiply(g, g, out=t)
-    s *= b2
-    t *= 1 - b2
-    s += t
-    xp.sqrt(s, out=t)
-    t += k.delta
-    xp.divide(h, t, out=t)
-    xp.multiply(t, k.local_rate * correction, out=g)
+    return k.local_rate * correction
 
 
 def _no_momentum(name: str) -> Callable:
@@ -254,25 +185,29 @@ def _check_rmsprop(p: caffe_pb2.SolverParameter) -> Optional[str]:
 
 
 class UpdateRule(NamedTuple):
-    """One row of the rule table."""
+    """One row of the rule table: the backend kernel that applies the rule to one param
+    (regularization, the rule, ``w -= update``; the update value left in the diff) as
+    ``kernel(w, g, history set 1[, set 2], *scalars(Hyper), local_decay)``."""
     type: str               # Caffe's solver type string (SolverParameter.type)
     history_sets: int       # history blobs per learnable param (1 or 2)
-    scratch: int            # temporary arrays per param (Caffe's update_ / temp_)
-    compute: Callable       # (xp, g, h, s, tmp, Hyper) -> None; leaves the update in g
+    kernel: str
+    scalars: Callable       # Hyper -> the kernel's scalars, in the params' dtype
     check: Optional[Callable] = None   # param -> error message or None (sanity check)
-    # (backend, w, g, h, Hyper, local_decay) -> None: L2 regularization, the rule and
-    # w -= update in one backend kernel, leaving the update in g (the same numbers as the
-    # stages one by one); used when regularization_type is L2.
-    fused: Optional[Callable] = None
 
 
 RULES: Dict[str, UpdateRule] = {r.type: r for r in (
-    UpdateRule("SGD", 1, 1, _sgd, fused=_sgd_fused),
-    UpdateRule("Nesterov", 1, 1, _nesterov),
-    UpdateRule("AdaGrad", 1, 1, _adagrad, _no_momentum("AdaGrad")),
-    UpdateRule("RMSProp", 1, 1, _rmsprop, _check_rmsprop),
-    UpdateRule("AdaDelta", 2, 2, _adadelta),
-    UpdateRule("Adam", 2, 1, _adam),
+    UpdateRule("SGD", 1, "sgd_update", lambda k: (k.local_rate, k.momentum)),
+    UpdateRule("Nesterov", 1, "nesterov_update",
+               lambda k: (k.local_rate, k.momentum, 1 + k.momentum)),
+    UpdateRule("AdaGrad", 1, "adagrad_update", lambda k: (k.local_rate, k.delta),
+               _no_momentum("AdaGrad")),
+    UpdateRule("RMSProp", 1, "rmsprop_update",
+               lambda k: (k.local_rate, k.rms_decay, k.delta, 1 - k.rms_decay), _check_rmsprop),
+    UpdateRule("AdaDelta", 2, "adadelta_update",
+               lambda k: (k.local_rate, k.momentum, k.delta, 1 - k.momentum)),
+    UpdateRule("Adam", 2, "adam_update",
+               lambda k: (k.momentum, k.momentum2, k.delta, 1 - k.momentum, 1 - k.momentum2,
+                          _adam_step(k))),
 )}
 
 
@@ -300,7 +235,7 @@ def check_solver_param(param: caffe_pb2.SolverParameter, rule: UpdateRule, sourc
 # The pipeline
 # ------------------------------------------------------------------------------------------------
 class UpdatePipeline:
-    """History and scratch of one solver over a :class:`~cct.params.ParamSet`, and
+    """History of one solver over a :class:`~cct.params.ParamSet`, and
     :meth:`apply` (ApplyUpdate after the rate). The learning rate and the momentum come with
     each call: a schedule, a tuner or a staleness estimate may change them between updates."""
 
@@ -311,13 +246,6 @@ class UpdatePipeline:
         self.history: List = []   # Caffe's history_: set 1 for every param, then set 2
         for _ in range(rule.history_sets):
             self.history.extend(b.xp.zeros(b.shape, b.dtype) for b in params.blobs)
-        self.scratch: List = [None] * len(params)   # allocated at first use
-
-    def _scratch(self, i: int, blob) -> List:
-        if self.scratch[i] is None:
-            self.scratch[i] = [blob.xp.empty(blob.shape, blob.dtype)
-                               for _ in range(max(self.rule.scratch, 1))]
-        return self.scratch[i]
 
     def clip_gradients(self, blobs) -> None:
         clip = self.param.clip_gradients
@@ -353,32 +281,18 @@ class UpdatePipeline:
         n = len(params)
         chosen = range(n) if only is None else sorted(set(only))
         self.clip_gradients([params.blobs[i] for i in chosen])
-        fused = self.rule.fused if p.regularization_type == "L2" else None
-        staged = []
+        kernel = getattr(params.backend, self.rule.kernel)
         for i in chosen:
             blob = params.blobs[i]
-            xp = blob.xp
             dt = blob.dtype.type
             g = blob.diff
             if p.iter_size != 1:
                 g *= dt(1) / dt(p.iter_size)
             local_decay = dt(p.weight_decay) * dt(params.decay_mult[i])
+            if local_decay and p.regularization_type == "L1":
+                g += blob.xp.sign(blob.data) * local_decay
+                local_decay = dt(0)          # the kernel regularizes L2 only
             k = Hyper(local_rate=dt(rate) * dt(params.lr_mult[i]), momentum=dt(momentum),
                       momentum2=dt(p.momentum2), delta=dt(p.delta), rms_decay=dt(p.rms_decay),
                       t=iter_ + 1)
-            if fused is not None:
-                fused(params.backend, blob.data, g, self.history[i], k, local_decay)
-                continue
-            tmp = self._scratch(i, blob)
-            if local_decay:
-                if p.regularization_type == "L2":
-                    xp.multiply(blob.data, local_decay, out=tmp[0])
-                else:
-                    xp.sign(blob.data, out=tmp[0])
-                    tmp[0] *= local_decay
-                g += tmp[0]
-            s = self.history[n + i] if self.rule.history_sets > 1 else None
-            self.rule.compute(xp, g, self.history[i], s, tmp, k)
-            staged.append(blob)
-        for blob in staged:
-            blob.data[...] -= blob.diff
+            kernel(blob.data, g, *self.history[i::n], *self.rule.scalars(k), local_decay)

@@ -508,3 +508,42 @@ def test_snapshot_restore_continues_exactly(tmp_path, kind, fmt):
         np.testing.assert_array_equal(a.data, b.data)
     for a, b in zip(straight.history, resumed.history):
         np.testing.assert_array_equal(a, b)
+
+
+# ------------------------------------------------------------------------------------------------
+# fused kernels (C++ SGD, numba for the others) against the steps one by one
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("decay", [0.0, 5e-4])
+@pytest.mark.parametrize("kind", sorted(RULES))
+def test_fused_kernels_equal_the_steps_one_by_one_to_the_bit(kind, decay, dtype):
+    """The CPU backend's kernel for each rule against the array kernels' steps one by one (the
+    GPU's code, here on NumPy), over several steps on odd shapes with lr_mult and decay_mult,
+    byte for byte; a weight of inf stays inf without NaN when there is no decay."""
+    from cct.backend import get as get_backend
+    from cct.backend.array_kernels import ArrayKernels
+    from cct.params import ParamSet, StoreBlob
+    from cct.solver_rules import UpdatePipeline
+
+    rule = RULES[kind]
+    p = caffe_pb2.SolverParameter(type=kind, weight_decay=decay, delta=1e-6,
+                                  momentum=0.0 if kind in ("AdaGrad", "RMSProp") else 0.9)
+    rs = np.random.RandomState(3)
+    shapes = [(7, 3, 5), (13,), (1,)]
+    start = [rs.randn(*s).astype(dtype) for s in shapes]
+    if decay == 0:
+        start[2][0] = np.inf
+    runs = []
+    for backend in (get_backend("cpu"), ArrayKernels(np)):
+        params = ParamSet([StoreBlob(w.copy()) for w in start], [1.0, 2.0, 0.5],
+                          [1.0, 0.0, 2.0], backend)
+        pipeline = UpdatePipeline(rule, p, params)
+        grads = np.random.RandomState(4)
+        for it in range(4):
+            for b in params.blobs:
+                b.diff[...] = grads.randn(*b.shape)
+            pipeline.apply(0.01, it)
+        runs.append([b.data for b in params.blobs] + [b.diff for b in params.blobs]
+                    + pipeline.history)
+    for fused, steps in zip(*runs):
+        assert fused.tobytes() == steps.tobytes(), (fused, steps)

@@ -39,7 +39,9 @@ KERNELS = ("conv_out_size", "deconv_out_size", "matmul", "conv_forward", "conv_b
            "conv_backward_weight", "bias_backward", "pool_out_size", "max_pool_forward",
            "max_pool_backward", "ave_pool_forward", "ave_pool_backward", "relu_forward",
            "relu_backward", "lrn_across_forward", "lrn_across_backward", "softmax_forward",
-           "softmax_backward", "softmax_loss_forward", "softmax_loss_backward", "sgd_update")
+           "softmax_backward", "softmax_loss_forward", "softmax_loss_backward", "sgd_update",
+           "nesterov_update", "adagrad_update", "rmsprop_update", "adadelta_update",
+           "adam_update")
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _FLT_MIN = float(np.finfo(np.float32).tiny)
@@ -592,24 +594,114 @@ class ArrayKernels:
         return self._result(buf, dest)
 
     # -- solver ------------------------------------------------------------------------------
+    # Caffe's update rules (cct/solver_rules.py's table), in place, each as Caffe's steps one
+    # by one (scale then add, as its axpby): L2 regularization g += local_decay data (0: none),
+    # the rule, which leaves the update value in diff, and data -= diff. The CPU backend runs
+    # the same steps fused (C++ for SGD, numba for the others), to the bit.
+    @staticmethod
+    def _update_dtype(kernel: str, *arrays):
+        dtype = _dtype(arrays[0])
+        if any(a.dtype != dtype for a in arrays):
+            raise TypeError(f"{kernel}: data, diff and history must share one dtype, got "
+                            f"{', '.join(str(a.dtype) for a in arrays)}")
+        if any(a.size != arrays[0].size for a in arrays):
+            raise ValueError(f"{kernel}: data, diff and history have different sizes "
+                             f"({', '.join(str(a.size) for a in arrays)})")
+        return dtype.type
+
+    @staticmethod
+    def _regularize(data, diff, local_decay) -> None:
+        if local_decay:
+            diff += data * local_decay
+
     def sgd_update(self, data, diff, history, local_rate, momentum, local_decay):
-        """SGD with momentum and L2 weight decay, in place: g = local_rate (diff + local_decay
-        data), history = momentum history + g, diff = history, data -= history."""
-        dtype = _dtype(data)
-        if diff.dtype != dtype or history.dtype != dtype:
-            raise TypeError(f"sgd_update: data, diff and history must share one dtype, got "
-                            f"{data.dtype}, {diff.dtype}, {history.dtype}")
-        if not data.size == diff.size == history.size:
-            raise ValueError(f"sgd_update: data, diff and history have different sizes "
-                             f"({data.size}, {diff.size}, {history.size})")
-        dt = dtype.type
-        if dt(local_decay):
-            diff += data * dt(local_decay)
+        """h = momentum h + local_rate g; g = h."""
+        dt = self._update_dtype("sgd_update", data, diff, history)
+        self._regularize(data, diff, dt(local_decay))
         diff *= dt(local_rate)
         history *= dt(momentum)
         history += diff
         diff[...] = history
         data -= history
+
+    def nesterov_update(self, data, diff, history, local_rate, momentum, one_plus_momentum,
+                        local_decay):
+        """h' = momentum h + local_rate g; g = (1 + momentum) h' - momentum h."""
+        dt = self._update_dtype("nesterov_update", data, diff, history)
+        self._regularize(data, diff, dt(local_decay))
+        old = history.copy()
+        diff *= dt(local_rate)
+        history *= dt(momentum)
+        history += diff
+        old *= -dt(momentum)
+        self.xp.multiply(history, dt(one_plus_momentum), out=diff)
+        diff += old
+        data -= diff
+
+    def adagrad_update(self, data, diff, history, local_rate, delta, local_decay):
+        """h += g^2; g = local_rate g / (sqrt(h) + delta)."""
+        dt = self._update_dtype("adagrad_update", data, diff, history)
+        self._regularize(data, diff, dt(local_decay))
+        history += diff * diff
+        u = self.xp.sqrt(history)
+        u += dt(delta)
+        diff /= u
+        diff *= dt(local_rate)
+        data -= diff
+
+    def rmsprop_update(self, data, diff, history, local_rate, rms_decay, delta,
+                       one_minus_decay, local_decay):
+        """h = rms_decay h + (1 - rms_decay) g^2; g = local_rate g / (sqrt(h) + delta)."""
+        dt = self._update_dtype("rmsprop_update", data, diff, history)
+        self._regularize(data, diff, dt(local_decay))
+        u = diff * diff
+        history *= dt(rms_decay)
+        u *= dt(one_minus_decay)
+        history += u
+        self.xp.sqrt(history, out=u)
+        u += dt(delta)
+        diff /= u
+        diff *= dt(local_rate)
+        data -= diff
+
+    def adadelta_update(self, data, diff, history, history2, local_rate, momentum, delta,
+                        one_minus_momentum, local_decay):
+        """h = momentum h + (1 - momentum) g^2; g = g sqrt((s + delta) / (h + delta));
+        s = momentum s + (1 - momentum) g^2; g = local_rate g."""
+        dt = self._update_dtype("adadelta_update", data, diff, history, history2)
+        self._regularize(data, diff, dt(local_decay))
+        u = diff * diff
+        history *= dt(momentum)
+        u *= dt(one_minus_momentum)
+        history += u
+        self.xp.add(history2, dt(delta), out=u)
+        u /= history + dt(delta)
+        self.xp.sqrt(u, out=u)
+        diff *= u
+        self.xp.multiply(diff, diff, out=u)
+        history2 *= dt(momentum)
+        u *= dt(one_minus_momentum)
+        history2 += u
+        diff *= dt(local_rate)
+        data -= diff
+
+    def adam_update(self, data, diff, m, v, beta1, beta2, delta, one_minus_beta1,
+                    one_minus_beta2, step, local_decay):
+        """m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; g = step m / (sqrt(v) + delta),
+        step = local_rate x the bias correction (cct/solver_rules.py)."""
+        dt = self._update_dtype("adam_update", data, diff, m, v)
+        self._regularize(data, diff, dt(local_decay))
+        m *= dt(beta1)
+        m += diff * dt(one_minus_beta1)
+        u = diff * diff
+        v *= dt(beta2)
+        u *= dt(one_minus_beta2)
+        v += u
+        self.xp.sqrt(v, out=u)
+        u += dt(delta)
+        self.xp.divide(m, u, out=u)
+        self.xp.multiply(u, dt(step), out=diff)
+        data -= diff
 
 
 def _to_host(a) -> np.ndarray:

@@ -352,3 +352,44 @@ def sgd_update(data, diff, history, local_rate, momentum, local_decay) -> None:
     history = momentum history + g, diff = history, data -= history. The three arrays must be
     C-contiguous, of one dtype (a blob's data and diff and its history are)."""
     _C.sgd_update(data, diff, history, float(local_rate), float(momentum), float(local_decay))
+
+
+# The other solver rules, fused, in numba (cct/backend/jit.py, imported on first use): the
+# param's arrays, the rule's scalars (in its dtype, from cct/solver_rules.py's table), the decay.
+def _jit_update(rule: str, arrays, scalars, local_decay) -> None:
+    from . import jit
+    dt = _dtype(arrays[0])
+    for a in arrays:
+        if a.dtype != dt or not a.flags.c_contiguous or a.size != arrays[0].size:
+            raise ValueError(f"{rule}_update: the arrays must be C-contiguous, of one dtype and "
+                             f"size; got {[(x.dtype.name, x.size) for x in arrays]}")
+    getattr(jit, rule)(*(a.reshape(-1) for a in arrays), *(dt.type(v) for v in scalars),
+                       dt.type(local_decay))
+
+
+def nesterov_update(data, diff, history, local_rate, momentum, one_plus_momentum,
+                    local_decay) -> None:
+    _jit_update("nesterov", (data, diff, history),
+                (local_rate, momentum, one_plus_momentum), local_decay)
+
+
+def adagrad_update(data, diff, history, local_rate, delta, local_decay) -> None:
+    _jit_update("adagrad", (data, diff, history), (local_rate, delta), local_decay)
+
+
+def rmsprop_update(data, diff, history, local_rate, rms_decay, delta, one_minus_decay,
+                   local_decay) -> None:
+    _jit_update("rmsprop", (data, diff, history),
+                (local_rate, rms_decay, delta, one_minus_decay), local_decay)
+
+
+def adadelta_update(data, diff, history, history2, local_rate, momentum, delta,
+                    one_minus_momentum, local_decay) -> None:
+    _jit_update("adadelta", (data, diff, history, history2),
+                (local_rate, momentum, delta, one_minus_momentum), local_decay)
+
+
+def adam_update(data, diff, m, v, beta1, beta2, delta, one_minus_beta1, one_minus_beta2, step,
+                local_decay) -> None:
+    _jit_update("adam", (data, diff, m, v),
+                (beta1, beta2, delta, one_minus_beta1, one_minus_beta2, step), local_decay)
