@@ -29,7 +29,7 @@ from ..params import ParamSet, StoreBlob, statistics_positions
 from ..proto import caffe_pb2
 from ..scheduler import replica_param
 from .engines import Engine, _dropped, _results, wait_any
-from .groups import show_outputs, unlearned_params
+from .groups import show_outputs
 
 _STARTUP_SECONDS = 300
 
@@ -86,12 +86,9 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
             msg, table, n = conn.recv()
             if msg == "stop":
                 break
-            if msg == "statistics":        # BatchNorm's running averages, to the driver
-                conn.send(("statistics", [np.array(p.data) for p in unlearned_params(net)]))
-                continue
             if msg == "load_statistics":   # a restored train net's, from the driver
-                for p, a in zip(unlearned_params(net), table):
-                    p.data[...] = a
+                for k, a in zip(sorted(own), table):
+                    net.learnable_params[k].data[...] = a
                 continue
             if table is not None:
                 plans.install(table)   # the driver's plans (a resumed run's side file's)
@@ -108,6 +105,8 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
                 loss += net.forward_backward()
             for blob, g in zip(net.learnable_params, grads):
                 g[...] = blob.diff
+            for k in own:      # its running statistics, where the driver reads them
+                weights[k][...] = net.learnable_params[k].data
             plans.persist()
             conn.send(("done", loss / len(batches), [np.array(o.data) for o in outputs]))
     except CCTError as e:       # the user's net or data: the driver stops the run with it
@@ -139,6 +138,9 @@ class ProcessGroup:
                          iter_size, master.dtype)
         self.shm = shared_memory.SharedMemory(create=True, size=layout.nbytes)
         self.weights, self.grads, self.batches = layout.arrays(self.shm.buf)
+        self.statistics = statistics_positions(master)   # the process's own (BatchNorm's)
+        for k in self.statistics:
+            self.weights[k][...] = master.learnable_params[k].data
         # The weights are this group's own copy (an SMA learner updates it in place).
         self.params = ParamSet([StoreBlob.pair(w, g) for w, g in zip(self.weights, self.grads)],
                                master.params_lr, master.params_weight_decay,
@@ -195,17 +197,14 @@ class ProcessGroup:
             raise RuntimeError(f"the process ended (exit code {self.process.exitcode}): "
                                f"{type(e).__name__}") from None
 
-    def _answer(self) -> tuple:
+    def result(self) -> float:
+        """The loss of the step just finished; RuntimeError when the process died."""
         try:
-            return self.conn.recv()
+            kind, *payload = self.conn.recv()
         except (EOFError, OSError) as e:
             self.process.join(1)
             raise RuntimeError(f"the process ended (exit code {self.process.exitcode}): "
                                f"{type(e).__name__}") from None
-
-    def result(self) -> float:
-        """The loss of the step just finished; RuntimeError when the process died."""
-        kind, *payload = self._answer()
         if kind == "error":
             raise CCTError(payload[0])
         self.seconds = time.perf_counter() - self._started
@@ -215,22 +214,21 @@ class ProcessGroup:
 
     def copy_statistics_to(self, master) -> None:
         """What only this group's net holds (BatchNorm's running averages) back into the
-        train net, for tests and snapshots (between steps: the pipe is idle)."""
-        ours = unlearned_params(master)
-        if not ours:
-            return
-        self._ask(("statistics", None, 0))
-        kind, arrays = self._answer()
-        for p, a in zip(ours, arrays):
-            p.data[...] = a
+        train net, for tests and snapshots: the process leaves them in its block's weights
+        after each step (a test may come while it computes: no message on its pipe)."""
+        for k in self.statistics:
+            master.learnable_params[k].data[...] = self.weights[k]
 
     def copy_statistics_from(self, master) -> None:
-        """The train net's (restored) unlearned params into the group's net."""
-        ours = unlearned_params(master)
-        if ours:
+        """The train net's (restored) running statistics into the group's net (between
+        steps, when a snapshot is restored)."""
+        if self.statistics:
+            for k in self.statistics:
+                self.weights[k][...] = master.learnable_params[k].data
             if self.pid is None:
                 self.wait_ready()
-            self._ask(("load_statistics", [np.array(p.data) for p in ours], 0))
+            self._ask(("load_statistics", [np.array(self.weights[k])
+                                           for k in self.statistics], 0))
 
     def close(self) -> None:
         try:

@@ -251,6 +251,17 @@ def test_processes_engine_brings_batchnorm_statistics_back_and_resumes_them(  # 
     finally:
         driver.close()
         solver.close()
+    # Snapshots due while another group computes read the statistics from its block.
+    param = solver_param(data_list, tmp_path, batch_norm=True, display=0, snapshot=2)
+    solver = Solver(param)
+    driver = AsyncDriver(solver, groups=2, engine="processes", devices="cpu:1,cpu:1")
+    try:
+        driver.step(6)
+        assert solver.iter == 6 and (tmp_path / "snap_iter_6.caffemodel").exists()
+        assert float(solver.net.layer_dict["bn"].blobs[2].data[0]) > 0
+    finally:
+        driver.close()
+        solver.close()
 
 
 def test_a_killed_group_process_is_dropped_and_training_reaches_the_end(data_list, tmp_path,  # noqa: F811
