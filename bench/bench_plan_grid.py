@@ -2,7 +2,7 @@
 (issue 12's second target: within 10% of the grid's best, at under 25% of the grid's cost).
 
     python bench/bench_plan_grid.py [--nodes 8] [--bandwidth 1.25e9] [--overhead 0.01]
-                                    [--loss 0.1] [--cap 3000]
+                                    [--loss 0.1] [--cap 3000] [--plan-only]
 
 Work: LeNet (examples/mnist/lenet_solver.prototxt: base_lr 0.01, inv, momentum 0.9; average_loss
 20 so that "reached" is not one lucky batch) on mnist10k, to a smoothed training loss of
@@ -78,6 +78,9 @@ def main(argv=None) -> int:
     ap.add_argument("--loss", type=float, default=0.1)
     ap.add_argument("--cap", type=int, default=3000)
     ap.add_argument("--data-dir", default=str(default_data_dir()))
+    ap.add_argument("--plan-only", action="store_true",
+                    help="the plan, its choice and its cost, without the grid (which does "
+                         "not change with the optimizer: compare with a recorded one)")
     args = ap.parse_args(argv)
 
     from cct import glog
@@ -114,6 +117,13 @@ def main(argv=None) -> int:
           f"{plan.probe_iters} iterations each")
     for line in model.lines():
         print("# " + line)
+    print(f"# plan: {plan.reason}; its cost {plan_cost:.4g} modeled s, {plan_wall:.3g} s "
+          f"wall here")
+    if args.plan_only:
+        for i, c in enumerate(plan.candidates):
+            print(f"#   {i}: {c.describe()}: predicted {c.seconds} s ({c.iters} iterations): "
+                  f"{c.status}")
+        return 0
     print()
     print("| # | groups | lr | momentum | modeled HE s/iter | plan's status | iterations to "
           "loss | modeled s to loss | wall s here |")
