@@ -38,7 +38,7 @@ class ParamSet:
         self.blobs = list(blobs)
         self.lr_mult = [float(m) for m in lr_mult]
         self.decay_mult = [float(m) for m in decay_mult]
-        self.backend = backend
+        self.backend = backend if backend is not None else get_backend("cpu")
 
     @classmethod
     def of_net(cls, net) -> "ParamSet":
