@@ -25,13 +25,10 @@ from ..scheduler import HybridScheduler, next_batch, replica_param, source_layer
 
 def unlearned_params(net) -> List:
     """The params of ``net`` that no update changes and a group keeps its own of: BatchNorm's
-    running averages (which its forward passes move), params that are not learnable (owners
-    only; shared ones are the same arrays). A group's replica of the train net has them in the
-    same order (its data layers, replaced by Input layers, have none)."""
-    learnable = {id(b) for b in net.learnable_params}
-    return ([net.learnable_params[k] for k in statistics_positions(net)]
-            + [p for p, owner in zip(net.params_list, net.param_owners)
-               if id(p) not in learnable and owner < 0])
+    running averages, which its forward passes move (every other param a net owns is
+    learnable, as in Caffe). A group's replica of the train net has them in the same order
+    (its data layers, replaced by Input layers, have none)."""
+    return [net.learnable_params[k] for k in statistics_positions(net)]
 
 
 def show_outputs(master, values: Sequence[np.ndarray]) -> None:

@@ -50,6 +50,18 @@ def run(param, capfd, iters, **kw):
         solver.close()
 
 
+def _snapshot_after(param, iters, **kw):
+    """Train ``iters`` updates with a driver, snapshot, and close everything."""
+    solver = Solver(param)
+    driver = Driver(solver, **kw)
+    try:
+        driver.step(iters)
+        solver.snapshot()
+    finally:
+        driver.close()
+        solver.close()
+
+
 def test_shards_split_by_bytes_and_the_auto_rule():
     assert shard_bounds([100, 100, 100, 100], 2) == [[0, 1], [2, 3]]
     assert shard_bounds([10, 1000, 10], 2) == [[0], [1, 2]]   # by each param's middle
@@ -209,14 +221,7 @@ def test_ray_snapshots_are_caffe_files_and_resume_exactly(cluster, data_list, tm
                                                           capfd):
     param = solver_param(data_list, tmp_path, display=0, max_iter=12)
     whole, _, _ = run(param, capfd, 12, groups=1, engine="ray", ps_shards=2)
-    solver = Solver(param)
-    driver = Driver(solver, groups=1, engine="ray", ps_shards=2)
-    try:
-        driver.step(5)
-        solver.snapshot()
-    finally:
-        driver.close()
-        solver.close()
+    _snapshot_after(param, 5, groups=1, engine="ray", ps_shards=2)
     from cct.io.weights import load_weights
     assert load_weights(str(tmp_path / "snap_iter_5.caffemodel"))["conv"]
     solver = Solver(param)
@@ -324,14 +329,7 @@ def test_sma_on_ray_snapshots_resume_exactly_through_a_killed_learner(
     param = solver_param(data_list, tmp_path, display=0, max_iter=12)
     sma = dict(groups=2, engine="ray", strategy="sma", learners=2, sma_momentum=0.3)
     whole, _, _ = run(param, capfd, 12, **sma)
-    solver = Solver(param)
-    driver = Driver(solver, **sma)
-    try:
-        driver.step(5)
-        solver.snapshot()
-    finally:
-        driver.close()
-        solver.close()
+    _snapshot_after(param, 5, **sma)
     assert (tmp_path / "snap_iter_5.solverstate.cct.sma.npz").exists()
     solver = Solver(param)
     driver = Driver(solver, **sma)
