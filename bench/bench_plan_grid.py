@@ -109,12 +109,12 @@ def main(argv=None) -> int:
     probed = [c for c in plan.candidates if not c.status.startswith("pruned") or
               c.status == "pruned: diverged"]
     measured = {c.config: he_of[id(c)] for c in plan.candidates if c.he is not None}
-    plan_cost = (sum(plan.probe_iters * he_of[id(c)] for c in probed)
+    plan_cost = (sum(c.probed * he_of[id(c)] for c in probed)
                  + sum((2 + opt.he_iters) * he for he in measured.values()))
 
     print(f"# {cpu_model()}; cluster {cluster.describe()}; LeNet to smoothed loss "
-          f"{args.loss:g}; plan: {len(plan.candidates)} candidates, {len(probed)} probed for "
-          f"{plan.probe_iters} iterations each")
+          f"{args.loss:g}; plan: {len(plan.candidates)} candidates, {len(probed)} probed, "
+          f"halving rounds {', '.join(plan.rounds)}")
     for line in model.lines():
         print("# " + line)
     print(f"# plan: {plan.reason}; its cost {plan_cost:.4g} modeled s, {plan_wall:.3g} s "

@@ -94,6 +94,38 @@ def quiet():
         logger.setLevel(level)
 
 
+@contextlib.contextmanager
+def held():
+    """INFO lines held back instead of written, for a while: yields the list that collects
+    them (:class:`logging.LogRecord` s). The optimizer holds a probe's lines and writes only
+    the kept probe's, with :func:`release`."""
+    records: list = []
+    handlers = logger.handlers[:]
+
+    class _Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:       # warnings are not held back
+                for handler in handlers:
+                    handler.handle(record)
+            else:
+                records.append(record)
+
+    logger.handlers[:] = [_Hold()]
+    try:
+        yield records
+    finally:
+        logger.handlers[:] = handlers
+
+
+def release(records) -> None:
+    """Write held lines (:func:`held`), stamped now: a log's times only go forward (Caffe's
+    parse_log.py takes seconds from them)."""
+    now = time.time()
+    for record in records:
+        record.created = now
+        logger.handle(record)
+
+
 def set_quiet(quiet: bool = True) -> None:
     """Silence INFO lines (pycaffe users often build many nets; Caffe's GLOG_minloglevel=1)."""
     logger.setLevel(logging.WARNING if quiet else logging.INFO)

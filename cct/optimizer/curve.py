@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-#: a probe whose smoothed loss ends above this multiple of where it started has diverged
+#: a probe whose smoothed loss ends above this multiple of its first losses has diverged
 DIVERGENCE_RATIO = 1.5
 
 
@@ -70,8 +70,8 @@ class CurveFit:
 
 def fit_power_law(losses: Sequence[float], start_iter: int = 0) -> CurveFit:
     """Fit the model to the losses of iterations ``start_iter + 1, ...`` (see the module
-    doc). Non-finite losses, or a smoothed loss ending above DIVERGENCE_RATIO times its
-    start, mark the fit diverged."""
+    doc). Non-finite losses, or a smoothed loss ending above DIVERGENCE_RATIO times the
+    highest loss of the first fifth, mark the fit diverged."""
     x = np.asarray(losses, dtype=np.float64)
     n = x.size
     if n == 0:
@@ -86,7 +86,9 @@ def fit_power_law(losses: Sequence[float], start_iter: int = 0) -> CurveFit:
     skip = n // 5
     ts, ss = centre[skip:], np.maximum(s[skip:], 1e-12)
     last = float(s[-1])
-    diverged = last > DIVERGENCE_RATIO * float(s[max(0, min(skip, n - 1))]) + 1e-12
+    # Against the highest raw loss of the first fifth, not the smoothed start: near a low loss
+    # the noise alone moves a short average by half, and that is not a divergence.
+    diverged = last > DIVERGENCE_RATIO * float(np.max(x[:skip + 1])) + 1e-12
     if ts.size < 2 or np.ptp(np.log(ts)) == 0:
         return CurveFit(last, 0.0, int(t[-1]), last, diverged)
     slope, intercept = np.polyfit(np.log(ts), np.log(ss), 1)

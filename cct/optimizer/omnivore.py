@@ -114,9 +114,9 @@ class OmnivoreSearch:
 
     def _probe(self, g: int, lr: float, mu: float, he: Dict[int, float]) -> Probe:
         cand = self.opt._candidate(g, self.opt.data_batch, lr, mu)
-        record, diverged = self.opt._branch(cand, DISPLAY, seconds=self.probe_seconds)
-        lines = display_lines(record)
-        p = Probe(g, lr, mu, math.nan if diverged else score(lines), len(lines))
+        branch = self.opt._branch(cand, DISPLAY, seconds=self.probe_seconds)
+        lines = display_lines(branch.record)
+        p = Probe(g, lr, mu, math.nan if branch.diverged else score(lines), len(lines))
         if math.isnan(p.score):
             p.status = "NaN"
         he.setdefault(g, seconds_per_iteration(lines))

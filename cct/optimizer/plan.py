@@ -45,10 +45,10 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import CCTError
-from ..glog import info, quiet
+from ..glog import held, info, quiet, release
 from ..params import NetSource
 from .curve import CurveFit, fit_power_law
 
@@ -58,6 +58,9 @@ MOMENTUM_OFFSETS = (-0.225, 0.0, 0.225)
 HE_GAIN = 0.10          # Omnivore's "FC saturation": more groups must cut HE by 10%
 DRIFT = 0.25            # re-tune when seconds/iteration drift by more than this
 MU_RANGE = (-0.9, 0.99)
+CONTENDER = 3.0          # a candidate predicted over this multiple of the leader's time drops out
+MIN_PROBE = 20           # iterations: shorter probes rank candidates by noise
+BRANCH_MEMORY = 1 << 30  # bytes of probe ends (weights and history) kept to go on from
 
 
 @dataclass
@@ -73,6 +76,13 @@ class Candidate:
     iters: Optional[float] = None       # predicted iterations to the reference loss
     seconds: Optional[float] = None     # predicted seconds to it
     status: str = "not probed"
+    probed: int = 0                     # iterations its probes ran, in all
+    probe_seconds: float = 0.0          # wall time they took
+    # Where its probe ended (Solver.capture), its losses and held log lines: a probe that
+    # goes on continues from there, and the winner's training does.
+    losses: List[float] = field(default_factory=list, repr=False)
+    state: Optional[dict] = field(default=None, repr=False)
+    lines: list = field(default_factory=list, repr=False)
 
     @property
     def config(self) -> Tuple[str, int, int]:
@@ -81,6 +91,18 @@ class Candidate:
     def describe(self) -> str:
         return (f"{self.strategy} groups {self.groups} batch {self.batch} lr {self.lr:.4g} "
                 f"momentum {self.momentum:.4g}")
+
+    def drop_branch(self) -> None:
+        self.state, self.lines = None, []
+
+
+class Branch(NamedTuple):
+    """What a branch of the run left: the (time, smoothed loss) of each iteration, whether it
+    diverged, and, when asked to keep it, its end (Solver.capture) and its held log lines."""
+    record: List[Tuple[float, float]]
+    diverged: bool
+    state: Optional[dict] = None
+    lines: list = []
 
 
 @dataclass
@@ -91,14 +113,17 @@ class Plan:
     reason: str = ""
     probe_iters: int = 0
     probe_seconds: float = 0.0
+    rounds: List[str] = field(default_factory=list)    # "12 x 20", "6 x 40", ...
+    stopped: str = ""          # why the halving stopped before one candidate was left
 
     def table(self) -> List[str]:
         head = (f"{'#':>3} {'strategy':<9} {'groups':>6} {'batch':>5} {'lr':>9} {'momentum':>8} "
-                f"{'HE s/iter':>10} {'probe loss':>10} {'pred iters':>10} {'pred s':>9}  status")
+                f"{'HE s/iter':>10} {'probe it':>8} {'probe loss':>10} {'pred iters':>10} "
+                f"{'pred s':>9}  status")
         rows = [head]
         for i, c in enumerate(self.candidates):
             rows.append(f"{i:>3} {c.strategy:<9} {c.groups:>6} {c.batch:>5} {c.lr:>9.4g} "
-                        f"{c.momentum:>8.4g} {_num(c.he, '.4g'):>10} "
+                        f"{c.momentum:>8.4g} {_num(c.he, '.4g'):>10} {c.probed or '-':>8} "
                         f"{_num(c.fit.last if c.fit else None, '.4g'):>10} "
                         f"{_num(c.iters, '.0f'):>10} {_num(c.seconds, '.3g'):>9}  {c.status}")
         return rows
@@ -236,12 +261,13 @@ class Optimizer:
             self.solver.step(iters)
 
     # -- branches ----------------------------------------------------------------------------
-    def _branch(self, cand: Candidate, iters: int,
-                seconds: Optional[float] = None) -> Tuple[List[Tuple[float, float]], bool]:
+    def _branch(self, cand: Candidate, iters: int, seconds: Optional[float] = None,
+                start: Optional[dict] = None, keep: bool = False) -> Branch:
         """Run ``cand`` for ``iters`` iterations (with ``seconds``: chunks of ``iters`` until
-        that much wall time has passed, Omnivore's probes) on a branch of the run and throw the
-        branch away: the (time, smoothed loss) of each iteration and whether it diverged. The
-        solver's configuration and state are as before afterwards."""
+        that much wall time has passed, Omnivore's probes) on a branch of the run, from
+        ``start`` (a capture where an earlier branch ended) or from where the run is, and leave
+        the run as it was. With ``keep`` the branch's end and its log lines are kept (display
+        on, lines held), so that training can go on from there."""
         s = self.solver
         saved = {k: getattr(s.param, k) for k in ("test_interval", "display", "snapshot",
                                                   "base_lr", "momentum", "snapshot_after_train")}
@@ -249,12 +275,18 @@ class Optimizer:
         self._probing = True
         self._record = []
         diverged = False
+        state = None
+        lines: list = []
         try:
             s.param.test_interval = 0
-            s.param.display = 0
             s.param.snapshot = 0
+            if not keep:
+                s.param.display = 0
             with quiet():
+                if start is not None:
+                    s.restore_capture(start)
                 self.configure(cand)
+            with (held() if keep else quiet()) as lines:
                 try:
                     began = time.perf_counter()
                     self._step(iters)
@@ -264,6 +296,9 @@ class Optimizer:
                     if "loss is" not in str(e):
                         raise
                     diverged = True
+            if keep and not diverged:
+                state = s.capture()
+            with quiet():
                 if self.driver is not None:
                     stats = self.driver.store.stats
                     self.implicit[cand.config] = stats.mean() / (1.0 + stats.mean())
@@ -276,7 +311,7 @@ class Optimizer:
                 setattr(s.param, k, v)
             s.restore_capture(captured)
             self._probing = False
-        return record, diverged
+        return Branch(record, diverged, state, list(lines or []))
 
     def measure_he(self, cand: Candidate) -> float:
         """Seconds per iteration of ``cand``'s (strategy, groups, batch), cached: two warm-up
@@ -284,7 +319,7 @@ class Optimizer:
         iterations, as Omnivore's second half of its display lines)."""
         key = cand.config
         if key not in self.he:
-            record, _ = self._branch(cand, 2 + self.he_iters)
+            record = self._branch(cand, 2 + self.he_iters).record
             times = [t for t, _ in record[2:]] or [t for t, _ in record]
             if len(times) >= 2:
                 self.he[key] = (times[-1] - times[0]) / (len(times) - 1)
@@ -296,37 +331,101 @@ class Optimizer:
         cand.he = self.he[key]
         return cand.he
 
-    def probe(self, cand: Candidate, iters: int) -> Candidate:
-        """An SE probe of ``cand`` (see the module doc); fills ``fit`` and ``status``."""
-        record, diverged = self._branch(cand, iters)
-        losses = [v for _, v in record]
-        cand.fit = fit_power_law(losses, self.solver.iter)
-        if diverged or cand.fit.diverged:
+    def probe(self, cand: Candidate, iters: int, keep: bool = False) -> Candidate:
+        """An SE probe of ``cand`` (see the module doc), or ``iters`` more of it when it was
+        probed before: from where its probe ended when that was kept, else again from the run's
+        position, longer. Fills ``fit`` and ``status``; with ``keep`` its end is kept."""
+        start = cand.state
+        if cand.probed and start is None:
+            iters += cand.probed
+            cand.probed, cand.losses, cand.lines = 0, [], []
+        began = time.perf_counter()
+        branch = self._branch(cand, iters, start=start, keep=keep)
+        cand.probe_seconds += time.perf_counter() - began
+        cand.probed += iters
+        cand.losses += [v for _, v in branch.record]
+        cand.state = branch.state
+        cand.lines += branch.lines
+        cand.fit = fit_power_law(cand.losses, self.solver.iter)
+        if branch.diverged or cand.fit.diverged:
             cand.fit.diverged = True
             cand.status = "pruned: diverged"
+            cand.drop_branch()
         else:
             cand.status = "kept"
         return cand
 
+    def _state_bytes(self) -> int:
+        s = self.solver
+        return (sum(int(p.data.nbytes) for p in s.net.params_list)
+                + sum(int(h.nbytes) for h in s.history))
+
+    def _limit(self, stop: Optional[int] = None) -> int:
+        """The last iteration a kept probe may end at: one that skips no test or snapshot of
+        the run and ends inside the current step (``stop``) and max_iter."""
+        s, p = self.solver, self.solver.param
+        last = min(int(p.max_iter), stop if stop is not None else int(p.max_iter))
+        if p.test_interval:
+            last = min(last, (s.iter // p.test_interval + 1) * p.test_interval)
+        if p.snapshot:
+            last = min(last, (s.iter // p.snapshot + 1) * p.snapshot - 1)
+        return last
+
+    def _apply(self, cand: Candidate) -> None:
+        """Train as ``cand`` from here, or from where its kept probe ended: then the test due
+        now runs first (on the weights it is due for), the probe's held log lines are written
+        and the run goes on from the probe's end."""
+        s = self.solver
+        if cand.state is not None:
+            p = s.param
+            if (p.test_interval and s.iter % p.test_interval == 0
+                    and (s.iter > 0 or p.test_initialization)):
+                s.test_all()
+                self._on_start()
+            first = s.iter
+            s.restore_capture(cand.state)
+            release(cand.lines)
+            info(SRC, f"Optimizer: training goes on from the winner's probe: iterations "
+                 f"{first} to {s.iter} are its")
+        self.configure(cand)
+
     # -- the plan ----------------------------------------------------------------------------
-    def _probe_iters(self, probes: int, he: float) -> int:
+    def _probe_iters(self, probes: int, seconds: float, he: float) -> int:
+        """The first round's probe length: the probe share of ``seconds`` spread over the
+        probes of every round of the halving (each round costs about the first's)."""
         if self.probe_iters:
             return int(self.probe_iters)
-        s = self.solver
-        total = self.budget if self.budget else max(1, s.param.max_iter - s.iter) * he
-        n = int(self.probe_share * total / max(1, probes) / max(he, 1e-9))
-        return max(20, min(200, n))
+        rounds = 1 + math.ceil(math.log2(max(1, probes)))
+        n = int(self.probe_share * seconds / (max(1, probes) * rounds) / max(he, 1e-9))
+        return max(MIN_PROBE, min(200, n))
 
-    def make_plan(self) -> Plan:
-        """The cold-start search (module doc): measure, probe, prune, predict, choose."""
+    def _horizon(self, he: float) -> float:
+        """Seconds the rest of the run would take at ``he`` s/iter (or the --budget)."""
+        s = self.solver
+        return self.budget if self.budget else max(1, s.param.max_iter - s.iter) * he
+
+    def make_plan(self, limit: Optional[int] = None) -> Plan:
+        """The cold-start search (module doc): measure, probe, prune, halve, choose. A kept
+        probe may end at iteration ``limit`` at most (default: :meth:`_limit`)."""
         began = time.perf_counter()
+        limit = self._limit() if limit is None else limit
         plan = Plan()
         start_lr = self.base_lr if self.current is None else self.current.lr
         first = self._candidate(1, self.batches[0], start_lr, self.base_momentum)
         he1 = self.measure_he(first)
-        n_probes = len(self.lr_multiples) * len(self.momentum_offsets) * len(self.batches) + \
-            5 * (len(self.groups) - 1)
-        plan.probe_iters = self._probe_iters(n_probes, he1)
+        n_probes = (len(self.lr_multiples) + 2 * (len(self.momentum_offsets) - 1)) * \
+            len(self.batches) + 5 * (len(self.groups) - 1)
+        plan.probe_iters = self._probe_iters(n_probes, self._horizon(he1), he1)
+        keeps = max(0, BRANCH_MEMORY // max(1, self._state_bytes()))
+
+        def probe_all(grid, he, prev, centre, diverged_at):
+            for c in grid:
+                c.he = he
+                kept = sum(k.state is not None for k in plan.candidates)
+                keep = kept < keeps and self.solver.iter + plan.probe_iters <= limit
+                self._probe_unless_pruned(c, prev, centre, diverged_at, plan.probe_iters, keep)
+                plan.candidates.append(c)
+
         prev: Optional[Candidate] = None
         prev_he: Optional[float] = None
         saturated = False
@@ -338,50 +437,106 @@ class Optimizer:
                     plan.candidates.append(centre_c)
                     continue
                 he = self.measure_he(centre_c)
+                diverged_at: List[Tuple[float, float]] = []
                 if prev is None:
+                    # Omnivore's cold start: the lr sweep at the solver's momentum, then the
+                    # momenta around it at the two best lrs of the sweep.
                     centre = self.base_momentum
-                    lrs = [start_lr * m for m in self.lr_multiples]
+                    sweep = _unique([self._candidate(g, batch, start_lr * m, centre)
+                                     for m in self.lr_multiples])
+                    probe_all(sweep, he, None, centre, diverged_at)
+                    self._score(plan, [c for c in sweep if c.status == "kept"])
+                    ranked = sorted((c for c in sweep if c.status == "kept"),
+                                    key=lambda c: (c.seconds, -c.lr))
+                    grid = _unique([self._candidate(g, batch, c.lr, centre + o)
+                                    for c in ranked[:2] for o in self.momentum_offsets
+                                    if o != 0.0])
+                    probe_all(grid, he, None, centre, diverged_at)
+                    grid = sweep + grid
                 else:
                     centre = prev.momentum - self.implicit.get(centre_c.config, 0.0)
-                    lrs = [prev.lr / 3.0, prev.lr]
-                grid = _unique([self._candidate(g, batch, lr, centre + o)
-                                for lr in sorted(lrs) for o in self.momentum_offsets])
-                if g > 1 and prev_he is not None and he > prev_he / (1 + HE_GAIN):
-                    for c in grid:
-                        c.he = he
-                        c.status = (f"pruned: HE {he:.3g} s/iter not {HE_GAIN:.0%} better than "
-                                    f"{prev_he:.3g} with fewer groups")
-                    plan.candidates.extend(grid)
-                    saturated = True
-                    continue
-                diverged_at: List[Tuple[float, float]] = []
-                for c in grid:
-                    c.he = he
-                    self._probe_unless_pruned(c, prev, centre, diverged_at, plan.probe_iters)
-                    plan.candidates.append(c)
+                    grid = _unique([self._candidate(g, batch, lr, centre + o)
+                                    for lr in (prev.lr / 3.0, prev.lr)
+                                    for o in self.momentum_offsets])
+                    if g > 1 and prev_he is not None and he > prev_he / (1 + HE_GAIN):
+                        for c in grid:
+                            c.he = he
+                            c.status = (f"pruned: HE {he:.3g} s/iter not {HE_GAIN:.0%} better "
+                                        f"than {prev_he:.3g} with fewer groups")
+                        plan.candidates.extend(grid)
+                        saturated = True
+                        continue
+                    probe_all(grid, he, prev, centre, diverged_at)
                 best_here = self._score(plan, [c for c in grid if c.status == "kept"])
                 if best_here is not None and batch == self.batches[0]:
                     prev, prev_he = best_here, he
-        self._score(plan, [c for c in plan.candidates if c.status == "kept"])
         kept = [c for c in plan.candidates if c.status == "kept"]
         if not kept:
             raise CCTError("optimizer: every probe diverged or was pruned; lower base_lr in "
                            "the solver or give a target the probes can reach")
-        plan.winner = min(kept, key=lambda c: (c.seconds, -c.lr))
+        spend = self.probe_share * self._horizon(he1)
+        plan.winner = self._halve(plan, kept, began, spend, limit)
         plan.winner.status = "chosen"
+        for c in plan.candidates:
+            if c is not plan.winner:
+                c.drop_branch()
         plan.reason = self._reason(plan)
         plan.probe_seconds = time.perf_counter() - began
         self.plan = plan
         return plan
 
+    def _halve(self, plan: Plan, live: List[Candidate], began: float, spend: float,
+               limit: int) -> Candidate:
+        """Successive halving: rank the candidates by predicted seconds; the better half, less
+        those predicted over CONTENDER x the leader's time, goes on for as many iterations
+        again as it has had (from where its probe ended), until one is left, the probes have
+        cost ``spend`` seconds beyond the leader's own probe (which training keeps), or a kept
+        probe would pass ``limit``. The leader wins."""
+        home = self.solver.iter
+        while True:
+            plan.rounds.append(f"{len(live)} x {live[0].probed}")
+            self._score(plan, live)
+            live.sort(key=lambda c: (c.seconds, -c.lr))
+            if len(live) == 1:
+                return live[0]
+            leader = live[0]
+            spent = time.perf_counter() - began - leader.probe_seconds
+            more = min(leader.probed, limit - home - leader.probed)
+            if spent >= spend:
+                plan.stopped = (f"the probes' share of the run ({spend:.3g} s) was spent after "
+                                f"{leader.probed} iterations each")
+                return leader
+            if more < 1 or leader.state is None:
+                plan.stopped = (f"a longer probe would pass iteration {limit} (a test, a "
+                                f"snapshot or the step's end)" if more < 1 else
+                                "the probes' ends did not fit in memory to go on from")
+                return leader
+            better = [c for c in live[:(len(live) + 1) // 2]
+                      if c.seconds <= CONTENDER * leader.seconds]
+            for c in live[len(better):]:
+                c.status = (f"pruned: behind after {c.probed} iterations (predicted "
+                            f"{_num(c.seconds, '.3g')} s, the leader {_num(leader.seconds, '.3g')})")
+                c.drop_branch()
+            if len(better) == 1:
+                plan.stopped = (f"no other candidate predicted within {CONTENDER:g}x the "
+                                f"leader's time after {leader.probed} iterations")
+                return leader
+            for c in better:
+                self.probe(c, more, keep=True)
+            live = [c for c in better if c.status == "kept"]
+            if not live:
+                raise CCTError("optimizer: every probe diverged when it went on; lower base_lr "
+                               "in the solver")
+
     def _probe_unless_pruned(self, c: Candidate, prev: Optional[Candidate], centre: float,
-                             diverged_at: List[Tuple[float, float]], iters: int) -> None:
+                             diverged_at: List[Tuple[float, float]], iters: int,
+                             keep: bool = False) -> None:
         """Mark ``c`` pruned (and why), or probe it, noting where probes diverged."""
         why = self._pruned(c, prev, centre, diverged_at)
         if why:
             c.status = "pruned: " + why
             return
-        self.probe(c, iters)
+        self.probe(c, iters, keep)
         if c.fit.diverged:
             diverged_at.append((c.lr, c.momentum))
 
@@ -435,27 +590,43 @@ class Optimizer:
         ref = (f"target loss {self.target_loss:g}" if self.target_loss is not None else
                f"reference loss {_num(plan.reference_loss, '.4g')}")
         info(SRC, f"Optimizer plan at iteration {self.solver.iter}: {len(plan.candidates)} "
-             f"candidates, probes of {plan.probe_iters} iterations, predicted to the {ref}; "
-             f"planning took {plan.probe_seconds:.3g} s")
+             f"candidates, probes of {plan.probe_iters} iterations, the better half going on "
+             f"for as many again each round ({', '.join(plan.rounds)}"
+             f"{'; stopped: ' + plan.stopped if plan.stopped else ''}), predicted to the "
+             f"{ref}; planning took {plan.probe_seconds:.3g} s")
         for row in plan.table():
             info(SRC, "  " + row)
         info(SRC, f"Optimizer: {plan.reason}")
 
     # -- training ----------------------------------------------------------------------------
-    def start(self) -> Plan:
-        plan = self.make_plan()
+    def start(self, limit: Optional[int] = None) -> Plan:
+        """Plan (a kept probe ending at iteration ``limit`` at most), log the plan, and train
+        as the winner says from here on (from the end of its probe when that was kept)."""
+        plan = self.make_plan(limit)
         self.log_plan(plan)
-        self.configure(plan.winner)
+        self._apply(plan.winner)
+        plan.winner.drop_branch()
         return plan
 
     def solve(self, resume_file: Optional[str] = None) -> None:
-        """Plan, then train to max_iter (or the target), re-tuning on the way."""
+        """Plan, then train to max_iter (or the target), re-tuning on the way. The plan comes
+        in the first step, after Caffe's "Solving" lines, so that the log reads in order."""
         s = self.solver
         if resume_file:
             s.restore(resume_file)
-        self.start()
+        planned = False
+
+        def step(iters: int) -> None:
+            nonlocal planned
+            if not planned:
+                planned = True
+                stop = s.iter + iters
+                self.start(self._limit(stop))
+                iters = stop - s.iter
+            self.step(iters)
+
         try:
-            s.solve(step=self.step)
+            s.solve(step=step)
         finally:
             if self.driver is not None:
                 s.set_gradient_source(NetSource(s.net))
@@ -464,10 +635,14 @@ class Optimizer:
             info(SRC, f"Optimizer: stopped early: {self.reached}")
 
     def _retune_every(self) -> int:
+        """--retune-every, else an epoch (or a tenth of max_iter), but never so often that a
+        re-tune's first round of probes costs more than the probe share of the interval."""
         if self.retune_every:
             return int(self.retune_every)
         epoch = _epoch_iterations(self.solver.net, self.data_batch)
-        return epoch or max(1, self.solver.param.max_iter // 10)
+        every = epoch or max(1, self.solver.param.max_iter // 10)
+        first_round = 2 * len(self.momentum_offsets) * (self.probe_iters or MIN_PROBE)
+        return max(every, math.ceil(first_round / self.probe_share))
 
     def step(self, iters: int) -> None:
         """Solver.step's contract: ``iters`` iterations in chunks, re-tuning between them."""
@@ -487,7 +662,7 @@ class Optimizer:
                 break
             if s.iter >= next_retune:
                 next_retune += every
-                self.retune(f"every {every} iterations")
+                self.retune(f"every {every} iterations", self._limit(stop))
             elif self._fresh:
                 self._fresh = False
             elif done and not tested and self.current and self.current.he:
@@ -495,44 +670,61 @@ class Optimizer:
                 if abs(per - self.current.he) > DRIFT * self.current.he:
                     self.he.pop(self.current.config, None)
                     self.retune(f"measured {per:.3g} s/iter drifted more than {DRIFT:.0%} "
-                                f"from {self.current.he:.3g}")
+                                f"from {self.current.he:.3g}", self._limit(stop))
+            next_retune = max(next_retune, (s.iter // every + 1) * every)
 
-    def retune(self, why: str) -> Candidate:
+    def retune(self, why: str, limit: Optional[int] = None) -> Candidate:
         """Omnivore's steady state, in process: probe the current lr and a third of it with
-        momenta around the current one; halve the groups when the best momentum is not
-        positive. Applies and logs the choice."""
+        momenta around the current one, halving as the plan does (the probes cost at most the
+        probe share of the next re-tune interval beyond the first round); halve the groups
+        when the best momentum is not positive. Applies and logs the choice; training goes on
+        from the winner's probe when it was kept (``limit`` as in :meth:`make_plan`)."""
         s = self.solver
+        began = time.perf_counter()
+        limit = self._limit() if limit is None else limit
         cur = self.current
         plan = Plan()
         he = self.measure_he(cur)
-        plan.probe_iters = self._probe_iters(2 * len(self.momentum_offsets), he)
+        grid = _unique([self._candidate(cur.groups, cur.batch, lr, cur.momentum + o)
+                        for lr in (cur.lr / 3.0, cur.lr) for o in self.momentum_offsets])
+        interval = self._retune_every() * he
+        plan.probe_iters = self._probe_iters(len(grid), interval, he)
+        keep = s.iter + plan.probe_iters <= limit and \
+            len(grid) * self._state_bytes() <= BRANCH_MEMORY
         diverged_at: List[Tuple[float, float]] = []
-        for c in _unique([self._candidate(cur.groups, cur.batch, lr, cur.momentum + o)
-                          for lr in (cur.lr / 3.0, cur.lr) for o in self.momentum_offsets]):
+        for c in grid:
             c.he = he
-            self._probe_unless_pruned(c, None, cur.momentum, diverged_at, plan.probe_iters)
+            self._probe_unless_pruned(c, None, cur.momentum, diverged_at, plan.probe_iters,
+                                      keep)
             plan.candidates.append(c)
-        best = self._score(plan, [c for c in plan.candidates if c.status == "kept"])
-        if best is None:
+        live = [c for c in plan.candidates if c.status == "kept"]
+        if not live:
             info(SRC, f"Optimizer re-tune at iteration {s.iter} ({why}): every probe diverged; "
                  f"keeping {cur.describe()}")
             self.configure(cur)
             return cur
+        best = self._halve(plan, live, began, self.probe_share * interval, limit)
+        for c in plan.candidates:
+            if c is not best:
+                c.drop_branch()
         if best.momentum <= 0 and best.groups > 1:
             halved = self._candidate(max(1, best.groups // 2), best.batch, best.lr,
                                      best.momentum + self.implicit.get(best.config, 0.0))
             self.measure_he(halved)
             note = f"; best momentum {best.momentum:.3g} <= 0: halving the groups"
+            best.drop_branch()
             best = halved
         else:
             note = ""
         self.retunes += 1
         info(SRC, f"Optimizer re-tune at iteration {s.iter} ({why}): lr {cur.lr:.4g} -> "
              f"{best.lr:.4g}, momentum {cur.momentum:.4g} -> {best.momentum:.4g}, groups "
-             f"{cur.groups} -> {best.groups} (pid {os.getpid()}){note}")
+             f"{cur.groups} -> {best.groups} (pid {os.getpid()}); probes "
+             f"{', '.join(plan.rounds)}{note}")
         for row in plan.table():
             info(SRC, "  " + row)
-        self.configure(best)
+        self._apply(best)
+        best.drop_branch()
         return best
 
     def close(self) -> None:

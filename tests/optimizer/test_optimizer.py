@@ -98,11 +98,13 @@ def test_retune_changes_lr_and_momentum_in_this_process(data_list, tmp_path, cap
         assert opt.driver is not None and opt.driver.store.momentum.value == -0.1
         assert solver.param.base_lr == np.float32(0.02)
         capfd.readouterr()
+        first = solver.iter             # past 0 when the plan's winner kept its probe
         opt.step(40)
         err = capfd.readouterr().err
-        assert "Optimizer re-tune at iteration 20 (every 20 iterations)" in err
+        assert f"Optimizer re-tune at iteration {(first // 20 + 1) * 20} (every 20 " \
+            "iterations)" in err
         assert f"(pid {pid})" in err and os.getpid() == pid
-        assert solver.iter == 40
+        assert solver.iter == first + 40
         cur = opt.current
         assert solver.param.base_lr == np.float32(cur.lr)
         if cur.strategy == "sync":
@@ -148,3 +150,62 @@ def test_an_optimized_runs_snapshots_are_caffe_files_and_resume(data_list, tmp_p
     assert cli.main(["train", "-solver", path, "-snapshot", f"{prefix}_iter_40.solverstate"]) == 0
     err = capfd.readouterr().err
     assert "Resuming from" in err and "Iteration 60, loss" in err
+
+
+def test_the_winner_goes_on_from_its_probe_bit_for_bit(data_list, tmp_path):  # noqa: F811
+    """The winner's probe is training: a run that keeps it equals the solver trained with the
+    winner's settings from the start, to the bit, and its iterations are not repeated."""
+    solver = _solver(data_list, tmp_path, max_iter=40)
+    opt = Optimizer(solver, engine="simulated", groups=[1], probe_iters=10,
+                    lr_multiples=(1.0,), momentum_offsets=(0.0,), retune_every=1000)
+    try:
+        plan = opt.start()
+        assert plan.winner.probed == 10 and solver.iter == 10
+        opt.step(8)
+        assert solver.iter == 18
+        plain = _solver(data_list, tmp_path / "p", max_iter=40)
+        plain.step(18)
+        for a, b in zip(_state(plain)[0] + _state(plain)[1], _state(solver)[0] + _state(solver)[1]):
+            assert np.array_equal(a, b)
+        plain.close()
+    finally:
+        opt.close()
+        solver.close()
+
+
+def test_halving_keeps_probing_the_better_half_only(data_list, tmp_path):  # noqa: F811
+    solver = _solver(data_list, tmp_path, max_iter=4000)
+    opt = Optimizer(solver, engine="simulated", groups=[1], probe_iters=10,
+                    lr_multiples=(0.1, 0.3, 1.0, 3.0))
+    try:
+        plan = opt.make_plan()
+    finally:
+        opt.close()
+        solver.close()
+    probed = [c for c in plan.candidates if c.probed]
+    assert plan.rounds[0] == f"{len(probed)} x 10"
+    assert plan.winner.probed == max(c.probed for c in probed)
+    for c in probed:
+        if c is not plan.winner and c.probed < plan.winner.probed:
+            assert c.status.startswith("pruned")
+    assert all(c.state is None for c in plan.candidates if c is not plan.winner)
+    # the round structure says what was probed: n candidates x their iterations so far
+    for r in plan.rounds[1:]:
+        n, iters = (int(x) for x in r.split(" x "))
+        assert sum(c.probed >= iters for c in probed) >= n
+
+
+def test_kept_probes_skip_no_snapshot_and_no_display_line(data_list, tmp_path,  # noqa: F811
+                                                          capfd):
+    import re
+    path = _solver_file(data_list, tmp_path, max_iter=60, display=1, snapshot=25)
+    assert cli.main(["train", "-solver", path, "--optimize", "-engine", "simulated",
+                     "--retune-every", "30"]) == 0
+    err = capfd.readouterr().err
+    assert "training goes on from the winner's probe: iterations 0 to" in err
+    for i in (25, 50, 60):
+        assert os.path.exists(tmp_path / f"snap_iter_{i}.caffemodel")
+    shown = [int(m) for m in re.findall(r"\] Iteration (\d+) \(", err)]
+    assert shown == list(range(0, 60)), shown
+    stamps = re.findall(r"^I\d{4} (\d\d:\d\d:\d\d\.\d{6})", err, flags=re.M)
+    assert stamps == sorted(stamps)         # held lines are written with the time they come out
