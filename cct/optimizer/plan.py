@@ -14,22 +14,36 @@ Time to target = HE x iterations to target (Omnivore's hardware and statistical 
   one after another in this thread, so its HE is that of one group: the simulated engine is
   for statistical efficiency (tests, planning), not for speed.
 * **SE probes** are short runs that branch from :meth:`Solver.capture` (weights, history,
-  iteration, random generator, data position) and are discarded with
-  :meth:`Solver.restore_capture`; nothing is written to disk (tests, display and snapshots
-  are off during a probe). Each probe's losses are fitted with :mod:`.curve`'s power law and
-  the fit predicts the iterations to the reference loss: the target loss, or, without one (or
-  with a target accuracy, which a probe does not measure), 0.9 x the lowest fitted loss at
-  any probe's end. Predicted seconds = HE x predicted iterations; the fewest wins.
+  iteration, random generator, data position); the run returns to the capture afterwards.
+  Nothing is written to disk (tests and snapshots are off during a probe; its display lines
+  are held back). Every probe starts from the same point and sees the same batches, so probes
+  are paired. Each probe's losses are fitted with :mod:`.curve`'s power law and the fit
+  predicts the iterations to the reference loss: the target loss, or, without one (or with a
+  target accuracy, which a probe does not measure), 0.9 x the lowest fitted loss at any
+  probe's end. Predicted seconds = HE x predicted iterations; the fewest wins, ties (flat
+  curves: inf) going to the lower loss at the probe's end.
+* **Successive halving**: the first round probes every candidate for a short while (the probe
+  share of the run spread over the rounds, at least MIN_PROBE iterations); then the better
+  half, less any candidate predicted at over CONTENDER x the leader's time, goes on from where
+  its probe ended for as many iterations again, until one is left or the probes have cost the
+  probe share. The winner's probe is kept: training goes on from its end and its held display
+  lines are written, so its iterations are not spent twice. A kept probe never passes a test,
+  a snapshot or the end of the current step (it would skip them); probe ends beyond
+  BRANCH_MEMORY bytes are not kept (a longer probe then starts again).
 * **Search and pruning** follow Omnivore's cold start (../shared/research/omnivore.md
   section 1.4) where it is sound: groups from 1 upward, stopping when HE improves by less than
-  10%; for one group every lr multiple x momentum around the solver's; for more groups the
-  previous optimum's lr and a third of it, with momenta around the staleness-corrected
+  10%; for one group an lr search at the solver's momentum (x3 up from base_lr while each step
+  ranks better, else /3 down: Omnivore's four decades in fewer probes and without its fixed
+  ceiling), then momenta around the solver's at the search's two best lrs; for more groups
+  the previous optimum's lr and a third of it, with momenta around the staleness-corrected
   centre; nothing at or above a diverged (lr, momentum); for more groups nothing above the
   previous optimum's lr and nothing lower in both lr and momentum. Unlike Omnivore, nothing
   restarts and candidates are compared by a predicted time, not by equal-time losses.
-* **Re-tuning** every ``retune_every`` iterations, or when the measured seconds per iteration
-  drift by more than 25% from the chosen candidate's HE, probes the current lr and a third of
-  it with momenta around the current one at the current group count, and (Omnivore's steady
+* **Re-tuning** every ``retune_every`` iterations (default an epoch or a tenth of max_iter,
+  but never so often that a re-tune's first round costs more than the probe share of the
+  interval), or when the measured seconds per iteration drift by more than 25% from the
+  chosen candidate's HE, probes the current lr and a third of it with momenta around the
+  current one at the current group count, halving as the plan does, and (Omnivore's steady
   state) halves the groups when the best momentum is not positive. lr changes are a multiple
   of the solver's base_lr; momentum and groups are applied by rebuilding the driver on the
   same solver, in the same process.
@@ -53,11 +67,14 @@ from ..params import NetSource
 from .curve import CurveFit, fit_power_law
 
 SRC = "optimizer.py:0"
-LR_MULTIPLES = (0.1, 0.3, 1.0, 3.0)
+LR_STEP = 3.0           # the cold start's lr search: x3 up (or /3 down) while it pays,
+LR_STEPS = 4            # at most this many steps each way
 MOMENTUM_OFFSETS = (-0.225, 0.0, 0.225)
 HE_GAIN = 0.10          # Omnivore's "FC saturation": more groups must cut HE by 10%
 DRIFT = 0.25            # re-tune when seconds/iteration drift by more than this
 MU_RANGE = (-0.9, 0.99)
+FLAT = 100               # predictions beyond this many runs of max_iter count as never
+LOSS_TIE = 0.01          # losses at a probe's end closer than this (relative) are a tie
 CONTENDER = 3.0          # a candidate predicted over this multiple of the leader's time drops out
 MIN_PROBE = 20           # iterations: shorter probes rank candidates by noise
 BRANCH_MEMORY = 1 << 30  # bytes of probe ends (weights and history) kept to go on from
@@ -125,7 +142,7 @@ class Plan:
             rows.append(f"{i:>3} {c.strategy:<9} {c.groups:>6} {c.batch:>5} {c.lr:>9.4g} "
                         f"{c.momentum:>8.4g} {_num(c.he, '.4g'):>10} {c.probed or '-':>8} "
                         f"{_num(c.fit.last if c.fit else None, '.4g'):>10} "
-                        f"{_num(c.iters, '.0f'):>10} {_num(c.seconds, '.3g'):>9}  {c.status}")
+                        f"{_num(c.iters, '.4g'):>10} {_num(c.seconds, '.3g'):>9}  {c.status}")
         return rows
 
 
@@ -152,7 +169,7 @@ class Optimizer:
                  target_accuracy: Optional[float] = None, budget: Optional[float] = None,
                  probe_share: float = 0.1, engine: str = "threads", devices=None,
                  groups: Optional[Sequence[int]] = None, batches: Optional[Sequence[int]] = None,
-                 lr_multiples: Sequence[float] = LR_MULTIPLES,
+                 lr_multiples: Optional[Sequence[float]] = None,
                  momentum_offsets: Sequence[float] = MOMENTUM_OFFSETS,
                  probe_iters: Optional[int] = None, retune_every: Optional[int] = None,
                  he_iters: int = 6, staleness: str = "round-robin",
@@ -173,7 +190,7 @@ class Optimizer:
         self.data_batch = _data_batch(solver.net)
         self.groups = sorted(set(groups or _default_groups(engine, devices)))
         self.batches = list(batches or [self.data_batch])
-        self.lr_multiples = sorted(lr_multiples)
+        self.lr_multiples = sorted(lr_multiples) if lr_multiples else None
         self.momentum_offsets = sorted(momentum_offsets)
         self.probe_iters = probe_iters
         self.retune_every = retune_every
@@ -413,7 +430,7 @@ class Optimizer:
         start_lr = self.base_lr if self.current is None else self.current.lr
         first = self._candidate(1, self.batches[0], start_lr, self.base_momentum)
         he1 = self.measure_he(first)
-        n_probes = (len(self.lr_multiples) + 2 * (len(self.momentum_offsets) - 1)) * \
+        n_probes = (len(self.lr_multiples or (1, 1, 1)) + 2 * (len(self.momentum_offsets) - 1)) * \
             len(self.batches) + 5 * (len(self.groups) - 1)
         plan.probe_iters = self._probe_iters(n_probes, self._horizon(he1), he1)
         keeps = max(0, BRANCH_MEMORY // max(1, self._state_bytes()))
@@ -439,15 +456,20 @@ class Optimizer:
                 he = self.measure_he(centre_c)
                 diverged_at: List[Tuple[float, float]] = []
                 if prev is None:
-                    # Omnivore's cold start: the lr sweep at the solver's momentum, then the
-                    # momenta around it at the two best lrs of the sweep.
+                    # Omnivore's cold start: an lr search at the solver's momentum, then the
+                    # momenta around it at the two best lrs of the search.
                     centre = self.base_momentum
-                    sweep = _unique([self._candidate(g, batch, start_lr * m, centre)
-                                     for m in self.lr_multiples])
-                    probe_all(sweep, he, None, centre, diverged_at)
+                    if self.lr_multiples:
+                        sweep = _unique([self._candidate(g, batch, start_lr * m, centre)
+                                         for m in self.lr_multiples])
+                        probe_all(sweep, he, None, centre, diverged_at)
+                    else:
+                        sweep = self._lr_search(plan, g, batch, start_lr, centre,
+                                                lambda c: probe_all([c], he, None, centre,
+                                                                    diverged_at))
                     self._score(plan, [c for c in sweep if c.status == "kept"])
                     ranked = sorted((c for c in sweep if c.status == "kept"),
-                                    key=lambda c: (c.seconds, -c.lr))
+                                    key=self._rank)
                     grid = _unique([self._candidate(g, batch, c.lr, centre + o)
                                     for c in ranked[:2] for o in self.momentum_offsets
                                     if o != 0.0])
@@ -485,6 +507,31 @@ class Optimizer:
         self.plan = plan
         return plan
 
+    def _lr_search(self, plan: Plan, g: int, batch: int, lr: float, mu: float,
+                   probe: Callable[[Candidate], None]) -> List[Candidate]:
+        """The lr at momentum ``mu``: from ``lr``, up by LR_STEP while each step ranks better
+        than the best so far (at most LR_STEPS steps), else down the same way: a grid of four
+        decades in three to five probes, and no ceiling at 3x the solver's lr."""
+        first = self._candidate(g, batch, lr, mu)
+        probe(first)
+        tried, best = [first], first
+        for step in (LR_STEP, 1.0 / LR_STEP):
+            at = lr
+            for _ in range(LR_STEPS):
+                at *= step
+                c = self._candidate(g, batch, at, mu)
+                probe(c)
+                tried.append(c)
+                if c.status != "kept" or best.status != "kept":
+                    break
+                self._score(plan, [t for t in tried if t.status == "kept"])
+                if self._rank(c) >= self._rank(best):
+                    break
+                best = c
+            if best is not first:
+                break
+        return sorted(tried, key=lambda c: c.lr)
+
     def _halve(self, plan: Plan, live: List[Candidate], began: float, spend: float,
                limit: int) -> Candidate:
         """Successive halving: rank the candidates by predicted seconds; the better half, less
@@ -496,7 +543,7 @@ class Optimizer:
         while True:
             plan.rounds.append(f"{len(live)} x {live[0].probed}")
             self._score(plan, live)
-            live.sort(key=lambda c: (c.seconds, -c.lr))
+            live.sort(key=self._rank)
             if len(live) == 1:
                 return live[0]
             leader = live[0]
@@ -564,10 +611,16 @@ class Optimizer:
             # every model still has to reach, whatever the lag of the smoothed losses.
             ref = 0.9 * min(c.fit.loss_at(c.fit.t_last) for c in everything)
         plan.reference_loss = ref
+        flat = FLAT * max(1, int(self.solver.param.max_iter))
         for c in kept:
             c.iters = c.fit.iterations_to(ref)
+            if c.iters > flat:          # a curve this flat says "not in this run"; its digits
+                c.iters = math.inf      # are noise, not a ranking
             c.seconds = c.iters * c.he if math.isfinite(c.iters) else math.inf
-        return min(kept, key=lambda c: (c.seconds, -c.lr))
+        return min(kept, key=self._rank)
+
+    def _rank(self, c: Candidate):
+        return _rank(c, self.base_lr)
 
     def _reason(self, plan: Plan) -> str:
         w = plan.winner
@@ -735,6 +788,17 @@ class Optimizer:
 
 
 # -- helpers -----------------------------------------------------------------------------------
+def _rank(c: Candidate, base_lr: float) -> Tuple[float, float, float, float]:
+    """Fewest predicted seconds first; on a tie (curves still flat: inf; or the reference
+    already reached: 0) the lower loss at the probe's end, the probes being paired (the same
+    start, the same batches), losses within LOSS_TIE of each other counting as equal; then,
+    the probes having said nothing, the lr nearest the solver's own (a plateau does not say
+    which step will leave it), the larger first."""
+    last = c.fit.last if c.fit and c.fit.last > 0 else math.inf
+    bucket = math.floor(math.log(last) / math.log1p(LOSS_TIE)) if math.isfinite(last) else math.inf
+    return (c.seconds, bucket, abs(math.log(c.lr / base_lr)), -c.lr)
+
+
 def _unique(cands: List[Candidate]) -> List[Candidate]:
     """The candidates in order, one per (config, lr, momentum) (clipping can repeat one)."""
     seen, out = set(), []
