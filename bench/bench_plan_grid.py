@@ -106,8 +106,7 @@ def main(argv=None) -> int:
     he_of = {}
     for c in plan.candidates:
         he_of[id(c)] = model(c, model.steps[c.batch])
-    probed = [c for c in plan.candidates if not c.status.startswith("pruned") or
-              c.status == "pruned: diverged"]
+    probed = [c for c in plan.candidates if c.probed]
     measured = {c.config: he_of[id(c)] for c in plan.candidates if c.he is not None}
     plan_cost = (sum(c.probed * he_of[id(c)] for c in probed)
                  + sum((2 + opt.he_iters) * he for he in measured.values()))

@@ -31,8 +31,8 @@ Time to target = HE x iterations to target (Omnivore's hardware and statistical 
   a snapshot or the end of the current step (it would skip them); probe ends beyond
   BRANCH_MEMORY bytes are not kept (a longer probe then starts again).
 * **Search and pruning** follow Omnivore's cold start (../shared/research/omnivore.md
-  section 1.4) where it is sound: groups from 1 upward, stopping when HE improves by less than
-  10%; for one group an lr search at the solver's momentum (x3 up from base_lr while each step
+  section 1.4) where it is sound: groups from 1 upward, skipping (not stopping at, as Omnivore
+  does) a group count whose HE is not 10% better than the last probed one's; for one group an lr search at the solver's momentum (x3 up from base_lr while each step
   ranks better, else /3 down: Omnivore's four decades in fewer probes and without its fixed
   ceiling), then momenta around the solver's at the search's two best lrs; for more groups
   the previous optimum's lr and a third of it, with momenta around the staleness-corrected
@@ -445,14 +445,9 @@ class Optimizer:
 
         prev: Optional[Candidate] = None
         prev_he: Optional[float] = None
-        saturated = False
         for g in self.groups:
             for batch in self.batches:
                 centre_c = self._candidate(g, batch, start_lr, self.base_momentum)
-                if saturated:
-                    centre_c.status = "pruned: more groups stopped paying (HE)"
-                    plan.candidates.append(centre_c)
-                    continue
                 he = self.measure_he(centre_c)
                 diverged_at: List[Tuple[float, float]] = []
                 if prev is None:
@@ -481,12 +476,14 @@ class Optimizer:
                                     for lr in (prev.lr / 3.0, prev.lr)
                                     for o in self.momentum_offsets])
                     if g > 1 and prev_he is not None and he > prev_he / (1 + HE_GAIN):
+                        # Omnivore stops adding groups here; measuring HE costs seconds, so
+                        # the larger counts are still measured (HE need not be monotone in g:
+                        # a cluster's fixed per-update costs weigh less with more groups).
                         for c in grid:
                             c.he = he
                             c.status = (f"pruned: HE {he:.3g} s/iter not {HE_GAIN:.0%} better "
                                         f"than {prev_he:.3g} with fewer groups")
                         plan.candidates.extend(grid)
-                        saturated = True
                         continue
                     probe_all(grid, he, prev, centre, diverged_at)
                 best_here = self._score(plan, [c for c in grid if c.status == "kept"])
