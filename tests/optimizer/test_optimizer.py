@@ -209,3 +209,20 @@ def test_kept_probes_skip_no_snapshot_and_no_display_line(data_list, tmp_path,  
     assert shown == list(range(0, 60)), shown
     stamps = re.findall(r"^I\d{4} (\d\d:\d\d:\d\d\.\d{6})", err, flags=re.M)
     assert stamps == sorted(stamps)         # held lines are written with the time they come out
+
+
+def test_a_driven_winner_goes_on_from_its_probe(data_list, tmp_path):  # noqa: F811
+    solver = _solver(data_list, tmp_path, max_iter=60)
+    opt = Optimizer(solver, engine="simulated", groups=[2], probe_iters=10,
+                    lr_multiples=(1.0,), retune_every=1000)
+    try:
+        plan = opt.start()
+        assert plan.winner.strategy == "async" and opt.driver is not None
+        assert solver.iter == plan.winner.probed
+        first = solver.iter
+        opt.step(5)
+        assert solver.iter == first + 5
+        assert all(np.isfinite(p.data).all() for p in solver.net.params_list)
+    finally:
+        opt.close()
+        solver.close()
