@@ -146,8 +146,8 @@ def main(argv=None) -> int:
     print(f"optimizer's choice: #{grid.index(chosen)} {chosen[0].describe()}: {chosen[2]:.4g} "
           f"modeled s ({chosen[1]} iterations): {chosen[2] / best[2]:.3f}x the grid's best "
           f"(target <= 1.10)")
-    print(f"cost: plan {plan_cost:.4g} modeled s vs grid {grid_cost:.4g} ({plan_cost / grid_cost:.1%}"
-          f", target < 25%); wall here: plan {plan_wall:.3g} s vs grid {grid_wall:.3g} s "
+    print(f"cost: plan {plan_cost:.4g} modeled s vs grid {grid_cost:.4g} "
+          f"({plan_cost / grid_cost:.1%}, target < 25%); wall here: plan {plan_wall:.3g} s vs grid {grid_wall:.3g} s "
           f"({plan_wall / grid_wall:.1%})")
     return 0
 

@@ -32,9 +32,10 @@ Time to target = HE x iterations to target (Omnivore's hardware and statistical 
   BRANCH_MEMORY bytes are not kept (a longer probe then starts again).
 * **Search and pruning** follow Omnivore's cold start (../shared/research/omnivore.md
   section 1.4) where it is sound: groups from 1 upward, skipping (not stopping at, as Omnivore
-  does) a group count whose HE is not 10% better than the last probed one's; for one group an lr search at the solver's momentum (x3 up from base_lr while each step
-  ranks better, else /3 down: Omnivore's four decades in fewer probes and without its fixed
-  ceiling), then momenta around the solver's at the search's two best lrs; for more groups
+  does) a group count whose HE is not 10% better than the last probed one's; for one group an
+  lr search at the solver's momentum (x3 up from base_lr while each step ranks better, else /3
+  down: Omnivore's four decades in fewer probes and without its fixed ceiling), then momenta
+  around the solver's at the search's two best lrs; for more groups
   the previous optimum's lr and a third of it, with momenta around the staleness-corrected
   centre; nothing at or above a diverged (lr, momentum); for more groups nothing above the
   previous optimum's lr and nothing lower in both lr and momentum. Unlike Omnivore, nothing
@@ -399,6 +400,9 @@ class Optimizer:
                     and (s.iter > 0 or p.test_initialization)):
                 s.test_all()
                 self._on_start()
+                if self.reached:            # the target came with this test: stop here
+                    self.configure(cand)
+                    return
             first = s.iter
             s.restore_capture(cand.state)
             release(cand.lines)
@@ -550,23 +554,24 @@ class Optimizer:
                 plan.stopped = (f"the probes' share of the run ({spend:.3g} s) was spent after "
                                 f"{leader.probed} iterations each")
                 return leader
-            if more < 1 or leader.state is None:
+            if more < 1:
                 plan.stopped = (f"a longer probe would pass iteration {limit} (a test, a "
-                                f"snapshot or the step's end)" if more < 1 else
-                                "the probes' ends did not fit in memory to go on from")
+                                f"snapshot or the step's end)")
                 return leader
             better = [c for c in live[:(len(live) + 1) // 2]
                       if c.seconds <= CONTENDER * leader.seconds]
             for c in live[len(better):]:
                 c.status = (f"pruned: behind after {c.probed} iterations (predicted "
-                            f"{_num(c.seconds, '.3g')} s, the leader {_num(leader.seconds, '.3g')})")
+                            f"{_num(c.seconds, '.3g')} s, the leader "
+                            f"{_num(leader.seconds, '.3g')})")
                 c.drop_branch()
             if len(better) == 1:
                 plan.stopped = (f"no other candidate predicted within {CONTENDER:g}x the "
                                 f"leader's time after {leader.probed} iterations")
                 return leader
+            keep = len(better) * self._state_bytes() <= BRANCH_MEMORY
             for c in better:
-                self.probe(c, more, keep=True)
+                self.probe(c, more, keep=keep)
             live = [c for c in better if c.status == "kept"]
             if not live:
                 raise CCTError("optimizer: every probe diverged when it went on; lower base_lr "
@@ -792,7 +797,8 @@ def _rank(c: Candidate, base_lr: float) -> Tuple[float, float, float, float]:
     the probes having said nothing, the lr nearest the solver's own (a plateau does not say
     which step will leave it), the larger first."""
     last = c.fit.last if c.fit and c.fit.last > 0 else math.inf
-    bucket = math.floor(math.log(last) / math.log1p(LOSS_TIE)) if math.isfinite(last) else math.inf
+    bucket = (math.floor(math.log(last) / math.log1p(LOSS_TIE)) if math.isfinite(last)
+              else math.inf)
     return (c.seconds, bucket, abs(math.log(c.lr / base_lr)), -c.lr)
 
 
