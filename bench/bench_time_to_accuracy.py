@@ -53,6 +53,9 @@ WORKS = ("lenet", "cifar10_quick")
 ARMS = ("caffe", "omnivore", "optimize")
 FULL = {"lenet": 10000, "cifar10_quick": 5000}
 QUICK = {"lenet": 60, "cifar10_quick": 30}
+# Omnivore probed 60-300 s on ImageNet nets; scaled to these small runs (about 250 and 100
+# iterations per probe here).
+OMNIVORE_PROBE = {"lenet": 3.0, "cifar10_quick": 8.0}
 
 
 def solver_for(job: dict):
@@ -170,7 +173,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--every", type=int, help="iterations between held-out evaluations")
     ap.add_argument("--target", type=float, default=0.98)
     ap.add_argument("--loss", type=float, default=0.3)
-    ap.add_argument("--omnivore-probe", type=float, help="seconds per Omnivore probe (60)")
+    ap.add_argument("--omnivore-probe", type=float,
+                    help="seconds per Omnivore probe (default per work: OMNIVORE_PROBE)")
     ap.add_argument("--probe-iters", type=int, help="iterations per --optimize probe")
     ap.add_argument("--retune-every", type=int, help="--optimize's re-tune interval")
     ap.add_argument("--data-dir", default=str(default_data_dir()))
@@ -185,7 +189,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.work = args.work.split(",")
     caps = QUICK if args.quick else FULL
     every = args.every or (10 if args.quick else 100)
-    probe = args.omnivore_probe or (0.5 if args.quick else 60.0)
     probe_iters = args.probe_iters or (10 if args.quick else None)
     retune = args.retune_every or (1000 if args.quick else None)
     print(f"# {cpu_model()}, {os.cpu_count()} cores{', --quick' if args.quick else ''}")
@@ -193,7 +196,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     for work in args.work:
         for arm in args.arms.split(","):
             job = {"work": work, "arm": arm, "cap": args.cap or caps[work], "every": every,
-                   "target": args.target, "loss": args.loss, "omnivore_probe": probe,
+                   "target": args.target, "loss": args.loss,
+                   "omnivore_probe": args.omnivore_probe or (0.5 if args.quick else
+                                                             OMNIVORE_PROBE[work]),
                    "probe_iters": probe_iters, "retune_every": retune,
                    "data_dir": args.data_dir, "zoo": args.zoo}
             runs.append(spawn(job))
@@ -204,7 +209,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(line)
     meta = {"date": datetime.date.today().isoformat(), "cpu": cpu_model(),
             "cores": os.cpu_count(), "quick": args.quick, "target": args.target,
-            "loss": args.loss, "omnivore_probe": probe}
+            "loss": args.loss,
+            "omnivore_probe": {w: args.omnivore_probe or (0.5 if args.quick else OMNIVORE_PROBE[w])
+                               for w in args.work}}
     write_json(args.json, meta, runs)
     plot(runs, args.work, args.png)
     print(f"\nwrote {args.json} and {args.png}")

@@ -49,6 +49,12 @@ Time to target = HE x iterations to target (Omnivore's hardware and statistical 
   of the solver's base_lr; momentum and groups are applied by rebuilding the driver on the
   same solver, in the same process.
 
+* **Recovery**: a probe is short, and a step size can look best for 20 iterations and blow up
+  at 200. When the loss diverges in training, the run goes back to the last state whose
+  chunk of iterations did not raise the loss and goes on with the lr divided by LR_STEP and
+  the momentum at most the solver's (logged; at most MAX_RECOVERIES times, then the
+  divergence is the solver's error as without the optimizer).
+
 Approximations, said once: a driver rebuilt for a probe or a re-tune drops the records of the
 data layers' current batch that its predecessor had not handed out (a few records of the
 epoch are skipped); HE measured over a few iterations includes the noise of a shared machine;
@@ -65,7 +71,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 from ..errors import CCTError
 from ..glog import held, info, quiet, release
 from ..params import NetSource
-from .curve import CurveFit, fit_power_law
+from .curve import DIVERGENCE_RATIO, CurveFit, fit_power_law
 
 SRC = "optimizer.py:0"
 LR_STEP = 3.0           # the cold start's lr search: x3 up (or /3 down) while it pays,
@@ -78,6 +84,7 @@ FLAT = 100               # predictions beyond this many runs of max_iter count a
 LOSS_TIE = 0.01          # losses at a probe's end closer than this (relative) are a tie
 CONTENDER = 3.0          # a candidate predicted over this multiple of the leader's time drops out
 MIN_PROBE = 20           # iterations: shorter probes rank candidates by noise
+MAX_RECOVERIES = 3        # divergences in training the optimizer steps back from
 BRANCH_MEMORY = 1 << 30  # bytes of probe ends (weights and history) kept to go on from
 
 
@@ -205,6 +212,9 @@ class Optimizer:
         self.plan: Optional[Plan] = None
         self.reached: Optional[str] = None
         self.retunes = 0
+        self.recoveries = 0
+        self._good: Optional[dict] = None    # the last state a training chunk began healthy
+        self._healthy = True
         self._probing = False
         self._fresh = False
         self._record: Optional[List[Tuple[float, float]]] = None
@@ -709,7 +719,8 @@ class Optimizer:
         while s.iter < stop and not s.requested_early_exit and not self.reached:
             n = min(stop, next_retune, s.iter + check) - s.iter
             began, first = time.perf_counter(), s.iter
-            self._step(n)
+            if not self._chunk(n):
+                continue
             done = s.iter - first
             ti = s.param.test_interval
             tested = ti and (first // ti != s.iter // ti or first % ti == 0)
@@ -727,6 +738,46 @@ class Optimizer:
                     self.retune(f"measured {per:.3g} s/iter drifted more than {DRIFT:.0%} "
                                 f"from {self.current.he:.3g}", self._limit(stop))
             next_retune = max(next_retune, (s.iter // every + 1) * every)
+
+    def _chunk(self, n: int) -> bool:
+        """``n`` iterations of the current configuration. When its loss diverges (a probe is
+        short: a step size can look best for 20 iterations and blow up at 200), the run goes
+        back to the last state whose chunk did not raise the loss, and on with the lr divided
+        by LR_STEP and the momentum at most the solver's; False then. At most MAX_RECOVERIES
+        times in a run, and only while two states fit in BRANCH_MEMORY; past that the
+        divergence is the solver's error, as without the optimizer."""
+        s = self.solver
+        guard = (self.recoveries < MAX_RECOVERIES
+                 and 2 * self._state_bytes() <= BRANCH_MEMORY)
+        if guard:
+            here = s.capture()
+            if self._healthy or self._good is None:
+                self._good = here
+        before = float(s.smoothed_loss)
+        try:
+            self._step(n)
+        except CCTError as e:
+            if not guard or "loss is" not in str(e):
+                raise
+            self._recover(s.iter)
+            return False
+        after = float(s.smoothed_loss)
+        self._healthy = math.isfinite(after) and not (
+            math.isfinite(before) and before > 0 and after > DIVERGENCE_RATIO * before)
+        return True
+
+    def _recover(self, at: int) -> None:
+        s, cur = self.solver, self.current
+        s.restore_capture(self._good)
+        self._healthy = True
+        self.recoveries += 1
+        calmer = self._candidate(cur.groups, cur.batch, cur.lr / LR_STEP,
+                                 min(cur.momentum, self.base_momentum))
+        calmer.he = cur.he
+        info(SRC, f"Optimizer: the loss diverged at iteration {at} with {cur.describe()}; back "
+             f"to iteration {s.iter} with lr {calmer.lr:.4g}, momentum {calmer.momentum:.4g} "
+             f"(recovery {self.recoveries} of at most {MAX_RECOVERIES})")
+        self.configure(calmer)
 
     def retune(self, why: str, limit: Optional[int] = None) -> Candidate:
         """Omnivore's steady state, in process: probe the current lr and a third of it with

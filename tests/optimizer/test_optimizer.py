@@ -5,6 +5,7 @@ run."""
 import os
 
 import numpy as np
+import pytest
 from google.protobuf import text_format
 
 from cct import cli
@@ -222,6 +223,25 @@ def test_a_driven_winner_goes_on_from_its_probe(data_list, tmp_path):  # noqa: F
         first = solver.iter
         opt.step(5)
         assert solver.iter == first + 5
+        assert all(np.isfinite(p.data).all() for p in solver.net.params_list)
+    finally:
+        opt.close()
+        solver.close()
+
+
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")   # the blow-up itself
+def test_a_divergence_in_training_steps_back_with_a_smaller_lr(data_list, tmp_path,  # noqa: F811
+                                                               capfd):
+    solver = _solver(data_list, tmp_path, max_iter=200)
+    opt = Optimizer(solver, engine="simulated", groups=[1], retune_every=1000)
+    try:
+        opt.configure(Candidate("sync", 1, 16, 3.0, 0.99))      # blows up within steps
+        capfd.readouterr()
+        opt.step(60)
+        err = capfd.readouterr().err
+        assert solver.iter == 60 and 1 <= opt.recoveries <= 3
+        assert "Optimizer: the loss diverged at iteration" in err and "recovery 1 of" in err
+        assert opt.current.lr < 3.0 and opt.current.momentum <= 0.9
         assert all(np.isfinite(p.data).all() for p in solver.net.params_list)
     finally:
         opt.close()
