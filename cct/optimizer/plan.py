@@ -48,7 +48,6 @@ Time to target = HE x iterations to target (Omnivore's hardware and statistical 
   state) halves the groups when the best momentum is not positive. lr changes are a multiple
   of the solver's base_lr; momentum and groups are applied by rebuilding the driver on the
   same solver, in the same process.
-
 * **Recovery**: a probe is short, and a step size can look best for 20 iterations and blow up
   at 200. When the loss diverges in training, the run goes back to the last state whose
   chunk of iterations did not raise the loss and goes on with the lr divided by LR_STEP and
@@ -84,7 +83,7 @@ FLAT = 100               # predictions beyond this many runs of max_iter count a
 LOSS_TIE = 0.01          # losses at a probe's end closer than this (relative) are a tie
 CONTENDER = 3.0          # a candidate predicted over this multiple of the leader's time drops out
 MIN_PROBE = 20           # iterations: shorter probes rank candidates by noise
-MAX_RECOVERIES = 3        # divergences in training the optimizer steps back from
+MAX_RECOVERIES = 3       # divergences in training the optimizer steps back from
 BRANCH_MEMORY = 1 << 30  # bytes of probe ends (weights and history) kept to go on from
 
 
