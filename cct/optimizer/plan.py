@@ -382,10 +382,12 @@ class Optimizer:
             cand.status = "kept"
         return cand
 
-    def _state_bytes(self) -> int:
+    def _fit_in_memory(self, states: int) -> bool:
+        """Whether ``states`` captures of the run (weights and history) fit BRANCH_MEMORY."""
         s = self.solver
-        return (sum(int(p.data.nbytes) for p in s.net.params_list)
-                + sum(int(h.nbytes) for h in s.history))
+        one = (sum(int(p.data.nbytes) for p in s.net.params_list)
+               + sum(int(h.nbytes) for h in s.history))
+        return states * one <= BRANCH_MEMORY
 
     def _limit(self, stop: Optional[int] = None) -> int:
         """The last iteration a kept probe may end at: one that skips no test or snapshot of
@@ -446,13 +448,13 @@ class Optimizer:
         n_probes = (len(self.lr_multiples or (1, 1, 1)) + 2 * (len(self.momentum_offsets) - 1)) * \
             len(self.batches) + 5 * (len(self.groups) - 1)
         plan.probe_iters = self._probe_iters(n_probes, self._horizon(he1), he1)
-        keeps = max(0, BRANCH_MEMORY // max(1, self._state_bytes()))
 
         def probe_all(grid, he, prev, centre, diverged_at):
             for c in grid:
                 c.he = he
                 kept = sum(k.state is not None for k in plan.candidates)
-                keep = kept < keeps and self.solver.iter + plan.probe_iters <= limit
+                keep = self._fit_in_memory(kept + 1) and \
+                    self.solver.iter + plan.probe_iters <= limit
                 self._probe_unless_pruned(c, prev, centre, diverged_at, plan.probe_iters, keep)
                 plan.candidates.append(c)
 
@@ -578,7 +580,7 @@ class Optimizer:
                 plan.stopped = (f"no other candidate predicted within {CONTENDER:g}x the "
                                 f"leader's time after {leader.probed} iterations")
                 return leader
-            keep = len(better) * self._state_bytes() <= BRANCH_MEMORY
+            keep = self._fit_in_memory(len(better))
             for c in better:
                 self.probe(c, more, keep=keep)
             live = [c for c in better if c.status == "kept"]
@@ -746,12 +748,9 @@ class Optimizer:
         times in a run, and only while two states fit in BRANCH_MEMORY; past that the
         divergence is the solver's error, as without the optimizer."""
         s = self.solver
-        guard = (self.recoveries < MAX_RECOVERIES
-                 and 2 * self._state_bytes() <= BRANCH_MEMORY)
-        if guard:
-            here = s.capture()
-            if self._healthy or self._good is None:
-                self._good = here
+        guard = self.recoveries < MAX_RECOVERIES and self._fit_in_memory(2)
+        if guard and (self._healthy or self._good is None):
+            self._good = s.capture()        # the previous chunk kept the loss down
         before = float(s.smoothed_loss)
         try:
             self._step(n)
@@ -795,7 +794,7 @@ class Optimizer:
         interval = self._retune_every() * he
         plan.probe_iters = self._probe_iters(len(grid), interval, he)
         keep = s.iter + plan.probe_iters <= limit and \
-            len(grid) * self._state_bytes() <= BRANCH_MEMORY
+            self._fit_in_memory(len(grid))
         diverged_at: List[Tuple[float, float]] = []
         for c in grid:
             c.he = he
