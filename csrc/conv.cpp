@@ -28,6 +28,10 @@
 // gather and a scatter through memory) depends on the shape: it is measured with the
 // partitioning, per layer and kernel.
 //
+// Direct layout (conv_direct.cpp): stride-1 float layers on AVX2/FMA CPUs computed from the
+// blobs with no lowered matrix at all; the thin layers of small nets, where the lowered GEMM is
+// bound by memory, are where it wins. It is one more candidate, measured like the others.
+//
 // The weight gradient's GEMM (long inner dimension M, small result) goes through
 // gemm_measured, which picks its operand order by measurement (gemm.cpp). It adds into the
 // weight diff when asked (Caffe accumulates param diffs over iter_size and shared params).
@@ -42,8 +46,10 @@
 #include <optional>
 #include <stdexcept>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
+#include "conv_direct.h"
 #include "gemm.h"
 #include "kernels.h"
 #include "parallel.h"
@@ -384,7 +390,7 @@ void run_partitioned(int64_t n, int parts, bool cache_chunks, Body&& body) {
 }
 
 enum Kernel : int { kForward, kBackwardData, kBackwardWeight };
-enum Layout : int { kLowered, kPointwise };
+enum Layout : int { kLowered, kPointwise, kDirect };
 
 // How a kernel runs on one geometry: its batch partitions, its layout, and (one partition)
 // whether it lowers in cache-sized chunks.
@@ -400,20 +406,44 @@ using PlanKey = std::tuple<int, std::array<int64_t, 16>, int64_t, int, int>;
 std::mutex g_plan_mutex;
 std::map<PlanKey, Plan> g_plans;
 std::atomic<int> g_partition_mode{0};  // 0 measure, 1 one partition, 2 one per thread
-std::atomic<int> g_layout_mode{0};     // 0 measure, 1 lowered, 2 pointwise where it applies
+// 0 measure, 1 lowered, 2 pointwise where it applies, 3 direct where it applies
+std::atomic<int> g_layout_mode{0};
 std::atomic<bool> g_measure{true};     // time new shapes, or give them rule_plan's plan
 // Added to a key's modes for plans given by the rule, so they never stand for measured ones.
-constexpr int kRuleModes = 9;
+constexpr int kRuleModes = 12;
+
+// Whether a layout computes this kernel on this geometry here (a plan installed from another
+// machine's table may name one this CPU or shape cannot run: it runs lowered).
+template <typename T>
+bool layout_applies(Layout layout, Kernel kernel, const ConvGeom& g) {
+  switch (layout) {
+    case kPointwise: return is_pointwise(g);
+    case kDirect:
+      return std::is_same_v<T, float> && direct_conv_applies(g, kernel == kBackwardData);
+    default: return true;
+  }
+}
+
+template <typename T>
+Layout usable(Layout layout, Kernel kernel, const ConvGeom& g) {
+  return layout_applies<T>(layout, kernel, g) ? layout : kLowered;
+}
 
 // The plans a kernel may use on this geometry under the current modes.
-std::vector<Plan> candidate_plans(const ConvGeom& g, int threads) {
+template <typename T>
+std::vector<Plan> candidate_plans(Kernel kernel, const ConvGeom& g, int threads) {
   std::vector<int> parts;
   if (g_partition_mode != 2) parts.push_back(1);
   if (threads > 1 && g_partition_mode != 1) parts.push_back(threads);
   if (parts.empty()) parts.push_back(1);
+  // Mode 2 or 3 forces its layout where it applies, lowered elsewhere.
   std::vector<Layout> layouts;
-  if (g_layout_mode != 2 || !is_pointwise(g)) layouts.push_back(kLowered);
-  if (g_layout_mode != 1 && is_pointwise(g)) layouts.push_back(kPointwise);
+  const int mode = g_layout_mode;
+  for (Layout layout : {kPointwise, kDirect}) {
+    if ((mode == 0 || mode == 1 + int(layout)) && layout_applies<T>(layout, kernel, g))
+      layouts.push_back(layout);
+  }
+  if (mode <= 1 || layouts.empty()) layouts.insert(layouts.begin(), kLowered);
   std::vector<Plan> plans;
   for (Layout layout : layouts) {
     for (int p : parts) plans.push_back({p, layout, false});
@@ -456,7 +486,7 @@ template <typename T, typename Run>
 void run_with_plan(Kernel kernel, const ConvGeom& g, Run&& run, T* accumulated = nullptr,
                    int64_t count = 0) {
   const int threads = std::max<int>(1, std::min<int64_t>(num_threads(), g.n));
-  const std::vector<Plan> plans = candidate_plans(g, threads);
+  const std::vector<Plan> plans = candidate_plans<T>(kernel, g, threads);
   if (plans.size() == 1) return run(plans[0]);
   const bool measure = g_measure;
   const PlanKey key{kernel,
@@ -521,7 +551,7 @@ void set_partition_mode(int mode) {
 }
 
 void set_conv_layout(int mode) {
-  if (mode < 0 || mode > 2) throw std::invalid_argument("conv layout must be 0, 1 or 2");
+  if (mode < 0 || mode > 3) throw std::invalid_argument("conv layout must be 0, 1, 2 or 3");
   g_layout_mode = mode;
 }
 
@@ -532,8 +562,9 @@ std::vector<PlanChoice> partition_choices() {
     const auto& geom = std::get<1>(key);
     out.emplace_back(std::get<0>(key), std::vector<int64_t>(geom.begin(), geom.end()), plan.parts,
                      plan.layout == kPointwise ? "pointwise"
-                     : plan.cache_chunks     ? "lowered-cache-chunks"
-                                             : "lowered");
+                     : plan.layout == kDirect  ? "direct"
+                     : plan.cache_chunks       ? "lowered-cache-chunks"
+                                               : "lowered");
   }
   return out;
 }
@@ -554,7 +585,7 @@ void load_conv_plans(const std::vector<ConvPlanEntry>& entries) {
   std::vector<std::pair<PlanKey, Plan>> parsed;
   for (const auto& [kernel, geom, size, threads, modes, parts, layout, chunks] : entries) {
     if (kernel < kForward || kernel > kBackwardWeight || geom.size() != 16 || threads < 1 ||
-        parts < 1 || (layout != kLowered && layout != kPointwise))
+        parts < 1 || layout < kLowered || layout > kDirect)
       throw std::invalid_argument("not a convolution plan");
     PlanKey key{kernel, {}, size, threads, modes};
     std::copy(geom.begin(), geom.end(), std::get<1>(key).begin());
@@ -587,8 +618,12 @@ void clear_plans() {
 template <typename T>
 void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGeom& g) {
   run_with_plan<T>(kForward, g, [&](Plan plan) {
+    const Layout layout = usable<T>(plan.layout, kForward, g);
     run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
-      if (plan.layout == kPointwise) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (layout == kDirect) return conv_forward_direct(x, weight, bias, y, g, begin, end);
+      }
+      if (layout == kPointwise) {
         forward_pointwise(x, weight, bias, y, g, begin, end, budget);
       } else {
         forward_range(x, weight, bias, y, g, begin, end, budget);
@@ -600,8 +635,12 @@ void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGe
 template <typename T>
 void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g) {
   run_with_plan<T>(kBackwardData, g, [&](Plan plan) {
+    const Layout layout = usable<T>(plan.layout, kBackwardData, g);
     run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
-      if (plan.layout == kPointwise) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (layout == kDirect) return conv_backward_data_direct(dy, weight, dx, g, begin, end);
+      }
+      if (layout == kPointwise) {
         backward_data_pointwise(dy, weight, dx, g, begin, end);
       } else {
         backward_data_range(dy, weight, dx, g, begin, end, budget);
@@ -618,12 +657,17 @@ void conv_backward_weight(const T* x, const T* dy, T* dweight, const ConvGeom& g
       kBackwardWeight, g,
       [&](Plan plan) {
         // Part 0 writes (or adds into) dweight; the others their own sums, added in after.
+        const Layout layout = usable<T>(plan.layout, kBackwardWeight, g);
         std::vector<T> partial(size_t(size * (plan.parts - 1)));
         run_partitioned(g.n, plan.parts, plan.cache_chunks,
                         [&](int part, int64_t begin, int64_t end, int64_t budget) {
                           T* out = part == 0 ? dweight : partial.data() + (part - 1) * size;
                           const bool acc = part == 0 && accumulate;
-                          if (plan.layout == kPointwise) {
+                          if constexpr (std::is_same_v<T, float>) {
+                            if (layout == kDirect)
+                              return conv_backward_weight_direct(x, dy, out, g, begin, end, acc);
+                          }
+                          if (layout == kPointwise) {
                             backward_weight_pointwise(x, dy, out, g, begin, end, acc);
                           } else {
                             backward_weight_range(x, dy, out, g, begin, end, budget, acc);

@@ -32,16 +32,18 @@ void set_col_buffer_limit(int64_t bytes);
 // Batch partitioning: 0 measures per kernel and geometry (the default), 1 always one
 // partition with threaded BLAS, 2 always one partition per thread with single-threaded BLAS.
 void set_partition_mode(int mode);
-// Layout of pointwise convolutions (1x1, stride 1, pad 0): 0 measures per kernel and geometry
-// (the default), 1 always lowered, 2 always pointwise (no lowering; other geometries lowered).
+// Convolution layout: 0 measures per kernel and geometry among those that apply (the default),
+// 1 always lowered, 2 pointwise where it applies (1x1, stride 1, pad 0: no lowering), 3 direct
+// where it applies (stride-1 float on AVX2/FMA, conv_direct.h); the others lowered.
 void set_conv_layout(int mode);
 // The plans measured so far: (kernel 0 forward / 1 backward data / 2 backward weight,
-// geometry n c h w o ho wo kh kw sh sw ph pw dh dw group, partitions, "lowered"/"pointwise").
+// geometry n c h w o ho wo kh kw sh sw ph pw dh dw group, partitions,
+// "lowered"/"lowered-cache-chunks"/"pointwise"/"direct").
 using PlanChoice = std::tuple<int, std::vector<int64_t>, int, const char*>;
 std::vector<PlanChoice> partition_choices();
 // Every convolution plan in the table, key and plan, so that it can be saved and installed in
 // another process: (kernel, geometry, element size, threads, modes, partitions, layout
-// 0 lowered / 1 pointwise, cache-sized chunks).
+// 0 lowered / 1 pointwise / 2 direct, cache-sized chunks).
 using ConvPlanEntry =
     std::tuple<int, std::vector<int64_t>, int64_t, int, int, int, int, bool>;
 std::vector<ConvPlanEntry> conv_plan_table();

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "conv_direct.h"
 #include "gemm.h"
 #include "kernels.h"
 #include "parallel.h"
@@ -458,8 +459,11 @@ PYBIND11_MODULE(_C, m) {
         "Convolution batch partitioning: 0 measure per layer (default), 1 one partition with "
         "threaded BLAS, 2 one partition per thread with single-threaded BLAS.");
   m.def("set_conv_layout", &cct::set_conv_layout, py::arg("mode"),
-        "Pointwise (1x1, stride 1, pad 0) convolutions: 0 measure the layout per layer "
-        "(default), 1 lowered, 2 pointwise (no lowering).");
+        "Convolution layout: 0 measure per layer among those that apply (default), 1 lowered, "
+        "2 pointwise where it applies (1x1, stride 1, pad 0), 3 direct where it applies "
+        "(stride-1 float on AVX2/FMA); the others lowered.");
+  m.def("cpu_has_direct_conv", &cct::cpu_has_direct_conv,
+        "Whether this CPU runs the direct convolution layout (AVX2 and FMA).");
   m.def("partition_choices", &cct::partition_choices,
         "(kernel, geometry, partitions, layout) for each convolution measured.");
   m.def("blas_has_batch_strided", &cct::blas_has_batch_strided,

@@ -284,8 +284,92 @@ def test_layout_is_measured_for_pointwise_layers_only(num_threads):
         cpu.conv_forward(x, weight, bias, *geom)
     layouts = {tuple(c[1][7:11]): c[3] for c in _C.partition_choices()
                if c[0] == 0 and c[1][:5] == [3, 5, 6, 7, 4]}
-    assert layouts[(1, 1, 1, 1)] in ("lowered", "pointwise")
+    assert layouts[(1, 1, 1, 1)] in ("lowered", "pointwise", "direct")
     assert layouts[(1, 1, 2, 2)] == "lowered"
+
+
+# The direct layout (csrc/conv_direct.cpp): stride-1 float32 layers on AVX2/FMA CPUs. Its
+# cases add what the hand-picked ones lack for it: several tiles of 4 channels and 3 vectors
+# with a partial last one, rows of 8 and of more than 8 pixels, weight-gradient chunks of
+# several images.
+DIRECT_CASES = [c for c in ALL_CONV + random_conv_cases(40, seed=8) if c[6] == (1, 1)] + [
+    (3, 32, 16, 16, 32, (5, 5), (1, 1), (2, 2), (1, 1), 1),  # CIFAR10-quick conv2 in small
+    (2, 5, 13, 13, 7, (3, 3), (1, 1), (1, 1), (1, 1), 1),    # CaffeNet conv3-like rows
+    (2, 4, 9, 21, 6, (5, 5), (1, 1), (2, 2), (1, 1), 2),     # groups, 3 vectors per row
+    (2, 3, 12, 12, 5, (3, 3), (1, 1), (2, 2), (2, 2), 1),    # dilation with pad
+    (40, 3, 8, 8, 9, (3, 3), (1, 1), (1, 1), (1, 1), 1),     # weight chunks of many images
+]
+needs_direct = pytest.mark.skipif(not _C.cpu_has_direct_conv(),
+                                  reason="the direct layout needs a CPU with AVX2 and FMA")
+
+
+@needs_direct
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("case", DIRECT_CASES, ids=str)
+def test_direct_layout(case, mode, threads, conv_layout, partition_mode, num_threads):
+    """Forced direct (backward data falls back to lowered where its pad would be negative):
+    one or several partitions, one or several threads, and accumulation into a weight diff."""
+    x, weight, bias, dy, geom = conv_arrays(case, np.float32)
+    conv_layout(3)
+    partition_mode(mode)
+    num_threads(threads)
+    check_conv(cpu, x, weight, bias, dy, geom, np.float32, no_bias=True)
+    before = rand(weight.shape, np.float32, 5)
+    dw = before.copy()
+    cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True)
+    close(dw, before + reference.conv_backward_weight(x, dy, *geom), np.float32)
+
+
+@needs_direct
+def test_direct_layout_repeats_to_the_bit_on_any_thread_count(conv_layout, partition_mode,
+                                                              num_threads):
+    """Each output is summed in one fixed order: threads split images (forward, backward data)
+    or output channels (weight gradient, one partition), never a sum."""
+    x, weight, bias, dy, geom = conv_arrays((5, 12, 11, 19, 10, (5, 3), (1, 1), (2, 1), (1, 1), 1),
+                                            np.float32)
+    conv_layout(3)
+    partition_mode(1)
+    runs = []
+    for threads in (1, 2, 3):
+        num_threads(threads)
+        runs.append([cpu.conv_forward(x, weight, bias, *geom),
+                     cpu.conv_backward_data(dy, weight, x.shape, *geom),
+                     cpu.conv_backward_weight(x, dy, *geom)])
+    for run in runs[1:]:
+        for got, want in zip(run, runs[0]):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_direct_layout_is_measured_for_stride_1_float32_only(num_threads):
+    num_threads(2)
+    cases = [((3, 4, 9, 9, 8, (3, 3), (1, 1), (1, 1), (1, 1), 1), np.float32),
+             ((3, 4, 9, 9, 8, (3, 3), (2, 2), (1, 1), (1, 1), 1), np.float32),
+             ((3, 4, 9, 10, 8, (3, 3), (1, 1), (1, 1), (1, 1), 1), np.float64)]
+    for case, dtype in cases:
+        x, weight, bias, dy, geom = conv_arrays(case, dtype)
+        cpu.conv_forward(x, weight, bias, *geom)
+    layouts = {(c[1][3], c[1][9]): c[3] for c in _C.partition_choices()
+               if c[0] == 0 and c[1][:3] == [3, 4, 9] and c[1][4] == 8}
+    assert layouts[(9, 2)] != "direct" and layouts[(10, 1)] != "direct"
+    if not _C.cpu_has_direct_conv():
+        assert layouts[(9, 1)] != "direct"
+
+
+@needs_direct
+def test_a_direct_plan_where_it_cannot_run_runs_lowered(num_threads):
+    """A plan table from another machine may name the direct layout for a float64 layer, or
+    for backward data whose pad exceeds the kernel: those run lowered, correctly."""
+    for case, dtype, kernel in [((2, 3, 7, 7, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1), np.float64, 0),
+                                ((2, 3, 7, 7, 4, (3, 3), (1, 1), (3, 3), (1, 1), 1), np.float32, 1)]:
+        x, weight, bias, dy, geom = conv_arrays(case, dtype)
+        n, c, h, w, o = case[:5]
+        ho = dy.shape[2]
+        key = [n, c, h, w, o, ho, dy.shape[3], 3, 3, 1, 1, case[7][0], case[7][1], 1, 1, 1]
+        num_threads(2)
+        _C.load_conv_plans([(kernel, key, np.dtype(dtype).itemsize, 2, 0, 2, 2, False)])
+        check_conv(cpu, x, weight, bias, dy, geom, dtype)
+        assert (kernel, key, 2, "direct") in _C.partition_choices()  # the plan stood
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

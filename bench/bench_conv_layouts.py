@@ -1,0 +1,124 @@
+"""Each convolution of the zoo's nets under each layout the kernels choose among: the lowered
+GEMM (Caffe con Troll's, its batch partitions measured) against the direct kernel
+(csrc/conv_direct.cpp, stride-1 float32 layers on AVX2/FMA CPUs), forward, backward data and
+backward weight, in the same run.
+
+    python bench/bench_conv_layouts.py                       # lenet, cifar10_quick, caffenet_b32
+    python bench/bench_conv_layouts.py --nets cifar10_quick --repeats 10
+
+Printed per layer and kernel: the best of --repeats calls in milliseconds for each layout, the
+direct kernel's GFLOP/s and its speed as a ratio of the lowered one's (> 1: direct is faster),
+and the layout that training's measured plan picks (layout mode 0, as `cct train` runs). The
+nets come from bench_train (the zoo's prototxts, synthetic data, the nets' own batches).
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.append(str(REPO))  # after the installed packages: see bench_train.py
+
+from bench.bench_train import NETS, default_zoo, machine, sgemm_peak, synthetic_net  # noqa: E402
+
+DEFAULT_NETS = "lenet,cifar10_quick,caffenet_b32"
+KERNELS = ("forward", "backward data", "backward weight")
+LOWERED, DIRECT, MEASURED = 1, 3, 0  # cct._C.set_conv_layout's modes
+
+
+def best_of(call, repeats: int) -> float:
+    call()  # the first call measures the plan's partitions
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def conv_layers(net):
+    """(name, geometry arguments, bottom shape, top shape) of each Convolution layer."""
+    for name, layer in zip(net.layer_names, net.layers):
+        if layer.type == "Convolution":
+            geom = (tuple(layer.kernel), tuple(layer.stride), tuple(layer.pad),
+                    tuple(layer.dilation), int(layer.group))
+            yield name, geom, tuple(layer.in_shape4), tuple(layer.out_shape4)
+
+
+def time_layer(geom, x_shape, y_shape, repeats: int) -> dict:
+    import numpy as np
+
+    from cct import _C
+    from cct.backend import cpu
+
+    rng = np.random.default_rng(0)
+    kernel, _, _, _, group = geom
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    dy = rng.standard_normal(y_shape, dtype=np.float32)
+    weight = rng.standard_normal((y_shape[1], x_shape[1] // group) + kernel, dtype=np.float32)
+    bias = rng.standard_normal(y_shape[1], dtype=np.float32)
+    y, dx, dw = np.empty_like(dy), np.empty_like(x), np.empty_like(weight)
+    calls = (lambda: cpu.conv_forward(x, weight, bias, *geom, out=y),
+             lambda: cpu.conv_backward_data(dy, weight, x.shape, *geom, out=dx),
+             lambda: cpu.conv_backward_weight(x, dy, *geom, out=dw))
+    times = {}
+    try:
+        for mode in (LOWERED, DIRECT, MEASURED):
+            _C.set_conv_layout(mode)
+            times[mode] = [best_of(call, repeats) for call in calls]
+    finally:
+        _C.set_conv_layout(MEASURED)
+    chosen = {}
+    for kernel_id, geometry, _, layout in _C.partition_choices():
+        if geometry[:5] == [x_shape[0], x_shape[1], x_shape[2], x_shape[3], y_shape[1]] and \
+                geometry[7:] == [*kernel, *geom[1], *geom[2], *geom[3], group]:
+            chosen[kernel_id] = layout
+    return {"times": times, "chosen": chosen}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nets", default=DEFAULT_NETS, help=f"comma-separated, from: "
+                    f"{', '.join(NETS)}")
+    ap.add_argument("--repeats", type=int, default=5, help="timed calls per kernel and layout")
+    ap.add_argument("--zoo", type=pathlib.Path, default=None, help="the caffe-zoo folder")
+    args = ap.parse_args(argv)
+    from cct import _C
+
+    zoo = args.zoo or default_zoo()
+    names = [n.strip() for n in args.nets.split(",") if n.strip()]
+    unknown = [n for n in names if n not in NETS]
+    if unknown:
+        raise SystemExit(f"bench: unknown net(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(NETS)}")
+    if not zoo.is_dir():
+        raise SystemExit(f"bench: no caffe-zoo folder at {zoo} (give --zoo or set CCT_SHARED)")
+    print(machine())
+    print(f"SGEMM peak: {sgemm_peak():.1f} GFLOP/s; best of {args.repeats} calls per kernel")
+    if not _C.cpu_has_direct_conv():
+        print("this CPU has no AVX2/FMA: every layer runs lowered, so there is nothing to compare")
+        return
+    print(f"{'layer':<22} {'kernel':<16} {'lowered ms':>10} {'direct ms':>10} "
+          f"{'direct GF/s':>11} {'ratio':>6}  plan")
+    for net_name in names:
+        path, batch = NETS[net_name]
+        net = synthetic_net(zoo / path, batch)
+        for layer, geom, x_shape, y_shape in conv_layers(net):
+            label = f"{net_name}/{layer}"
+            if geom[1] != (1, 1):
+                print(f"{label:<22} {'(stride ' + str(geom[1][0]) + ': lowered only)'}")
+                continue
+            r = time_layer(geom, x_shape, y_shape, args.repeats)
+            macs = (y_shape[0] * y_shape[1] * y_shape[2] * y_shape[3] * x_shape[1] // geom[4]
+                    * geom[0][0] * geom[0][1])
+            for k, kernel in enumerate(KERNELS):
+                lowered, direct = r["times"][LOWERED][k], r["times"][DIRECT][k]
+                print(f"{label:<22} {kernel:<16} {lowered * 1e3:10.2f} {direct * 1e3:10.2f} "
+                      f"{2 * macs / direct / 1e9:11.1f} {lowered / direct:6.2f}  "
+                      f"{r['chosen'].get(k, '?')}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,393 @@
+// Direct convolution (no lowered matrix) for stride-1 float layers on CPUs with AVX2 and FMA.
+//
+// Why: on the thin layers of small nets (CIFAR10-quick's 32 filters of 5x5 over 32 channels)
+// the lowered GEMM is bound by memory, not arithmetic. Its K x M matrix is 25x the bottom
+// (82 MB for conv2 at batch 100), written by im2col, read back by the BLAS and, for backward
+// data, written again and folded by col2im. The GEMM alone on it reaches 62-86% of the SGEMM
+// peak and the whole convolution 52-58% (bench/RESULTS.md). The direct kernel reads each
+// image's bottom (zero-padded once into a per-thread buffer) straight into registers.
+//
+// The tile: 4 output channels x 3 vectors of 8 output pixels, twelve accumulators, for every
+// (input channel, tap) one broadcast weight per channel and one unaligned load per vector:
+// with stride 1, eight consecutive output pixels read eight consecutive input pixels. A
+// vector may reach past the row's last output pixel: those lanes read the buffer's zero
+// slack and are not stored. The weights are packed per 4 channels in the loop's order, so
+// they stream from L1; the padded image (51 KB for CIFAR10-quick's conv2) stays in L2.
+//
+// Backward data of a stride-1 convolution is itself one: dx = dy convolved with the weights
+// flipped in both spatial axes and with channels swapped, pad (k - 1) * d - p. The same tile
+// computes it (no col2im, nothing accumulated through memory).
+//
+// Backward weight: dW[o, c, i, j] is a sum over every image's pixels of dy[o] times the bottom
+// shifted by tap (i, j). The tile holds 4 output channels x 3 taps as vectors of 8 pixels and
+// runs over a chunk of images whose padded bottoms and dy fit L2; the lanes are summed once,
+// at the end.
+//
+// Rounding: forward and backward data sum each output in one fixed order (channel, tap)
+// whatever the threads and the batch partitions; the weight gradient in one fixed order for a
+// given partitioning (threads take output channels, not images). A plan that chooses this
+// layout repeats to the bit, as the lowered ones do.
+#include "conv_direct.h"
+
+#include <stdexcept>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "parallel.h"
+
+namespace cct {
+
+namespace {
+
+constexpr int kRows = 4;   // output channels per tile
+constexpr int kLanes = 8;  // floats per AVX2 vector
+constexpr int kVecs = 3;   // vectors of output pixels per tile
+
+inline int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+// A convolution as the tile sees it: `in` channels of h x w, padded by (ph, pw), taps kh x kw
+// dilated by (dh, dw), stride 1, giving `out` channels of ho x wo.
+struct Shape {
+  int64_t in, h, w, out, ho, wo, kh, kw, ph, pw, dh, dw;
+  int64_t hp() const { return ho + (kh - 1) * dh; }
+  // Row stride of the padded image: every vector of a row's last tile, at every tap, inside.
+  int64_t wp() const { return round_up(wo, kLanes) + (kw - 1) * dw; }
+  int64_t plane() const { return hp() * wp(); }
+};
+
+// Copies one image's `in` channels (each h x w, channel stride `stride`) into the zeroed
+// padded buffer `xp`.
+void pad_image(const float* x, int64_t stride, const Shape& s, float* xp) {
+  const int64_t wp = s.wp(), plane = s.plane();
+  std::fill(xp, xp + s.in * plane, 0.0f);
+  // Rows or columns of the bottom that a negative-pad geometry never reads are cut.
+  const int64_t r0 = std::max<int64_t>(0, -s.ph), r1 = std::min(s.h, s.hp() - s.ph);
+  const int64_t c0 = std::max<int64_t>(0, -s.pw), c1 = std::min(s.w, wp - s.pw);
+  if (r1 <= r0 || c1 <= c0) return;
+  for (int64_t c = 0; c < s.in; ++c)
+    for (int64_t r = r0; r < r1; ++r)
+      std::memcpy(xp + c * plane + (r + s.ph) * wp + c0 + s.pw, x + c * stride + r * s.w + c0,
+                  size_t(c1 - c0) * sizeof(float));
+}
+
+// The forward tile: out[r][v] (8 lanes) = sum over `channels` and taps (i, j) of the packed
+// weight w[c][i][j][r] times the padded image at p_v + c * plane + i * row + j * col. Twelve
+// named accumulators: as an array, GCC keeps them on the stack.
+__attribute__((target("avx2,fma"))) void forward_tile(const float* w, const float* p0,
+                                                      const float* p1, const float* p2,
+                                                      int64_t channels, int64_t plane,
+                                                      int64_t kh, int64_t kw, int64_t row,
+                                                      int64_t col, float* out) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
+  __m256 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+  for (int64_t c = 0; c < channels; ++c) {
+    for (int64_t i = 0; i < kh; ++i) {
+      const int64_t base = c * plane + i * row;
+      for (int64_t j = 0; j < kw; ++j, w += kRows) {
+        const int64_t off = base + j * col;
+        const __m256 b0 = _mm256_loadu_ps(p0 + off), b1 = _mm256_loadu_ps(p1 + off),
+                     b2 = _mm256_loadu_ps(p2 + off);
+        __m256 a = _mm256_broadcast_ss(w);
+        c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01);
+        c02 = _mm256_fmadd_ps(a, b2, c02);
+        a = _mm256_broadcast_ss(w + 1);
+        c10 = _mm256_fmadd_ps(a, b0, c10), c11 = _mm256_fmadd_ps(a, b1, c11);
+        c12 = _mm256_fmadd_ps(a, b2, c12);
+        a = _mm256_broadcast_ss(w + 2);
+        c20 = _mm256_fmadd_ps(a, b0, c20), c21 = _mm256_fmadd_ps(a, b1, c21);
+        c22 = _mm256_fmadd_ps(a, b2, c22);
+        a = _mm256_broadcast_ss(w + 3);
+        c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31);
+        c32 = _mm256_fmadd_ps(a, b2, c32);
+      }
+    }
+  }
+  const __m256 acc[kRows * kVecs] = {c00, c01, c02, c10, c11, c12, c20, c21, c22, c30, c31, c32};
+  for (int t = 0; t < kRows * kVecs; ++t) _mm256_storeu_ps(out + t * kLanes, acc[t]);
+}
+
+// One image: y (out channels, channel stride ystride) = bias + the convolution of the padded
+// image xp with the packed weights wpk. The image's vectors of 8 output pixels (a row's last
+// one partly past its end) go three to a tile; a last tile of fewer repeats its first vector.
+void forward_image(const float* xp, const float* wpk, const float* bias, float* y,
+                   int64_t ystride, const Shape& s) {
+  const int64_t per_row = (s.wo + kLanes - 1) / kLanes, vectors = s.ho * per_row;
+  const int64_t taps = s.in * s.kh * s.kw, wp = s.wp();
+  alignas(32) float out[kRows * kVecs * kLanes];
+  for (int64_t o0 = 0; o0 < s.out; o0 += kRows) {
+    const float* w = wpk + o0 * taps;
+    for (int64_t v0 = 0; v0 < vectors; v0 += kVecs) {
+      const int nv = int(std::min<int64_t>(kVecs, vectors - v0));
+      const float* at[kVecs];
+      int64_t pix[kVecs];
+      for (int v = 0; v < kVecs; ++v) {
+        const int64_t vec = v0 + (v < nv ? v : 0);
+        const int64_t oh = vec / per_row, ow = vec % per_row * kLanes;
+        at[v] = xp + oh * wp + ow;
+        pix[v] = oh * s.wo + ow;
+      }
+      forward_tile(w, at[0], at[1], at[2], s.in, s.plane(), s.kh, s.kw, s.dh * wp, s.dw, out);
+      for (int64_t r = 0; r < std::min<int64_t>(kRows, s.out - o0); ++r) {
+        float* yo = y + (o0 + r) * ystride;
+        const float b = bias ? bias[o0 + r] : 0.0f;
+        for (int v = 0; v < nv; ++v) {
+          const int64_t n = std::min<int64_t>(kLanes, s.wo - pix[v] % s.wo);
+          const float* src = out + (r * kVecs + v) * kLanes;
+          for (int64_t l = 0; l < n; ++l) yo[pix[v] + l] = src[l] + b;
+        }
+      }
+    }
+  }
+}
+
+// A grow-only per-thread scratch array (a training step allocates nothing once warm).
+float* scratch(std::vector<float>& v, size_t n) {
+  if (v.size() < n) {
+    v.clear();  // release first: never hold both buffers
+    v.shrink_to_fit();
+    v.resize(n);
+  }
+  return v.data();
+}
+
+thread_local std::vector<float> t_weights, t_padded, t_dy, t_sums;
+
+// Packs weight(o, c, i, j) as [o / 4][c][i][j][o % 4], zero rows past `out`.
+template <typename Weight>
+const float* pack_weights(const Shape& s, Weight&& weight) {
+  const int64_t taps = s.in * s.kh * s.kw, size = round_up(s.out, kRows) * taps;
+  float* wp = scratch(t_weights, size_t(size));
+  std::fill(wp, wp + size, 0.0f);
+  for (int64_t o = 0; o < s.out; ++o)
+    for (int64_t c = 0; c < s.in; ++c)
+      for (int64_t i = 0; i < s.kh; ++i)
+        for (int64_t j = 0; j < s.kw; ++j)
+          wp[(o / kRows * taps + (c * s.kh + i) * s.kw + j) * kRows + o % kRows] =
+              weight(o, c, i, j);
+  return wp;
+}
+
+// Images [begin, end) of a stride-1 convolution, one group at a time: images split across
+// threads (one thread inside a partition, parallel.h).
+template <typename Weight>
+void convolve(const float* x, int64_t x_image, int64_t x_group, const float* bias, float* y,
+              int64_t y_image, int64_t y_group, int64_t groups, const Shape& s, int64_t begin,
+              int64_t end, Weight&& weight_of_group) {
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    const float* wp = pack_weights(s, [&](int64_t o, int64_t c, int64_t i, int64_t j) {
+      return weight_of_group(grp, o, c, i, j);
+    });
+    const float* b = bias ? bias + grp * s.out : nullptr;
+    const int64_t cost = s.out * s.in * s.kh * s.kw * s.ho * s.wo;
+    parallel_for(end - begin, cost, [&](int64_t lo, int64_t hi) {
+      float* xp = scratch(t_padded, size_t(s.in * s.plane()));
+      for (int64_t n = begin + lo; n < begin + hi; ++n) {
+        pad_image(x + n * x_image + grp * x_group, s.h * s.w, s, xp);
+        forward_image(xp, wp, b, y + n * y_image + grp * y_group, s.ho * s.wo, s);
+      }
+    });
+  }
+}
+
+constexpr int kTapsPerTile = 3;
+
+// The weight tile: sum[r][t] (8 lanes each, 4 x 3) += over `images` images, their output rows
+// and vectors of 8 pixels, dy row r (d_r: rows of dyw floats, zero past wo, images dy_image
+// apart) times the padded bottom at tap t (x_t: rows of wp floats, images x_image apart).
+__attribute__((target("avx2,fma"))) void weight_tile(const float* d0, const float* d1,
+                                                     const float* d2, const float* d3,
+                                                     const float* x0, const float* x1,
+                                                     const float* x2, int64_t images,
+                                                     int64_t dy_image, int64_t x_image,
+                                                     int64_t ho, int64_t dyw, int64_t wp,
+                                                     float* sum) {
+  __m256 c00 = _mm256_loadu_ps(sum), c01 = _mm256_loadu_ps(sum + 8),
+         c02 = _mm256_loadu_ps(sum + 16), c10 = _mm256_loadu_ps(sum + 24),
+         c11 = _mm256_loadu_ps(sum + 32), c12 = _mm256_loadu_ps(sum + 40),
+         c20 = _mm256_loadu_ps(sum + 48), c21 = _mm256_loadu_ps(sum + 56),
+         c22 = _mm256_loadu_ps(sum + 64), c30 = _mm256_loadu_ps(sum + 72),
+         c31 = _mm256_loadu_ps(sum + 80), c32 = _mm256_loadu_ps(sum + 88);
+  for (int64_t n = 0; n < images; ++n) {
+    for (int64_t oh = 0; oh < ho; ++oh) {
+      const int64_t d = n * dy_image + oh * dyw, x = n * x_image + oh * wp;
+      for (int64_t ow = 0; ow < dyw; ow += kLanes) {
+        const __m256 b0 = _mm256_loadu_ps(x0 + x + ow), b1 = _mm256_loadu_ps(x1 + x + ow),
+                     b2 = _mm256_loadu_ps(x2 + x + ow);
+        __m256 a = _mm256_loadu_ps(d0 + d + ow);
+        c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01);
+        c02 = _mm256_fmadd_ps(a, b2, c02);
+        a = _mm256_loadu_ps(d1 + d + ow);
+        c10 = _mm256_fmadd_ps(a, b0, c10), c11 = _mm256_fmadd_ps(a, b1, c11);
+        c12 = _mm256_fmadd_ps(a, b2, c12);
+        a = _mm256_loadu_ps(d2 + d + ow);
+        c20 = _mm256_fmadd_ps(a, b0, c20), c21 = _mm256_fmadd_ps(a, b1, c21);
+        c22 = _mm256_fmadd_ps(a, b2, c22);
+        a = _mm256_loadu_ps(d3 + d + ow);
+        c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31);
+        c32 = _mm256_fmadd_ps(a, b2, c32);
+      }
+    }
+  }
+  const __m256 acc[kRows * kTapsPerTile] = {c00, c01, c02, c10, c11, c12,
+                                            c20, c21, c22, c30, c31, c32};
+  for (int t = 0; t < kRows * kTapsPerTile; ++t) _mm256_storeu_ps(sum + t * kLanes, acc[t]);
+}
+
+// A fixed pairwise order over the lanes: the same on every run and every thread count.
+float lane_sum(const float* l) {
+  return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+// Bytes of padded bottom a weight-gradient chunk of images holds: with its dy, within L2.
+constexpr int64_t kWeightChunkBytes = int64_t(192) << 10;
+
+// dw (out x in x kh x kw) = one group's weight gradient over images [begin, end), or dw += it.
+// Threads take quads of output channels. Each pads the images itself, a chunk at a time, as
+// [channel][image][row][column] so that a tile runs over the whole chunk before its sums
+// leave the registers. The taps go three to a tile in (i, j) order; a last tile of fewer
+// repeats tap 0.
+void weight_slice(const float* x, int64_t x_image, const float* dy, int64_t dy_image,
+                  const Shape& s, int64_t begin, int64_t end, float* dw, bool accumulate) {
+  const int64_t dyw = round_up(s.wo, kLanes), dyplane = s.ho * dyw, taps = s.kh * s.kw;
+  const int64_t plane = s.plane(), wp = s.wp();
+  const int64_t quads = (s.out + kRows - 1) / kRows;
+  const int64_t tiles = (taps + kTapsPerTile - 1) / kTapsPerTile;
+  const int64_t tile_floats = kRows * kTapsPerTile * kLanes;
+  const int64_t chunk = std::max<int64_t>(
+      1, kWeightChunkBytes / int64_t(sizeof(float)) / (s.in * plane + kRows * dyplane));
+  const int64_t cost = kRows * s.in * taps * dyplane * (end - begin);
+  parallel_for(quads, cost, [&](int64_t q0, int64_t q1) {
+    const int64_t o0 = q0 * kRows, o1 = std::min(s.out, q1 * kRows), outs = (q1 - q0) * kRows;
+    float* xp = scratch(t_padded, size_t(s.in * chunk * plane));
+    float* dyp = scratch(t_dy, size_t(outs * chunk * dyplane));
+    const size_t nsum = size_t((q1 - q0) * s.in * tiles * tile_floats);
+    float* sums = scratch(t_sums, nsum);
+    std::fill(dyp, dyp + outs * chunk * dyplane, 0.0f);
+    std::fill(sums, sums + nsum, 0.0f);
+    for (int64_t n0 = begin; n0 < end; n0 += chunk) {
+      const int64_t nb = std::min(chunk, end - n0);
+      // Channel c of chunk image m at xp + (c * chunk + m) * plane: pad_image's channel
+      // stride is then chunk * plane, which one Shape with `in` = 1 per call expresses.
+      Shape one = s;
+      one.in = 1;
+      for (int64_t c = 0; c < s.in; ++c)
+        for (int64_t m = 0; m < nb; ++m)
+          pad_image(x + (n0 + m) * x_image + c * s.h * s.w, s.h * s.w, one,
+                    xp + (c * chunk + m) * plane);
+      for (int64_t o = o0; o < o1; ++o)
+        for (int64_t m = 0; m < nb; ++m)
+          for (int64_t oh = 0; oh < s.ho; ++oh)
+            std::memcpy(dyp + ((o - o0) * chunk + m) * dyplane + oh * dyw,
+                        dy + (n0 + m) * dy_image + (o * s.ho + oh) * s.wo,
+                        size_t(s.wo) * sizeof(float));
+      for (int64_t q = q0; q < q1; ++q) {
+        const float* d = dyp + (q - q0) * kRows * chunk * dyplane;
+        const int64_t dstep = chunk * dyplane;
+        for (int64_t c = 0; c < s.in; ++c) {
+          const float* xc = xp + c * chunk * plane;
+          for (int64_t t0 = 0; t0 < taps; t0 += kTapsPerTile) {
+            const float* at[kTapsPerTile];
+            for (int t = 0; t < kTapsPerTile; ++t) {
+              const int64_t tap = t0 + t < taps ? t0 + t : 0;
+              at[t] = xc + tap / s.kw * s.dh * wp + tap % s.kw * s.dw;
+            }
+            float* sum = sums + (((q - q0) * s.in + c) * tiles + t0 / kTapsPerTile) * tile_floats;
+            weight_tile(d, d + dstep, d + 2 * dstep, d + 3 * dstep, at[0], at[1], at[2], nb,
+                        dyplane, plane, s.ho, dyw, wp, sum);
+          }
+        }
+      }
+    }
+    for (int64_t o = o0; o < o1; ++o)
+      for (int64_t c = 0; c < s.in; ++c)
+        for (int64_t tap = 0; tap < taps; ++tap) {
+          const float* t = sums + (((o / kRows - q0) * s.in + c) * tiles + tap / kTapsPerTile) *
+                                      tile_floats +
+                           (o % kRows * kTapsPerTile + tap % kTapsPerTile) * kLanes;
+          float& out = dw[(o * s.in + c) * taps + tap];
+          out = accumulate ? out + lane_sum(t) : lane_sum(t);
+        }
+  });
+}
+
+Shape forward_shape(const ConvGeom& g) {
+  return {g.c / g.group, g.h, g.w, g.o / g.group, g.ho, g.wo, g.kh, g.kw, g.ph, g.pw, g.dh, g.dw};
+}
+
+}  // namespace
+
+bool cpu_has_direct_conv() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+
+#define CCT_DIRECT_CONV 1
+#else
+namespace cct {
+// Not an x86 CPU: there are no AVX2 tiles, every plan runs lowered (conv.cpp's usable()) and
+// the kernels below are never called.
+bool cpu_has_direct_conv() { return false; }
+#endif
+
+bool direct_conv_applies(const ConvGeom& g, bool backward_data) {
+  if (!cpu_has_direct_conv() || g.sh != 1 || g.sw != 1) return false;
+  // Backward data's pad (k - 1) * d - p must not be negative.
+  if (backward_data && (g.ph > (g.kh - 1) * g.dh || g.pw > (g.kw - 1) * g.dw)) return false;
+  return true;
+}
+
+#ifdef CCT_DIRECT_CONV
+void conv_forward_direct(const float* x, const float* weight, const float* bias, float* y,
+                         const ConvGeom& g, int64_t begin, int64_t end) {
+  const Shape s = forward_shape(g);
+  convolve(x, g.c * g.h * g.w, s.in * g.h * g.w, bias, y, g.o * g.ho * g.wo,
+           s.out * g.ho * g.wo, g.group, s, begin, end,
+           [&](int64_t grp, int64_t o, int64_t c, int64_t i, int64_t j) {
+             return weight[(((grp * s.out + o) * s.in + c) * g.kh + i) * g.kw + j];
+           });
+}
+
+void conv_backward_data_direct(const float* dy, const float* weight, float* dx,
+                               const ConvGeom& g, int64_t begin, int64_t end) {
+  const int64_t cg = g.c / g.group, og = g.o / g.group;
+  // The transposed convolution: dy's og channels in, the bottom's cg channels out.
+  const Shape s{og, g.ho, g.wo, cg, g.h, g.w, g.kh, g.kw,
+                (g.kh - 1) * g.dh - g.ph, (g.kw - 1) * g.dw - g.pw, g.dh, g.dw};
+  convolve(dy, g.o * g.ho * g.wo, og * g.ho * g.wo, nullptr, dx, g.c * g.h * g.w,
+           cg * g.h * g.w, g.group, s, begin, end,
+           [&](int64_t grp, int64_t c_out, int64_t o_in, int64_t i, int64_t j) {
+             return weight[(((grp * og + o_in) * cg + c_out) * g.kh + (g.kh - 1 - i)) * g.kw +
+                           (g.kw - 1 - j)];
+           });
+}
+
+void conv_backward_weight_direct(const float* x, const float* dy, float* dweight,
+                                 const ConvGeom& g, int64_t begin, int64_t end,
+                                 bool accumulate) {
+  const Shape s = forward_shape(g);
+  const int64_t per_group = s.out * s.in * g.kh * g.kw;
+  for (int64_t grp = 0; grp < g.group; ++grp)
+    weight_slice(x + grp * s.in * g.h * g.w, g.c * g.h * g.w, dy + grp * s.out * g.ho * g.wo,
+                 g.o * g.ho * g.wo, s, begin, end, dweight + grp * per_group, accumulate);
+}
+#else
+void conv_forward_direct(const float*, const float*, const float*, float*, const ConvGeom&,
+                         int64_t, int64_t) {
+  throw std::logic_error("the direct convolution needs an x86 CPU with AVX2 and FMA");
+}
+void conv_backward_data_direct(const float*, const float*, float*, const ConvGeom&, int64_t,
+                               int64_t) {
+  throw std::logic_error("the direct convolution needs an x86 CPU with AVX2 and FMA");
+}
+void conv_backward_weight_direct(const float*, const float*, float*, const ConvGeom&, int64_t,
+                                 int64_t, bool) {
+  throw std::logic_error("the direct convolution needs an x86 CPU with AVX2 and FMA");
+}
+#endif
+
+}  // namespace cct

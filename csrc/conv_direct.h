@@ -1,0 +1,26 @@
+// The direct convolution (conv_direct.cpp): stride-1 float layers on CPUs with AVX2 and FMA,
+// one of the layouts conv.cpp's plans choose among by measurement.
+#pragma once
+#include <cstdint>
+
+#include "kernels.h"
+
+namespace cct {
+
+// Whether this CPU runs the direct kernels (AVX2 and FMA).
+bool cpu_has_direct_conv();
+// Whether a geometry can use them: stride 1, and for backward data a pad of at most
+// (kernel - 1) * dilation.
+bool direct_conv_applies(const ConvGeom& g, bool backward_data);
+
+// The three kernels over images [begin, end), threaded with parallel_for (serial inside a
+// partition). Backward weight writes dweight, or adds into it with accumulate.
+void conv_forward_direct(const float* x, const float* weight, const float* bias, float* y,
+                         const ConvGeom& g, int64_t begin, int64_t end);
+void conv_backward_data_direct(const float* dy, const float* weight, float* dx,
+                               const ConvGeom& g, int64_t begin, int64_t end);
+void conv_backward_weight_direct(const float* x, const float* dy, float* dweight,
+                                 const ConvGeom& g, int64_t begin, int64_t end,
+                                 bool accumulate);
+
+}  // namespace cct
