@@ -26,6 +26,7 @@ from bench.bench_train import NETS, default_zoo, machine, sgemm_peak, synthetic_
 DEFAULT_NETS = "lenet,cifar10_quick,caffenet_b32"
 KERNELS = ("forward", "backward data", "backward weight")
 LOWERED, DIRECT, MEASURED = 1, 3, 0  # cct._C.set_conv_layout's modes
+LAYOUT_NAMES = ("lowered", "pointwise", "direct")  # conv_plan_table's layout numbers
 
 
 def best_of(call, repeats: int) -> float:
@@ -71,10 +72,11 @@ def time_layer(geom, x_shape, y_shape, repeats: int) -> dict:
     finally:
         _C.set_conv_layout(MEASURED)
     chosen = {}
-    for kernel_id, geometry, _, layout in _C.partition_choices():
-        if geometry[:5] == [x_shape[0], x_shape[1], x_shape[2], x_shape[3], y_shape[1]] and \
+    for kernel_id, geometry, size, _, modes, parts, layout, _ in _C.conv_plan_table():
+        if modes == 0 and size == 4 and \
+                geometry[:5] == [x_shape[0], x_shape[1], x_shape[2], x_shape[3], y_shape[1]] and \
                 geometry[7:] == [*kernel, *geom[1], *geom[2], *geom[3], group]:
-            chosen[kernel_id] = layout
+            chosen[kernel_id] = f"{LAYOUT_NAMES[layout]}, {parts} part{'s' * (parts > 1)}"
     return {"times": times, "chosen": chosen}
 
 
