@@ -48,10 +48,11 @@ def test_first_call_gives_the_chosen_plans_result(fresh_plans):
             assert np.array_equal(a, b)
 
 
-def forced_result(x, weight, bias, dy, geom, start, mode):
-    """The lowered layout's result with `mode`'s partitions."""
+def forced_result(x, weight, bias, dy, geom, start, mode, layout=1):
+    """The result with `mode`'s partitions and `layout`'s layout (set_conv_layout: 1 lowered,
+    3 direct where it applies)."""
     _C.set_partition_mode(mode)
-    _C.set_conv_layout(1)
+    _C.set_conv_layout(layout)
     try:
         return conv_step(x, weight, bias, dy, geom, start.copy())
     finally:
@@ -108,17 +109,44 @@ def test_deterministic_mode_gives_the_rule_plan_without_timing(fresh_plans):
     start = np.zeros(weight.shape, np.float32)
     mine = conv_step(x, weight, bias, dy, geom, start.copy())
     table = plans.table()
-    assert {tuple(r[5:8]) for r in table["conv"]} == {(2, 0, False)}   # one partition a thread
+    # one partition a thread; GEOMETRY's 7 filters over 5 channels are thin: direct, on AVX2
+    layout = 2 if _C.cpu_has_direct_conv() else 0
+    assert {tuple(r[5:8]) for r in table["conv"]} == {(2, layout, False)}
     assert all(r[4] >= 12 for r in table["conv"])     # never taken for a measured plan
     assert not any(r[7] for r in table["gemm"])       # the direct operand order
     plans.set_deterministic(False)
     _C.set_gemm_order(1)
     try:
-        want = forced_result(x, weight, bias, dy, geom, start, 2)
+        want = forced_result(x, weight, bias, dy, geom, start, 2, layout=3)
     finally:
         _C.set_gemm_order(0)
     for a, b in zip(mine, want):
         assert np.array_equal(a, b)
+
+
+@pytest.mark.skipif(not _C.cpu_has_direct_conv(), reason="the direct layout needs AVX2 and FMA")
+def test_the_rule_takes_the_direct_layout_on_thin_layers_only(fresh_plans):
+    """Direct where the lowered GEMM has 4 to 64 rows and, for backward data, the flipped
+    convolution's pad is no larger than the layer's; lowered elsewhere (and for float64)."""
+    plans.set_deterministic(True)
+    cases = {  # case -> layouts of forward, backward data, backward weight (2 direct)
+        (2, 6, 9, 9, 8, (5, 5), (1, 1), (2, 2), (1, 1), 1): (2, 2, 2),    # CIFAR10-quick-like
+        (2, 6, 9, 9, 8, (5, 5), (1, 1), (0, 0), (1, 1), 1): (2, 0, 2),    # pad 0: data lowered
+        (2, 2, 9, 9, 8, (3, 3), (1, 1), (1, 1), (1, 1), 1): (2, 0, 2),    # 2 channels: data lowered
+        (2, 6, 9, 9, 66, (3, 3), (1, 1), (1, 1), (1, 1), 1): (0, 2, 0),   # 66 filters: lowered
+        (2, 8, 9, 9, 66, (3, 3), (1, 1), (1, 1), (1, 1), 2): (2, 2, 2),   # 33 and 4 per group
+        (2, 6, 9, 9, 8, (3, 3), (2, 2), (1, 1), (1, 1), 1): (0, 0, 0),    # stride 2
+    }
+    for case, want in cases.items():
+        _C.clear_plans()
+        x, weight, bias, dy, geom = conv_arrays(case, np.float32)
+        conv_step(x, weight, bias, dy, geom, np.zeros(weight.shape, np.float32))
+        got = {r[0]: r[6] for r in plans.table()["conv"]}
+        assert tuple(got[k] for k in range(3)) == want, case
+    _C.clear_plans()
+    x, weight, bias, dy, geom = conv_arrays(list(cases)[0], np.float64)
+    conv_step(x, weight, bias, dy, geom, np.zeros(weight.shape, np.float64))
+    assert {r[6] for r in plans.table()["conv"]} == {0}
 
 
 @pytest.fixture
