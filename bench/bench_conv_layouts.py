@@ -1,15 +1,17 @@
 """Each convolution of the zoo's nets under each layout the kernels choose among: the lowered
 GEMM (Caffe con Troll's, its batch partitions measured) against the direct kernel
-(csrc/conv_direct.cpp, stride-1 float32 layers on AVX2/FMA CPUs), forward, backward data and
-backward weight, in the same run.
+(csrc/conv_direct.cpp, stride-1 float32 layers on AVX2/FMA CPUs) and Winograd F(2x2, 3x3)
+(csrc/conv_winograd.cpp, 3x3 stride-1 float32 forward and backward data), forward, backward
+data and backward weight, in the same run.
 
     python bench/bench_conv_layouts.py                       # lenet, cifar10_quick, caffenet_b32
     python bench/bench_conv_layouts.py --nets cifar10_quick --repeats 10
 
-Printed per layer and kernel: the best of --repeats calls in milliseconds for each layout, the
-direct kernel's GFLOP/s and its speed as a ratio of the lowered one's (> 1: direct is faster),
-and the layout that training's measured plan picks (layout mode 0, as `cct train` runs). The
-nets come from bench_train (the zoo's prototxts, synthetic data, the nets' own batches).
+Printed per layer and kernel: the best of --repeats calls in milliseconds for each layout that
+applies ("-" where one does not), the fastest other layout's speed as a ratio of the lowered
+one's (> 1: faster than lowered) in direct-convolution GFLOP/s, and the layout that training's
+measured plan picks (layout mode 0, as `cct train` runs). The nets come from bench_train (the
+zoo's prototxts, synthetic data, the nets' own batches).
 """
 from __future__ import annotations
 
@@ -25,8 +27,21 @@ from bench.bench_train import NETS, default_zoo, machine, sgemm_peak, synthetic_
 
 DEFAULT_NETS = "lenet,cifar10_quick,caffenet_b32"
 KERNELS = ("forward", "backward data", "backward weight")
-LOWERED, DIRECT, MEASURED = 1, 3, 0  # cct._C.set_conv_layout's modes
-LAYOUT_NAMES = ("lowered", "pointwise", "direct")  # conv_plan_table's layout numbers
+LOWERED, DIRECT, WINOGRAD, MEASURED = 1, 3, 4, 0  # cct._C.set_conv_layout's modes
+LAYOUT_NAMES = ("lowered", "pointwise", "direct", "winograd")  # conv_plan_table's numbers
+
+
+def applies(mode: int, kernel_id: int, geom) -> bool:
+    """Whether set_conv_layout(mode) runs its own layout on this kernel (else lowered)."""
+    from cct import _C
+
+    kernel, stride, pad, dilation, _ = geom
+    if mode == DIRECT:
+        return stride == (1, 1) and _C.cpu_has_direct_conv()
+    if mode == WINOGRAD:
+        return (kernel == (3, 3) and stride == (1, 1) and dilation == (1, 1) and kernel_id != 2
+                and (kernel_id == 0 or max(pad) <= 2))
+    return True
 
 
 def best_of(call, repeats: int) -> float:
@@ -66,9 +81,10 @@ def time_layer(geom, x_shape, y_shape, repeats: int) -> dict:
              lambda: cpu.conv_backward_weight(x, dy, *geom, out=dw))
     times = {}
     try:
-        for mode in (LOWERED, DIRECT, MEASURED):
+        for mode in (LOWERED, DIRECT, WINOGRAD, MEASURED):
             _C.set_conv_layout(mode)
-            times[mode] = [best_of(call, repeats) for call in calls]
+            times[mode] = [best_of(call, repeats) if applies(mode, k, geom) else None
+                           for k, call in enumerate(calls)]
     finally:
         _C.set_conv_layout(MEASURED)
     chosen = {}
@@ -100,10 +116,9 @@ def main(argv=None) -> None:
     print(machine())
     print(f"SGEMM peak: {sgemm_peak():.1f} GFLOP/s; best of {args.repeats} calls per kernel")
     if not _C.cpu_has_direct_conv():
-        print("this CPU has no AVX2/FMA: every layer runs lowered, so there is nothing to compare")
-        return
+        print("this CPU has no AVX2/FMA: the direct layout is left out")
     print(f"{'layer':<22} {'kernel':<16} {'lowered ms':>10} {'direct ms':>10} "
-          f"{'direct GF/s':>11} {'ratio':>6}  plan")
+          f"{'winograd ms':>11} {'best GF/s':>9} {'ratio':>6}  plan")
     for net_name in names:
         path, batch = NETS[net_name]
         net = synthetic_net(zoo / path, batch)
@@ -116,9 +131,14 @@ def main(argv=None) -> None:
             macs = (y_shape[0] * y_shape[1] * y_shape[2] * y_shape[3] * x_shape[1] // geom[4]
                     * geom[0][0] * geom[0][1])
             for k, kernel in enumerate(KERNELS):
-                lowered, direct = r["times"][LOWERED][k], r["times"][DIRECT][k]
-                print(f"{label:<22} {kernel:<16} {lowered * 1e3:10.2f} {direct * 1e3:10.2f} "
-                      f"{2 * macs / direct / 1e9:11.1f} {lowered / direct:6.2f}  "
+                lowered = r["times"][LOWERED][k]
+                others = [t[k] for mode, t in r["times"].items()
+                          if mode in (DIRECT, WINOGRAD) and t[k] is not None]
+                best = min(others, default=lowered)
+                cells = [f"{t * 1e3:.2f}" if t is not None else "-"
+                         for t in (r["times"][DIRECT][k], r["times"][WINOGRAD][k])]
+                print(f"{label:<22} {kernel:<16} {lowered * 1e3:10.2f} {cells[0]:>10} "
+                      f"{cells[1]:>11} {2 * macs / best / 1e9:9.1f} {lowered / best:6.2f}  "
                       f"{r['chosen'].get(k, '?')}", flush=True)
 
 

@@ -32,6 +32,10 @@
 // blobs with no lowered matrix at all; the thin layers of small nets, where the lowered GEMM is
 // bound by memory, are where it wins. It is one more candidate, measured like the others.
 //
+// Winograd layout (conv_winograd.cpp): F(2x2, 3x3) for 3x3 stride-1 float layers, forward and
+// backward data: 16 GEMMs over transformed tiles, 2.25x fewer multiplications; for the wide
+// 3x3 layers, where the lowered GEMM is already compute-bound.
+//
 // The weight gradient's GEMM (long inner dimension M, small result) goes through
 // gemm_measured, which picks its operand order by measurement (gemm.cpp). It adds into the
 // weight diff when asked (Caffe accumulates param diffs over iter_size and shared params).
@@ -50,6 +54,7 @@
 #include <vector>
 
 #include "conv_direct.h"
+#include "conv_winograd.h"
 #include "gemm.h"
 #include "kernels.h"
 #include "parallel.h"
@@ -390,7 +395,7 @@ void run_partitioned(int64_t n, int parts, bool cache_chunks, Body&& body) {
 }
 
 enum Kernel : int { kForward, kBackwardData, kBackwardWeight };
-enum Layout : int { kLowered, kPointwise, kDirect };
+enum Layout : int { kLowered, kPointwise, kDirect, kWinograd };
 
 // How a kernel runs on one geometry: its batch partitions, its layout, and (one partition)
 // whether it lowers in cache-sized chunks.
@@ -406,11 +411,11 @@ using PlanKey = std::tuple<int, std::array<int64_t, 16>, int64_t, int, int>;
 std::mutex g_plan_mutex;
 std::map<PlanKey, Plan> g_plans;
 std::atomic<int> g_partition_mode{0};  // 0 measure, 1 one partition, 2 one per thread
-// 0 measure, 1 lowered, 2 pointwise where it applies, 3 direct where it applies
+// 0 measure, 1 lowered, 2 pointwise / 3 direct / 4 Winograd where it applies
 std::atomic<int> g_layout_mode{0};
 std::atomic<bool> g_measure{true};     // time new shapes, or give them rule_plan's plan
 // Added to a key's modes for plans given by the rule, so they never stand for measured ones.
-constexpr int kRuleModes = 12;
+constexpr int kRuleModes = 15;
 
 // Whether a layout computes this kernel on this geometry here (a plan installed from another
 // machine's table may name one this CPU or shape cannot run: it runs lowered).
@@ -420,6 +425,9 @@ bool layout_applies(Layout layout, Kernel kernel, const ConvGeom& g) {
     case kPointwise: return is_pointwise(g);
     case kDirect:
       return std::is_same_v<T, float> && direct_conv_applies(g, kernel == kBackwardData);
+    case kWinograd:
+      return std::is_same_v<T, float> && kernel != kBackwardWeight &&
+             winograd_applies(g, kernel == kBackwardData);
     default: return true;
   }
 }
@@ -436,10 +444,10 @@ std::vector<Plan> candidate_plans(Kernel kernel, const ConvGeom& g, int threads)
   if (g_partition_mode != 2) parts.push_back(1);
   if (threads > 1 && g_partition_mode != 1) parts.push_back(threads);
   if (parts.empty()) parts.push_back(1);
-  // Mode 2 or 3 forces its layout where it applies, lowered elsewhere.
+  // Modes 2-4 force their layout where it applies, lowered elsewhere.
   std::vector<Layout> layouts;
   const int mode = g_layout_mode;
-  for (Layout layout : {kPointwise, kDirect}) {
+  for (Layout layout : {kPointwise, kDirect, kWinograd}) {
     if ((mode == 0 || mode == 1 + int(layout)) && layout_applies<T>(layout, kernel, g))
       layouts.push_back(layout);
   }
@@ -567,7 +575,7 @@ void set_partition_mode(int mode) {
 }
 
 void set_conv_layout(int mode) {
-  if (mode < 0 || mode > 3) throw std::invalid_argument("conv layout must be 0, 1, 2 or 3");
+  if (mode < 0 || mode > 4) throw std::invalid_argument("conv layout must be 0 to 4");
   g_layout_mode = mode;
 }
 
@@ -579,6 +587,7 @@ std::vector<PlanChoice> partition_choices() {
     out.emplace_back(std::get<0>(key), std::vector<int64_t>(geom.begin(), geom.end()), plan.parts,
                      plan.layout == kPointwise ? "pointwise"
                      : plan.layout == kDirect  ? "direct"
+                     : plan.layout == kWinograd ? "winograd"
                      : plan.cache_chunks       ? "lowered-cache-chunks"
                                                : "lowered");
   }
@@ -601,7 +610,7 @@ void load_conv_plans(const std::vector<ConvPlanEntry>& entries) {
   std::vector<std::pair<PlanKey, Plan>> parsed;
   for (const auto& [kernel, geom, size, threads, modes, parts, layout, chunks] : entries) {
     if (kernel < kForward || kernel > kBackwardWeight || geom.size() != 16 || threads < 1 ||
-        parts < 1 || layout < kLowered || layout > kDirect)
+        parts < 1 || layout < kLowered || layout > kWinograd)
       throw std::invalid_argument("not a convolution plan");
     PlanKey key{kernel, {}, size, threads, modes};
     std::copy(geom.begin(), geom.end(), std::get<1>(key).begin());
@@ -638,6 +647,8 @@ void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGe
     run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
       if constexpr (std::is_same_v<T, float>) {
         if (layout == kDirect) return conv_forward_direct(x, weight, bias, y, g, begin, end);
+        if (layout == kWinograd)
+          return conv_forward_winograd(x, weight, bias, y, g, begin, end, budget);
       }
       if (layout == kPointwise) {
         forward_pointwise(x, weight, bias, y, g, begin, end, budget);
@@ -655,6 +666,8 @@ void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g) 
     run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
       if constexpr (std::is_same_v<T, float>) {
         if (layout == kDirect) return conv_backward_data_direct(dy, weight, dx, g, begin, end);
+        if (layout == kWinograd)
+          return conv_backward_data_winograd(dy, weight, dx, g, begin, end, budget);
       }
       if (layout == kPointwise) {
         backward_data_pointwise(dy, weight, dx, g, begin, end);

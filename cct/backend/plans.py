@@ -1,8 +1,8 @@
 """Kernel plans, chosen once and kept, so that a run repeats to the bit.
 
 The C++ kernels time their candidate plans the first time a shape comes and keep the fastest
-(csrc/conv.cpp: batch partitions x lowered, pointwise or direct layout x cache-sized chunks
-per convolution kernel; csrc/gemm.cpp: the operand order of the weight-gradient GEMMs). The plans
+(csrc/conv.cpp: batch partitions x lowered, pointwise, direct or Winograd layout x
+cache-sized chunks per convolution kernel; csrc/gemm.cpp: the operand order of the weight-gradient GEMMs). The plans
 round differently, so a choice that changes from one process to the next (a busy machine
 times them differently) changes the weights. Three things keep the choice fixed:
 
@@ -22,7 +22,8 @@ times them differently) changes the weights. Three things keep the choice fixed:
 
 A table is ``{"conv": [[kernel, geometry(16), itemsize, threads, modes, partitions, layout,
 cache_chunks], ...], "gemm": [[trans_a, trans_b, m, n, k, itemsize, threads, transposed],
-...]}``: the C++ tables' keys and choices as they are (layout 0 lowered, 1 pointwise, 2 direct).
+...]}``: the C++ tables' keys and choices as they are (layout 0 lowered, 1 pointwise, 2 direct,
+3 Winograd).
 """
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ from ..io.atomic import atomic_write
 
 FORMAT = 1
 # The candidate plans the kernels measure; a cache written before a new one existed would
-# never try it, so the number is part of the fingerprint. 2: the direct convolution layout.
-KERNEL_PLANS = 2
+# never try it, so the number is part of the fingerprint. 2: the direct convolution layout;
+# 3: Winograd.
+KERNEL_PLANS = 3
 _CONV_FIELDS = 8
 _GEMM_FIELDS = 8
 # Leading fields of a row that are its key (the rest is the choice): kernel, geometry,

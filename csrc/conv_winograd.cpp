@@ -1,0 +1,213 @@
+// Winograd F(2x2, 3x3) convolution (Lavin and Gray, 2016) for 3x3, stride-1, undilated float
+// layers: the wide 3x3 layers of CaffeNet, AlexNet and GoogLeNet, where the lowered GEMM is
+// already compute-bound and the only way to go faster is to multiply less.
+//
+// Each 2x2 block of output pixels (a tile) comes from a 4x4 block of the bottom d, through
+//   Y = A^T [ (G g G^T) (.) (B^T d B) ] A
+// with g the 3x3 filter, so 16 multiplications per (filter, channel, tile) where the direct
+// convolution makes 36. Summed over the input channels, position e of the 4x4 transformed
+// tile is one GEMM:
+//   M[e] (O x T) = U[e] (O x C) * V[e] (C x T),   U = G g G^T, V = B^T d B, T = tiles,
+// 16 GEMMs in one strided batch over a chunk of images, between an input transform (which
+// writes V) and an output transform (which reads M, adds the bias and writes the top). The
+// chunk is as many images as keep V and M within the convolution's workspace budget.
+//
+// Backward data of a stride-1 3x3 convolution with pad p is the 3x3 convolution of the top
+// diff with the filters flipped and channels swapped, pad 2 - p: the same code.
+//
+// The transforms add and subtract, except G's halves: the result differs from the lowered
+// GEMM's by a few float32 roundings per output (the kernel tests' tolerance), and like every
+// plan is the same on every call of a geometry.
+#include "conv_winograd.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "gemm.h"
+#include "parallel.h"
+
+namespace cct {
+
+namespace {
+
+constexpr int kTile = 16;  // positions in a transformed 4x4 tile
+
+// A 3x3 stride-1 convolution as the transforms see it: c channels of h x w in, pad (ph, pw),
+// o channels of ho x wo out.
+struct Shape {
+  int64_t c, h, w, o, ho, wo, ph, pw;
+  int64_t tiles_h() const { return (ho + 1) / 2; }
+  int64_t tiles_w() const { return (wo + 1) / 2; }
+  int64_t tiles() const { return tiles_h() * tiles_w(); }
+};
+
+thread_local std::vector<float> t_filters, t_work;
+
+float* grow(std::vector<float>& v, size_t n) {
+  if (v.size() < n) {
+    v.clear();  // release first: never hold both buffers
+    v.shrink_to_fit();
+    v.resize(n);
+  }
+  return v.data();
+}
+
+// U[e][o][c] = (G g G^T)[e] for filter g = weight(o, c, ., .).
+template <typename Weight>
+void transform_filters(const Shape& s, Weight&& weight, float* u) {
+  parallel_for(s.o, s.c * 64, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o)
+      for (int64_t c = 0; c < s.c; ++c) {
+        float g[3][3], r[4][3];
+        for (int i = 0; i < 3; ++i)
+          for (int j = 0; j < 3; ++j) g[i][j] = weight(o, c, i, j);
+        for (int j = 0; j < 3; ++j) {  // rows: G g
+          r[0][j] = g[0][j];
+          r[1][j] = 0.5f * (g[0][j] + g[1][j] + g[2][j]);
+          r[2][j] = 0.5f * (g[0][j] - g[1][j] + g[2][j]);
+          r[3][j] = g[2][j];
+        }
+        for (int i = 0; i < 4; ++i) {  // columns: (G g) G^T
+          float* out = u + (i * 4 * s.o + o) * s.c + c;
+          const int64_t step = s.o * s.c;
+          out[0] = r[i][0];
+          out[step] = 0.5f * (r[i][0] + r[i][1] + r[i][2]);
+          out[2 * step] = 0.5f * (r[i][0] - r[i][1] + r[i][2]);
+          out[3 * step] = r[i][2];
+        }
+      }
+  });
+}
+
+// V[e][c][t] = (B^T d B)[e] for the bottom's tiles of nb images (image m's channel c at
+// x + m * x_image + c * h * w), t = m * tiles + ty * tiles_w + tx.
+void transform_input(const float* x, int64_t x_image, const Shape& s, int64_t nb, float* v) {
+  const int64_t tw = s.tiles_w(), tpi = s.tiles(), count = nb * tpi, step = s.c * count;
+  parallel_for(s.c, nb * tpi * kTile, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t m = 0; m < nb; ++m) {
+        const float* plane = x + m * x_image + c * s.h * s.w;
+        for (int64_t ty = 0; ty < s.tiles_h(); ++ty) {
+          const int64_t r0 = 2 * ty - s.ph;
+          for (int64_t tx = 0; tx < tw; ++tx) {
+            const int64_t q0 = 2 * tx - s.pw;
+            float d[4][4];
+            if (r0 >= 0 && r0 + 4 <= s.h && q0 >= 0 && q0 + 4 <= s.w) {
+              for (int i = 0; i < 4; ++i)
+                for (int j = 0; j < 4; ++j) d[i][j] = plane[(r0 + i) * s.w + q0 + j];
+            } else {
+              for (int i = 0; i < 4; ++i)
+                for (int j = 0; j < 4; ++j) {
+                  const int64_t r = r0 + i, q = q0 + j;
+                  d[i][j] = r >= 0 && r < s.h && q >= 0 && q < s.w ? plane[r * s.w + q] : 0.0f;
+                }
+            }
+            float t[4][4];
+            for (int j = 0; j < 4; ++j) {  // rows: B^T d
+              t[0][j] = d[0][j] - d[2][j];
+              t[1][j] = d[1][j] + d[2][j];
+              t[2][j] = d[2][j] - d[1][j];
+              t[3][j] = d[1][j] - d[3][j];
+            }
+            float* out = v + c * count + m * tpi + ty * tw + tx;
+            for (int i = 0; i < 4; ++i) {  // columns: (B^T d) B
+              out[(4 * i) * step] = t[i][0] - t[i][2];
+              out[(4 * i + 1) * step] = t[i][1] + t[i][2];
+              out[(4 * i + 2) * step] = t[i][2] - t[i][1];
+              out[(4 * i + 3) * step] = t[i][1] - t[i][3];
+            }
+          }
+        }
+      }
+  });
+}
+
+// The top of nb images (image m's channel o at y + m * y_image + o * ho * wo) =
+// (A^T M A) + bias, the 2x2 tiles cut at the top's edge.
+void transform_output(const float* mm, const float* bias, const Shape& s, int64_t nb, float* y,
+                      int64_t y_image) {
+  const int64_t tw = s.tiles_w(), tpi = s.tiles(), count = nb * tpi, step = s.o * count;
+  parallel_for(s.o, nb * tpi * kTile, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      const float b = bias ? bias[o] : 0.0f;
+      for (int64_t m = 0; m < nb; ++m) {
+        float* plane = y + m * y_image + o * s.ho * s.wo;
+        for (int64_t ty = 0; ty < s.tiles_h(); ++ty)
+          for (int64_t tx = 0; tx < tw; ++tx) {
+            const float* in = mm + o * count + m * tpi + ty * tw + tx;
+            float a[4][4], r[2][4];
+            for (int e = 0; e < kTile; ++e) a[e / 4][e % 4] = in[e * step];
+            for (int j = 0; j < 4; ++j) {  // rows: A^T m
+              r[0][j] = a[0][j] + a[1][j] + a[2][j];
+              r[1][j] = a[1][j] - a[2][j] - a[3][j];
+            }
+            const int64_t oh = 2 * ty, ow = 2 * tx;
+            for (int i = 0; i < 2 && oh + i < s.ho; ++i) {  // columns: (A^T m) A
+              float* row = plane + (oh + i) * s.wo + ow;
+              row[0] = r[i][0] + r[i][1] + r[i][2] + b;
+              if (ow + 1 < s.wo) row[1] = r[i][1] - r[i][2] - r[i][3] + b;
+            }
+          }
+      }
+    }
+  });
+}
+
+// Images [begin, end), a group at a time, in chunks whose V and M fit `budget` bytes.
+template <typename Weight>
+void winograd(const float* x, int64_t x_image, int64_t x_group, const float* bias, float* y,
+              int64_t y_image, int64_t y_group, int64_t groups, const Shape& s, int64_t begin,
+              int64_t end, int64_t budget, Weight&& weight_of_group) {
+  const int64_t per_image = kTile * (s.c + s.o) * s.tiles();
+  const int64_t chunk = std::max<int64_t>(
+      1, std::min<int64_t>(end - begin, budget / int64_t(sizeof(float)) / per_image));
+  float* u = grow(t_filters, size_t(kTile * s.o * s.c));
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    transform_filters(s, [&](int64_t o, int64_t c, int i, int j) {
+      return weight_of_group(grp, o, c, i, j);
+    }, u);
+    for (int64_t n0 = begin; n0 < end; n0 += chunk) {
+      const int64_t nb = std::min(chunk, end - n0), count = nb * s.tiles();
+      float* v = grow(t_work, size_t(kTile * (s.c + s.o) * count));
+      float* mm = v + kTile * s.c * count;
+      transform_input(x + n0 * x_image + grp * x_group, x_image, s, nb, v);
+      gemm_batch_strided(false, false, s.o, count, s.c, 1.0f, u, s.c, s.o * s.c, v, count,
+                         s.c * count, 0.0f, mm, count, s.o * count, kTile);
+      transform_output(mm, bias ? bias + grp * s.o : nullptr, s, nb,
+                       y + n0 * y_image + grp * y_group, y_image);
+    }
+  }
+}
+
+}  // namespace
+
+bool winograd_applies(const ConvGeom& g, bool backward_data) {
+  if (g.kh != 3 || g.kw != 3 || g.sh != 1 || g.sw != 1 || g.dh != 1 || g.dw != 1) return false;
+  // Backward data's pad 2 - p must not be negative.
+  return !backward_data || (g.ph <= 2 && g.pw <= 2);
+}
+
+void conv_forward_winograd(const float* x, const float* weight, const float* bias, float* y,
+                           const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
+  const int64_t cg = g.c / g.group, og = g.o / g.group;
+  const Shape s{cg, g.h, g.w, og, g.ho, g.wo, g.ph, g.pw};
+  winograd(x, g.c * g.h * g.w, cg * g.h * g.w, bias, y, g.o * g.ho * g.wo, og * g.ho * g.wo,
+           g.group, s, begin, end, budget, [&](int64_t grp, int64_t o, int64_t c, int i, int j) {
+             return weight[(((grp * og + o) * cg + c) * 3 + i) * 3 + j];
+           });
+}
+
+void conv_backward_data_winograd(const float* dy, const float* weight, float* dx,
+                                 const ConvGeom& g, int64_t begin, int64_t end,
+                                 int64_t budget) {
+  const int64_t cg = g.c / g.group, og = g.o / g.group;
+  // The flipped convolution: dy's og channels in, the bottom's cg out, pad 2 - p.
+  const Shape s{og, g.ho, g.wo, cg, g.h, g.w, 2 - g.ph, 2 - g.pw};
+  winograd(dy, g.o * g.ho * g.wo, og * g.ho * g.wo, nullptr, dx, g.c * g.h * g.w,
+           cg * g.h * g.w, g.group, s, begin, end, budget,
+           [&](int64_t grp, int64_t c_out, int64_t o_in, int i, int j) {
+             return weight[(((grp * og + o_in) * cg + c_out) * 3 + (2 - i)) * 3 + (2 - j)];
+           });
+}
+
+}  // namespace cct
