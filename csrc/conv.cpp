@@ -58,12 +58,9 @@
 #include "gemm.h"
 #include "kernels.h"
 #include "parallel.h"
+#include "workspace.h"
 
 namespace cct {
-
-namespace {
-
-int64_t g_col_buffer_limit = int64_t(128) << 20;
 
 // A grow-only per-thread scratch area.
 struct Workspace {
@@ -80,6 +77,12 @@ struct Workspace {
 };
 
 thread_local Workspace t_workspace;
+
+void* thread_workspace(size_t bytes) { return t_workspace.get(bytes); }
+
+namespace {
+
+int64_t g_col_buffer_limit = int64_t(128) << 20;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -212,7 +215,7 @@ struct Buffers {
 template <typename T>
 Buffers workspace_for(const ConvGeom& g, int64_t nb) {
   const int64_t k = g.c / g.group * g.kh * g.kw, og = g.o / g.group, m = nb * g.ho * g.wo;
-  return {t_workspace.get(size_t((k + og) * m) * sizeof(T)), k, og, m};
+  return {thread_workspace(size_t((k + og) * m) * sizeof(T)), k, og, m};
 }
 
 // A chunk of one image needs no gathering: its top (or top diff) for group grp is the block

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "parallel.h"
+#include "workspace.h"
 
 namespace cct {
 
@@ -145,23 +146,13 @@ void forward_image(const float* xp, const float* wpk, const float* bias, float* 
   }
 }
 
-// A grow-only per-thread scratch array (a training step allocates nothing once warm).
-float* scratch(std::vector<float>& v, size_t n) {
-  if (v.size() < n) {
-    v.clear();  // release first: never hold both buffers
-    v.shrink_to_fit();
-    v.resize(n);
-  }
-  return v.data();
-}
-
 thread_local std::vector<float> t_weights, t_padded, t_dy, t_sums;
 
 // Packs weight(o, c, i, j) as [o / 4][c][i][j][o % 4], zero rows past `out`.
 template <typename Weight>
 const float* pack_weights(const Shape& s, Weight&& weight) {
   const int64_t taps = s.in * s.kh * s.kw, size = round_up(s.out, kRows) * taps;
-  float* wp = scratch(t_weights, size_t(size));
+  float* wp = grown(t_weights, size_t(size));
   std::fill(wp, wp + size, 0.0f);
   for (int64_t o = 0; o < s.out; ++o)
     for (int64_t c = 0; c < s.in; ++c)
@@ -185,7 +176,7 @@ void convolve(const float* x, int64_t x_image, int64_t x_group, const float* bia
     const float* b = bias ? bias + grp * s.out : nullptr;
     const int64_t cost = s.out * s.in * s.kh * s.kw * s.ho * s.wo;
     parallel_for(end - begin, cost, [&](int64_t lo, int64_t hi) {
-      float* xp = scratch(t_padded, size_t(s.in * s.plane()));
+      float* xp = grown(t_padded, size_t(s.in * s.plane()));
       for (int64_t n = begin + lo; n < begin + hi; ++n) {
         pad_image(x + n * x_image + grp * x_group, s.h * s.w, s, xp);
         forward_image(xp, wp, b, y + n * y_image + grp * y_group, s.ho * s.wo, s);
@@ -263,10 +254,10 @@ void weight_slice(const float* x, int64_t x_image, const float* dy, int64_t dy_i
   const int64_t cost = kRows * s.in * taps * dyplane * (end - begin);
   parallel_for(quads, cost, [&](int64_t q0, int64_t q1) {
     const int64_t o0 = q0 * kRows, o1 = std::min(s.out, q1 * kRows), outs = (q1 - q0) * kRows;
-    float* xp = scratch(t_padded, size_t(s.in * chunk * plane));
-    float* dyp = scratch(t_dy, size_t(outs * chunk * dyplane));
+    float* xp = grown(t_padded, size_t(s.in * chunk * plane));
+    float* dyp = grown(t_dy, size_t(outs * chunk * dyplane));
     const size_t nsum = size_t((q1 - q0) * s.in * tiles * tile_floats);
-    float* sums = scratch(t_sums, nsum);
+    float* sums = grown(t_sums, nsum);
     std::fill(dyp, dyp + outs * chunk * dyplane, 0.0f);
     std::fill(sums, sums + nsum, 0.0f);
     for (int64_t n0 = begin; n0 < end; n0 += chunk) {

@@ -25,6 +25,7 @@
 
 #include "gemm.h"
 #include "parallel.h"
+#include "workspace.h"
 
 namespace cct {
 
@@ -41,16 +42,7 @@ struct Shape {
   int64_t tiles() const { return tiles_h() * tiles_w(); }
 };
 
-thread_local std::vector<float> t_filters, t_work;
-
-float* grow(std::vector<float>& v, size_t n) {
-  if (v.size() < n) {
-    v.clear();  // release first: never hold both buffers
-    v.shrink_to_fit();
-    v.resize(n);
-  }
-  return v.data();
-}
+thread_local std::vector<float> t_filters;
 
 // U[e][o][c] = (G g G^T)[e] for filter g = weight(o, c, ., .).
 template <typename Weight>
@@ -161,14 +153,15 @@ void winograd(const float* x, int64_t x_image, int64_t x_group, const float* bia
   const int64_t per_image = kTile * (s.c + s.o) * s.tiles();
   const int64_t chunk = std::max<int64_t>(
       1, std::min<int64_t>(end - begin, budget / int64_t(sizeof(float)) / per_image));
-  float* u = grow(t_filters, size_t(kTile * s.o * s.c));
+  float* u = grown(t_filters, size_t(kTile * s.o * s.c));
   for (int64_t grp = 0; grp < groups; ++grp) {
     transform_filters(s, [&](int64_t o, int64_t c, int i, int j) {
       return weight_of_group(grp, o, c, i, j);
     }, u);
     for (int64_t n0 = begin; n0 < end; n0 += chunk) {
       const int64_t nb = std::min(chunk, end - n0), count = nb * s.tiles();
-      float* v = grow(t_work, size_t(kTile * (s.c + s.o) * count));
+      float* v = static_cast<float*>(
+          thread_workspace(size_t(kTile * (s.c + s.o) * count) * sizeof(float)));
       float* mm = v + kTile * s.c * count;
       transform_input(x + n0 * x_image + grp * x_group, x_image, s, nb, v);
       gemm_batch_strided(false, false, s.o, count, s.c, 1.0f, u, s.c, s.o * s.c, v, count,
