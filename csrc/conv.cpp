@@ -32,9 +32,9 @@
 // blobs with no lowered matrix at all; the thin layers of small nets, where the lowered GEMM is
 // bound by memory, are where it wins. It is one more candidate, measured like the others.
 //
-// Winograd layout (conv_winograd.cpp): F(2x2, 3x3) for 3x3 stride-1 float layers, forward and
-// backward data: 16 GEMMs over transformed tiles, 2.25x fewer multiplications; for the wide
-// 3x3 layers, where the lowered GEMM is already compute-bound.
+// Winograd layout (conv_winograd.cpp): F(2x2, 3x3) for 3x3 stride-1 float layers, all three
+// kernels: 16 GEMMs over transformed tiles, 2.25x fewer multiplications; for the wide 3x3
+// layers, where the lowered GEMM is already compute-bound.
 //
 // The weight gradient's GEMM (long inner dimension M, small result) goes through
 // gemm_measured, which picks its operand order by measurement (gemm.cpp). It adds into the
@@ -429,8 +429,7 @@ bool layout_applies(Layout layout, Kernel kernel, const ConvGeom& g) {
     case kDirect:
       return std::is_same_v<T, float> && direct_conv_applies(g, kernel == kBackwardData);
     case kWinograd:
-      return std::is_same_v<T, float> && kernel != kBackwardWeight &&
-             winograd_applies(g, kernel == kBackwardData);
+      return std::is_same_v<T, float> && winograd_applies(g, kernel == kBackwardData);
     default: return true;
   }
 }
@@ -698,6 +697,9 @@ void conv_backward_weight(const T* x, const T* dy, T* dweight, const ConvGeom& g
                           if constexpr (std::is_same_v<T, float>) {
                             if (layout == kDirect)
                               return conv_backward_weight_direct(x, dy, out, g, begin, end, acc);
+                            if (layout == kWinograd)
+                              return conv_backward_weight_winograd(x, dy, out, g, begin, end,
+                                                                   budget, acc);
                           }
                           if (layout == kPointwise) {
                             backward_weight_pointwise(x, dy, out, g, begin, end, acc);

@@ -15,6 +15,10 @@
 // Backward data of a stride-1 3x3 convolution with pad p is the 3x3 convolution of the top
 // diff with the filters flipped and channels swapped, pad 2 - p: the same code.
 //
+// The weight gradient is the adjoint of the forward transforms: per position e,
+// W[e] (O x C) = D[e] (O x T) * V[e]^T with D = A dy A^T the top diff's 2x2 tiles transformed,
+// summed over the chunks, then dW = G^T W G once.
+//
 // The transforms add and subtract, except G's halves: the result differs from the lowered
 // GEMM's by a few float32 roundings per output (the kernel tests' tolerance), and like every
 // plan is the same on every call of a geometry.
@@ -172,6 +176,66 @@ void winograd(const float* x, int64_t x_image, int64_t x_group, const float* bia
   }
 }
 
+// D[e][o][t] = (A dy_t A^T)[e] for the top diff's 2x2 tiles of nb images (zero past the top's
+// edge): the weight gradient's transform of dy, the adjoint of transform_output.
+void transform_top_diff(const float* dy, int64_t dy_image, const Shape& s, int64_t nb,
+                        float* d) {
+  const int64_t tw = s.tiles_w(), tpi = s.tiles(), count = nb * tpi, step = s.o * count;
+  parallel_for(s.o, nb * tpi * kTile, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o)
+      for (int64_t m = 0; m < nb; ++m) {
+        const float* plane = dy + m * dy_image + o * s.ho * s.wo;
+        for (int64_t ty = 0; ty < s.tiles_h(); ++ty)
+          for (int64_t tx = 0; tx < tw; ++tx) {
+            float g[2][2];
+            for (int i = 0; i < 2; ++i)
+              for (int j = 0; j < 2; ++j) {
+                const int64_t oh = 2 * ty + i, ow = 2 * tx + j;
+                g[i][j] = oh < s.ho && ow < s.wo ? plane[oh * s.wo + ow] : 0.0f;
+              }
+            float r[4][2];
+            for (int j = 0; j < 2; ++j) {  // rows: A g
+              r[0][j] = g[0][j];
+              r[1][j] = g[0][j] + g[1][j];
+              r[2][j] = g[0][j] - g[1][j];
+              r[3][j] = -g[1][j];
+            }
+            float* out = d + o * count + m * tpi + ty * tw + tx;
+            for (int i = 0; i < 4; ++i) {  // columns: (A g) A^T
+              out[(4 * i) * step] = r[i][0];
+              out[(4 * i + 1) * step] = r[i][0] + r[i][1];
+              out[(4 * i + 2) * step] = r[i][0] - r[i][1];
+              out[(4 * i + 3) * step] = -r[i][1];
+            }
+          }
+      }
+  });
+}
+
+// dw[o][c] (3x3, or += with accumulate) = G^T W[.][o][c] G: the weight gradient's output
+// transform, the adjoint of transform_filters.
+void transform_filter_gradient(const float* w, const Shape& s, float* dw, bool accumulate) {
+  const int64_t step = s.o * s.c;
+  parallel_for(s.o, s.c * 64, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o)
+      for (int64_t c = 0; c < s.c; ++c) {
+        float a[4][4], r[3][4];
+        for (int e = 0; e < kTile; ++e) a[e / 4][e % 4] = w[e * step + o * s.c + c];
+        for (int j = 0; j < 4; ++j) {  // rows: G^T a
+          r[0][j] = a[0][j] + 0.5f * (a[1][j] + a[2][j]);
+          r[1][j] = 0.5f * (a[1][j] - a[2][j]);
+          r[2][j] = 0.5f * (a[1][j] + a[2][j]) + a[3][j];
+        }
+        float* out = dw + (o * s.c + c) * 9;
+        for (int i = 0; i < 3; ++i) {  // columns: (G^T a) G
+          const float v[3] = {r[i][0] + 0.5f * (r[i][1] + r[i][2]), 0.5f * (r[i][1] - r[i][2]),
+                              0.5f * (r[i][1] + r[i][2]) + r[i][3]};
+          for (int j = 0; j < 3; ++j) out[i * 3 + j] = accumulate ? out[i * 3 + j] + v[j] : v[j];
+        }
+      }
+  });
+}
+
 }  // namespace
 
 bool winograd_applies(const ConvGeom& g, bool backward_data) {
@@ -201,6 +265,34 @@ void conv_backward_data_winograd(const float* dy, const float* weight, float* dx
            [&](int64_t grp, int64_t c_out, int64_t o_in, int i, int j) {
              return weight[(((grp * og + o_in) * cg + c_out) * 3 + (2 - i)) * 3 + (2 - j)];
            });
+}
+
+void conv_backward_weight_winograd(const float* x, const float* dy, float* dweight,
+                                   const ConvGeom& g, int64_t begin, int64_t end,
+                                   int64_t budget, bool accumulate) {
+  const int64_t cg = g.c / g.group, og = g.o / g.group;
+  const Shape s{cg, g.h, g.w, og, g.ho, g.wo, g.ph, g.pw};
+  const int64_t per_image = kTile * (s.c + s.o) * s.tiles();
+  const int64_t chunk = std::max<int64_t>(
+      1, std::min<int64_t>(end - begin, budget / int64_t(sizeof(float)) / per_image));
+  // The transformed gradient, summed over the chunks before its one output transform.
+  float* w = grown(t_filters, size_t(kTile * s.o * s.c));
+  for (int64_t grp = 0; grp < g.group; ++grp) {
+    std::fill(w, w + kTile * s.o * s.c, 0.0f);
+    for (int64_t n0 = begin; n0 < end; n0 += chunk) {
+      const int64_t nb = std::min(chunk, end - n0), count = nb * s.tiles();
+      float* v = static_cast<float*>(
+          thread_workspace(size_t(kTile * (s.c + s.o) * count) * sizeof(float)));
+      float* d = v + kTile * s.c * count;
+      transform_input(x + n0 * g.c * g.h * g.w + grp * cg * g.h * g.w, g.c * g.h * g.w, s, nb,
+                      v);
+      transform_top_diff(dy + n0 * g.o * g.ho * g.wo + grp * og * g.ho * g.wo,
+                         g.o * g.ho * g.wo, s, nb, d);
+      gemm_batch_strided(false, true, s.o, s.c, count, 1.0f, d, count, s.o * count, v, count,
+                         s.c * count, 1.0f, w, s.c, s.o * s.c, kTile);
+    }
+    transform_filter_gradient(w, s, dweight + grp * og * cg * 9, accumulate);
+  }
 }
 
 }  // namespace cct

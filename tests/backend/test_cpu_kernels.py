@@ -372,8 +372,8 @@ def test_a_direct_plan_where_it_cannot_run_runs_lowered(num_threads):
         assert (kernel, key, 2, "direct") in _C.partition_choices()  # the plan stood
 
 
-# The Winograd layout (csrc/conv_winograd.cpp): 3x3, stride-1, undilated float32 layers,
-# forward and backward data. Odd sizes cut the 2x2 tiles at the top's edge; pad 3 leaves
+# The Winograd layout (csrc/conv_winograd.cpp): 3x3, stride-1, undilated float32 layers, all
+# three kernels. Odd sizes cut the 2x2 tiles at the top's edge; pad 3 leaves
 # backward data lowered (its flipped pad would be -1); pad 0 with a 3-pixel bottom is one tile.
 WINOGRAD_CASES = [
     (2, 3, 7, 9, 4, (3, 3), (1, 1), (0, 0), (1, 1), 1),
@@ -392,8 +392,8 @@ WINOGRAD_CASES = [
 @pytest.mark.parametrize("case", WINOGRAD_CASES, ids=str)
 def test_winograd_layout(case, mode, threads, limit, conv_layout, partition_mode, num_threads,
                          col_buffer_limit):
-    """Forced Winograd (the weight gradient, which it does not compute, lowered): one or
-    several partitions and threads, the batch whole or an image at a time."""
+    """Forced Winograd: one or several partitions and threads, the batch whole or an image at
+    a time (the weight gradient then sums over chunks), accumulating into a weight diff."""
     x, weight, bias, dy, geom = conv_arrays(case, np.float32)
     conv_layout(4)
     partition_mode(mode)
@@ -401,13 +401,17 @@ def test_winograd_layout(case, mode, threads, limit, conv_layout, partition_mode
     if limit:
         col_buffer_limit(limit)
     check_conv(cpu, x, weight, bias, dy, geom, np.float32, no_bias=True)
+    before = rand(weight.shape, np.float32, 5)
+    dw = before.copy()
+    cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True)
+    close(dw, before + reference.conv_backward_weight(x, dy, *geom), np.float32)
 
 
 @pytest.mark.parametrize("layout", [3, 4])
 def test_a_forced_layout_is_what_runs(layout, conv_layout):
     """Forcing direct (3) or Winograd (4) runs another algorithm than lowered (1), not a
-    fallback: the results agree to float32 rounding but not bit for bit (they sum in other
-    orders, and Winograd transforms)."""
+    fallback: the results of all three kernels agree to float32 rounding but not bit for bit
+    (they sum in other orders, and Winograd transforms)."""
     if layout == 3 and not _C.cpu_has_direct_conv():
         pytest.skip("the direct layout needs a CPU with AVX2 and FMA")
     x, weight, bias, dy, geom = conv_arrays((4, 16, 12, 7, 24, (3, 3), (1, 1), (1, 1), (1, 1), 1),
@@ -416,7 +420,8 @@ def test_a_forced_layout_is_what_runs(layout, conv_layout):
     for mode in (1, layout):
         conv_layout(mode)
         results[mode] = (cpu.conv_forward(x, weight, bias, *geom),
-                         cpu.conv_backward_data(dy, weight, x.shape, *geom))
+                         cpu.conv_backward_data(dy, weight, x.shape, *geom),
+                         cpu.conv_backward_weight(x, dy, *geom))
     for lowered, other in zip(results[1], results[layout]):
         close(other, lowered, np.float32)
         assert not np.array_equal(other, lowered)
@@ -434,9 +439,8 @@ def test_winograd_is_measured_for_3x3_stride_1_float32_only(num_threads):
         cpu.conv_backward_weight(x, dy, *geom)
     winograd = {(c[1][3], c[1][7], c[1][9], c[1][13], c[0]) for c in _C.partition_choices()
                 if c[1][:3] == [3, 4, 9] and c[1][4] == 6 and c[3] == "winograd"}
-    # only the first case's forward may be Winograd: never its weight gradient, never a 5x5,
-    # strided, dilated or float64 layer
-    assert winograd <= {(9, 3, 1, 1, 0)}
+    # only the first case may be Winograd: never a 5x5, strided, dilated or float64 layer
+    assert winograd <= {(9, 3, 1, 1, 0), (9, 3, 1, 1, 2)}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
