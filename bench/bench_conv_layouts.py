@@ -1,8 +1,8 @@
 """Each convolution of the zoo's nets under each layout the kernels choose among: the lowered
 GEMM (Caffe con Troll's, its batch partitions measured) against the direct kernel
 (csrc/conv_direct.cpp, stride-1 float32 layers on AVX2/FMA CPUs) and Winograd F(2x2, 3x3)
-(csrc/conv_winograd.cpp, 3x3 stride-1 float32 forward and backward data), forward, backward
-data and backward weight, in the same run.
+(csrc/conv_winograd.cpp, 3x3 stride-1 undilated float32 layers), forward, backward data and
+backward weight, in the same run.
 
     python bench/bench_conv_layouts.py                       # lenet, cifar10_quick, caffenet_b32
     python bench/bench_conv_layouts.py --nets cifar10_quick --repeats 10
@@ -39,8 +39,8 @@ def applies(mode: int, kernel_id: int, geom) -> bool:
     if mode == DIRECT:
         return stride == (1, 1) and _C.cpu_has_direct_conv()
     if mode == WINOGRAD:
-        return (kernel == (3, 3) and stride == (1, 1) and dilation == (1, 1) and kernel_id != 2
-                and (kernel_id == 0 or max(pad) <= 2))
+        return (kernel == (3, 3) and stride == (1, 1) and dilation == (1, 1)
+                and (kernel_id != 1 or max(pad) <= 2))
     return True
 
 
