@@ -427,6 +427,30 @@ def test_a_forced_layout_is_what_runs(layout, conv_layout):
         assert not np.array_equal(other, lowered)
 
 
+@pytest.mark.parametrize("layout", [1, 3, 4])
+def test_workspaces_left_by_other_shapes_do_not_leak(layout, conv_layout):
+    """The per-thread workspaces and padded buffers outlive a call: a layer's results are the
+    same bits after calls on other shapes whose inputs were NaN."""
+    conv_layout(layout)
+    x, weight, bias, dy, geom = conv_arrays((5, 7, 11, 9, 10, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+                                            np.float32)
+
+    def kernels(x, weight, bias, dy, geom):
+        return (cpu.conv_forward(x, weight, bias, *geom),
+                cpu.conv_backward_data(dy, weight, x.shape, *geom),
+                cpu.conv_backward_weight(x, dy, *geom))
+
+    first = kernels(x, weight, bias, dy, geom)
+    for other in [(3, 16, 20, 20, 24, (3, 3), (1, 1), (2, 2), (1, 1), 1),
+                  (2, 4, 30, 7, 8, (3, 3), (1, 1), (0, 0), (1, 1), 2)]:
+        xo, wo, bo, dyo, go = conv_arrays(other, np.float32, seed=9)
+        xo[:] = np.nan
+        dyo[:] = np.nan
+        kernels(xo, wo, bo, dyo, go)
+    for got, want in zip(kernels(x, weight, bias, dy, geom), first):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_winograd_is_measured_for_3x3_stride_1_float32_only(num_threads):
     num_threads(2)
     for case, dtype in [((3, 4, 9, 9, 6, (3, 3), (1, 1), (1, 1), (1, 1), 1), np.float32),
