@@ -2,12 +2,13 @@
 
 The C++ kernels time their candidate plans the first time a shape comes and keep the fastest
 (csrc/conv.cpp: batch partitions x lowered, pointwise, direct or Winograd layout x
-cache-sized chunks per convolution kernel; csrc/gemm.cpp: the operand order of the weight-gradient GEMMs). The plans
-round differently, so a choice that changes from one process to the next (a busy machine
-times them differently) changes the weights. Three things keep the choice fixed:
+cache-sized chunks per convolution kernel; csrc/gemm.cpp: the operand order of the
+weight-gradient GEMMs). The plans round differently, so a choice that changes from one
+process to the next (a busy machine times them differently) changes the weights. Three things
+keep the choice fixed:
 
 * **the machine's plan cache**, one JSON file per machine fingerprint (CPU model, cores, BLAS
-  build, cct version) in ``$CCT_PLAN_CACHE`` (a folder; ``off`` disables it), else
+  build, cct version, the set of candidate plans) in ``$CCT_PLAN_CACHE`` (a folder; ``off`` disables it), else
   ``$XDG_CACHE_HOME/cct``, else ``~/.cache/cct``. A solver loads it before it builds its nets
   (:func:`use_machine_cache`) and writes it back, merged, whenever new shapes were timed
   (:func:`persist`): a rerun on the same machine runs the first run's plans;
@@ -16,9 +17,9 @@ times them differently) changes the weights. Three things keep the choice fixed:
 * **deterministic mode** (:func:`set_deterministic`, ``cct train --deterministic``): nothing
   is timed, every shape gets the plan of a fixed rule (one partition per thread; the direct
   layout on thin stride-1 float32 layers where the CPU has it, else lowered; the direct GEMM
-  order) and the cache is neither read nor written, so the plans do not depend on
-  the load, the cache or concurrent runs. It is slower where the rule's plan is not the
-  fastest (bench/RESULTS.md).
+  order) and the cache is neither read nor written, so the plans do not depend on the load,
+  the cache or concurrent runs. It is slower where the rule's plan is not the fastest
+  (bench/RESULTS.md).
 
 A table is ``{"conv": [[kernel, geometry(16), itemsize, threads, modes, partitions, layout,
 cache_chunks], ...], "gemm": [[trans_a, trans_b, m, n, k, itemsize, threads, transposed],
