@@ -8,8 +8,9 @@ process to the next (a busy machine times them differently) changes the weights.
 keep the choice fixed:
 
 * **the machine's plan cache**, one JSON file per machine fingerprint (CPU model, cores, BLAS
-  build, cct version, the set of candidate plans) in ``$CCT_PLAN_CACHE`` (a folder; ``off`` disables it), else
-  ``$XDG_CACHE_HOME/cct``, else ``~/.cache/cct``. A solver loads it before it builds its nets
+  build, cct version, the set of candidate plans) in ``$CCT_PLAN_CACHE`` (a folder; ``off``
+  disables it), else ``$XDG_CACHE_HOME/cct``, else ``~/.cache/cct``. A solver loads it before
+  it builds its nets
   (:func:`use_machine_cache`) and writes it back, merged, whenever new shapes were timed
   (:func:`persist`): a rerun on the same machine runs the first run's plans;
 * **the snapshot side file** holds :func:`table` and a resume :func:`install`\\ s it, so a
