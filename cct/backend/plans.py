@@ -10,9 +10,8 @@ keep the choice fixed:
 * **the machine's plan cache**, one JSON file per machine fingerprint (CPU model, cores, BLAS
   build, cct version, the set of candidate plans) in ``$CCT_PLAN_CACHE`` (a folder; ``off``
   disables it), else ``$XDG_CACHE_HOME/cct``, else ``~/.cache/cct``. A solver loads it before
-  it builds its nets
-  (:func:`use_machine_cache`) and writes it back, merged, whenever new shapes were timed
-  (:func:`persist`): a rerun on the same machine runs the first run's plans;
+  it builds its nets (:func:`use_machine_cache`) and writes it back, merged, whenever new
+  shapes were timed (:func:`persist`): a rerun on the same machine runs the first run's plans;
 * **the snapshot side file** holds :func:`table` and a resume :func:`install`\\ s it, so a
   resumed run runs the plans of the run it continues, whatever the cache holds;
 * **deterministic mode** (:func:`set_deterministic`, ``cct train --deterministic``): nothing
