@@ -130,17 +130,34 @@ void transform_input_plane(const float* plane, const Shape& s, float* rows, floa
 
 thread_local std::vector<float> t_rows, t_padded_row;
 
+// Runs plane(channel, image, rows, padded) for each of `channels` channels of nb images, the
+// channels split across threads, each thread with row buffers sized for the largest need
+// (transform_input's: a row of tile transforms for every bottom row).
+template <typename Plane>
+void each_plane(int64_t channels, int64_t nb, const Shape& s, Plane&& plane) {
+  parallel_for(channels, nb * s.tiles() * kTile, [&](int64_t c0, int64_t c1) {
+    float* rows = grown(t_rows, size_t(4 * (2 * s.tiles_h() + 2) * s.tiles_w()));
+    float* padded = grown(t_padded_row, size_t(2 * s.tiles_w() + 2));
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t m = 0; m < nb; ++m) plane(c, m, rows, padded);
+  });
+}
+
+// Images per chunk: as many as keep one chunk's transformed tiles (16 x (c + o) x tiles per
+// image) within `budget` bytes, at least one.
+int64_t chunk_images(const Shape& s, int64_t images, int64_t budget) {
+  const int64_t per_image = kTile * (s.c + s.o) * s.tiles();
+  return std::max<int64_t>(
+      1, std::min<int64_t>(images, budget / int64_t(sizeof(float)) / per_image));
+}
+
 // V[e][c][t] = (B^T d B)[e] for the bottom's tiles of nb images (image m's channel c at
 // x + m * x_image + c * h * w), t = m * tiles + ty * tiles_w + tx.
 void transform_input(const float* x, int64_t x_image, const Shape& s, int64_t nb, float* v) {
   const int64_t tpi = s.tiles(), count = nb * tpi, step = s.c * count;
-  parallel_for(s.c, nb * tpi * kTile, [&](int64_t c0, int64_t c1) {
-    float* rows = grown(t_rows, size_t(4 * (2 * s.tiles_h() + 2) * s.tiles_w()));
-    float* padded = grown(t_padded_row, size_t(2 * s.tiles_w() + 2));
-    for (int64_t c = c0; c < c1; ++c)
-      for (int64_t m = 0; m < nb; ++m)
-        transform_input_plane(x + m * x_image + c * s.h * s.w, s, rows, padded,
-                              v + c * count + m * tpi, step);
+  each_plane(s.c, nb, s, [&](int64_t c, int64_t m, float* rows, float* padded) {
+    transform_input_plane(x + m * x_image + c * s.h * s.w, s, rows, padded,
+                          v + c * count + m * tpi, step);
   });
 }
 
@@ -179,13 +196,9 @@ void transform_output_plane(const float* in, int64_t step, float b, const Shape&
 void transform_output(const float* mm, const float* bias, const Shape& s, int64_t nb, float* y,
                       int64_t y_image) {
   const int64_t tpi = s.tiles(), count = nb * tpi, step = s.o * count;
-  parallel_for(s.o, nb * tpi * kTile, [&](int64_t o0, int64_t o1) {
-    float* rows = grown(t_rows, size_t(8 * s.tiles_w()));
-    float* padded = grown(t_padded_row, size_t(2 * s.tiles_w()));
-    for (int64_t o = o0; o < o1; ++o)
-      for (int64_t m = 0; m < nb; ++m)
-        transform_output_plane(mm + o * count + m * tpi, step, bias ? bias[o] : 0.0f, s, rows,
-                               padded, y + m * y_image + o * s.ho * s.wo);
+  each_plane(s.o, nb, s, [&](int64_t o, int64_t m, float* rows, float* padded) {
+    transform_output_plane(mm + o * count + m * tpi, step, bias ? bias[o] : 0.0f, s, rows,
+                           padded, y + m * y_image + o * s.ho * s.wo);
   });
 }
 
@@ -194,9 +207,7 @@ template <typename Weight>
 void winograd(const float* x, int64_t x_image, int64_t x_group, const float* bias, float* y,
               int64_t y_image, int64_t y_group, int64_t groups, const Shape& s, int64_t begin,
               int64_t end, int64_t budget, Weight&& weight_of_group) {
-  const int64_t per_image = kTile * (s.c + s.o) * s.tiles();
-  const int64_t chunk = std::max<int64_t>(
-      1, std::min<int64_t>(end - begin, budget / int64_t(sizeof(float)) / per_image));
+  const int64_t chunk = chunk_images(s, end - begin, budget);
   float* u = grown(t_filters, size_t(kTile * s.o * s.c));
   for (int64_t grp = 0; grp < groups; ++grp) {
     transform_filters(s, [&](int64_t o, int64_t c, int i, int j) {
@@ -257,13 +268,9 @@ void transform_top_diff_plane(const float* plane, const Shape& s, float* rows, f
 void transform_top_diff(const float* dy, int64_t dy_image, const Shape& s, int64_t nb,
                         float* d) {
   const int64_t tpi = s.tiles(), count = nb * tpi, step = s.o * count;
-  parallel_for(s.o, nb * tpi * kTile, [&](int64_t o0, int64_t o1) {
-    float* rows = grown(t_rows, size_t(8 * s.tiles_w()));
-    float* padded = grown(t_padded_row, size_t(2 * s.tiles_w()));
-    for (int64_t o = o0; o < o1; ++o)
-      for (int64_t m = 0; m < nb; ++m)
-        transform_top_diff_plane(dy + m * dy_image + o * s.ho * s.wo, s, rows, padded,
-                                 d + o * count + m * tpi, step);
+  each_plane(s.o, nb, s, [&](int64_t o, int64_t m, float* rows, float* padded) {
+    transform_top_diff_plane(dy + m * dy_image + o * s.ho * s.wo, s, rows, padded,
+                             d + o * count + m * tpi, step);
   });
 }
 
@@ -327,9 +334,7 @@ void conv_backward_weight_winograd(const float* x, const float* dy, float* dweig
                                    int64_t budget, bool accumulate) {
   const int64_t cg = g.c / g.group, og = g.o / g.group;
   const Shape s{cg, g.h, g.w, og, g.ho, g.wo, g.ph, g.pw};
-  const int64_t per_image = kTile * (s.c + s.o) * s.tiles();
-  const int64_t chunk = std::max<int64_t>(
-      1, std::min<int64_t>(end - begin, budget / int64_t(sizeof(float)) / per_image));
+  const int64_t chunk = chunk_images(s, end - begin, budget);
   // The transformed gradient, summed over the chunks before its one output transform.
   float* w = grown(t_filters, size_t(kTile * s.o * s.c));
   for (int64_t grp = 0; grp < g.group; ++grp) {

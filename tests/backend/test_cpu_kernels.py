@@ -254,6 +254,14 @@ def test_accumulate_is_exact_on_the_first_call_that_measures(num_threads):
         assert len(mine) == 1
 
 
+def check_weight_gradient_accumulates(x, weight, dy, geom, dtype):
+    """conv_backward_weight with accumulate=True adds the gradient to what out= held."""
+    before = rand(weight.shape, dtype, 5)
+    dw = before.copy()
+    cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True)
+    close(dw, before + reference.conv_backward_weight(x, dy, *geom), dtype)
+
+
 @pytest.mark.parametrize("limit", [None, 1, 3000])
 @pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("case", [CONV_CASES[5], CONV_CASES[10],
@@ -270,10 +278,7 @@ def test_pointwise_layout(case, mode, limit, conv_layout, partition_mode, col_bu
         col_buffer_limit(limit)
     num_threads(3)
     check_conv(cpu, x, weight, bias, dy, geom, np.float64, weight_grad=False, no_bias=True)
-    before = rand(weight.shape, np.float64, 5)
-    dw = before.copy()
-    cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True)
-    close(dw, before + reference.conv_backward_weight(x, dy, *geom), np.float64)
+    check_weight_gradient_accumulates(x, weight, dy, geom, np.float64)
 
 
 def test_layout_is_measured_for_pointwise_layers_only(num_threads):
@@ -315,10 +320,7 @@ def test_direct_layout(case, mode, threads, conv_layout, partition_mode, num_thr
     partition_mode(mode)
     num_threads(threads)
     check_conv(cpu, x, weight, bias, dy, geom, np.float32, no_bias=True)
-    before = rand(weight.shape, np.float32, 5)
-    dw = before.copy()
-    cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True)
-    close(dw, before + reference.conv_backward_weight(x, dy, *geom), np.float32)
+    check_weight_gradient_accumulates(x, weight, dy, geom, np.float32)
 
 
 @needs_direct
@@ -401,10 +403,7 @@ def test_winograd_layout(case, mode, threads, limit, conv_layout, partition_mode
     if limit:
         col_buffer_limit(limit)
     check_conv(cpu, x, weight, bias, dy, geom, np.float32, no_bias=True)
-    before = rand(weight.shape, np.float32, 5)
-    dw = before.copy()
-    cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True)
-    close(dw, before + reference.conv_backward_weight(x, dy, *geom), np.float32)
+    check_weight_gradient_accumulates(x, weight, dy, geom, np.float32)
 
 
 @pytest.mark.parametrize("layout", [3, 4])
