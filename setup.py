@@ -83,6 +83,8 @@ class CMakeBuild(build_ext):
                 self.copy_file(str(src), str(pathlib.Path(inplace_file).parent / name))
 
 
+MKL = "mkl>=2021; platform_machine == 'x86_64' and sys_platform == 'linux'"
+
 setup(
     name="cct",
     version="0.1.0",
@@ -111,7 +113,10 @@ setup(
         # hypothesis drives the fuzzing harness (tests/fuzz).
         "test": ["pytest>=7", "grpcio-tools==1.75.1", "matplotlib>=3.5", "hypothesis>=6.100",
                  "onnx>=1.16", "onnxruntime>=1.18", "scikit-image>=0.19", "scipy>=1.6",
-                 "ray>=2.60"],
+                 "ray>=2.60", MKL],
+        # cct train -precision=bf16: Intel MKL's bf16 GEMM, loaded at run time
+        # (cct/backend/precision.py). x86-64 Linux only, as the wheel is.
+        "bf16": [MKL],
         # cct train --engine=ray: groups and the parameter store's shards as Ray actors.
         "ray": ["ray>=2.60"],
         # caffe.io.resize_image calls what Caffe's io.py calls (scikit-image, SciPy's zoom)

@@ -34,7 +34,8 @@ __version__ = "0.1.0"   # before the imports below: cct.backend.plans keys its c
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 from .api import (TEST, TRAIN, Net, get_solver_mode, layer_type_list,  # noqa: F401
-                  set_device, set_mode_cpu, set_mode_gpu, set_random_seed, init_log, log)
+                  set_device, set_mode_cpu, set_mode_gpu, set_precision, set_random_seed,
+                  init_log, log)
 from .api import (Solver, SGDSolver, NesterovSolver, AdaGradSolver,  # noqa: F401
                   RMSPropSolver, AdaDeltaSolver, AdamSolver, get_solver)
 from .errors import CCTError  # noqa: F401

@@ -48,6 +48,15 @@ def set_device(device_id: int) -> None:
         _backend = resolve("gpu", _device)
 
 
+def set_precision(name: str) -> str:
+    """cct's own: the CPU backend's GEMM arithmetic for everything run from now on, "float32"
+    or "bf16" (bf16 operands, float32 accumulation, weights and updates; cct/backend/
+    precision.py). Returns the precision in effect: "float32" where the CPU has no bf16 units
+    (after a warning saying so)."""
+    from .backend.precision import set_precision as _set
+    return _set(name, source="set_precision")
+
+
 def get_solver_mode() -> str:
     """"gpu" when nets made now run on a GPU, else "cpu"."""
     return "gpu" if _backend == "gpu" else "cpu"

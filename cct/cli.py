@@ -24,6 +24,7 @@ commands:
                   -sigint_effect, -sighup_effect, -gpu, -devices: e.g. cpu:1,cpu:1 or cpu,gpu0
                   to split every batch across devices, -deterministic: fixed kernel plans,
                   none timed, so runs repeat to the bit whatever the machine's load;
+                  -precision=float32|bf16: bf16 GEMMs where the CPU has bf16 units;
                   -progress=auto|bar|none: a live progress line, by default on a terminal;
                   -strategy=sync|async|hogbatch|adaptive-hogbatch|sma -groups=G
                   -engine=threads|processes|simulated|ray
@@ -43,7 +44,7 @@ commands:
                   the plan for that cluster, HE from the scale-out model, SE simulated)
   test            score a model (-model, -weights, -iterations, -level, -stage)
   time            benchmark forward/backward of a model (-model, -iterations, -phase, -level,
-                  -stage)
+                  -stage, -precision=float32|bf16)
   device_query    show the devices cct can run on (-gpu)
 
 tools (Caffe's tools/ and tools/extra/; each takes Caffe's own arguments and flags):
@@ -224,7 +225,7 @@ def cmd_train(argv: List[str]) -> int:
                                   "sma-momentum": "0", "sync-period": "1",
                                   "simulate-speeds": "", "ray-address": "",
                                   "ps-shards": "auto", "ray-group-restarts": "3",
-                                  "ray-data": "ship"},
+                                  "ray-data": "ship", "precision": ""},
                   booleans=("deterministic", "allow-negative-momentum", "sync-fc", "optimize"))
     solver_path = _require(flags, "solver", "Need a solver definition to train.")
     if flags.get("snapshot") and flags.get("weights"):
@@ -237,6 +238,8 @@ def cmd_train(argv: List[str]) -> int:
     del param.weights[:]
     if flags.get("weights"):
         param.weights.append(flags.get("weights"))
+    if flags.get("precision"):
+        param.precision = _precision_value(flags.get("precision"))
     devices = _train_devices(flags, param)
     if flags.bool("deterministic"):
         from .backend import plans
@@ -466,14 +469,26 @@ def cmd_test(argv: List[str]) -> int:
     return 0
 
 
+def _precision_value(name: str) -> int:
+    """-precision's value as the solver's ``precision`` field."""
+    from .backend.precision import PRECISIONS
+    from .proto import caffe_pb2
+    if name.lower() not in PRECISIONS:
+        raise CCTError(f"-precision must be one of {', '.join(PRECISIONS)}, got '{name}'")
+    return caffe_pb2.SolverParameter.Precision.Value(name.upper())
+
+
 def cmd_time(argv: List[str]) -> int:
     """Caffe's ``caffe time``: per-layer forward and backward times averaged over iterations."""
     from .api import Net
 
     flags = Flags("time", argv, {"model": "", "iterations": "50", "phase": "TRAIN", "gpu": "",
-                                 "level": "0", "stage": "", "weights": ""})
+                                 "level": "0", "stage": "", "weights": "",
+                                 "precision": "float32"})
     model = _require(flags, "model", "Need a model definition to time.")
     iterations = _iterations(flags, "forward-backward passes to time")
+    from .backend.precision import set_precision
+    set_precision(flags.get("precision"), source="time: -precision")
     net = Net(model, _phase(flags.get("phase")), level=flags.int("level"),
               stages=flags.list("stage"), weights=flags.get("weights") or None,
               backend=_net_backend(flags, "caffe.cpp:352"))

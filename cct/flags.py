@@ -44,6 +44,9 @@ DESCRIPTIONS: Dict[str, str] = {
     "sighup_effect": "Optional; action to take when a SIGHUP signal is received: "
                      "snapshot, stop or none.",
     "deterministic": "cct: fixed kernel plans, none timed, so runs repeat to the bit.",
+    "precision": "cct: float32, or bf16 (bf16 GEMM operands, float32 weights and updates) "
+                 "where the CPU has bf16 units (AMX, AVX512-BF16); train: overrides the "
+                 "solver's precision field.",
     "strategy": "cct: sync (one group), async (asynchronous compute groups), hogbatch "
                 "(async with a batch per group), adaptive-hogbatch (batches follow the groups' "
                 "speeds) or sma (Crossbow's synchronous model averaging).",

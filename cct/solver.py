@@ -16,9 +16,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from . import rng
-from .backend import plans
+from .backend import plans, precision
 from .errors import CCTError, ProtoError, SourceLost, WeightsError
-from .glog import info, logger
+from .glog import info, logger, warning
 from .io import weights
 from .io.atomic import atomic_write, remove_stale_temp_files
 from .io.prototxt import debug_string, read_net_text, read_solver_text
@@ -74,6 +74,12 @@ class Solver:
         self._check_snapshot_write_permissions()
         if self.param.random_seed >= 0:
             rng.set_random_seed(self.param.random_seed)
+        if self.param.HasField("precision"):
+            name = caffe_pb2.SolverParameter.Precision.Name(self.param.precision).lower()
+            if backend != "cpu" and name != "float32":
+                warning("solver.cpp:0", f"{source}: precision {name} is the CPU backend's; "
+                        f"the {backend} backend trains in float32.")
+            precision.set_precision(name, source=f"{source}: precision")
         plans.use_machine_cache()
         self._weights_files: List[str] = []   # -weights files copied in, named if loss diverges
         self.net: Net = self._init_train_net()

@@ -419,17 +419,22 @@ std::atomic<int> g_layout_mode{0};
 std::atomic<bool> g_measure{true};     // time new shapes, or give them rule_plan's plan
 // Added to a key's modes for plans given by the rule, so they never stand for measured ones.
 constexpr int kRuleModes = 15;
+// Added to a key's modes for plans of bf16 GEMMs (bf16.h): a float32 plan is not their answer.
+constexpr int kBf16Modes = 2 * kRuleModes;
 
 // Whether a layout computes this kernel on this geometry here (a plan installed from another
 // machine's table may name one this CPU or shape cannot run: it runs lowered).
 template <typename T>
 bool layout_applies(Layout layout, Kernel kernel, const ConvGeom& g) {
+  // The direct and Winograd layouts compute in float32 with no GEMM to round: under bf16
+  // GEMMs every convolution is a GEMM.
+  const bool float32_kernels = std::is_same_v<T, float> && !bf16_gemm_enabled();
   switch (layout) {
     case kPointwise: return is_pointwise(g);
     case kDirect:
-      return std::is_same_v<T, float> && direct_conv_applies(g, kernel == kBackwardData);
+      return float32_kernels && direct_conv_applies(g, kernel == kBackwardData);
     case kWinograd:
-      return std::is_same_v<T, float> && winograd_applies(g, kernel == kBackwardData);
+      return float32_kernels && winograd_applies(g, kernel == kBackwardData);
     default: return true;
   }
 }
@@ -519,7 +524,8 @@ void run_with_plan(Kernel kernel, const ConvGeom& g, Run&& run, T* accumulated =
                     {g.n, g.c, g.h, g.w, g.o, g.ho, g.wo, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
                      g.dh, g.dw, g.group},
                     int64_t(sizeof(T)), threads,
-                    g_layout_mode * 3 + g_partition_mode + (measure ? 0 : kRuleModes)};
+                    g_layout_mode * 3 + g_partition_mode + (measure ? 0 : kRuleModes) +
+                        (std::is_same_v<T, float> && bf16_gemm_enabled() ? kBf16Modes : 0)};
   std::optional<Plan> known;
   {
     // Only the lookup holds the lock: threads of different devices (cct/devices.py) run

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "gemm.h"
@@ -65,7 +66,9 @@ template <typename T>
 bool choose_transposed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a,
                        int64_t lda, const T* b, int64_t ldb, std::vector<T>& scratch) {
   if (g_order != 0) return g_order == 2;
-  const Key key{ta, tb, m, n, k, int64_t(sizeof(T)), blas_get_num_threads()};
+  // bf16 GEMMs (bf16.h) take their own orders: element size 2.
+  const int64_t size = std::is_same_v<T, float> && bf16_gemm_enabled() ? 2 : int64_t(sizeof(T));
+  const Key key{ta, tb, m, n, k, size, blas_get_num_threads()};
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     auto it = g_transposed.find(key);

@@ -12,6 +12,8 @@
 #pragma once
 #include <cstdint>
 
+#include "bf16.h"
+
 #if defined(CCT_BLAS_SCIPY)
 #define CCT_BLAS_SYM(name) scipy_##name
 #else
@@ -53,8 +55,11 @@ namespace cct {
 enum : int { kRowMajor = 101, kNoTrans = 111, kTrans = 112 };
 
 // C (m x n) = alpha op(A) op(B) + beta C, all row-major; op(A) is m x k, op(B) is k x n.
+// In float32 with bf16 operands while bf16 GEMMs are on (bf16.h).
 inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (bf16_gemm_enabled())
+    return gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   CCT_BLAS_SYM(cblas_sgemm)(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(m),
                             int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
@@ -75,7 +80,9 @@ void gemm_batch_strided(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alp
                         int64_t lda, int64_t stride_a, const T* b, int64_t ldb, int64_t stride_b,
                         T beta, T* c, int64_t ldc, int64_t stride_c, int64_t count) {
   constexpr bool is_float = sizeof(T) == sizeof(float);
-  const bool have = is_float ? CCT_BLAS_SYM(cblas_sgemm_batch_strided) != nullptr
+  // bf16 GEMMs go item by item through gemm(), which rounds the operands.
+  const bool have = is_float ? CCT_BLAS_SYM(cblas_sgemm_batch_strided) != nullptr &&
+                                   !bf16_gemm_enabled()
                              : CCT_BLAS_SYM(cblas_dgemm_batch_strided) != nullptr;
   // The BLAS takes 32-bit strides: offsets past 2^31 elements go item by item.
   const int64_t limit = int64_t(1) << 31;

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "bf16.h"
 #include "conv_direct.h"
 #include "gemm.h"
 #include "kernels.h"
@@ -465,6 +466,24 @@ PYBIND11_MODULE(_C, m) {
         "undilated float); the others lowered.");
   m.def("cpu_has_direct_conv", &cct::cpu_has_direct_conv,
         "Whether this CPU runs the direct convolution layout (AVX2 and FMA).");
+  m.def("cpu_has_bf16_units", &cct::cpu_has_bf16_units,
+        "Whether this CPU runs bf16 arithmetic natively (AVX512-BF16 or AMX-BF16).");
+  m.def("load_bf16_engine", &cct::load_bf16_engine, py::arg("path"),
+        "Loads the bf16 GEMM engine (MKL's runtime library) from path: '' or why it failed.");
+  m.def("bf16_engine_loaded", &cct::bf16_engine_loaded);
+  m.def("set_bf16_gemm", &cct::set_bf16_gemm, py::arg("on"),
+        "float32 GEMMs with operands rounded to bf16 (needs the engine loaded).");
+  m.def("bf16_gemm_enabled", &cct::bf16_gemm_enabled);
+  m.def(
+      "round_to_bf16",
+      [](py::array_t<float, py::array::c_style | py::array::forcecast> x) {
+        py::array_t<float> out(x.request().shape);
+        std::vector<uint16_t> half(size_t(x.size()));
+        cct::round_to_bf16(x.data(), half.data(), x.size());
+        cct::widen_bf16(half.data(), out.mutable_data(), x.size());
+        return out;
+      },
+      py::arg("x"), "x rounded to the nearest bf16 (ties to even), as float32.");
   m.def("partition_choices", &cct::partition_choices,
         "(kernel, geometry, partitions, layout) for each convolution measured.");
   m.def("blas_has_batch_strided", &cct::blas_has_batch_strided,

@@ -1,0 +1,139 @@
+// bf16 GEMMs on Intel MKL's cblas_gemm_bf16bf16f32 (see bf16.h).
+#include "bf16.h"
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include "parallel.h"
+#include "workspace.h"
+
+namespace cct {
+
+namespace {
+
+// MKL's prototype (mkl_cblas.h): LP64 integers, MKL_BF16 an unsigned 16-bit integer.
+using GemmBf16 = void (*)(int layout, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                          const uint16_t* a, int lda, const uint16_t* b, int ldb, float beta,
+                          float* c, int ldc);
+using SetThreadingLayer = int (*)(int layer);
+constexpr int kMklRowMajor = 101, kMklNoTrans = 111, kMklTrans = 112;
+constexpr int kMklThreadingSequential = 1;
+
+std::mutex g_load_mutex;
+std::atomic<GemmBf16> g_gemm{nullptr};
+std::atomic<bool> g_on{false};
+
+// Columns of C per engine call when a GEMM is split over cct's threads: a multiple of the
+// 16 float32 lanes of an AMX tile row and of an AVX-512 register.
+constexpr int64_t kColumnBlock = 64;
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+__attribute__((target_clones("avx2", "default")))
+#endif
+void round_block(const float* src, uint16_t* dst, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &src[i], sizeof(u));
+    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    // A NaN's payload may sit in the low half only: keep it a (quiet) NaN, not infinity.
+    const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+    dst[i] = uint16_t(nan ? (u >> 16) | 0x40u : rounded);
+  }
+}
+
+// The rows x cols matrix at src (leading dimension ld) as contiguous bf16, rounded by cct's
+// threads.
+uint16_t* rounded_copy(std::vector<uint16_t>& buffer, const float* src, int64_t rows,
+                       int64_t cols, int64_t ld) {
+  uint16_t* dst = grown(buffer, size_t(rows * cols));
+  parallel_for(rows, cols, [&](int64_t begin, int64_t end) {
+    if (ld == cols) {
+      round_block(src + begin * ld, dst + begin * cols, (end - begin) * cols);
+    } else {
+      for (int64_t r = begin; r < end; ++r) round_block(src + r * ld, dst + r * cols, cols);
+    }
+  });
+  return dst;
+}
+
+}  // namespace
+
+bool cpu_has_bf16_units() {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  static const bool has =
+      __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16");
+  return has;
+#else
+  return false;
+#endif
+}
+
+std::string load_bf16_engine(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_load_mutex);
+  if (g_gemm.load() != nullptr) return "";
+  // Local: MKL's symbols must not stand in for the OpenBLAS ones _C links against.
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) return std::string(dlerror());
+  auto gemm = reinterpret_cast<GemmBf16>(dlsym(lib, "cblas_gemm_bf16bf16f32"));
+  auto layer = reinterpret_cast<SetThreadingLayer>(dlsym(lib, "MKL_Set_Threading_Layer"));
+  if (gemm == nullptr || layer == nullptr) {
+    dlclose(lib);
+    return path + " has no cblas_gemm_bf16bf16f32 (an MKL older than 2020?)";
+  }
+  // cct splits each GEMM over its own threads (as the lowered convolution's partitions do);
+  // MKL's OpenMP threads would compete with them for the same cores.
+  layer(kMklThreadingSequential);
+  g_gemm = gemm;
+  return "";
+}
+
+bool bf16_engine_loaded() { return g_gemm.load() != nullptr; }
+
+void set_bf16_gemm(bool on) {
+  if (on && !bf16_engine_loaded())
+    throw std::runtime_error("bf16 GEMMs need the engine: call load_bf16_engine first");
+  g_on = on;
+}
+
+bool bf16_gemm_enabled() { return g_on.load(std::memory_order_relaxed); }
+
+void round_to_bf16(const float* src, uint16_t* dst, int64_t count) {
+  round_block(src, dst, count);
+}
+
+void widen_bf16(const uint16_t* src, float* dst, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    const uint32_t u = uint32_t(src[i]) << 16;
+    std::memcpy(&dst[i], &u, sizeof(u));
+  }
+}
+
+void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const GemmBf16 engine = g_gemm.load();
+  if (engine == nullptr) throw std::runtime_error("bf16 GEMM without its engine loaded");
+  // Separate from thread_workspace(): the lowered matrix being multiplied lives there.
+  thread_local std::vector<uint16_t> a_buffer, b_buffer;
+  const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+  const int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+  const uint16_t* a16 = rounded_copy(a_buffer, a, a_rows, a_cols, lda);
+  const uint16_t* b16 = rounded_copy(b_buffer, b, b_rows, b_cols, ldb);
+  const int blocks = int((n + kColumnBlock - 1) / kColumnBlock);
+  // One engine call per column block whatever the thread count, so that the result does not
+  // depend on how the blocks fall to threads.
+  parallel_for(blocks, m * k * kColumnBlock, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t j0 = block * kColumnBlock, j1 = std::min(n, j0 + kColumnBlock);
+      engine(kMklRowMajor, ta ? kMklTrans : kMklNoTrans, tb ? kMklTrans : kMklNoTrans, int(m),
+             int(j1 - j0), int(k), alpha, a16, int(a_cols), b16 + (tb ? j0 * b_cols : j0),
+             int(b_cols), beta, c + j0, int(ldc));
+    }
+  });
+}
+
+}  // namespace cct

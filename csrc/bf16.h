@@ -1,0 +1,38 @@
+// bf16 mixed precision for cct's float32 GEMMs (cct train --precision=bf16).
+//
+// The weights, their history and the update stay float32 (the solver never sees bf16); while
+// bf16 is on, every float32 GEMM that goes through gemm() in gemm.h (the lowered convolution's,
+// InnerProduct's) rounds its two operands to bf16 (round to nearest even) and multiplies them
+// with float32 accumulation in the bf16 GEMM engine, writing float32 as before.
+//
+// The engine is Intel MKL's cblas_gemm_bf16bf16f32, loaded at run time from the path the
+// Python side finds (the `mkl` wheel, cct[bf16]): AMX or AVX512-BF16 kernels where the CPU has
+// them, a float32 emulation elsewhere (correct, but slower than cct's float32: that is why
+// Python turns bf16 on only where the CPU has the units, or when asked to emulate them).
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace cct {
+
+// Whether this CPU (and the OS) runs bf16 arithmetic natively: AVX512-BF16 or AMX-BF16.
+bool cpu_has_bf16_units();
+
+// Loads the engine from a shared library's path; returns "" on success, else why it failed.
+std::string load_bf16_engine(const std::string& path);
+bool bf16_engine_loaded();
+
+// Turns bf16 GEMMs on or off (on needs the engine loaded; throws otherwise).
+void set_bf16_gemm(bool on);
+bool bf16_gemm_enabled();
+
+// float32 -> bf16, round to nearest even; NaN stays NaN.
+void round_to_bf16(const float* src, uint16_t* dst, int64_t count);
+// bf16 -> float32 (exact).
+void widen_bf16(const uint16_t* src, float* dst, int64_t count);
+
+// gemm()'s float32 contract (row-major C = alpha op(A) op(B) + beta C) with bf16 operands.
+void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+}  // namespace cct

@@ -1,0 +1,177 @@
+"""bf16 mixed precision on the CPU backend (cct/backend/precision.py, csrc/bf16.cpp): the
+rounding, and every GEMM-backed kernel against the NumPy reference run in float64 on the
+operands rounded to bf16 (so the check is exactly "bf16 operands, float32 accumulation"), plus
+the kernels' gradients against the exact float64 ones at bf16's tolerance.
+
+The CPU here may have no bf16 units: the tests ask for the engine's emulation, the same
+numerics more slowly. Without the engine (``pip install "cct[bf16]"``) they skip."""
+import numpy as np
+import pytest
+
+from cct import _C
+from cct.backend import cpu, precision, reference
+from cct.errors import CCTError
+
+from .kernel_cases import CONV_CASES, close, conv_arrays, rand, random_conv_cases
+
+pytestmark = pytest.mark.skipif(precision.engine_path() is None,
+                                reason="no bf16 GEMM engine: pip install 'cct[bf16]' (MKL)")
+
+
+@pytest.fixture
+def bf16():
+    """bf16 GEMMs on (emulated where the CPU has no bf16 units) for the test, float32 after."""
+    assert precision.set_precision("bf16", emulate=True) == "bf16"
+    yield
+    precision.set_precision("float32")
+    _C.set_conv_layout(0)
+    _C.set_num_threads(0)
+
+
+def rounded(a):
+    """``a`` rounded to bf16, in float64 for the reference."""
+    return _C.round_to_bf16(a).astype(np.float64)
+
+
+def bf16_oracle(a):
+    """Round to nearest even, written from the definition: of the two bf16 neighbours (the
+    float32 with its low 16 bits cleared, and the next one up in magnitude) the nearer, on a
+    tie the one whose last kept bit is 0."""
+    bits = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    down = bits & 0xFFFF0000
+    rest = bits & 0xFFFF
+    up = down + 0x10000
+    even_down = (down >> 16) & 1 == 0
+    pick_up = (rest > 0x8000) | ((rest == 0x8000) & ~even_down)
+    out = np.where(pick_up, up, down).astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(a), np.float32(np.nan), out)
+
+
+def test_rounding_is_round_to_nearest_even():
+    x = np.concatenate([
+        rand(10000, np.float32, 5) * np.float32(10.0) ** rand(10000, np.float32, 6).clip(-30, 30),
+        np.array([1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 2 ** -130, 3.4e38, -3.4e38,
+                  0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 1e-45], np.float32)])
+    got = _C.round_to_bf16(x)
+    want = bf16_oracle(x)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got.view(np.uint32) & 0xFFFF, 0)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(x))
+    finite = ~np.isnan(x)
+    np.testing.assert_array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))
+    # the ties: 1 + 2^-8 goes down to 1, 1 + 3 * 2^-8 up to 1 + 2^-6 (both to the even side)
+    assert got[10001] == 1.0 and got[10002] == 1.0 + 2 ** -6
+    # a float32 payload NaN whose high half alone would read as infinity stays a NaN
+    payload = np.array([0x7F800001], np.uint32).view(np.float32)
+    assert np.isnan(_C.round_to_bf16(payload)[0])
+
+
+@pytest.mark.parametrize("m,n,k", [(7, 130, 33), (64, 500, 800), (1, 1, 1), (5, 193, 17),
+                                   (130, 3, 257)])
+def test_matmul_multiplies_bf16_operands_in_float32(bf16, m, n, k):
+    for ta in (False, True):
+        for tb in (False, True):
+            a = rand((k, m) if ta else (m, k), np.float32, 1)
+            b = rand((n, k) if tb else (k, n), np.float32, 2)
+            a, b = (a.T if ta else a), (b.T if tb else b)
+            want = rounded(a) @ rounded(b)
+            close(cpu.matmul(a, b), want.astype(np.float32), np.float32)
+            out = rand((m, n), np.float32, 3)
+            start = out.copy()
+            cpu.matmul(a, b, out=out, accumulate=True)
+            close(out, (start + want).astype(np.float32), np.float32)
+
+
+def test_matmul_is_not_float32_while_bf16_is_on(bf16):
+    a, b = rand((40, 60), np.float32, 1), rand((60, 30), np.float32, 2)
+    got = cpu.matmul(a, b)
+    exact = a.astype(np.float64) @ b
+    # bf16's 8-bit significand: errors of order 2^-9 of the terms, far above float32's
+    assert np.abs(got - exact).max() > 1e-4 * np.abs(exact).max()
+    precision.set_precision("float32")
+    close(cpu.matmul(a, b), exact.astype(np.float32), np.float32)
+
+
+def test_bf16_gemms_repeat_to_the_bit_on_any_thread_count(bf16):
+    a, b = rand((96, 300), np.float32, 1), rand((300, 1000), np.float32, 2)
+    results = []
+    for threads in (1, 2, 3):
+        _C.set_num_threads(threads)
+        results.append(cpu.matmul(a, b))
+    for r in results[1:]:
+        np.testing.assert_array_equal(r, results[0])
+
+
+@pytest.mark.parametrize("case", CONV_CASES + random_conv_cases(12, seed=16))
+def test_convolution_multiplies_bf16_operands(bf16, case):
+    x, weight, bias, dy, geom = conv_arrays(case, np.float32)
+    xr, wr, dyr = rounded(x), rounded(weight), rounded(dy)
+    # the bias is added in float32, not rounded
+    close(cpu.conv_forward(x, weight, bias, *geom),
+          reference.conv_forward(xr, wr, bias.astype(np.float64), *geom).astype(np.float32),
+          np.float32)
+    close(cpu.conv_backward_data(dy, weight, x.shape, *geom),
+          reference.conv_backward_data(dyr, wr, x.shape, *geom).astype(np.float32), np.float32)
+    close(cpu.conv_backward_weight(x, dy, *geom),
+          reference.conv_backward_weight(xr, dyr, *geom).astype(np.float32), np.float32)
+
+
+@pytest.mark.parametrize("layout", [3, 4])
+def test_forced_float32_layouts_run_lowered_under_bf16(bf16, layout):
+    """The direct and Winograd layouts have no GEMM to round: under bf16 a convolution that
+    would take them is lowered, and its result is the bf16 one."""
+    case = (2, 8, 12, 12, 8, (3, 3), (1, 1), (1, 1), (1, 1), 1)
+    x, weight, bias, dy, geom = conv_arrays(case, np.float32)
+    _C.set_conv_layout(layout)
+    close(cpu.conv_forward(x, weight, bias, *geom),
+          reference.conv_forward(rounded(x), rounded(weight), bias.astype(np.float64),
+                                 *geom).astype(np.float32), np.float32)
+
+
+def relative_error(got, exact):
+    return float(np.linalg.norm(got - exact) / np.linalg.norm(exact))
+
+
+@pytest.mark.parametrize("case", [CONV_CASES[2], CONV_CASES[9],
+                                  (4, 16, 12, 12, 32, (5, 5), (1, 1), (2, 2), (1, 1), 1)])
+def test_convolution_gradients_at_bf16_tolerance(bf16, case):
+    """The gradients a bf16 backward pass gives, against the exact (float64) ones: within a few
+    units of bf16's rounding (2^-9 = 0.2% per operand)."""
+    x, weight, bias, dy, geom = conv_arrays(case, np.float32)
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, weight, dy))
+    for got, exact in [
+            (cpu.conv_forward(x, weight, None, *geom), reference.conv_forward(x64, w64, None, *geom)),
+            (cpu.conv_backward_data(dy, weight, x.shape, *geom),
+             reference.conv_backward_data(dy64, w64, x.shape, *geom)),
+            (cpu.conv_backward_weight(x, dy, *geom),
+             reference.conv_backward_weight(x64, dy64, *geom))]:
+        assert 1e-4 < relative_error(got, exact) < 1e-2
+
+
+def test_inner_product_gradients_at_bf16_tolerance(bf16):
+    x, w, dy = rand((64, 800), np.float32, 1), rand((500, 800), np.float32, 2), \
+        rand((64, 500), np.float32, 3)
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    for got, exact in [(cpu.matmul(x, w.T), x64 @ w64.T), (cpu.matmul(dy, w), dy64 @ w64),
+                       (cpu.matmul(dy.T, x), dy64.T @ x64)]:
+        assert 1e-4 < relative_error(got, exact) < 1e-2
+
+
+def test_unknown_precision_is_refused():
+    with pytest.raises(CCTError, match="unknown precision 'fp8'; known: float32, bf16"):
+        precision.set_precision("fp8", source="solver.prototxt: precision")
+
+
+def test_float32_turns_bf16_off(bf16):
+    assert precision.precision() == "bf16"
+    assert precision.set_precision("float32") == "float32"
+    assert precision.precision() == "float32" and not _C.bf16_gemm_enabled()
+
+
+@pytest.mark.skipif(_C.cpu_has_bf16_units(), reason="this CPU has bf16 units")
+def test_without_bf16_units_cct_says_so_and_stays_float32(capfd):
+    assert precision.set_precision("bf16", source="train: -precision") == "float32"
+    err = capfd.readouterr().err
+    assert "train: -precision: bf16 asked for, training in float32: this CPU has no bf16 units" \
+        in err
+    assert precision.precision() == "float32"
