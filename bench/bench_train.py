@@ -14,7 +14,8 @@ is that run's alone and no two thread pools meet.
 Printed per net: images/s (median iteration); achieved GFLOP/s, counting training FLOPs as
 3 x (multiply-adds of every Convolution and InnerProduct at the net's shapes) x 2; that as a
 fraction of the SGEMM peak measured at the start of the same run (best of a few large float32
-GEMMs through cct._C with cct's threads); peak RSS; PyTorch's images/s and cct's ratio to it.
+GEMMs through cct._C with cct's threads); peak RSS; PyTorch's images/s and cct's ratio to it. With ``--precision bf16`` also cct's
+bf16 training (-precision=bf16) and PyTorch's bfloat16 autocast, with their peak RSS.
 """
 from __future__ import annotations
 
@@ -283,9 +284,13 @@ def torch_model(param):
     return CaffeNet()
 
 
-def torch_training_step(path: pathlib.Path, batch: int, device: str = "cpu"):
+def torch_training_step(path: pathlib.Path, batch: int, device: str = "cpu",
+                        bf16: bool = False):
     """PyTorch's training iteration of the same net on synthetic data: zero_grad, forward,
-    backward, SGD step (momentum, weight decay), as a function."""
+    backward, SGD step (momentum, weight decay), as a function; with ``bf16`` the forward pass
+    under autocast to bfloat16 (PyTorch's mixed precision: float32 weights and step)."""
+    import contextlib
+
     import torch
 
     param = train_net_param(path, batch)
@@ -303,33 +308,62 @@ def torch_training_step(path: pathlib.Path, batch: int, device: str = "cpu"):
     opt = torch.optim.SGD(model.parameters(), lr=BASE_LR, momentum=MOMENTUM,
                           weight_decay=WEIGHT_DECAY)
 
+    def autocast():
+        if bf16:
+            return torch.autocast(device_type=device, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     def step():
         opt.zero_grad()
-        model(dict(blobs)).backward()
+        with autocast():
+            loss = model(dict(blobs))
+        loss.backward()
         opt.step()
     return step
 
 
-def run_torch(path: pathlib.Path, batch: int, warmup: int, iters: int) -> dict:
+def run_torch(path: pathlib.Path, batch: int, warmup: int, iters: int,
+              bf16: bool = False) -> dict:
     import torch
 
     from cct._C import available_cores
 
     torch.set_num_threads(available_cores())
-    times = timed_iterations(torch_training_step(path, batch), warmup, iters)
+    step = torch_training_step(path, batch, bf16=bf16)
+    times = timed_iterations(step, warmup, iters)
     return {"times": times, "threads": torch.get_num_threads(), "version": torch.__version__}
+
+
+def use_bf16() -> dict:
+    """Turns cct's bf16 GEMMs on (as -precision=bf16 does) and says what it got: "bf16" only
+    where the CPU has bf16 units, or under $CCT_BF16=emulate."""
+    from cct import _C
+    from cct.backend import precision
+    got = precision.set_precision("bf16", source="bench")
+    return {"precision": got, "native": bool(_C.cpu_has_bf16_units())}
 
 
 def worker(args) -> None:
     if args.worker == "peak":
         result = {"gflops": sgemm_peak(), "machine": machine()}
+    elif args.worker == "peak-bf16":
+        result = use_bf16()
+        result["gflops"] = sgemm_peak() if result["precision"] == "bf16" else None
     else:
         rel, batch = NETS[args.net]
+        path, batch = pathlib.Path(args.zoo) / rel, args.batch or batch
         if args.worker == "cct-rule":
             from cct.backend import plans
             plans.set_deterministic(True)
-        run = run_torch if args.worker == "torch" else run_cct
-        result = run(pathlib.Path(args.zoo) / rel, args.batch or batch, args.warmup, args.iters)
+        extra = {}
+        if args.worker == "cct-bf16":
+            extra = use_bf16()
+        if args.worker.startswith("torch"):
+            result = run_torch(path, batch, args.warmup, args.iters,
+                               bf16=args.worker == "torch-bf16")
+        else:
+            result = run_cct(path, batch, args.warmup, args.iters)
+        result.update(extra)
         result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print("RESULT " + json.dumps(result))
 
@@ -394,7 +428,12 @@ def main(argv=None) -> None:
     ap.add_argument("--deterministic", action="store_true",
                     help="also train each net with --deterministic's fixed kernel plans and "
                          "print that speed as a ratio of the measured plans'")
-    ap.add_argument("--worker", choices=["cct", "cct-rule", "torch", "peak"],
+    ap.add_argument("--precision", choices=["float32", "bf16"], default="float32",
+                    help="bf16: also train each net with cct's -precision=bf16 and PyTorch's "
+                         "bfloat16 autocast (on a CPU without bf16 units cct trains float32 "
+                         "and says so; CCT_BF16=emulate runs the bf16 numerics anyway)")
+    ap.add_argument("--worker", choices=["cct", "cct-rule", "cct-bf16", "torch", "torch-bf16",
+                                         "peak", "peak-bf16"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--net", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -421,6 +460,18 @@ def main(argv=None) -> None:
         header += f"{'torch img/s':>13}{'torch RSS':>11}{'ratio':>7}"
     if args.deterministic:
         header += f"{'rule img/s':>12}{'rule/measured':>15}"
+    bf16 = args.precision == "bf16"
+    if bf16:
+        info16 = spawn("peak-bf16", "", args)
+        if info16["precision"] != "bf16":
+            print("bf16: this CPU has no bf16 units, so cct's bf16 column trains in float32 "
+                  "(CCT_BF16=emulate runs the bf16 numerics, slowly)")
+        else:
+            print(f"bf16 GEMM peak (3072^3 through the engine): {info16['gflops']:.1f} GFLOP/s, "
+                  f"{'native' if info16['native'] else 'EMULATED: no bf16 units, speeds say nothing'}")
+        header += f"{'bf16 img/s':>12}{'bf16 RSS':>10}{'/f32':>6}"
+        if have_torch:
+            header += f"{'torch bf16':>12}{'t bf16 RSS':>12}{'ratio':>7}"
     print(header)
     rows = []
     for name in nets:
@@ -438,6 +489,14 @@ def main(argv=None) -> None:
         if args.deterministic:
             rips = batch / statistics.median(spawn("cct-rule", name, args)["times"])
             line += f"{rips:>12.1f}{rips / ips:>15.2f}"
+        if bf16:
+            bres = spawn("cct-bf16", name, args)
+            bips = batch / statistics.median(bres["times"])
+            line += f"{bips:>12.1f}{bres['peak_rss_mb']:>10.0f}{bips / ips:>6.2f}"
+            if have_torch:
+                tbres = spawn("torch-bf16", name, args)
+                tbips = batch / statistics.median(tbres["times"])
+                line += f"{tbips:>12.1f}{tbres['peak_rss_mb']:>12.0f}{bips / tbips:>7.2f}"
         rows.append((line, gflops))
         print(line, flush=True)
     end_peak = spawn("peak", "", args)["gflops"]
@@ -453,6 +512,9 @@ def main(argv=None) -> None:
         print("rule: the same net with --deterministic's fixed plans (one batch partition per "
               "thread; the direct layout on thin stride-1 layers, else lowered; direct GEMM "
               "order), nothing timed")
+    if bf16:
+        print("bf16: cct -precision=bf16 (/f32: against cct's float32 above) and PyTorch's "
+              "bfloat16 autocast (ratio: cct bf16 / torch bf16)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,116 @@
+"""bf16 against float32 at equal iterations (issue 16, item 4): LeNet on mnist10k with Caffe's
+solver, and CIFAR10-quick on bench_strategies' learnable synthetic images, each trained once
+in float32 and once with ``-precision=bf16``, from the same seed; printed: each run's held-out
+accuracy and loss, the bf16 - float32 gap in points (the target: within 0.3), and the times.
+
+    python bench/bench_bf16_accuracy.py                  # LeNet 2,000 and CIFAR10-quick 2,000
+    python bench/bench_bf16_accuracy.py --quick          # 200 iterations each: checks it works
+
+On a CPU without bf16 units cct would train float32 (and say so): here the bf16 runs ask for
+the engine's emulation, the same numerics, so the accuracy is what a CPU with AMX or
+AVX512-BF16 gets; their times are then no measure of bf16's speed (bench_train.py
+--precision bf16 is, on such a CPU).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+from typing import List, Optional
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+# After the installed packages: `import cct` is the installed cct; the repository gives only
+# the `bench` package.
+sys.path.append(str(REPO))
+
+from bench.bench_momentum import default_data_dir, mnist_lmdbs  # noqa: E402
+from bench.bench_momentum import solver_param as lenet_solver  # noqa: E402
+from bench.bench_strategies import cifar_h5, cifar_solver, evaluate  # noqa: E402
+from bench.bench_train import default_zoo  # noqa: E402
+from bench.worker import cpu_model, run_worker  # noqa: E402
+
+WORKS = ("lenet", "cifar10_quick")
+PRECISIONS = ("float32", "bf16")
+FULL, QUICK = 2000, 200
+GAP_POINTS = 0.3
+
+
+def solver_for(job: dict):
+    if job["work"] == "lenet":
+        train, test = mnist_lmdbs(pathlib.Path(job["data"]))
+        param = lenet_solver(train, test, 0.01, job["iters"])
+    else:
+        train, test = cifar_h5(pathlib.Path(job["data"]) / "cifar")
+        param = cifar_solver(pathlib.Path(job["zoo"]), train, test, job["iters"])
+    param.display = 0
+    param.random_seed = 1701
+    return param
+
+
+def run_one(job: dict) -> dict:
+    from cct import _C, glog
+    from cct.api import Solver
+    from cct.proto import caffe_pb2
+    glog.set_quiet(True)
+    param = solver_for(job)
+    if job["precision"] == "bf16":
+        os.environ["CCT_BF16"] = "emulate"
+        param.precision = caffe_pb2.SolverParameter.BF16
+    solver = Solver(param, source=f"{job['work']} solver")
+    try:
+        assert _C.bf16_gemm_enabled() == (job["precision"] == "bf16"), "precision not applied"
+        t0 = time.perf_counter()
+        solver.step(job["iters"])
+        seconds = time.perf_counter() - t0
+        accuracy, loss = evaluate(solver, None)
+    finally:
+        solver.close()
+    return {**job, "accuracy": accuracy, "loss": loss, "seconds": seconds,
+            "native": bool(_C.cpu_has_bf16_units())}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help=f"{QUICK} iterations per run")
+    ap.add_argument("--iters", type=int, default=0, help=f"iterations per run ({FULL})")
+    ap.add_argument("--work", default=",".join(WORKS), help=f"from {', '.join(WORKS)}")
+    ap.add_argument("--zoo", default=str(default_zoo()), help="the caffe-zoo folder")
+    ap.add_argument("--data", default=str(default_data_dir().parent / "bench_data"),
+                    help="where the LMDBs and synthetic images are made once")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print("RESULT " + json.dumps(run_one(json.loads(args.worker))))
+        return 0
+    from cct.backend import precision
+    if precision.engine_path() is None:
+        ap.error("no bf16 GEMM engine: pip install 'cct[bf16]' (Intel MKL)")
+    iters = args.iters or (QUICK if args.quick else FULL)
+    works = [w.strip() for w in args.work.split(",") if w.strip()]
+    print(f"CPU: {cpu_model()}; {iters} iterations per run, seed 1701")
+    print(f"{'net':<15}{'precision':>10}{'accuracy':>10}{'loss':>9}{'seconds':>9}")
+    failed = False
+    for work in works:
+        runs = {}
+        for name in PRECISIONS:
+            job = {"work": work, "precision": name, "iters": iters, "data": args.data,
+                   "zoo": args.zoo}
+            runs[name] = run_worker([sys.executable, str(pathlib.Path(__file__).resolve()),
+                                     "--worker", json.dumps(job)], f"{work} in {name}")
+            r = runs[name]
+            label = name if name == "float32" or r["native"] else "bf16 (emu)"
+            print(f"{work:<15}{label:>10}{r['accuracy']:>10.4f}{r['loss']:>9.4f}"
+                  f"{r['seconds']:>9.1f}", flush=True)
+        gap = 100 * (runs["bf16"]["accuracy"] - runs["float32"]["accuracy"])
+        ok = gap >= -GAP_POINTS
+        failed |= not ok
+        print(f"{work:<15}{'gap':>10}{gap:>+9.2f} points (bf16 - float32; target >= "
+              f"-{GAP_POINTS}: {'met' if ok else 'MISSED'})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
