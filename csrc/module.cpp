@@ -48,7 +48,7 @@ void check_disjoint(const A& out, const B& in, const char* kernel, const char* w
     throw std::invalid_argument(std::string(kernel) + ": out overlaps " + what);
 }
 
-using Mask = py::array_t<int64_t, py::array::c_style>;
+using Mask = py::array_t<int32_t, py::array::c_style>;
 
 template <typename T>
 void max_pool_forward(Arr<T> x, Pair k, Pair s, Pair p, Pair pooled, Buf<T> out, Mask mask) {
@@ -60,21 +60,21 @@ void max_pool_forward(Arr<T> x, Pair k, Pair s, Pair p, Pair pooled, Buf<T> out,
   check_disjoint(out, x, "max_pool_forward", "x");
   const T* xd = x.data();
   T* yd = out.mutable_data();
-  int64_t* md = mask.mutable_data();
+  int32_t* md = mask.mutable_data();
   py::gil_scoped_release release;
   cct::max_pool_forward<T>(xd, yd, md, n * c, h, w, k[0], k[1], s[0], s[1], p[0], p[1],
                            pooled[0], pooled[1]);
 }
 
 template <typename T>
-void max_pool_backward(Arr<T> dy, Arr<int64_t> mask, Buf<T> out) {
+void max_pool_backward(Arr<T> dy, Arr<int32_t> mask, Buf<T> out) {
   if (out.ndim() != 4 || dy.ndim() != 4)
     throw std::invalid_argument("max_pool_backward: dy and out must be 4-D (NCHW)");
   if (mask.size() != dy.size() || dy.shape(0) != out.shape(0) || dy.shape(1) != out.shape(1))
     throw std::invalid_argument("max_pool_backward: dy, mask and out do not fit");
   check_disjoint(out, dy, "max_pool_backward", "dy");
   const T* dyd = dy.data();
-  const int64_t* md = mask.data();
+  const int32_t* md = mask.data();
   T* dxd = out.mutable_data();
   py::gil_scoped_release release;
   cct::max_pool_backward<T>(dyd, md, dxd, out.shape(0) * out.shape(1), int(out.shape(2)),

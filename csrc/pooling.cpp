@@ -21,9 +21,9 @@ namespace cct {
 // One MAX window, clipped to the bottom: Caffe's loop (row-major scan, strict `>`, so ties go
 // to the first element and NaN never wins; -FLT_MAX and -1 when the window is empty).
 template <typename T>
-inline void max_window(const T* xp, int hs, int he, int ws, int we, int w, T* y, int64_t* mask) {
+inline void max_window(const T* xp, int hs, int he, int ws, int we, int w, T* y, int32_t* mask) {
   T best = -std::numeric_limits<T>::max();
-  int64_t arg = -1;
+  int32_t arg = -1;
   for (int i = hs; i < he; ++i)
     for (int j = ws; j < we; ++j)
       if (xp[i * w + j] > best) {
@@ -41,7 +41,7 @@ inline void max_window(const T* xp, int hs, int he, int ws, int we, int w, T* y,
 // stride 2 the taps of the four windows are the even lanes of eight consecutive floats.
 template <int SW>
 inline void max_windows4(const float* xp, int hs, int he, int col0, int kw, int w, float* y,
-                         int64_t* mask) {
+                         int32_t* mask) {
   __m128 best = _mm_set1_ps(-std::numeric_limits<float>::max());
   __m128i arg = _mm_set1_epi32(-1);
   const __m128i lanes = _mm_setr_epi32(0, SW, 2 * SW, 3 * SW);
@@ -62,10 +62,8 @@ inline void max_windows4(const float* xp, int hs, int he, int col0, int kw, int 
       arg = _mm_or_si128(_mm_and_si128(g, idx), _mm_andnot_si128(g, arg));
     }
   }
-  alignas(16) int32_t a[4];
   _mm_storeu_ps(y, best);
-  _mm_store_si128(reinterpret_cast<__m128i*>(a), arg);
-  for (int k = 0; k < 4; ++k) mask[k] = a[k];
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(mask), arg);
 }
 
 // Outputs [ow0, ow1) of a row done four at a time; returns where that stopped. A group must
@@ -73,7 +71,7 @@ inline void max_windows4(const float* xp, int hs, int he, int col0, int kw, int 
 // last tap, which must still be inside the row.
 template <int SW>
 int max_row_vectorized(const float* xp, int hs, int he, int w, int kw, int pw, int ow0, int ow1,
-                       float* y, int64_t* mask) {
+                       float* y, int32_t* mask) {
   int ow = ow0;
   for (; ow + 4 <= ow1 && (ow + 3) * SW - pw + kw - 1 + (SW - 1) < w; ow += 4)
     max_windows4<SW>(xp, hs, he, ow * SW - pw, kw, w, y + ow, mask + ow);
@@ -82,7 +80,7 @@ int max_row_vectorized(const float* xp, int hs, int he, int w, int kw, int pw, i
 #endif
 
 template <typename T>
-void max_pool_forward(const T* x, T* y, int64_t* mask, int64_t planes, int h, int w,
+void max_pool_forward(const T* x, T* y, int32_t* mask, int64_t planes, int h, int w,
                       int kh, int kw, int sh, int sw, int ph, int pw, int ho, int wo) {
   // Outputs whose windows lie inside the bottom horizontally: [c0, c1).
   const int c0 = std::min(wo, (pw + sw - 1) / sw);
@@ -91,7 +89,7 @@ void max_pool_forward(const T* x, T* y, int64_t* mask, int64_t planes, int h, in
     for (int64_t p = begin; p < end; ++p) {
       const T* xp = x + p * h * w;
       T* yp = y + p * ho * wo;
-      int64_t* mp = mask + p * ho * wo;
+      int32_t* mp = mask + p * ho * wo;
       for (int oh = 0; oh < ho; ++oh, yp += wo, mp += wo) {
         const int hs = std::max(oh * sh - ph, 0), he = std::min(oh * sh - ph + kh, h);
         int ow = 0;
@@ -113,12 +111,12 @@ void max_pool_forward(const T* x, T* y, int64_t* mask, int64_t planes, int h, in
 }
 
 template <typename T>
-void max_pool_backward(const T* dy, const int64_t* mask, T* dx, int64_t planes, int h, int w,
+void max_pool_backward(const T* dy, const int32_t* mask, T* dx, int64_t planes, int h, int w,
                        int ho, int wo) {
   parallel_for(planes, int64_t(h) * w + int64_t(ho) * wo, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const T* dyp = dy + p * ho * wo;
-      const int64_t* mp = mask + p * ho * wo;
+      const int32_t* mp = mask + p * ho * wo;
       T* dxp = dx + p * h * w;
       std::fill(dxp, dxp + int64_t(h) * w, T(0));
       for (int k = 0; k < ho * wo; ++k)
@@ -175,9 +173,9 @@ void ave_pool_backward(const T* dy, T* dx, int64_t planes, int h, int w, int kh,
 }
 
 #define CCT_INSTANTIATE(T)                                                                    \
-  template void max_pool_forward<T>(const T*, T*, int64_t*, int64_t, int, int, int, int, int, \
+  template void max_pool_forward<T>(const T*, T*, int32_t*, int64_t, int, int, int, int, int, \
                                     int, int, int, int, int);                                 \
-  template void max_pool_backward<T>(const T*, const int64_t*, T*, int64_t, int, int, int,    \
+  template void max_pool_backward<T>(const T*, const int32_t*, T*, int64_t, int, int, int,    \
                                      int);                                                    \
   template void ave_pool_forward<T>(const T*, T*, int64_t, int, int, int, int, int, int, int, \
                                     int, int, int);                                           \

@@ -361,7 +361,7 @@ class ArrayKernels:
         """Max over each window of the unpadded bottom, in row-major window order with a
         strict ``>`` as Caffe does (ties go to the first element, NaN never wins).
         ``pooled`` is the top's (height, width). Returns (top, argmax as the flat index
-        h * W + w in the bottom's plane, int64), written into ``out`` and ``mask`` when given;
+        h * W + w in the bottom's plane, int32), written into ``out`` and ``mask`` when given;
         a window with nothing above -FLT_MAX gives -FLT_MAX and index -1, as in Caffe."""
         xp = self.xp
         dt = _dtype(x)
@@ -381,7 +381,7 @@ class ArrayKernels:
         lowest = dt.type(-np.finfo(dt).max)
         found = y > lowest
         y = xp.where(found, y, lowest)
-        where = xp.where(found, where, -1).astype(np.int64)
+        where = xp.where(found, where, -1).astype(np.int32)
         shape = (n, c) + pooled
         return self._planes_first(y, shape, out), self._planes_first(where, shape, mask)
 

@@ -219,12 +219,12 @@ def max_pool_forward(x, kernel, stride, pad, pooled, out=None,
     """Max over each window of the unpadded bottom, scanned in row-major window order with a
     strict ``>`` as Caffe does (ties go to the first element). ``pooled`` is the top's
     (height, width). Returns (top, argmax as the flat index h * W + w in the bottom's plane,
-    int64), written into ``out`` and ``mask`` when given."""
+    int32), written into ``out`` and ``mask`` when given."""
     dt = _dtype(x)
     _disjoint("max_pool_forward", out, x=x)
     shape = tuple(x.shape[:2]) + _pair(pooled)
     buf, dest = _target(out, shape, dt)
-    mbuf, mdest = _target(mask, shape, np.dtype(np.int64))
+    mbuf, mdest = _target(mask, shape, np.dtype(np.int32))
     _C.max_pool_forward(_arr(x, dt), _pair(kernel), _pair(stride), _pair(pad), _pair(pooled),
                         buf, mbuf)
     return _result(buf, dest), _result(mbuf, mdest)
@@ -236,7 +236,7 @@ def max_pool_backward(dy, mask, x_shape, out=None) -> np.ndarray:
     dt = _dtype(dy)
     _disjoint("max_pool_backward", out, dy=dy)
     buf, dest = _target(out, _shape4(x_shape), dt)
-    _C.max_pool_backward(_arr(dy, dt), np.ascontiguousarray(mask, np.int64), buf)
+    _C.max_pool_backward(_arr(dy, dt), np.ascontiguousarray(mask, np.int32), buf)
     return _result(buf, dest)
 
 

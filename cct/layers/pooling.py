@@ -120,7 +120,7 @@ class PoolingLayer(Layer):
             # The argmax array is kept between iterations (reallocated only when the shape
             # changes) for the backward pass.
             if self.mask is None or self.mask.shape != top[0].shape:
-                self.mask = self.backend.xp.empty(top[0].shape, self.backend.xp.int64)
+                self.mask = self.backend.xp.empty(top[0].shape, self.backend.xp.int32)
             self.backend.max_pool_forward(x, *geom, out=top[0].data, mask=self.mask)
             if len(top) > 1:
                 top[1].data[...] = self.mask

@@ -144,7 +144,7 @@ def check_pooling_writes_into_out(kernels, dtype):
     given, overwriting what they held, and return them; an out overlapping dy is refused."""
     x, dy, geom = pool_arrays(POOL_CASES[2], dtype)
     y_ref, mask_ref = reference.max_pool_forward(x, *geom)
-    y, mask = np.full(y_ref.shape, np.nan, dtype), np.full(y_ref.shape, -7, np.int64)
+    y, mask = np.full(y_ref.shape, np.nan, dtype), np.full(y_ref.shape, -7, np.int32)
     got = kernels.max_pool_forward(x, *geom, out=y, mask=mask)
     assert got[0] is y and got[1] is mask
     np.testing.assert_array_equal(y, y_ref)
@@ -168,7 +168,7 @@ def check_max_pool(kernels, want, case, dtype):
     want_y, want_mask = want.max_pool_forward(x, *geom)
     np.testing.assert_array_equal(y, want_y)
     np.testing.assert_array_equal(mask, want_mask)
-    assert y.dtype == np.dtype(dtype) and mask.dtype == np.int64
+    assert y.dtype == np.dtype(dtype) and mask.dtype == np.int32
     close(kernels.max_pool_backward(dy, mask, x.shape),
           want.max_pool_backward(dy, want_mask, x.shape), dtype)
 
