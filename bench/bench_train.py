@@ -9,7 +9,8 @@ move it), its database-backed data layers swapped for Input layers of the same s
 trained on synthetic data: full iterations of forward, backward and the SGD update (momentum
 0.9, weight decay 5e-4, the prototxt's lr_mult/decay_mult), as ``caffe train`` would run them.
 Each framework runs each net in a subprocess of its own, so peak resident memory (ru_maxrss)
-is that run's alone and no two thread pools meet.
+is that run's alone and no two thread pools meet; cct's blob diffs share memory as ``cct
+train``'s do (cct/blob_memory.py).
 
 Printed per net: images/s (median iteration); achieved GFLOP/s, counting training FLOPs as
 3 x (multiply-adds of every Convolution and InnerProduct at the net's shapes) x 2; that as a
@@ -171,7 +172,10 @@ def sgd_update(net):
 
 
 def run_cct(path: pathlib.Path, batch: int, warmup: int, iters: int) -> dict:
+    from cct.blob_memory import share_blob_diffs
+
     net = synthetic_net(path, batch)
+    share_blob_diffs(net)  # as cct train lays its train net's diffs out
     update = sgd_update(net)
     phase = {"forward_backward": [], "update": []}
 

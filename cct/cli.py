@@ -262,7 +262,11 @@ def cmd_train(argv: List[str]) -> int:
         devices, backend = single_gpu(devices, "cpu")
     else:
         backend = "cpu"
-    solver = Solver(param, solver_path, action_request=actions, backend=backend)
+    # Blob diffs can share memory where no code but the backward pass reads them: one net,
+    # trained by the solver alone.
+    solver = Solver(param, solver_path, action_request=actions, backend=backend,
+                    share_blob_diffs=(strategy == "sync" and devices is None
+                                      and not flags.bool("optimize")))
     driver = None
     progress = None
     try:

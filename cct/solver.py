@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import rng
+from . import blob_memory, rng
 from .backend import plans, precision
 from .errors import CCTError, ProtoError, SourceLost, WeightsError
 from .glog import info, logger, warning
@@ -59,7 +59,7 @@ class Solver:
     def __init__(self, param: caffe_pb2.SolverParameter, source: str = "<solver>", *,
                  action_request: Optional[Callable[[], str]] = None,
                  solver_type: Optional[str] = None, dtype=np.float32, backend: str = "cpu",
-                 gradient_source=None):
+                 gradient_source=None, share_blob_diffs: bool = False):
         info("solver.cpp:45", "Initializing solver from parameters: \n"
              + debug_string(param).rstrip("\n"))
         self.param = caffe_pb2.SolverParameter()
@@ -79,11 +79,14 @@ class Solver:
             if backend != "cpu" and name != "float32":
                 warning("solver.cpp:0", f"{source}: precision {name} is the CPU backend's; "
                         f"the {backend} backend trains in float32.")
+            plans.use_machine_cache()  # it may hold the bf16 engine to use
             precision.set_precision(name, source=f"{source}: precision")
         plans.use_machine_cache()
         self._weights_files: List[str] = []   # -weights files copied in, named if loss diverges
         self.net: Net = self._init_train_net()
         self.test_nets: List[Net] = self._init_test_nets()
+        if share_blob_diffs:
+            self._share_blob_diffs()
         info("solver.cpp:57", "Solver scaffolding done.")
         self.iter = 0
         self.current_step = 0
@@ -108,6 +111,18 @@ class Solver:
             self.set_gradient_source(gradient_source)
 
     # -- construction ------------------------------------------------------------------------
+    def _share_blob_diffs(self) -> None:
+        """The train net's blob diffs in shared memory (cct/blob_memory.py), where nothing but
+        the backward pass reads them: not with debug_info (it prints them) nor Python layers
+        (they may read any blob), nor on a device backend."""
+        if (self.backend != "cpu" or self.param.debug_info
+                or any(layer.type == "Python" for layer in self.net.layers)):
+            return
+        own, shared = blob_memory.share_blob_diffs(self.net)
+        if own:
+            info("blob_memory.py:0", f"Blob diffs share memory: {shared / 2 ** 20:.1f} MB instead "
+                 f"of {own / 2 ** 20:.1f} MB")
+
     def _check_param(self) -> None:
         p, src = self.param, self.source
         if p.average_loss < 1:
