@@ -1,4 +1,4 @@
-// bf16 GEMMs on Intel MKL's cblas_gemm_bf16bf16f32 (see bf16.h).
+// bf16 GEMMs on Intel MKL's cblas_gemm_bf16bf16f32 or cct's own kernel (see bf16.h).
 #include "bf16.h"
 
 #include <dlfcn.h>
@@ -27,6 +27,7 @@ constexpr int kMklThreadingSequential = 1;
 std::mutex g_load_mutex;
 std::atomic<GemmBf16> g_gemm{nullptr};
 std::atomic<bool> g_on{false};
+std::atomic<bool> g_use_kernel{false};  // cct's AVX512-BF16 kernel rather than MKL
 
 // Columns of C per engine call when a GEMM is split over cct's threads: a multiple of the
 // 16 float32 lanes of an AMX tile row and of an AVX-512 register.
@@ -94,9 +95,26 @@ std::string load_bf16_engine(const std::string& path) {
 
 bool bf16_engine_loaded() { return g_gemm.load() != nullptr; }
 
+void set_bf16_engine(const std::string& name) {
+  if (name == "mkl") {
+    if (!bf16_engine_loaded())
+      throw std::runtime_error("bf16 engine 'mkl' is not loaded: call load_bf16_engine first");
+    g_use_kernel = false;
+  } else if (name == "avx512bf16") {
+    if (!bf16_kernel_supported())
+      throw std::runtime_error("bf16 engine 'avx512bf16' needs a CPU with AVX512-BF16");
+    g_use_kernel = true;
+  } else {
+    throw std::runtime_error("unknown bf16 engine '" + name + "' (expected mkl or avx512bf16)");
+  }
+}
+
+std::string bf16_engine() { return g_use_kernel ? "avx512bf16" : "mkl"; }
+
 void set_bf16_gemm(bool on) {
-  if (on && !bf16_engine_loaded())
-    throw std::runtime_error("bf16 GEMMs need the engine: call load_bf16_engine first");
+  if (on && !g_use_kernel && !bf16_engine_loaded())
+    throw std::runtime_error("bf16 GEMMs need an engine: call load_bf16_engine first, or "
+                             "set_bf16_engine('avx512bf16') on a CPU with AVX512-BF16");
   g_on = on;
 }
 
@@ -115,6 +133,8 @@ void widen_bf16(const uint16_t* src, float* dst, int64_t count) {
 
 void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (g_use_kernel)
+    return gemm_bf16_kernel(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   const GemmBf16 engine = g_gemm.load();
   if (engine == nullptr) throw std::runtime_error("bf16 GEMM without its engine loaded");
   // Separate from thread_workspace(): the lowered matrix being multiplied lives there.

@@ -5,10 +5,14 @@
 // InnerProduct's) rounds its two operands to bf16 (round to nearest even) and multiplies them
 // with float32 accumulation in the bf16 GEMM engine, writing float32 as before.
 //
-// The engine is Intel MKL's cblas_gemm_bf16bf16f32, loaded at run time from the path the
-// Python side finds (the `mkl` wheel, cct[bf16]): AMX or AVX512-BF16 kernels where the CPU has
-// them, a float32 emulation elsewhere (correct, but slower than cct's float32: that is why
-// Python turns bf16 on only where the CPU has the units, or when asked to emulate them).
+// Two engines, which Python picks between by timing them (cct/backend/precision.py):
+// - Intel MKL's cblas_gemm_bf16bf16f32, loaded at run time from the path the Python side
+//   finds (the `mkl` wheel, cct[bf16]): AMX or AVX512-BF16 kernels on Intel CPUs, a float32
+//   emulation elsewhere (correct, but slower than cct's float32: that is why Python turns bf16
+//   on only where the CPU has the units, or when asked to emulate them). On AMD's Zen 4, which
+//   has AVX512-BF16, MKL 2025 still emulates: half cct's float32 speed.
+// - cct's own kernel on AVX512-BF16's VDPBF16PS (bf16_kernel.cpp): no library, any CPU with
+//   the instruction. Like VDPBF16PS, it treats denormal bf16 operands as zero.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -22,7 +26,13 @@ bool cpu_has_bf16_units();
 std::string load_bf16_engine(const std::string& path);
 bool bf16_engine_loaded();
 
-// Turns bf16 GEMMs on or off (on needs the engine loaded; throws otherwise).
+// Picks the engine: "mkl" (needs load_bf16_engine) or "avx512bf16" (needs the CPU's
+// support); throws otherwise. MKL until set.
+void set_bf16_engine(const std::string& name);
+std::string bf16_engine();
+bool bf16_kernel_supported();  // the CPU runs cct's own kernel (AVX512-BF16, -BW, -VL)
+
+// Turns bf16 GEMMs on or off (on needs the chosen engine; throws otherwise).
 void set_bf16_gemm(bool on);
 bool bf16_gemm_enabled();
 
@@ -34,5 +44,9 @@ void widen_bf16(const uint16_t* src, float* dst, int64_t count);
 // gemm()'s float32 contract (row-major C = alpha op(A) op(B) + beta C) with bf16 operands.
 void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// The same on cct's own kernel, whatever engine is chosen (bf16_kernel_supported() only).
+void gemm_bf16_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                      float* c, int64_t ldc);
 
 }  // namespace cct

@@ -471,6 +471,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("load_bf16_engine", &cct::load_bf16_engine, py::arg("path"),
         "Loads the bf16 GEMM engine (MKL's runtime library) from path: '' or why it failed.");
   m.def("bf16_engine_loaded", &cct::bf16_engine_loaded);
+  m.def("set_bf16_engine", &cct::set_bf16_engine, py::arg("name"),
+        "The bf16 GEMM engine: 'mkl' (loaded first) or 'avx512bf16' (cct's own kernel).");
+  m.def("bf16_engine", &cct::bf16_engine);
+  m.def("bf16_kernel_supported", &cct::bf16_kernel_supported,
+        "Whether this CPU runs cct's own bf16 kernel (AVX512-BF16).");
   m.def("set_bf16_gemm", &cct::set_bf16_gemm, py::arg("on"),
         "float32 GEMMs with operands rounded to bf16 (needs the engine loaded).");
   m.def("bf16_gemm_enabled", &cct::bf16_gemm_enabled);

@@ -1,6 +1,7 @@
 """`cct train -precision=bf16`, the solver's `precision` field and `cct time -precision`: bf16
 GEMMs with float32 weights and the same Caffe files out, the same bytes on a rerun, and on a
 CPU without bf16 units a warning and float32 training."""
+import json
 import os
 
 import numpy as np
@@ -43,6 +44,9 @@ def test_train_in_bf16_writes_float32_caffe_files_and_repeats(workdir, tmp_path)
     low_bits = [np.count_nonzero(b.view(np.uint32) & 0xFFFF) for ws in bf16.values() for b in ws]
     assert sum(low_bits) > 0.9 * sum(b.size for ws in bf16.values() for b in ws)
     first = (workdir / "lenet_iter_40.caffemodel").read_bytes()
+    # the engine is a kernel plan: the rerun takes the cache's, whichever the race chose
+    (cached,) = (tmp_path / "plans").glob("plans-*.json")
+    assert json.loads(cached.read_text())["bf16"] in precision.ENGINES
     again = cct("train", "--solver=solver.prototxt", "--precision=bf16", cwd=workdir,
                 env=env(CCT_BF16="emulate", CCT_PLAN_CACHE=cache))
     assert again.returncode == 0, again.stderr[-3000:]
@@ -86,7 +90,8 @@ def test_without_bf16_units_train_says_so_and_trains_float32(workdir):  # noqa: 
 def test_missing_engine_is_named(workdir):  # noqa: F811
     (workdir / "solver.prototxt").write_text(SOLVER.format(max_iter=10))
     run = cct("train", "--solver=solver.prototxt", "--precision=bf16", cwd=workdir,
-              env=env(CCT_BF16="emulate", CCT_BF16_LIBRARY=str(workdir / "no_such_libmkl.so")))
+              env=env(CCT_BF16="emulate", CCT_BF16_ENGINE="mkl",
+                      CCT_BF16_LIBRARY=str(workdir / "no_such_libmkl.so")))
     assert run.returncode == 0, run.stderr[-3000:]
     assert "training in float32: the bf16 GEMM engine" in run.stderr
     assert "no_such_libmkl.so" in run.stderr

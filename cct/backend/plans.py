@@ -23,8 +23,9 @@ keep the choice fixed:
 
 A table is ``{"conv": [[kernel, geometry(16), itemsize, threads, modes, partitions, layout,
 cache_chunks], ...], "gemm": [[trans_a, trans_b, m, n, k, itemsize, threads, transposed],
-...]}``: the C++ tables' keys and choices as they are (layout 0 lowered, 1 pointwise, 2 direct,
-3 Winograd).
+...], "bf16": engine}``: the C++ tables' keys and choices as they are (layout 0 lowered, 1
+pointwise, 2 direct, 3 Winograd), and the bf16 GEMM engine once one was chosen
+(cct/backend/precision.py times them: the engines round differently too).
 """
 from __future__ import annotations
 
@@ -42,15 +43,16 @@ from ..io.atomic import atomic_write
 FORMAT = 1
 # The candidate plans the kernels measure; a cache written before a new one existed would
 # never try it, so the number is part of the fingerprint. 2: the direct convolution layout;
-# 3: Winograd.
-KERNEL_PLANS = 3
+# 3: Winograd; 4: the bf16 GEMM engines.
+KERNEL_PLANS = 4
+BF16_ENGINES = ("avx512bf16", "mkl")
 _CONV_FIELDS = 8
 _GEMM_FIELDS = 8
 # Leading fields of a row that are its key (the rest is the choice): kernel, geometry,
 # itemsize, threads, modes; trans_a, trans_b, m, n, k, itemsize, threads.
 _KEY_FIELDS = {"conv": 5, "gemm": 7}
 
-_state = {"loaded": False, "path": None, "saved_count": None}
+_state = {"loaded": False, "path": None, "saved_count": None, "bf16": None, "bf16_saved": None}
 
 
 def table() -> dict:
@@ -59,7 +61,21 @@ def table() -> dict:
             for k, geom, size, threads, modes, parts, layout, chunks in _C.conv_plan_table()]
     gemm = [[bool(ta), bool(tb), m, n, k, size, threads, bool(tr)]
             for ta, tb, m, n, k, size, threads, tr in _C.gemm_choices()]
-    return {"conv": conv, "gemm": gemm}
+    tab = {"conv": conv, "gemm": gemm}
+    if _state["bf16"] is not None:
+        tab["bf16"] = _state["bf16"]
+    return tab
+
+
+def bf16_engine() -> Optional[str]:
+    """The bf16 GEMM engine this process's plans hold (a cache, a side file, or timed), or
+    None before one was chosen."""
+    return _state["bf16"]
+
+
+def record_bf16_engine(name: str) -> None:
+    """Keeps ``name`` as the bf16 engine plan (written with the machine's cache)."""
+    _state["bf16"] = name
 
 
 def _rows(tab, key: str, width: int) -> list:
@@ -101,12 +117,19 @@ def install(tab) -> int:
         raise ValueError("the plan table is not a JSON object")
     conv = [_conv_row(r) for r in _rows(tab, "conv", _CONV_FIELDS)]
     gemm = [_gemm_row(r) for r in _rows(tab, "gemm", _GEMM_FIELDS)]
+    bf16 = tab.get("bf16")
+    if bf16 is not None and bf16 not in BF16_ENGINES:
+        raise ValueError(f"the bf16 engine {bf16!r:.40} is none of {', '.join(BF16_ENGINES)}")
     try:
         _C.load_conv_plans(conv)
         _C.load_gemm_choices(gemm)
-    except (TypeError, ValueError, OverflowError) as e:
+        if bf16 is not None and _C.bf16_gemm_enabled():
+            _C.set_bf16_engine(bf16)
+    except (TypeError, ValueError, OverflowError, RuntimeError) as e:
         raise ValueError(f"a plan does not fit the kernels' tables: {e}") from None
-    return len(conv) + len(gemm)
+    if bf16 is not None:
+        _state["bf16"] = bf16
+    return len(conv) + len(gemm) + (bf16 is not None)
 
 
 def fingerprint() -> dict:
@@ -181,6 +204,7 @@ def use_machine_cache() -> None:
         else:
             info("plans.py:0", f"Kernel plans: {n} loaded from {path}")
     _state["saved_count"] = _C.plan_count()
+    _state["bf16_saved"] = _state["bf16"]
 
 
 def persist() -> None:
@@ -189,12 +213,17 @@ def persist() -> None:
     shape (another run wrote it first; its runs and the next ones then agree). A cache that
     cannot be written costs a warning, never the run."""
     path = _state["path"]
-    if path is None or deterministic() or _C.plan_count() == _state["saved_count"]:
+    if path is None or deterministic() or (_C.plan_count() == _state["saved_count"]
+                                           and _state["bf16"] == _state["bf16_saved"]):
         return
     _state["saved_count"] = _C.plan_count()
+    _state["bf16_saved"] = _state["bf16"]
     ours = table()
     theirs = _read_cache(path) or {}
     merged = {"format": FORMAT, "fingerprint": fingerprint()}
+    engine = theirs.get("bf16") if theirs.get("bf16") in BF16_ENGINES else ours.get("bf16")
+    if engine is not None:
+        merged["bf16"] = engine
     for key, width in (("conv", _CONV_FIELDS), ("gemm", _GEMM_FIELDS)):
         rows = {}
         for source in (ours, theirs):

@@ -8,22 +8,37 @@ emulates it more slowly than cct's float32, so cct says so and stays in float32,
 ``$CCT_BF16=emulate`` (or ``emulate=True``) asks for the bf16 numerics anyway (tests, accuracy
 checks on any machine).
 
-The engine is Intel MKL's ``cblas_gemm_bf16bf16f32``, from the ``mkl`` wheel (``pip install
-"cct[bf16]"``) or the library ``$CCT_BF16_LIBRARY`` names. The GPU backends run float32.
+Two engines: cct's own kernel on AVX512-BF16 (no library; any CPU with the instruction), and
+Intel MKL's ``cblas_gemm_bf16bf16f32``, from the ``mkl`` wheel (``pip install "cct[bf16]"``)
+or the library ``$CCT_BF16_LIBRARY`` names (AMX on Intel's CPUs). Where both run, the first
+bf16 request times each on a convolution-sized GEMM and keeps the faster, and says so. The
+engines round differently, so the choice is a kernel plan (cct/backend/plans.py): kept in the
+machine's plan cache and a snapshot's side file, fixed by rule in deterministic mode (cct's
+kernel where the CPU runs it). ``$CCT_BF16_ENGINE`` (``mkl`` or ``avx512bf16``) names one
+instead. The GPU backends run float32.
 """
 from __future__ import annotations
 
 import importlib.metadata
 import os
-from typing import Optional
+import time
+from typing import Dict, Optional
+
+import numpy as np
 
 from .. import _C
+from . import plans
 from ..errors import CCTError
 from ..glog import info, warning
 
 PRECISIONS = ("float32", "bf16")
 LIBRARY_ENV = "CCT_BF16_LIBRARY"
 EMULATE_ENV = "CCT_BF16"
+ENGINE_ENV = "CCT_BF16_ENGINE"
+ENGINES = plans.BF16_ENGINES
+# The GEMM the engines race on: conv3 of CaffeNet at batch 8 (384 x 2304 by 2304 x 1352).
+RACE_SHAPE = (384, 2304, 1352)
+_chosen: Dict[str, object] = {}  # "engine", "speeds" once chosen
 
 
 def engine_path() -> Optional[str]:
@@ -48,12 +63,8 @@ def _emulate_requested() -> bool:
     return value == "emulate"
 
 
-def why_not_bf16(emulate: bool = False) -> Optional[str]:
-    """Why bf16 GEMMs cannot (or should not) run here, or None when they can: no engine, or
-    (unless ``emulate``) no bf16 units in this CPU. Loads the engine as a side effect."""
-    if not (emulate or _emulate_requested()) and not _C.cpu_has_bf16_units():
-        return ("this CPU has no bf16 units (AMX-BF16 or AVX512-BF16): bf16 would be emulated, "
-                "slower than float32")
+def _load_mkl() -> Optional[str]:
+    """Loads MKL's bf16 GEMM; None when loaded, else why not."""
     if _C.bf16_engine_loaded():
         return None
     path = engine_path()
@@ -62,6 +73,85 @@ def why_not_bf16(emulate: bool = False) -> Optional[str]:
                 f"${LIBRARY_ENV} to a libmkl_rt")
     failure = _C.load_bf16_engine(path)
     return f"the bf16 GEMM engine '{path}' did not load: {failure}" if failure else None
+
+
+def _gflops(engine: str, repeats: int = 3) -> float:
+    """Best GFLOP/s of RACE_SHAPE's GEMM on ``engine``."""
+    m, k, n = RACE_SHAPE
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    out = np.empty((m, n), np.float32)
+    _C.set_bf16_engine(engine)
+    was = _C.bf16_gemm_enabled()
+    _C.set_bf16_gemm(True)
+    try:
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first call grows the packing buffers
+            t0 = time.perf_counter()
+            _C.gemm(a, b, out=out)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        _C.set_bf16_gemm(was)
+    return 2.0 * m * k * n / best / 1e9
+
+
+def _choose_engine() -> Optional[str]:
+    """Sets the engine: the one $CCT_BF16_ENGINE names, else the plans' one (a cache or a
+    side file: the run repeats its engine), else the only one, else the faster of two (in
+    deterministic mode, the first of ENGINES). None when set, else why none can run."""
+    if "engine" in _chosen and plans.bf16_engine() in (None, _chosen["engine"]):
+        _C.set_bf16_engine(_chosen["engine"])
+        return None
+    named = os.environ.get(ENGINE_ENV, "")
+    if named and named not in ENGINES:
+        raise CCTError(f"${ENGINE_ENV} must be one of {', '.join(ENGINES)} or unset, "
+                       f"got '{named}'")
+    kernel = _C.bf16_kernel_supported()
+    if named == "avx512bf16" and not kernel:
+        return f"${ENGINE_ENV}=avx512bf16 but this CPU has no AVX512-BF16"
+    mkl_failure = _load_mkl() if named != "avx512bf16" else "not asked for"
+    if named == "mkl" and mkl_failure:
+        return mkl_failure
+    runnable = [e for e in ENGINES if (e == "avx512bf16" and kernel and named != "mkl")
+                or (e == "mkl" and not mkl_failure)]
+    if not runnable:
+        return mkl_failure
+    speeds: Dict[str, float] = {}
+    if plans.bf16_engine() in runnable:
+        engine = plans.bf16_engine()
+    else:
+        if len(runnable) > 1 and not plans.deterministic():
+            speeds = {e: _gflops(e) for e in runnable}
+        engine = max(runnable, key=lambda e: speeds.get(e, 0.0))  # untimed: ENGINES' order
+        if not plans.deterministic():
+            plans.record_bf16_engine(engine)
+    _C.set_bf16_engine(engine)
+    _chosen.update(engine=engine, speeds=speeds)
+    return None
+
+
+def engine_description() -> str:
+    """The chosen engine in words, with the speeds that chose it."""
+    engine = _chosen.get("engine", _C.bf16_engine())
+    words = ("cct's AVX512-BF16 kernel" if engine == "avx512bf16"
+             else f"MKL's cblas_gemm_bf16bf16f32 ({engine_path()})")
+    speeds = _chosen.get("speeds") or {}
+    if speeds:
+        m, k, n = RACE_SHAPE
+        words += (f", measured the faster on a {m}x{k}x{n} GEMM: "
+                  + ", ".join(f"{e} {g:.0f} GFLOP/s" for e, g in speeds.items()))
+    return words
+
+
+def why_not_bf16(emulate: bool = False) -> Optional[str]:
+    """Why bf16 GEMMs cannot (or should not) run here, or None when they can: no engine, or
+    (unless ``emulate``) no bf16 units in this CPU. Loads and picks the engine as a side
+    effect."""
+    if not (emulate or _emulate_requested()) and not _C.cpu_has_bf16_units():
+        return ("this CPU has no bf16 units (AMX-BF16 or AVX512-BF16): bf16 would be emulated, "
+                "slower than float32")
+    return _choose_engine()
 
 
 def set_precision(name: str, *, emulate: bool = False, source: str = "precision") -> str:
@@ -82,7 +172,7 @@ def set_precision(name: str, *, emulate: bool = False, source: str = "precision"
     if not _C.bf16_gemm_enabled():
         how = "native" if _C.cpu_has_bf16_units() else "emulated (no bf16 units in this CPU)"
         info("precision.py:0", f"Precision bf16: bf16 GEMM operands, float32 accumulation, "
-             f"weights and updates; engine {engine_path()}, {how}")
+             f"weights and updates; engine {engine_description()}, {how}")
     _C.set_bf16_gemm(True)
     return name
 

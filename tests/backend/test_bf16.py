@@ -3,27 +3,42 @@ rounding, and every GEMM-backed kernel against the NumPy reference run in float6
 operands rounded to bf16 (so the check is exactly "bf16 operands, float32 accumulation"), plus
 the kernels' gradients against the exact float64 ones at bf16's tolerance.
 
-The CPU here may have no bf16 units: the tests ask for the engine's emulation, the same
-numerics more slowly. Without the engine (``pip install "cct[bf16]"``) they skip."""
+Each runs on both engines where they run: cct's own kernel needs a CPU with AVX512-BF16; MKL
+needs its wheel (``pip install "cct[bf16]"``) and, on a CPU without bf16 units, emulates them
+(the same numerics, more slowly). An engine that cannot run here skips, saying why."""
 import numpy as np
 import pytest
 
 from cct import _C
-from cct.backend import cpu, precision, reference
+from cct.backend import cpu, plans, precision, reference
 from cct.errors import CCTError
 
 from .kernel_cases import CONV_CASES, close, conv_arrays, rand, random_conv_cases
 
-pytestmark = pytest.mark.skipif(precision.engine_path() is None,
-                                reason="no bf16 GEMM engine: pip install 'cct[bf16]' (MKL)")
+NO_MKL = "no MKL bf16 engine: pip install 'cct[bf16]'"
+NO_KERNEL = "this CPU has no AVX512-BF16 for cct's own bf16 kernel"
 
 
-@pytest.fixture
-def bf16():
-    """bf16 GEMMs on (emulated where the CPU has no bf16 units) for the test, float32 after."""
+def skip_unless_runs(engine: str) -> None:
+    if engine == "mkl" and precision.engine_path() is None:
+        pytest.skip(NO_MKL)
+    if engine == "avx512bf16" and not _C.bf16_kernel_supported():
+        pytest.skip(NO_KERNEL)
+
+
+@pytest.fixture(params=precision.ENGINES)
+def bf16(request, monkeypatch):
+    """bf16 GEMMs on, on one engine (MKL emulated where the CPU has no bf16 units), for the
+    test; float32 after."""
+    skip_unless_runs(request.param)
+    monkeypatch.setenv(precision.ENGINE_ENV, request.param)
+    monkeypatch.setitem(plans._state, "bf16", None)
+    precision._chosen.clear()
     assert precision.set_precision("bf16", emulate=True) == "bf16"
-    yield
+    assert _C.bf16_engine() == request.param
+    yield request.param
     precision.set_precision("float32")
+    precision._chosen.clear()
     _C.set_conv_layout(0)
     _C.set_num_threads(0)
 
@@ -175,3 +190,40 @@ def test_without_bf16_units_cct_says_so_and_stays_float32(capfd):
     assert "train: -precision: bf16 asked for, training in float32: this CPU has no bf16 units" \
         in err
     assert precision.precision() == "float32"
+
+
+def test_output_is_written_not_read_when_not_accumulating(bf16):
+    a, b = rand((9, 40), np.float32, 1), rand((40, 70), np.float32, 2)
+    out = np.full((9, 70), np.nan, np.float32)
+    cpu.matmul(a, b, out=out)
+    close(out, (rounded(a) @ rounded(b)).astype(np.float32), np.float32)
+
+
+def test_the_faster_engine_is_chosen_by_timing_both(monkeypatch):
+    runnable = [e for e in precision.ENGINES
+                if (e == "mkl" and precision.engine_path() is not None)
+                or (e == "avx512bf16" and _C.bf16_kernel_supported())]
+    if len(runnable) < 2:
+        pytest.skip(f"one bf16 engine runs here ({', '.join(runnable) or 'none'}): no race")
+    monkeypatch.delenv(precision.ENGINE_ENV, raising=False)
+    monkeypatch.setitem(plans._state, "bf16", None)
+    precision._chosen.clear()
+    try:
+        assert precision.set_precision("bf16", emulate=True) == "bf16"
+        speeds = precision._chosen["speeds"]
+        assert set(speeds) == set(runnable) and all(g > 0 for g in speeds.values())
+        assert _C.bf16_engine() == max(speeds, key=speeds.get)
+        assert "measured the faster" in precision.engine_description()
+        assert plans.table()["bf16"] == _C.bf16_engine()  # a plan: cached, and in side files
+    finally:
+        precision.set_precision("float32")
+        precision._chosen.clear()
+
+
+def test_an_unknown_engine_is_refused(monkeypatch):
+    monkeypatch.setenv(precision.ENGINE_ENV, "amx")
+    precision._chosen.clear()
+    with pytest.raises(CCTError, match=r"\$CCT_BF16_ENGINE must be one of avx512bf16, mkl"):
+        precision.set_precision("bf16", emulate=True)
+    with pytest.raises(RuntimeError, match="unknown bf16 engine 'amx'"):
+        _C.set_bf16_engine("amx")

@@ -95,6 +95,7 @@ def test_table_round_trips_through_json(fresh_plans):
     {"conv": [[0, [1] * 16, 4, 1, 0, 1, 0, False]], "gemm": [[True, False, 1, 2, 3, 4, 1, 1]]},
     {"gemm": [[True, False, 1.5, 2, 3, 4, 1, True]]},
     {"gemm": [[True, False, 2 ** 70, 2, 3, 4, 1, True]]},
+    {"conv": [], "bf16": "amx"},
 ], ids=str)
 def test_a_damaged_table_is_refused_whole(fresh_plans, bad):
     with pytest.raises(ValueError):
@@ -183,6 +184,22 @@ def test_machine_cache_is_written_merged_and_read(fresh_plans, machine_cache):
     plans.use_machine_cache()
     assert _C.plan_count() == len(saved["conv"]) + len(saved["gemm"])
     assert sorted(map(json.dumps, plans.table()["conv"])) == sorted(map(json.dumps, saved["conv"]))
+
+
+def test_the_bf16_engine_is_a_plan_cached_with_the_others(fresh_plans, machine_cache,
+                                                         monkeypatch):
+    monkeypatch.setitem(plans._state, "bf16", None)
+    monkeypatch.setitem(plans._state, "bf16_saved", None)
+    plans.use_machine_cache()
+    assert "bf16" not in plans.table()
+    plans.record_bf16_engine("mkl")              # as precision.py's race does
+    plans.persist()                              # a new choice, no new shapes: written
+    with open(plans.cache_path()) as f:
+        assert json.load(f)["bf16"] == "mkl"
+    monkeypatch.setitem(plans._state, "bf16", None)
+    plans._state["loaded"] = False
+    plans.use_machine_cache()
+    assert plans.bf16_engine() == "mkl" and plans.table()["bf16"] == "mkl"
 
 
 def test_a_damaged_machine_cache_is_ignored_with_a_warning(fresh_plans, machine_cache, capfd):

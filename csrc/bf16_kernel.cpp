@@ -1,0 +1,168 @@
+// cct's own bf16 GEMM on AVX512-BF16's dot-product instruction (see bf16.h).
+//
+// VDPBF16PS adds to each float32 lane the two products of a pair of bf16 values: the operands
+// are packed so that one 32-bit lane holds two consecutive k of one row of op(A) or one column
+// of op(B) ("pairs"), rounded to bf16 while packed. op(A) is packed whole, in panels of kRows
+// rows; each thread packs one panel of kCols columns of op(B) at a time and runs every row
+// panel against it, accumulating the whole k in registers: one rounding per element of C, and
+// no element's arithmetic depends on how the panels fall to threads.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "bf16.h"
+#include "parallel.h"
+#include "workspace.h"
+
+namespace cct {
+
+namespace {
+
+constexpr int kRows = 8;   // rows of C per micro-kernel: 8 x 2 accumulator registers
+constexpr int kCols = 32;  // columns of C per micro-kernel: two registers of 16 lanes
+
+#define CCT_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+// The pair (lo, hi) of float32 as one lane of two bf16, each rounded to nearest even (NaN
+// kept a NaN), as round_to_bf16 rounds.
+inline uint32_t pair_scalar(float lo, float hi) {
+  uint16_t out[2];
+  const float in[2] = {lo, hi};
+  round_to_bf16(in, out, 2);
+  return uint32_t(out[0]) | uint32_t(out[1]) << 16;
+}
+
+// 16 float32 lanes rounded to bf16, left in the high half of each 32-bit lane.
+CCT_BF16_TARGET inline __m512i rounded_high(__m512i u) {
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
+  const __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7F800000));
+  const __m512i quiet = _mm512_or_si512(u, _mm512_set1_epi32(0x400000));
+  return _mm512_and_si512(_mm512_mask_mov_epi32(r, nan, quiet),
+                          _mm512_set1_epi32(int(0xFFFF0000u)));
+}
+
+// dst[i] = pair(lo[i], hi[i]) for i < count: k-pairs that run across two rows of the source.
+CCT_BF16_TARGET void pair_rows(const float* lo, const float* hi, int64_t count, uint32_t* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m512i l = rounded_high(_mm512_loadu_si512(lo + i));
+    const __m512i h = hi ? rounded_high(_mm512_loadu_si512(hi + i)) : _mm512_setzero_si512();
+    _mm512_storeu_si512(dst + i, _mm512_or_si512(_mm512_srli_epi32(l, 16), h));
+  }
+  for (; i < count; ++i) dst[i] = pair_scalar(lo[i], hi ? hi[i] : 0.0f);
+}
+
+// dst[p * stride] = pair(src[2p], src[2p + 1]) for p < ceil(k / 2): k-pairs along one row of
+// the source (a zero completes an odd k).
+CCT_BF16_TARGET void pair_along(const float* src, int64_t k, uint32_t* dst, int64_t stride) {
+  int64_t p = 0;
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  alignas(64) uint32_t lanes[16];
+  for (; 2 * p + 32 <= k; p += 16) {
+    const __m512i x0 = _mm512_loadu_si512(src + 2 * p), x1 = _mm512_loadu_si512(src + 2 * p + 16);
+    const __m512i l = rounded_high(_mm512_permutex2var_epi32(x0, even, x1));
+    const __m512i h = rounded_high(_mm512_permutex2var_epi32(x0, odd, x1));
+    _mm512_store_si512(lanes, _mm512_or_si512(_mm512_srli_epi32(l, 16), h));
+    for (int j = 0; j < 16; ++j) dst[(p + j) * stride] = lanes[j];
+  }
+  for (; 2 * p < k; ++p)
+    dst[p * stride] = pair_scalar(src[2 * p], 2 * p + 1 < k ? src[2 * p + 1] : 0.0f);
+}
+
+// One panel of `width` (<= lanes) rows or columns of an operand, as k-pairs: pairs[p * lanes + r]
+// for the panel's r-th row (of op(A)) or column (of op(B)); lanes past width are zero.
+// `across` is true where the operand's k runs across memory rows (op(A) = A^T, op(B) = B).
+void pack_panel(const float* x, int64_t ld, bool across, int64_t first, int64_t width,
+                int64_t k, int lanes, uint32_t* pairs) {
+  const int64_t kp = (k + 1) / 2;
+  if (width < lanes) std::memset(pairs, 0, sizeof(uint32_t) * size_t(kp * lanes));
+  if (across) {
+    alignas(64) uint32_t row[kCols];
+    for (int64_t p = 0; p < kp; ++p) {
+      const float* lo = x + 2 * p * ld + first;
+      pair_rows(lo, 2 * p + 1 < k ? lo + ld : nullptr, width, row);
+      std::memcpy(pairs + p * lanes, row, sizeof(uint32_t) * size_t(width));
+    }
+  } else {
+    for (int64_t r = 0; r < width; ++r) pair_along(x + (first + r) * ld, k, pairs + r, lanes);
+  }
+}
+
+// C[0:rows, 0:cols] = alpha (A panel . B panel) + beta C over kp pairs.
+CCT_BF16_TARGET void micro_kernel(int64_t kp, const uint32_t* a, const uint32_t* b, float alpha,
+                                  float beta, float* c, int64_t ldc, int rows, int cols) {
+  __m512 acc[kRows][2];
+  for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kp; ++p) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + p * kCols);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + p * kCols + 16);
+    const uint32_t* ap = a + p * kRows;
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(ap[r]));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+    }
+  }
+  const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF)
+                                  : cols > 16 ? __mmask16((1u << (cols - 16)) - 1) : 0;
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  for (int r = 0; r < rows; ++r) {
+    float* cr = c + r * ldc;
+    __m512 y0 = _mm512_mul_ps(va, acc[r][0]), y1 = _mm512_mul_ps(va, acc[r][1]);
+    if (beta != 0.0f) {  // beta 0 never reads C (BLAS's rule: C may hold NaN)
+      y0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, cr), y0);
+      y1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, cr + 16), y1);
+    }
+    _mm512_mask_storeu_ps(cr, m0, y0);
+    _mm512_mask_storeu_ps(cr + 16, m1, y1);
+  }
+}
+
+}  // namespace
+
+bool bf16_kernel_supported() {
+#if defined(__GNUC__) && defined(__x86_64__)
+  static const bool has = __builtin_cpu_supports("avx512bf16") &&
+                          __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
+  return has;
+#else
+  return false;
+#endif
+}
+
+void gemm_bf16_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                      float* c, int64_t ldc) {
+  const int64_t kp = (k + 1) / 2;
+  const int64_t row_panels = (m + kRows - 1) / kRows, col_panels = (n + kCols - 1) / kCols;
+  thread_local std::vector<uint32_t> a_buffer;
+  uint32_t* a_pairs = grown(a_buffer, size_t(row_panels * kp * kRows));
+  parallel_for(row_panels, kp * kRows * 2, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      pack_panel(a, lda, ta, i * kRows, std::min<int64_t>(kRows, m - i * kRows), k, kRows,
+                 a_pairs + i * kp * kRows);
+  });
+  parallel_for(col_panels, m * k * kCols, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<uint32_t> b_buffer;
+    uint32_t* b_pairs = grown(b_buffer, size_t(kp * kCols));
+    for (int64_t j = begin; j < end; ++j) {
+      const int cols = int(std::min<int64_t>(kCols, n - j * kCols));
+      pack_panel(b, ldb, !tb, j * kCols, cols, k, kCols, b_pairs);
+      for (int64_t i = 0; i < row_panels; ++i) {
+        const int rows = int(std::min<int64_t>(kRows, m - i * kRows));
+        micro_kernel(kp, a_pairs + i * kp * kRows, b_pairs, alpha, beta,
+                     c + i * kRows * ldc + j * kCols, ldc, rows, cols);
+      }
+    }
+  });
+}
+
+}  // namespace cct
