@@ -220,7 +220,7 @@ void winograd(const float* x, int64_t x_image, int64_t x_group, const float* bia
       float* mm = v + kTile * s.c * count;
       transform_input(x + n0 * x_image + grp * x_group, x_image, s, nb, v);
       gemm_batch_strided(false, false, s.o, count, s.c, 1.0f, u, s.c, s.o * s.c, v, count,
-                         s.c * count, 0.0f, mm, count, s.o * count, kTile);
+                         s.c * count, 0.0f, mm, count, s.o * count, kTile, true);
       transform_output(mm, bias ? bias + grp * s.o : nullptr, s, nb,
                        y + n0 * y_image + grp * y_group, y_image);
     }
@@ -349,7 +349,7 @@ void conv_backward_weight_winograd(const float* x, const float* dy, float* dweig
       transform_top_diff(dy + n0 * g.o * g.ho * g.wo + grp * og * g.ho * g.wo,
                          g.o * g.ho * g.wo, s, nb, d);
       gemm_batch_strided(false, true, s.o, s.c, count, 1.0f, d, count, s.o * count, v, count,
-                         s.c * count, 1.0f, w, s.c, s.o * s.c, kTile);
+                         s.c * count, 1.0f, w, s.c, s.o * s.c, kTile, true);
     }
     transform_filter_gradient(w, s, dweight + grp * og * cg * 9, accumulate);
   }

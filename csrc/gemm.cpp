@@ -7,6 +7,10 @@
 // times both orders on scratch outputs and caches the faster; later calls just run it. The
 // two orders round differently, so the choice is part of what makes a run reproducible: the
 // table can be saved and installed in another process (cct/backend/plans.py).
+//
+// Under bf16 GEMMs (bf16.h) each order is also timed in float32: where the GEMM is bound by
+// memory rather than arithmetic (fc6's backward data at batch 32: 0.66x float32's speed in
+// bf16 on a Zen 4, whose operands are rounded and packed on every call) float32 runs it.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -28,7 +32,8 @@ namespace {
 // ta tb m n k element-size BLAS-threads
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int>;
 std::mutex g_mutex;
-std::map<Key, bool> g_transposed;
+// 0 direct, 1 transposed; under bf16 also 2 and 3: the same orders in float32.
+std::map<Key, int> g_transposed;
 std::atomic<int> g_order{0};  // 0 measure, 1 direct, 2 transposed
 
 template <typename F>
@@ -56,33 +61,41 @@ void add_transposed(const T* t, int64_t m, int64_t n, T beta, T* c, int64_t ldc)
 template <typename T>
 void gemm_transposed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                      int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
-                     std::vector<T>& scratch) {
+                     std::vector<T>& scratch, bool float32_only = false) {
   scratch.resize(size_t(m * n));
-  gemm(!tb, !ta, n, m, k, alpha, b, ldb, a, lda, T(0), scratch.data(), m);
+  gemm(!tb, !ta, n, m, k, alpha, b, ldb, a, lda, T(0), scratch.data(), m, float32_only);
   add_transposed(scratch.data(), m, n, beta, c, ldc);
 }
 
 template <typename T>
-bool choose_transposed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a,
-                       int64_t lda, const T* b, int64_t ldb, std::vector<T>& scratch) {
-  if (g_order != 0) return g_order == 2;
+int choose_order(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+                 const T* b, int64_t ldb, std::vector<T>& scratch) {
+  if (g_order != 0) return g_order == 2 ? 1 : 0;
   // bf16 GEMMs (bf16.h) take their own orders: element size 2.
-  const int64_t size = std::is_same_v<T, float> && bf16_gemm_enabled() ? 2 : int64_t(sizeof(T));
-  const Key key{ta, tb, m, n, k, size, blas_get_num_threads()};
+  const bool bf16 = std::is_same_v<T, float> && bf16_gemm_enabled();
+  const Key key{ta, tb, m, n, k, bf16 ? 2 : int64_t(sizeof(T)), blas_get_num_threads()};
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     auto it = g_transposed.find(key);
     if (it != g_transposed.end()) return it->second;
-    if (!plan_measurement()) return g_transposed.emplace(key, false).first->second;
+    if (!plan_measurement()) return g_transposed.emplace(key, 0).first->second;
   }
   std::vector<T> out(size_t(m * n));
-  const double direct =
-      seconds_of([&] { gemm(ta, tb, m, n, k, T(1), a, lda, b, ldb, T(0), out.data(), n); });
-  const double transposed = seconds_of([&] {
-    gemm_transposed(ta, tb, m, n, k, T(1), a, lda, b, ldb, T(0), out.data(), n, scratch);
-  });
+  std::vector<double> seconds;
+  for (int choice = 0; choice < (bf16 ? 4 : 2); ++choice) {
+    const bool float32_only = choice >= 2;
+    seconds.push_back(seconds_of([&] {
+      if (choice & 1) {
+        gemm_transposed(ta, tb, m, n, k, T(1), a, lda, b, ldb, T(0), out.data(), n, scratch,
+                        float32_only);
+      } else {
+        gemm(ta, tb, m, n, k, T(1), a, lda, b, ldb, T(0), out.data(), n, float32_only);
+      }
+    }));
+  }
+  const int fastest = int(std::min_element(seconds.begin(), seconds.end()) - seconds.begin());
   std::lock_guard<std::mutex> lock(g_mutex);
-  return g_transposed.emplace(key, transposed < direct).first->second;
+  return g_transposed.emplace(key, fastest).first->second;
 }
 
 }  // namespace
@@ -91,10 +104,13 @@ template <typename T>
 void gemm_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                    int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   thread_local std::vector<T> scratch;
-  if (choose_transposed(ta, tb, m, n, k, a, lda, b, ldb, scratch)) {
-    gemm_transposed(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, scratch);
+  const int choice = choose_order(ta, tb, m, n, k, a, lda, b, ldb, scratch);
+  const bool float32_only = choice >= 2;
+  if (choice & 1) {
+    gemm_transposed(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, scratch,
+                    float32_only);
   } else {
-    gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, float32_only);
   }
 }
 
@@ -109,8 +125,11 @@ std::vector<GemmChoice> gemm_choices() {
 
 void load_gemm_choices(const std::vector<GemmChoice>& entries) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (const auto& [ta, tb, m, n, k, size, threads, transposed] : entries)
-    g_transposed[Key{ta, tb, m, n, k, size, threads}] = transposed;
+  for (const auto& [ta, tb, m, n, k, size, threads, choice] : entries) {
+    if (choice < 0 || choice > (size == 2 ? 3 : 1))
+      throw std::invalid_argument("a GEMM choice must be 0 or 1 (2 or 3 under bf16)");
+    g_transposed[Key{ta, tb, m, n, k, size, threads}] = choice;
+  }
 }
 
 int64_t gemm_choice_count() {

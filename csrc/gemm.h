@@ -56,9 +56,12 @@ enum : int { kRowMajor = 101, kNoTrans = 111, kTrans = 112 };
 
 // C (m x n) = alpha op(A) op(B) + beta C, all row-major; op(A) is m x k, op(B) is k x n.
 // In float32 with bf16 operands while bf16 GEMMs are on (bf16.h).
+// float32_only: in float32 whatever the precision (the Winograd layout's GEMMs: it is a
+// float32 kernel, chosen under bf16 only where it beats the bf16 GEMMs).
 inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (bf16_gemm_enabled())
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+                 bool float32_only = false) {
+  if (!float32_only && bf16_gemm_enabled())
     return gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   CCT_BLAS_SYM(cblas_sgemm)(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(m),
                             int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
@@ -66,7 +69,7 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 
 inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
                  const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
-                 double* c, int64_t ldc) {
+                 double* c, int64_t ldc, bool /*float32_only*/ = false) {
   CCT_BLAS_SYM(cblas_dgemm)(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(m),
                             int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
@@ -78,11 +81,12 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha
 template <typename T>
 void gemm_batch_strided(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                         int64_t lda, int64_t stride_a, const T* b, int64_t ldb, int64_t stride_b,
-                        T beta, T* c, int64_t ldc, int64_t stride_c, int64_t count) {
+                        T beta, T* c, int64_t ldc, int64_t stride_c, int64_t count,
+                        bool float32_only = false) {
   constexpr bool is_float = sizeof(T) == sizeof(float);
   // bf16 GEMMs go item by item through gemm(), which rounds the operands.
   const bool have = is_float ? CCT_BLAS_SYM(cblas_sgemm_batch_strided) != nullptr &&
-                                   !bf16_gemm_enabled()
+                                   (float32_only || !bf16_gemm_enabled())
                              : CCT_BLAS_SYM(cblas_dgemm_batch_strided) != nullptr;
   // The BLAS takes 32-bit strides: offsets past 2^31 elements go item by item.
   const int64_t limit = int64_t(1) << 31;
@@ -103,7 +107,7 @@ void gemm_batch_strided(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alp
   }
   for (int64_t i = 0; i < count; ++i)
     gemm(ta, tb, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
-         c + i * stride_c, ldc);
+         c + i * stride_c, ldc, float32_only);
 }
 
 // Whether the linked BLAS has a strided batched GEMM.

@@ -24,7 +24,8 @@ keep the choice fixed:
 A table is ``{"conv": [[kernel, geometry(16), itemsize, threads, modes, partitions, layout,
 cache_chunks], ...], "gemm": [[trans_a, trans_b, m, n, k, itemsize, threads, transposed],
 ...], "bf16": engine}``: the C++ tables' keys and choices as they are (layout 0 lowered, 1
-pointwise, 2 direct, 3 Winograd), and the bf16 GEMM engine once one was chosen
+pointwise, 2 direct, 3 Winograd; a GEMM's choice true/false for its operand order, 2 or 3 for
+the same orders run in float32 under bf16), and the bf16 GEMM engine once one was chosen
 (cct/backend/precision.py times them: the engines round differently too).
 """
 from __future__ import annotations
@@ -59,8 +60,10 @@ def table() -> dict:
     """The plans of this process: every convolution plan and GEMM order chosen so far."""
     conv = [[k, list(geom), size, threads, modes, parts, layout, bool(chunks)]
             for k, geom, size, threads, modes, parts, layout, chunks in _C.conv_plan_table()]
-    gemm = [[bool(ta), bool(tb), m, n, k, size, threads, bool(tr)]
-            for ta, tb, m, n, k, size, threads, tr in _C.gemm_choices()]
+    # choice: true/false (the operand order transposed or not); under bf16 also 2 and 3, the
+    # same orders in float32
+    gemm = [[bool(ta), bool(tb), m, n, k, size, threads, bool(ch) if ch < 2 else ch]
+            for ta, tb, m, n, k, size, threads, ch in _C.gemm_choices()]
     tab = {"conv": conv, "gemm": gemm}
     if _state["bf16"] is not None:
         tab["bf16"] = _state["bf16"]
@@ -101,12 +104,14 @@ def _conv_row(row) -> tuple:
 
 
 def _gemm_row(row) -> tuple:
-    ta, tb, m, n, k, size, threads, transposed = row
-    if not all(isinstance(v, bool) for v in (ta, tb, transposed)):
+    ta, tb, m, n, k, size, threads, choice = row
+    if not all(isinstance(v, bool) for v in (ta, tb)):
         raise ValueError(f"a GEMM order's flags are not true/false: {row!r:.80}")
+    if not (isinstance(choice, bool) or choice in (2, 3) and isinstance(choice, int)):
+        raise ValueError(f"a GEMM order's choice is not true/false, 2 or 3: {row!r:.80}")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (m, n, k, size, threads)):
         raise ValueError(f"a GEMM order holds a size that is not an integer: {row!r:.80}")
-    return ta, tb, m, n, k, size, threads, transposed
+    return ta, tb, m, n, k, size, threads, int(choice)
 
 
 def install(tab) -> int:

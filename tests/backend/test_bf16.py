@@ -36,10 +36,15 @@ def bf16(request, monkeypatch):
     precision._chosen.clear()
     assert precision.set_precision("bf16", emulate=True) == "bf16"
     assert _C.bf16_engine() == request.param
+    # The direct operand order in bf16: measured, a GEMM may run in float32 where that is
+    # faster (test_measured_gemms_may_choose_float32 below).
+    _C.set_gemm_order(1)
     yield request.param
+    _C.set_gemm_order(0)
     precision.set_precision("float32")
     precision._chosen.clear()
     _C.set_conv_layout(0)
+    _C.set_partition_mode(0)
     _C.set_num_threads(0)
 
 
@@ -119,6 +124,7 @@ def test_bf16_gemms_repeat_to_the_bit_on_any_thread_count(bf16):
 
 @pytest.mark.parametrize("case", CONV_CASES + random_conv_cases(12, seed=16))
 def test_convolution_multiplies_bf16_operands(bf16, case):
+    _C.set_conv_layout(1)  # lowered: the float32 direct and Winograd layouts are not bf16's
     x, weight, bias, dy, geom = conv_arrays(case, np.float32)
     xr, wr, dyr = rounded(x), rounded(weight), rounded(dy)
     # the bias is added in float32, not rounded
@@ -132,15 +138,24 @@ def test_convolution_multiplies_bf16_operands(bf16, case):
 
 
 @pytest.mark.parametrize("layout", [3, 4])
-def test_forced_float32_layouts_run_lowered_under_bf16(bf16, layout):
-    """The direct and Winograd layouts have no GEMM to round: under bf16 a convolution that
-    would take them is lowered, and its result is the bf16 one."""
+def test_forced_float32_layouts_stay_float32_under_bf16(bf16, layout):
+    """The direct and Winograd layouts are float32 kernels (the Winograd's GEMMs included):
+    under bf16 a convolution that takes them computes what it computes in float32, to the
+    bit."""
     case = (2, 8, 12, 12, 8, (3, 3), (1, 1), (1, 1), (1, 1), 1)
     x, weight, bias, dy, geom = conv_arrays(case, np.float32)
     _C.set_conv_layout(layout)
-    close(cpu.conv_forward(x, weight, bias, *geom),
-          reference.conv_forward(rounded(x), rounded(weight), bias.astype(np.float64),
-                                 *geom).astype(np.float32), np.float32)
+    _C.set_partition_mode(1)  # the partitions sum the weight gradient in their own order
+    under_bf16 = [cpu.conv_forward(x, weight, bias, *geom),
+                  cpu.conv_backward_weight(x, dy, *geom)]
+    precision.set_precision("float32")
+    in_float32 = [cpu.conv_forward(x, weight, bias, *geom),
+                  cpu.conv_backward_weight(x, dy, *geom)]
+    for a, b in zip(under_bf16, in_float32):
+        np.testing.assert_array_equal(a, b)
+    lowered_bf16 = rounded(x), rounded(weight)
+    assert not np.allclose(under_bf16[0], reference.conv_forward(
+        *lowered_bf16, bias.astype(np.float64), *geom), rtol=1e-6, atol=0)
 
 
 def relative_error(got, exact):
@@ -152,6 +167,7 @@ def relative_error(got, exact):
 def test_convolution_gradients_at_bf16_tolerance(bf16, case):
     """The gradients a bf16 backward pass gives, against the exact (float64) ones: within a few
     units of bf16's rounding (2^-9 = 0.2% per operand)."""
+    _C.set_conv_layout(1)
     x, weight, bias, dy, geom = conv_arrays(case, np.float32)
     x64, w64, dy64 = (a.astype(np.float64) for a in (x, weight, dy))
     for got, exact in [
@@ -227,3 +243,26 @@ def test_an_unknown_engine_is_refused(monkeypatch):
         precision.set_precision("bf16", emulate=True)
     with pytest.raises(RuntimeError, match="unknown bf16 engine 'amx'"):
         _C.set_bf16_engine("amx")
+
+
+def test_measured_gemms_may_choose_float32(bf16):
+    """Measured, each GEMM shape under bf16 picks among both operand orders in bf16 and in
+    float32 (a GEMM bound by memory can run faster in float32); the choice is a plan, and the
+    first call's result is the chosen plan's."""
+    _C.set_gemm_order(0)
+    _C.clear_plans()
+    a, b = rand((24, 300), np.float32, 1), rand((300, 200), np.float32, 2)
+    got = cpu.matmul(a, b)
+    (row,) = [r for r in plans.table()["gemm"] if r[2:5] == [24, 200, 300]]
+    assert row[5] == 2 and row[7] in (False, True, 2, 3)
+    again = cpu.matmul(a, b)
+    np.testing.assert_array_equal(got, again)
+    for choice, expect_float32 in ((False, False), (True, False), (2, True), (3, True)):
+        _C.clear_plans()
+        plans.install({"gemm": [row[:7] + [choice]]})
+        out = cpu.matmul(a, b)
+        want = (a.astype(np.float64) @ b) if expect_float32 else rounded(a) @ rounded(b)
+        close(out, want.astype(np.float32), np.float32)
+    _C.clear_plans()
+    with pytest.raises(ValueError, match="choice"):
+        plans.install({"gemm": [row[:7] + [4]]})
