@@ -22,6 +22,7 @@ namespace {
 
 constexpr int kRows = 8;   // rows of C per micro-kernel: 8 x 2 accumulator registers
 constexpr int kCols = 32;  // columns of C per micro-kernel: two registers of 16 lanes
+constexpr int kGroup = 4;  // panels of op(B) a thread packs in one pass
 
 #define CCT_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
@@ -74,22 +75,33 @@ CCT_BF16_TARGET void pair_along(const float* src, int64_t k, uint32_t* dst, int6
     dst[p * stride] = pair_scalar(src[2 * p], 2 * p + 1 < k ? src[2 * p + 1] : 0.0f);
 }
 
-// One panel of `width` (<= lanes) rows or columns of an operand, as k-pairs: pairs[p * lanes + r]
-// for the panel's r-th row (of op(A)) or column (of op(B)); lanes past width are zero.
-// `across` is true where the operand's k runs across memory rows (op(A) = A^T, op(B) = B).
-void pack_panel(const float* x, int64_t ld, bool across, int64_t first, int64_t width,
-                int64_t k, int lanes, uint32_t* pairs) {
-  const int64_t kp = (k + 1) / 2;
-  if (width < lanes) std::memset(pairs, 0, sizeof(uint32_t) * size_t(kp * lanes));
+// Panels of `width` rows or columns of an operand from `first` on, `lanes` to a panel, as
+// k-pairs: panel q holds pairs[q * kp * lanes + p * lanes + r] for its r-th row (of op(A)) or
+// column (of op(B)); lanes past width are zero. `across` is true where the operand's k runs
+// across memory rows (op(A) = A^T, op(B) = B): then each pair of memory rows is read once for
+// all the panels, `width` floats in a row rather than `lanes` (fewer pages touched per byte).
+void pack_panels(const float* x, int64_t ld, bool across, int64_t first, int64_t width,
+                 int64_t k, int lanes, uint32_t* pairs) {
+  const int64_t kp = (k + 1) / 2, panels = (width + lanes - 1) / lanes;
+  if (width % lanes) {
+    uint32_t* last = pairs + (panels - 1) * kp * lanes;
+    std::memset(last, 0, sizeof(uint32_t) * size_t(kp * lanes));
+  }
   if (across) {
-    alignas(64) uint32_t row[kCols];
+    thread_local std::vector<uint32_t> row;
+    uint32_t* lane = grown(row, size_t(width));
     for (int64_t p = 0; p < kp; ++p) {
       const float* lo = x + 2 * p * ld + first;
-      pair_rows(lo, 2 * p + 1 < k ? lo + ld : nullptr, width, row);
-      std::memcpy(pairs + p * lanes, row, sizeof(uint32_t) * size_t(width));
+      pair_rows(lo, 2 * p + 1 < k ? lo + ld : nullptr, width, lane);
+      for (int64_t q = 0; q < panels; ++q) {
+        const int64_t count = std::min<int64_t>(lanes, width - q * lanes);
+        std::memcpy(pairs + q * kp * lanes + p * lanes, lane + q * lanes,
+                    sizeof(uint32_t) * size_t(count));
+      }
     }
   } else {
-    for (int64_t r = 0; r < width; ++r) pair_along(x + (first + r) * ld, k, pairs + r, lanes);
+    for (int64_t r = 0; r < width; ++r)
+      pair_along(x + (first + r) * ld, k, pairs + (r / lanes) * kp * lanes + r % lanes, lanes);
   }
 }
 
@@ -147,19 +159,23 @@ void gemm_bf16_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float a
   uint32_t* a_pairs = grown(a_buffer, size_t(row_panels * kp * kRows));
   parallel_for(row_panels, kp * kRows * 2, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
-      pack_panel(a, lda, ta, i * kRows, std::min<int64_t>(kRows, m - i * kRows), k, kRows,
-                 a_pairs + i * kp * kRows);
+      pack_panels(a, lda, ta, i * kRows, std::min<int64_t>(kRows, m - i * kRows), k, kRows,
+                  a_pairs + i * kp * kRows);
   });
   parallel_for(col_panels, m * k * kCols, [&](int64_t begin, int64_t end) {
     thread_local std::vector<uint32_t> b_buffer;
-    uint32_t* b_pairs = grown(b_buffer, size_t(kp * kCols));
-    for (int64_t j = begin; j < end; ++j) {
-      const int cols = int(std::min<int64_t>(kCols, n - j * kCols));
-      pack_panel(b, ldb, !tb, j * kCols, cols, k, kCols, b_pairs);
-      for (int64_t i = 0; i < row_panels; ++i) {
-        const int rows = int(std::min<int64_t>(kRows, m - i * kRows));
-        micro_kernel(kp, a_pairs + i * kp * kRows, b_pairs, alpha, beta,
-                     c + i * kRows * ldc + j * kCols, ldc, rows, cols);
+    uint32_t* b_pairs = grown(b_buffer, size_t(kGroup * kp * kCols));
+    for (int64_t j0 = begin; j0 < end; j0 += kGroup) {
+      const int64_t j1 = std::min(end, j0 + kGroup);
+      pack_panels(b, ldb, !tb, j0 * kCols, std::min(n, j1 * kCols) - j0 * kCols, k, kCols,
+                  b_pairs);
+      for (int64_t j = j0; j < j1; ++j) {
+        const int cols = int(std::min<int64_t>(kCols, n - j * kCols));
+        for (int64_t i = 0; i < row_panels; ++i) {
+          const int rows = int(std::min<int64_t>(kRows, m - i * kRows));
+          micro_kernel(kp, a_pairs + i * kp * kRows, b_pairs + (j - j0) * kp * kCols, alpha,
+                       beta, c + i * kRows * ldc + j * kCols, ldc, rows, cols);
+        }
       }
     }
   });
