@@ -6,10 +6,10 @@ accuracy and loss, the bf16 - float32 gap in points (the target: within 0.3), an
     python bench/bench_bf16_accuracy.py                  # LeNet 2,000 and CIFAR10-quick 2,000
     python bench/bench_bf16_accuracy.py --quick          # 200 iterations each: checks it works
 
-On a CPU without bf16 units cct would train float32 (and say so): here the bf16 runs ask for
-the engine's emulation, the same numerics, so the accuracy is what a CPU with AMX or
-AVX512-BF16 gets; their times are then no measure of bf16's speed (bench_train.py
---precision bf16 is, on such a CPU).
+On a CPU without bf16 units cct would train float32 (and say so): there the bf16 runs ask for
+MKL's emulation, the same numerics, so the accuracy is what a CPU with AMX or AVX512-BF16
+gets; their times are then no measure of bf16's speed (bench_train.py --precision bf16 is, on
+such a CPU). Each bf16 row names the engine that ran (precision.py races them).
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def run_one(job: dict) -> dict:
     finally:
         solver.close()
     return {**job, "accuracy": accuracy, "loss": loss, "seconds": seconds,
-            "native": bool(_C.cpu_has_bf16_units())}
+            "native": bool(_C.cpu_has_bf16_units()), "engine": _C.bf16_engine()}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -86,8 +86,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("RESULT " + json.dumps(run_one(json.loads(args.worker))))
         return 0
     from cct.backend import precision
-    if precision.engine_path() is None:
-        ap.error("no bf16 GEMM engine: pip install 'cct[bf16]' (Intel MKL)")
+    if not precision.has_engine():
+        ap.error("no bf16 GEMM engine: pip install 'cct[bf16]' (Intel MKL), or a CPU with "
+                 "AVX512-BF16 for cct's own")
     iters = args.iters or (QUICK if args.quick else FULL)
     works = [w.strip() for w in args.work.split(",") if w.strip()]
     print(f"CPU: {cpu_model()}; {iters} iterations per run, seed 1701")
@@ -102,8 +103,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                                      "--worker", json.dumps(job)], f"{work} in {name}")
             r = runs[name]
             label = name if name == "float32" or r["native"] else "bf16 (emu)"
+            engine = f"  engine {r['engine']}" if name == "bf16" else ""
             print(f"{work:<15}{label:>10}{r['accuracy']:>10.4f}{r['loss']:>9.4f}"
-                  f"{r['seconds']:>9.1f}", flush=True)
+                  f"{r['seconds']:>9.1f}{engine}", flush=True)
         gap = 100 * (runs["bf16"]["accuracy"] - runs["float32"]["accuracy"])
         ok = gap >= -GAP_POINTS
         failed |= not ok

@@ -13,7 +13,7 @@ from cct.proto import caffe_pb2
 
 from .test_cli_train import SOLVER, cct, workdir  # noqa: F401  (fixture)
 
-needs_engine = pytest.mark.skipif(precision.engine_path() is None,
+needs_engine = pytest.mark.skipif(not precision.has_engine(),
                                   reason="no bf16 GEMM engine: pip install 'cct[bf16]' (MKL)")
 
 

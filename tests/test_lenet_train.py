@@ -70,7 +70,7 @@ def test_lenet_split_across_two_devices_reaches_caffes_accuracy(lenet_dir, capfd
     assert abs(accuracy - CAFFE_FINAL_ACCURACY) <= 0.005
 
 
-@pytest.mark.skipif(precision.engine_path() is None,
+@pytest.mark.skipif(not precision.has_engine(),
                     reason="no bf16 GEMM engine: pip install 'cct[bf16]' (MKL)")
 def test_lenet_in_bf16_reaches_float32_accuracy(lenet_dir, capfd, monkeypatch):
     """bf16 GEMMs (emulated where the CPU has no bf16 units: the same numerics) train LeNet to

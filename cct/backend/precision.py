@@ -56,6 +56,11 @@ def engine_path() -> Optional[str]:
     return None
 
 
+def has_engine() -> bool:
+    """Whether some bf16 GEMM engine can run here: cct's kernel, or MKL's wheel installed."""
+    return bool(_C.bf16_kernel_supported()) or engine_path() is not None
+
+
 def _emulate_requested() -> bool:
     value = os.environ.get(EMULATE_ENV, "")
     if value not in ("", "emulate"):
