@@ -41,7 +41,7 @@ KERNELS = ("conv_out_size", "deconv_out_size", "matmul", "conv_forward", "conv_b
            "relu_backward", "lrn_across_forward", "lrn_across_backward", "softmax_forward",
            "softmax_backward", "softmax_loss_forward", "softmax_loss_backward", "sgd_update",
            "nesterov_update", "adagrad_update", "rmsprop_update", "adadelta_update",
-           "adam_update")
+           "adam_update", "batch_norm_statistics", "batch_norm_normalize", "batch_norm_backward")
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _FLT_MIN = float(np.finfo(np.float32).tiny)
@@ -530,6 +530,35 @@ class ArrayKernels:
         xp.subtract(x, top, out=y)
         xp.exp(y, out=y)
         y /= y.sum(axis=1, keepdims=True)
+        return self._result(buf, dest)
+
+    def batch_norm_statistics(self, x):
+        """Per channel of an N x C x S array: the mean and the biased variance over N x S."""
+        mean = x.mean(axis=(0, 2))
+        centred = x - mean[:, None]
+        return mean, self.xp.mean(centred * centred, axis=(0, 2))
+
+    def batch_norm_normalize(self, x, mean, std, out=None):
+        """(x - mean_c) / std_c for an N x C x S array and per-channel mean and std."""
+        buf, dest = self._target(out, x.shape, _dtype(x))
+        y = buf.reshape(x.shape)
+        self.xp.subtract(x, mean[:, None], out=y)
+        y /= std[:, None]
+        return self._result(buf, dest)
+
+    def batch_norm_backward(self, dy, y, std, global_stats, out=None):
+        """BatchNorm's bottom diff from the top diff dy and the normalized top y (N x C x S):
+        (dy - mean(dy) - mean(dy y) y) / std per channel, or dy / std with global statistics."""
+        buf, dest = self._target(out, dy.shape, _dtype(dy))
+        dx = buf.reshape(dy.shape)
+        if global_stats:
+            self.xp.divide(dy, std[:, None], out=dx)
+        else:
+            mean_dy = dy.mean(axis=(0, 2), keepdims=True)
+            mean_dy_y = (dy * y).mean(axis=(0, 2), keepdims=True)
+            self.xp.subtract(dy, mean_dy, out=dx)
+            dx -= mean_dy_y * y
+            dx /= std[:, None]
         return self._result(buf, dest)
 
     def softmax_backward(self, y, dy, out=None):

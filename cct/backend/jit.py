@@ -91,3 +91,113 @@ def adam(w, g, m, v, beta1, beta2, delta, one_minus_beta1, one_minus_beta2, step
         u = mi / (np.sqrt(vi) + delta) * step
         g[i] = u
         w[i] -= u
+
+
+# BatchNorm (cct/layers/normalization.py) on N x C x S arrays, a channel at a time: the NumPy
+# expressions make a temporary per step (centred, its square, the quotient; in backward dy * y
+# and two more); these read each value once per statistic and write once. The sums are in
+# float64 over eight interleaved partial sums (a fixed order, so the same bits on every run,
+# which LLVM can put in vector registers; one running sum is a serial chain it may not
+# reorder): at least as accurate as NumPy's float32 pairwise sums, not the same bits. The
+# elementwise steps are the NumPy expressions' float operations in order.
+_LANES = 8
+
+
+@_jit
+def _channel_sum(x, j):
+    """Sum over i, k of x[i, j, k], in eight float64 lanes."""
+    n, _, s = x.shape
+    lanes = np.zeros(_LANES)
+    for i in range(n):
+        k = 0
+        while k + _LANES <= s:
+            for lane in range(_LANES):
+                lanes[lane] += x[i, j, k + lane]
+            k += _LANES
+        while k < s:
+            lanes[0] += x[i, j, k]
+            k += 1
+    return lanes.sum()
+
+
+@_jit
+def _channel_squares(x, j, centre):
+    """Sum over i, k of (x[i, j, k] - centre)^2, in eight float64 lanes."""
+    n, _, s = x.shape
+    lanes = np.zeros(_LANES)
+    for i in range(n):
+        k = 0
+        while k + _LANES <= s:
+            for lane in range(_LANES):
+                d = x[i, j, k + lane] - centre
+                lanes[lane] += d * d
+            k += _LANES
+        while k < s:
+            d = x[i, j, k] - centre
+            lanes[0] += d * d
+            k += 1
+    return lanes.sum()
+
+
+@_jit
+def _channel_sums_dy(dy, y, j):
+    """(sum of dy, sum of dy * y) over channel j, in eight float64 lanes each."""
+    n, _, s = dy.shape
+    total = np.zeros(_LANES)
+    dot = np.zeros(_LANES)
+    for i in range(n):
+        k = 0
+        while k + _LANES <= s:
+            for lane in range(_LANES):
+                d = dy[i, j, k + lane]
+                total[lane] += d
+                dot[lane] += d * y[i, j, k + lane]
+            k += _LANES
+        while k < s:
+            total[0] += dy[i, j, k]
+            dot[0] += dy[i, j, k] * y[i, j, k]
+            k += 1
+    return total.sum(), dot.sum()
+
+
+@_jit
+def batch_norm_statistics(x, mean, var):
+    n, c, s = x.shape
+    count = n * s
+    for j in range(c):
+        mu = _channel_sum(x, j) / count
+        mean[j] = mu
+        var[j] = _channel_squares(x, j, mu) / count
+
+
+@_jit
+def batch_norm_normalize(x, mean, std, out):
+    n, c, s = x.shape
+    for i in range(n):
+        for j in range(c):
+            m = mean[j]
+            sd = std[j]
+            for k in range(s):
+                out[i, j, k] = (x[i, j, k] - m) / sd
+
+
+@_jit
+def batch_norm_backward(dy, y, std, global_stats, out):
+    n, c, s = dy.shape
+    count = n * s
+    means = np.empty(2, dy.dtype)  # the two means in the arrays' dtype, as NumPy's are
+    for j in range(c):
+        sd = std[j]
+        if global_stats:
+            for i in range(n):
+                for k in range(s):
+                    out[i, j, k] = dy[i, j, k] / sd
+            continue
+        total, dot = _channel_sums_dy(dy, y, j)
+        means[0] = total / count
+        means[1] = dot / count
+        mean_dy = means[0]
+        mean_dy_y = means[1]
+        for i in range(n):
+            for k in range(s):
+                out[i, j, k] = (dy[i, j, k] - mean_dy - mean_dy_y * y[i, j, k]) / sd

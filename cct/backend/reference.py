@@ -289,3 +289,24 @@ def sgd_update(data, diff, history, local_rate, momentum, local_decay):
     history += diff
     diff[...] = history
     data -= history
+
+
+def batch_norm_statistics(x):
+    """Per channel of N x C x S: mean and biased variance, in float64."""
+    x = np.asarray(x, np.float64)
+    mean = x.mean(axis=(0, 2))
+    return mean, ((x - mean[:, None]) ** 2).mean(axis=(0, 2))
+
+
+def batch_norm_normalize(x, mean, std):
+    return (np.asarray(x, np.float64) - np.asarray(mean, np.float64)[:, None]) / \
+        np.asarray(std, np.float64)[:, None]
+
+
+def batch_norm_backward(dy, y, std, global_stats):
+    dy, y = np.asarray(dy, np.float64), np.asarray(y, np.float64)
+    std = np.asarray(std, np.float64)[:, None]
+    if global_stats:
+        return dy / std
+    return (dy - dy.mean(axis=(0, 2), keepdims=True)
+            - (dy * y).mean(axis=(0, 2), keepdims=True) * y) / std

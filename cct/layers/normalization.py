@@ -63,40 +63,32 @@ class BatchNormLayer(Layer):
         top[0].reshape(b.shape)
 
     def forward(self, bottom: List[Blob], top: List[Blob]) -> None:
-        xp = self.xp
         x = bottom[0].data.reshape(bottom[0].shape[0], self.channels, -1)
         if self.use_global_stats:
             factor = self.blobs[2].data[0]
             scale = 0 if factor == 0 else 1 / factor
             mean = self.blobs[0].data * scale
             var = self.blobs[1].data * scale
-            centred = x - mean[:, None]
         else:
-            mean = x.mean(axis=(0, 2))
-            centred = x - mean[:, None]
-            var = xp.mean(centred * centred, axis=(0, 2))
+            mean, var = self.backend.batch_norm_statistics(x)
             self.blobs[2].data[...] = self.blobs[2].data * self.maf + 1
             self.blobs[0].data[...] = self.blobs[0].data * self.maf + mean
             m = x.size // self.channels
             correction = m / (m - 1) if m > 1 else 1
             self.blobs[1].data[...] = self.blobs[1].data * self.maf + var * correction
-        self.std = xp.sqrt(var + self.eps)[:, None]
-        # Kept because a later in-place layer may overwrite the top.
-        self.x_norm = centred / self.std
+        self.std = self.xp.sqrt(var + self.eps)
+        # Kept because a later in-place layer may overwrite the top; reused across passes.
+        if getattr(self, "x_norm", None) is None or self.x_norm.shape != x.shape:
+            self.x_norm = self.xp.empty_like(x)
+        self.backend.batch_norm_normalize(x, mean, self.std, out=self.x_norm)
         top[0].data[...] = self.x_norm.reshape(top[0].shape)
 
     def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob]) -> None:
         if not propagate_down[0]:
             return
         dy = top[0].diff.reshape(self.x_norm.shape)
-        if self.use_global_stats:
-            dx = dy / self.std
-        else:
-            y = self.x_norm
-            mean_dy = dy.mean(axis=(0, 2), keepdims=True)
-            mean_dy_y = (dy * y).mean(axis=(0, 2), keepdims=True)
-            dx = (dy - mean_dy - mean_dy_y * y) / self.std
-        bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+        self.backend.batch_norm_backward(dy, self.x_norm, self.std, self.use_global_stats,
+                                         out=bottom[0].diff.reshape(self.x_norm.shape))
 
 
 @register("MVN")

@@ -198,6 +198,35 @@ def check_relu(kernels, shape, slope, dtype):
     np.testing.assert_array_equal(dy, want)
 
 
+# S < 8 runs NumPy's expressions on the CPU backend, S >= 8 the numba loops (cpu.py)
+BATCH_NORM_SHAPES = [(1, 1, 1), (2, 3, 1), (5, 7, 13), (4, 32, 256), (100, 3, 2), (3, 2, 8),
+                     (2, 5, 23)]
+
+
+def check_batch_norm(kernels, shape, dtype):
+    """batch_norm_statistics, _normalize and _backward (batch and global statistics) against
+    the float64 reference, returned and written into out= (backward in place on the top diff,
+    as an in-place BatchNorm runs it)."""
+    x = rand(shape, dtype) * dtype(3) + dtype(0.5)
+    mean, var = kernels.batch_norm_statistics(x)
+    assert mean.dtype == var.dtype == np.dtype(dtype) and mean.shape == (shape[1],)
+    want_mean, want_var = reference.batch_norm_statistics(x)
+    close(mean, want_mean, dtype)
+    close(var, want_var, dtype)
+    std = np.sqrt(var + dtype(1e-5))
+    y = kernels.batch_norm_normalize(x, mean, std)
+    close(y, reference.batch_norm_normalize(x, mean, std), dtype)
+    out = np.full(shape, np.nan, dtype)
+    assert kernels.batch_norm_normalize(x, mean, std, out=out) is out
+    np.testing.assert_array_equal(out, y)
+    for global_stats in (False, True):
+        dy = rand(shape, dtype, 1)
+        want = reference.batch_norm_backward(dy, y, std, global_stats)
+        close(kernels.batch_norm_backward(dy, y, std, global_stats), want, dtype)
+        assert kernels.batch_norm_backward(dy, y, std, global_stats, out=dy) is dy
+        close(dy, want, dtype)
+
+
 def check_lrn(kernels, shape, params, dtype):
     """lrn_across_forward (top and scale allocated, and given as out= and scale=) and
     lrn_across_backward in place on the top diff, against the reference."""

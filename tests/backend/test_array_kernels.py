@@ -11,7 +11,8 @@ import pytest
 from cct import backend as backends
 from cct.backend import array_kernels, cpu, reference
 from cct.backend.array_kernels import ArrayKernels
-from tests.backend.kernel_cases import (CONV_CASES, DTYPES, POOL_CASES, check_ave_pool, check_conv,
+from tests.backend.kernel_cases import (BATCH_NORM_SHAPES, check_batch_norm,
+                                        CONV_CASES, DTYPES, POOL_CASES, check_ave_pool, check_conv,
                                         check_lrn, check_max_pool, check_pooling_writes_into_out,
                                         check_relu, check_sgd_update, check_softmax,
                                         check_softmax_loss, check_softmax_loss_bad_label,
@@ -261,3 +262,9 @@ def test_sgd_update_matches_reference(shape, decay, dtype):
         K.sgd_update(data, diff.astype(np.float16), hist, 0.01, 0.9, decay)
     with pytest.raises(ValueError, match="different sizes"):
         K.sgd_update(data, np.zeros(data.size + 1, dtype), hist, 0.01, 0.9, decay)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", BATCH_NORM_SHAPES, ids=str)
+def test_batch_norm_matches_reference(shape, dtype):
+    check_batch_norm(K, shape, dtype)

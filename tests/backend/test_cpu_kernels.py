@@ -12,7 +12,8 @@ import pytest
 from cct import _C
 from cct.backend import cpu, reference
 from tests.backend import kernel_cases
-from tests.backend.kernel_cases import (DTYPES, check_ave_pool, check_conv, check_lrn,
+from tests.backend.kernel_cases import (BATCH_NORM_SHAPES, check_batch_norm,
+                                        DTYPES, check_ave_pool, check_conv, check_lrn,
                                         check_max_pool, check_pooling_writes_into_out, check_relu,
                                         check_sgd_update, check_softmax, check_softmax_loss,
                                         check_softmax_loss_bad_label, check_softmax_loss_floor,
@@ -778,3 +779,9 @@ def test_workers_in_a_forked_child(num_threads):
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", BATCH_NORM_SHAPES, ids=str)
+def test_batch_norm_matches_reference(shape, dtype):
+    check_batch_norm(cpu, shape, dtype)
