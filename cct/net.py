@@ -8,6 +8,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import backend as backends
+from . import heap
 from .blob import Blob
 from .errors import CCTError, NetError
 from .layers.base import Layer, create_layer
@@ -152,6 +153,7 @@ class Net:
                  level: Optional[int] = None, stages: Optional[Sequence[str]] = None,
                  backend: str = "cpu", dtype=np.float32, source: str = "<net>",
                  rng: Optional[np.random.Generator] = None):
+        heap.keep_freed_memory()  # once per process: the iterations' temporaries reuse pages
         param = _copy(param)
         if phase is not None:
             param.state.phase = phase
