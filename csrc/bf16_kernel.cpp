@@ -6,13 +6,19 @@
 // rows; each thread packs one panel of kCols columns of op(B) at a time and runs every row
 // panel against it, accumulating the whole k in registers: one rounding per element of C, and
 // no element's arithmetic depends on how the panels fall to threads.
+#include <stdexcept>
+
+#include "bf16.h"
+
+// x86-64 with GCC or Clang (target attributes); elsewhere the kernel is absent and
+// bf16_kernel_supported() says so.
+#if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
-#include "bf16.h"
 #include "parallel.h"
 #include "workspace.h"
 
@@ -140,14 +146,10 @@ CCT_BF16_TARGET void micro_kernel(int64_t kp, const uint32_t* a, const uint32_t*
 }  // namespace
 
 bool bf16_kernel_supported() {
-#if defined(__GNUC__) && defined(__x86_64__)
   static const bool has = __builtin_cpu_supports("avx512bf16") &&
                           __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl");
   return has;
-#else
-  return false;
-#endif
 }
 
 void gemm_bf16_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
@@ -182,3 +184,18 @@ void gemm_bf16_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float a
 }
 
 }  // namespace cct
+
+#else  // not x86-64 with GCC or Clang
+
+namespace cct {
+
+bool bf16_kernel_supported() { return false; }
+
+void gemm_bf16_kernel(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                      const float*, int64_t, float, float*, int64_t) {
+  throw std::runtime_error("cct's bf16 kernel needs an x86-64 build with AVX512-BF16");
+}
+
+}  // namespace cct
+
+#endif

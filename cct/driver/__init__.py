@@ -283,9 +283,13 @@ class Driver:
         return self.solver.net.forward_prefilled()
 
     def pull_statistics(self) -> None:
+        """The running statistics (BatchNorm's) of the first group that has computed a step:
+        until a group has, its copy holds what it started from (a snapshot due while group 0
+        still runs its first step would otherwise save zeros)."""
         self.engine.gather()
         if self.groups:
-            self.groups[0].copy_statistics_to(self.solver.net)
+            done = [g for g in self.groups if g.steps_done > 0]
+            (done or self.groups)[0].copy_statistics_to(self.solver.net)
 
     def refresh(self) -> None:
         """The train net's params were restored: the groups' copies of what is not learned

@@ -142,6 +142,7 @@ class Group:
         master = feeder.master
         self.index = index
         self.feeder = feeder
+        self.steps_done = 0
         self.devices = list(devices or [])
         self.iter_size = iter_size
         self.batch = batch or feeder.batch     # records per pass (Hogbatch: per group)
@@ -214,6 +215,7 @@ class Group:
     def compute(self, fed: bool = False) -> float:
         """``iter_size`` batches' gradients summed in the group's param diffs; the mean loss.
         ``fed``: the (one) batch is already in the inputs (:meth:`feed`)."""
+        self.steps_done += 1   # its net's running statistics are its own from here on
         self.net.clear_param_diffs()
         self.last_batch = self.batch
         if self.sync_fc:

@@ -129,6 +129,7 @@ class ProcessGroup:
         self.net = master           # whose output blobs the log reads back
         self.batch = batch or feeder.batch
         self.seconds = 0.0
+        self.steps_done = 0   # its block holds running statistics once this is > 0
         self._started = 0.0
         # The block holds the largest batch this group may be given (Adaptive Hogbatch).
         self.max_batch = max(max_batch or self.batch, self.batch)
@@ -209,6 +210,7 @@ class ProcessGroup:
             raise CCTError(payload[0])
         self.seconds = time.perf_counter() - self._started
         loss, self.outputs = payload
+        self.steps_done += 1
         show_outputs(self.feeder.master, self.outputs)
         return loss
 

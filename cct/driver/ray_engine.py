@@ -281,6 +281,7 @@ class RayGroup:
         self.last_batch = batch
         self.read_version = 0
         self.seconds = 0.0
+        self.steps_done = 0   # its actor's net has running statistics once this is > 0
         self.seq = 0
         self.restarts_left = restarts
         self.grad_refs: List = []
@@ -358,6 +359,7 @@ class RayGroup:
         self.grad_refs = list(self.pending_grads)
         if self.replica is not None:
             self.replica.set_gradients(e.ray.get(self.grad_refs.pop()))
+        self.steps_done += 1
         show_outputs(e.master, outputs)
         return loss
 
