@@ -74,14 +74,13 @@ class Solver:
         self._check_snapshot_write_permissions()
         if self.param.random_seed >= 0:
             rng.set_random_seed(self.param.random_seed)
+        plans.use_machine_cache()  # before the precision: it may hold the bf16 engine
         if self.param.HasField("precision"):
             name = caffe_pb2.SolverParameter.Precision.Name(self.param.precision).lower()
             if backend != "cpu" and name != "float32":
                 warning("solver.cpp:0", f"{source}: precision {name} is the CPU backend's; "
                         f"the {backend} backend trains in float32.")
-            plans.use_machine_cache()  # it may hold the bf16 engine to use
             precision.set_precision(name, source=f"{source}: precision")
-        plans.use_machine_cache()
         self._weights_files: List[str] = []   # -weights files copied in, named if loss diverges
         self.net: Net = self._init_train_net()
         self.test_nets: List[Net] = self._init_test_nets()

@@ -10,7 +10,7 @@
 //   finds (the `mkl` wheel, cct[bf16]): AMX or AVX512-BF16 kernels on Intel CPUs, a float32
 //   emulation elsewhere (correct, but slower than cct's float32: that is why Python turns bf16
 //   on only where the CPU has the units, or when asked to emulate them). On AMD's Zen 4, which
-//   has AVX512-BF16, MKL 2025 still emulates: half cct's float32 speed.
+//   has AVX512-BF16, MKL 2026.2 still emulates: half cct's float32 speed.
 // - cct's own kernel on AVX512-BF16's VDPBF16PS (bf16_kernel.cpp): no library, any CPU with
 //   the instruction. Like VDPBF16PS, it treats denormal bf16 operands as zero.
 #pragma once

@@ -14,7 +14,7 @@ from cct.io.prototxt import read_net_text, net_from_text
 from cct.net import Net
 
 from .conftest import CAFFE_ZOO
-from .zoo_util import swap_data_layers
+from .zoo_util import fill_inputs, swap_data_layers
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "zoo_layers"))
 
@@ -33,16 +33,6 @@ def build(param, phase=cct.TRAIN) -> Net:
         return Net(param, phase=phase)
     finally:
         set_quiet(False)
-
-
-def fill_inputs(net: Net, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    for name in net.inputs:
-        blob = net.blobs[name]
-        if blob.num_axes == 1:  # labels
-            blob.data[...] = rng.integers(0, 2, blob.shape)
-        else:
-            blob.data[...] = rng.random(blob.shape)
 
 
 def param_diffs_after_passes(net: Net, passes: int = 2) -> list:

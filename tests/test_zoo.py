@@ -12,7 +12,7 @@ from cct.glog import set_quiet
 from cct.net import Net
 
 from .conftest import CAFFE_ZOO
-from .zoo_util import swap_data_layers
+from .zoo_util import fill_inputs, swap_data_layers
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "zoo_layers"))
 
@@ -66,13 +66,7 @@ def test_zoo_net_builds_and_runs(path, phase):
                   stages=TEST_STAGES.get(rel) if phase == "TEST" else None, source=str(path))
     finally:
         set_quiet(False)
-    rng = np.random.default_rng(0)
-    for name in net.inputs:
-        blob = net.blobs[name]
-        if blob.num_axes == 1:  # labels
-            blob.data[...] = rng.integers(0, 2, blob.shape)
-        else:
-            blob.data[...] = rng.random(blob.shape)
+    fill_inputs(net)
     loss = net.forward_prefilled()
     net.backward_all()
     assert np.isfinite(loss)

@@ -2,6 +2,8 @@
 net builds without its database (as the numerics fixtures were made from Caffe's examples)."""
 from __future__ import annotations
 
+import numpy as np
+
 from cct.proto import caffe_pb2
 
 DATA_TYPES = {"Data", "ImageData", "HDF5Data", "WindowData", "MemoryData"}
@@ -42,3 +44,14 @@ def swap_data_layers(param: caffe_pb2.NetParameter, batch: int) -> caffe_pb2.Net
             for s in lp.input_param.shape:
                 s.dim[0] = batch
     return out
+
+
+def fill_inputs(net, seed: int = 0) -> None:
+    """Random inputs for a net built from swap_data_layers: labels 0 or 1, data in [0, 1)."""
+    rng = np.random.default_rng(seed)
+    for name in net.inputs:
+        blob = net.blobs[name]
+        if blob.num_axes == 1:  # labels
+            blob.data[...] = rng.integers(0, 2, blob.shape)
+        else:
+            blob.data[...] = rng.random(blob.shape)

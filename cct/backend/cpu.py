@@ -25,6 +25,7 @@ the wrappers here make them so (a no-op for blobs).
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
@@ -402,17 +403,17 @@ def adam_update(data, diff, m, v, beta1, beta2, delta, one_minus_beta1, one_minu
 # whole-array expressions (a BatchNorm after InnerProduct, S = 1: 2-4x slower), which then run
 # instead (bench/RESULTS.md).
 _BN_MIN_SPATIAL = 8
-_numpy_kernels = []
+
+
+@functools.lru_cache(maxsize=None)
+def _numpy_kernels():
+    from .array_kernels import ArrayKernels  # it imports this module
+    return ArrayKernels(np)
 
 
 def _bn_numpy(x):
     """NumPy's array kernels where x's spatial extent is too short for the numba loops."""
-    if x.shape[2] >= _BN_MIN_SPATIAL:
-        return None
-    if not _numpy_kernels:
-        from .array_kernels import ArrayKernels
-        _numpy_kernels.append(ArrayKernels(np))
-    return _numpy_kernels[0]
+    return _numpy_kernels() if x.shape[2] < _BN_MIN_SPATIAL else None
 
 
 def _bn_arrays(kernel: str, *arrays) -> np.dtype:
@@ -428,8 +429,9 @@ def batch_norm_statistics(x) -> Tuple[np.ndarray, np.ndarray]:
     """Per channel of an N x C x S array: the mean and the biased variance over N x S."""
     from . import jit
     dt = _bn_arrays("batch_norm_statistics", x)
-    if _bn_numpy(x):
-        return _bn_numpy(x).batch_norm_statistics(x)
+    numpy_path = _bn_numpy(x)
+    if numpy_path:
+        return numpy_path.batch_norm_statistics(x)
     mean, var = np.empty(x.shape[1], dt), np.empty(x.shape[1], dt)
     jit.batch_norm_statistics(x, mean, var)
     return mean, var
@@ -439,8 +441,9 @@ def batch_norm_normalize(x, mean, std, out=None) -> np.ndarray:
     """(x - mean_c) / std_c for an N x C x S array and per-channel mean and std."""
     from . import jit
     dt = _bn_arrays("batch_norm_normalize", x)
-    if _bn_numpy(x):
-        return _bn_numpy(x).batch_norm_normalize(x, _arr(mean, dt), _arr(std, dt), out)
+    numpy_path = _bn_numpy(x)
+    if numpy_path:
+        return numpy_path.batch_norm_normalize(x, _arr(mean, dt), _arr(std, dt), out)
     buf, dest = _target(out, x.shape, dt)
     jit.batch_norm_normalize(x, _arr(mean, dt), _arr(std, dt), buf.reshape(x.shape))
     return _result(buf, dest)
@@ -451,8 +454,9 @@ def batch_norm_backward(dy, y, std, global_stats: bool, out=None) -> np.ndarray:
     (dy - mean(dy) - mean(dy y) y) / std per channel, or dy / std with global statistics."""
     from . import jit
     dt = _bn_arrays("batch_norm_backward", dy, y)
-    if _bn_numpy(dy):
-        return _bn_numpy(dy).batch_norm_backward(dy, y, _arr(std, dt), global_stats, out)
+    numpy_path = _bn_numpy(dy)
+    if numpy_path:
+        return numpy_path.batch_norm_backward(dy, y, _arr(std, dt), global_stats, out)
     buf, dest = _target(out, dy.shape, dt)
     jit.batch_norm_backward(dy, y, _arr(std, dt), bool(global_stats), buf.reshape(dy.shape))
     return _result(buf, dest)

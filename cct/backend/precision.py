@@ -38,7 +38,7 @@ ENGINE_ENV = "CCT_BF16_ENGINE"
 ENGINES = plans.BF16_ENGINES
 # The GEMM the engines race on: conv3 of CaffeNet at batch 8 (384 x 2304 by 2304 x 1352).
 RACE_SHAPE = (384, 2304, 1352)
-_chosen: Dict[str, object] = {}  # "engine", "speeds" once chosen
+_chosen: Dict[str, object] = {}  # "speeds": the race's, once run (the engine is a plan)
 
 
 def engine_path() -> Optional[str]:
@@ -102,12 +102,10 @@ def _gflops(engine: str, repeats: int = 3) -> float:
 
 
 def _choose_engine() -> Optional[str]:
-    """Sets the engine: the one $CCT_BF16_ENGINE names, else the plans' one (a cache or a
-    side file: the run repeats its engine), else the only one, else the faster of two (in
-    deterministic mode, the first of ENGINES). None when set, else why none can run."""
-    if "engine" in _chosen and plans.bf16_engine() in (None, _chosen["engine"]):
-        _C.set_bf16_engine(_chosen["engine"])
-        return None
+    """Sets the engine: the one $CCT_BF16_ENGINE names, else the plans' one (chosen earlier
+    in this process, or from a cache or a side file: the run repeats its engine), else the
+    only one, else the faster of two (in deterministic mode, the first of ENGINES). None when
+    set, else why none can run."""
     named = os.environ.get(ENGINE_ENV, "")
     if named and named not in ENGINES:
         raise CCTError(f"${ENGINE_ENV} must be one of {', '.join(ENGINES)} or unset, "
@@ -122,23 +120,21 @@ def _choose_engine() -> Optional[str]:
                 or (e == "mkl" and not mkl_failure)]
     if not runnable:
         return mkl_failure
-    speeds: Dict[str, float] = {}
-    if plans.bf16_engine() in runnable:
-        engine = plans.bf16_engine()
-    else:
+    engine = plans.bf16_engine()
+    if engine not in runnable:
+        speeds: Dict[str, float] = {}
         if len(runnable) > 1 and not plans.deterministic():
             speeds = {e: _gflops(e) for e in runnable}
         engine = max(runnable, key=lambda e: speeds.get(e, 0.0))  # untimed: ENGINES' order
-        if not plans.deterministic():
-            plans.record_bf16_engine(engine)
+        plans.record_bf16_engine(engine)
+        _chosen["speeds"] = speeds
     _C.set_bf16_engine(engine)
-    _chosen.update(engine=engine, speeds=speeds)
     return None
 
 
 def engine_description() -> str:
     """The chosen engine in words, with the speeds that chose it."""
-    engine = _chosen.get("engine", _C.bf16_engine())
+    engine = _C.bf16_engine()
     words = ("cct's AVX512-BF16 kernel" if engine == "avx512bf16"
              else f"MKL's cblas_gemm_bf16bf16f32 ({engine_path()})")
     speeds = _chosen.get("speeds") or {}
