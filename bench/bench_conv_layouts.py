@@ -1,8 +1,8 @@
 """Each convolution of the zoo's nets under each layout the kernels choose among: the lowered
 GEMM (Caffe con Troll's, its batch partitions measured) against the direct kernel
-(csrc/conv_direct.cpp, stride-1 float32 layers on AVX2/FMA CPUs) and Winograd F(2x2, 3x3)
-(csrc/conv_winograd.cpp, 3x3 stride-1 undilated float32 layers), forward, backward data and
-backward weight, in the same run.
+(csrc/conv_direct.cpp, stride-1 float32 layers on AVX2/FMA CPUs), Winograd F(2x2, 3x3) or
+F(2x2, 5x5) (csrc/conv_winograd.cpp, 3x3 and 5x5 stride-1 undilated float32 layers) and
+Winograd F(4x4, 3x3) (3x3 ones), forward, backward data and backward weight, in the same run.
 
     python bench/bench_conv_layouts.py                       # lenet, cifar10_quick, caffenet_b32
     python bench/bench_conv_layouts.py --nets cifar10_quick --repeats 10
@@ -27,8 +27,10 @@ from bench.bench_train import NETS, default_zoo, machine, sgemm_peak, synthetic_
 
 DEFAULT_NETS = "lenet,cifar10_quick,caffenet_b32"
 KERNELS = ("forward", "backward data", "backward weight")
-LOWERED, DIRECT, WINOGRAD, MEASURED = 1, 3, 4, 0  # cct._C.set_conv_layout's modes
-LAYOUT_NAMES = ("lowered", "pointwise", "direct", "winograd")  # conv_plan_table's numbers
+LOWERED, DIRECT, WINOGRAD, WINOGRAD4, MEASURED = 1, 3, 4, 5, 0  # cct._C.set_conv_layout's modes
+OTHERS = (DIRECT, WINOGRAD, WINOGRAD4)
+# conv_plan_table's numbers
+LAYOUT_NAMES = ("lowered", "pointwise", "direct", "winograd", "winograd4x4")
 
 
 def applies(mode: int, kernel_id: int, geom) -> bool:
@@ -38,9 +40,10 @@ def applies(mode: int, kernel_id: int, geom) -> bool:
     kernel, stride, pad, dilation, _ = geom
     if mode == DIRECT:
         return stride == (1, 1) and _C.cpu_has_direct_conv()
-    if mode == WINOGRAD:
-        return (kernel == (3, 3) and stride == (1, 1) and dilation == (1, 1)
-                and (kernel_id != 1 or max(pad) <= 2))
+    if mode in (WINOGRAD, WINOGRAD4):
+        sizes = ((3, 3), (5, 5)) if mode == WINOGRAD else ((3, 3),)
+        return (kernel in sizes and stride == (1, 1) and dilation == (1, 1)
+                and (kernel_id != 1 or max(pad) <= kernel[0] - 1))
     return True
 
 
@@ -81,7 +84,7 @@ def time_layer(geom, x_shape, y_shape, repeats: int) -> dict:
              lambda: cpu.conv_backward_weight(x, dy, *geom, out=dw))
     times = {}
     try:
-        for mode in (LOWERED, DIRECT, WINOGRAD, MEASURED):
+        for mode in (LOWERED, *OTHERS, MEASURED):
             _C.set_conv_layout(mode)
             times[mode] = [best_of(call, repeats) if applies(mode, k, geom) else None
                            for k, call in enumerate(calls)]
@@ -118,7 +121,7 @@ def main(argv=None) -> None:
     if not _C.cpu_has_direct_conv():
         print("this CPU has no AVX2/FMA: the direct layout is left out")
     print(f"{'layer':<22} {'kernel':<16} {'lowered ms':>10} {'direct ms':>10} "
-          f"{'winograd ms':>11} {'best GF/s':>9} {'ratio':>6}  plan")
+          f"{'wino2x2 ms':>10} {'wino4x4 ms':>10} {'best GF/s':>9} {'ratio':>6}  plan")
     for net_name in names:
         path, batch = NETS[net_name]
         net = synthetic_net(zoo / path, batch)
@@ -133,12 +136,12 @@ def main(argv=None) -> None:
             for k, kernel in enumerate(KERNELS):
                 lowered = r["times"][LOWERED][k]
                 others = [t[k] for mode, t in r["times"].items()
-                          if mode in (DIRECT, WINOGRAD) and t[k] is not None]
+                          if mode in OTHERS and t[k] is not None]
                 best = min(others, default=lowered)
-                cells = [f"{t * 1e3:.2f}" if t is not None else "-"
-                         for t in (r["times"][DIRECT][k], r["times"][WINOGRAD][k])]
-                print(f"{label:<22} {kernel:<16} {lowered * 1e3:10.2f} {cells[0]:>10} "
-                      f"{cells[1]:>11} {2 * macs / best / 1e9:9.1f} {lowered / best:6.2f}  "
+                cells = "".join(f"{t[k] * 1e3:10.2f} " if t[k] is not None else f"{'-':>10} "
+                                for t in (r["times"][mode] for mode in OTHERS))
+                print(f"{label:<22} {kernel:<16} {lowered * 1e3:10.2f} {cells}"
+                      f"{2 * macs / best / 1e9:9.1f} {lowered / best:6.2f}  "
                       f"{r['chosen'].get(k, '?')}", flush=True)
 
 

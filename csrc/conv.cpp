@@ -33,9 +33,11 @@
 // blobs with no lowered matrix at all; the thin layers of small nets, where the lowered GEMM is
 // bound by memory, are where it wins. It is one more candidate, measured like the others.
 //
-// Winograd layout (conv_winograd.cpp): F(2x2, 3x3) for 3x3 stride-1 float layers, all three
-// kernels: 16 GEMMs over transformed tiles, 2.25x fewer multiplications; for the wide 3x3
-// layers, where the lowered GEMM is already compute-bound.
+// Winograd layouts (conv_winograd.cpp): F(2x2, 3x3) and F(2x2, 5x5) for 3x3 and 5x5 stride-1
+// float layers, and F(4x4, 3x3) for 3x3 ones as a layout of its own, all three kernels: 16 or
+// 36 GEMMs over transformed tiles, 2.25x, 2.78x or 4x fewer multiplications; for the layers
+// where the lowered GEMM is already compute-bound. Which tile pays depends on the layer (a
+// 13x13 top wastes 34% of 4x4 tiles, 14% of 2x2 ones): both are measured.
 //
 // The weight gradient's GEMM (long inner dimension M, small result) goes through
 // gemm_measured, which picks its operand order by measurement (gemm.cpp). It adds into the
@@ -399,7 +401,8 @@ void run_partitioned(int64_t n, int parts, bool cache_chunks, Body&& body) {
 }
 
 enum Kernel : int { kForward, kBackwardData, kBackwardWeight };
-enum Layout : int { kLowered, kPointwise, kDirect, kWinograd };
+// kWinograd: F(2x2, 3x3) or F(2x2, 5x5); kWinograd4x4: F(4x4, 3x3).
+enum Layout : int { kLowered, kPointwise, kDirect, kWinograd, kWinograd4x4 };
 
 // How a kernel runs on one geometry: its batch partitions, its layout, and (one partition)
 // whether it lowers in cache-sized chunks.
@@ -436,7 +439,9 @@ bool layout_applies(Layout layout, Kernel kernel, const ConvGeom& g) {
     case kDirect:
       return float32_kernels && direct_conv_applies(g, kernel == kBackwardData);
     case kWinograd:
-      return float32_kernels && winograd_applies(g, kernel == kBackwardData);
+      return float32_kernels && winograd_applies(g, kernel == kBackwardData, 2);
+    case kWinograd4x4:
+      return float32_kernels && winograd_applies(g, kernel == kBackwardData, 4);
     default: return true;
   }
 }
@@ -453,10 +458,10 @@ std::vector<Plan> candidate_plans(Kernel kernel, const ConvGeom& g, int threads)
   if (g_partition_mode != 2) parts.push_back(1);
   if (threads > 1 && g_partition_mode != 1) parts.push_back(threads);
   if (parts.empty()) parts.push_back(1);
-  // Modes 2-4 force their layout where it applies, lowered elsewhere.
+  // Modes 2-5 force their layout where it applies, lowered elsewhere.
   std::vector<Layout> layouts;
   const int mode = g_layout_mode;
-  for (Layout layout : {kPointwise, kDirect, kWinograd}) {
+  for (Layout layout : {kPointwise, kDirect, kWinograd, kWinograd4x4}) {
     if ((mode == 0 || mode == 1 + int(layout)) && layout_applies<T>(layout, kernel, g))
       layouts.push_back(layout);
   }
@@ -585,7 +590,7 @@ void set_partition_mode(int mode) {
 }
 
 void set_conv_layout(int mode) {
-  if (mode < 0 || mode > 4) throw std::invalid_argument("conv layout must be 0 to 4");
+  if (mode < 0 || mode > 5) throw std::invalid_argument("conv layout must be 0 to 5");
   g_layout_mode = mode;
 }
 
@@ -598,6 +603,7 @@ std::vector<PlanChoice> partition_choices() {
                      plan.layout == kPointwise ? "pointwise"
                      : plan.layout == kDirect  ? "direct"
                      : plan.layout == kWinograd ? "winograd"
+                     : plan.layout == kWinograd4x4 ? "winograd4x4"
                      : plan.cache_chunks       ? "lowered-cache-chunks"
                                                : "lowered");
   }
@@ -620,7 +626,7 @@ void load_conv_plans(const std::vector<ConvPlanEntry>& entries) {
   std::vector<std::pair<PlanKey, Plan>> parsed;
   for (const auto& [kernel, geom, size, threads, modes, parts, layout, chunks] : entries) {
     if (kernel < kForward || kernel > kBackwardWeight || geom.size() != 16 || threads < 1 ||
-        parts < 1 || layout < kLowered || layout > kWinograd)
+        parts < 1 || layout < kLowered || layout > kWinograd4x4)
       throw std::invalid_argument("not a convolution plan");
     PlanKey key{kernel, {}, size, threads, modes};
     std::copy(geom.begin(), geom.end(), std::get<1>(key).begin());
@@ -657,8 +663,9 @@ void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGe
     run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
       if constexpr (std::is_same_v<T, float>) {
         if (layout == kDirect) return conv_forward_direct(x, weight, bias, y, g, begin, end);
-        if (layout == kWinograd)
-          return conv_forward_winograd(x, weight, bias, y, g, begin, end, budget);
+        if (layout == kWinograd || layout == kWinograd4x4)
+          return conv_forward_winograd(x, weight, bias, y, g, begin, end, budget,
+                                       layout == kWinograd4x4 ? 4 : 2);
       }
       if (layout == kPointwise) {
         forward_pointwise(x, weight, bias, y, g, begin, end, budget);
@@ -676,8 +683,9 @@ void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g) 
     run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
       if constexpr (std::is_same_v<T, float>) {
         if (layout == kDirect) return conv_backward_data_direct(dy, weight, dx, g, begin, end);
-        if (layout == kWinograd)
-          return conv_backward_data_winograd(dy, weight, dx, g, begin, end, budget);
+        if (layout == kWinograd || layout == kWinograd4x4)
+          return conv_backward_data_winograd(dy, weight, dx, g, begin, end, budget,
+                                             layout == kWinograd4x4 ? 4 : 2);
       }
       if (layout == kPointwise) {
         backward_data_pointwise(dy, weight, dx, g, begin, end);
@@ -705,9 +713,10 @@ void conv_backward_weight(const T* x, const T* dy, T* dweight, const ConvGeom& g
                           if constexpr (std::is_same_v<T, float>) {
                             if (layout == kDirect)
                               return conv_backward_weight_direct(x, dy, out, g, begin, end, acc);
-                            if (layout == kWinograd)
-                              return conv_backward_weight_winograd(x, dy, out, g, begin, end,
-                                                                   budget, acc);
+                            if (layout == kWinograd || layout == kWinograd4x4)
+                              return conv_backward_weight_winograd(
+                                  x, dy, out, g, begin, end, budget, acc,
+                                  layout == kWinograd4x4 ? 4 : 2);
                           }
                           if (layout == kPointwise) {
                             backward_weight_pointwise(x, dy, out, g, begin, end, acc);

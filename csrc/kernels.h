@@ -35,7 +35,7 @@ void set_partition_mode(int mode);
 // Convolution layout: 0 measures per kernel and geometry among those that apply (the default),
 // 1 always lowered, 2 pointwise where it applies (1x1, stride 1, pad 0: no lowering), 3 direct
 // where it applies (stride-1 float on AVX2/FMA, conv_direct.h), 4 Winograd where it applies
-// (3x3 stride-1 undilated float, conv_winograd.h); the others lowered.
+// (3x3 or 5x5 stride-1 undilated float, conv_winograd.h); the others lowered.
 void set_conv_layout(int mode);
 // The plans measured so far: (kernel 0 forward / 1 backward data / 2 backward weight,
 // geometry n c h w o ho wo kh kw sh sw ph pw dh dw group, partitions,

@@ -462,8 +462,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_conv_layout", &cct::set_conv_layout, py::arg("mode"),
         "Convolution layout: 0 measure per layer among those that apply (default), 1 lowered, "
         "2 pointwise where it applies (1x1, stride 1, pad 0), 3 direct where it applies "
-        "(stride-1 float on AVX2/FMA), 4 Winograd where it applies (3x3 stride-1 "
-        "undilated float); the others lowered.");
+        "(stride-1 float on AVX2/FMA), 4 Winograd F(2x2, 3x3) or F(2x2, 5x5) where it "
+        "applies (3x3 or 5x5 stride-1 undilated float), 5 Winograd F(4x4, 3x3) where it applies "
+        "(3x3 stride-1 undilated float); the others lowered.");
   m.def("cpu_has_direct_conv", &cct::cpu_has_direct_conv,
         "Whether this CPU runs the direct convolution layout (AVX2 and FMA).");
   m.def("cpu_has_bf16_units", &cct::cpu_has_bf16_units,

@@ -1,7 +1,7 @@
 """Kernel plans, chosen once and kept, so that a run repeats to the bit.
 
 The C++ kernels time their candidate plans the first time a shape comes and keep the fastest
-(csrc/conv.cpp: batch partitions x lowered, pointwise, direct or Winograd layout x
+(csrc/conv.cpp: batch partitions x lowered, pointwise, direct or Winograd layouts x
 cache-sized chunks per convolution kernel; csrc/gemm.cpp: the operand order of the
 weight-gradient GEMMs). The plans round differently, so a choice that changes from one
 process to the next (a busy machine times them differently) changes the weights. Three things
@@ -24,7 +24,7 @@ keep the choice fixed:
 A table is ``{"conv": [[kernel, geometry(16), itemsize, threads, modes, partitions, layout,
 cache_chunks], ...], "gemm": [[trans_a, trans_b, m, n, k, itemsize, threads, transposed],
 ...], "bf16": engine}``: the C++ tables' keys and choices as they are (layout 0 lowered, 1
-pointwise, 2 direct, 3 Winograd; a GEMM's choice true/false for its operand order, 2 or 3 for
+pointwise, 2 direct, 3 Winograd F(2x2, 3x3) or F(2x2, 5x5), 4 Winograd F(4x4, 3x3); a GEMM's choice true/false for its operand order, 2 or 3 for
 the same orders run in float32 under bf16), and the bf16 GEMM engine once one was chosen
 (cct/backend/precision.py times them: the engines round differently too).
 """
@@ -44,8 +44,8 @@ from ..io.atomic import atomic_write
 FORMAT = 1
 # The candidate plans the kernels measure; a cache written before a new one existed would
 # never try it, so the number is part of the fingerprint. 2: the direct convolution layout;
-# 3: Winograd; 4: the bf16 GEMM engines.
-KERNEL_PLANS = 4
+# 3: Winograd; 4: the bf16 GEMM engines; 5: Winograd for 5x5 layers and F(4x4, 3x3).
+KERNEL_PLANS = 5
 BF16_ENGINES = ("avx512bf16", "mkl")
 _CONV_FIELDS = 8
 _GEMM_FIELDS = 8

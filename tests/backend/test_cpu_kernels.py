@@ -375,9 +375,10 @@ def test_a_direct_plan_where_it_cannot_run_runs_lowered(num_threads):
         assert (kernel, key, 2, "direct") in _C.partition_choices()  # the plan stood
 
 
-# The Winograd layout (csrc/conv_winograd.cpp): 3x3, stride-1, undilated float32 layers, all
-# three kernels. Odd sizes cut the 2x2 tiles at the top's edge; pad 3 leaves
-# backward data lowered (its flipped pad would be -1); pad 0 with a 3-pixel bottom is one tile.
+# The Winograd layout (csrc/conv_winograd.cpp): 3x3 and 5x5, stride-1, undilated float32
+# layers, all three kernels. Odd sizes cut the 2x2 tiles at the top's edge; pad k leaves
+# backward data lowered (its flipped pad k - 1 - p would be -1); pad 0 with a k-pixel bottom is
+# one tile; 32 x 16 x 16 tiles of 32 channels make V's matrices 4 KiB apart before their skew.
 WINOGRAD_CASES = [
     (2, 3, 7, 9, 4, (3, 3), (1, 1), (0, 0), (1, 1), 1),
     (1, 3, 8, 8, 5, (3, 3), (1, 1), (1, 1), (1, 1), 1),
@@ -386,19 +387,27 @@ WINOGRAD_CASES = [
     (2, 2, 5, 6, 3, (3, 3), (1, 1), (3, 2), (1, 1), 1),
     (2, 2, 3, 3, 3, (3, 3), (1, 1), (0, 0), (1, 1), 1),
     (4, 16, 12, 7, 24, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    (2, 3, 9, 9, 4, (5, 5), (1, 1), (2, 2), (1, 1), 1),
+    (3, 4, 11, 10, 6, (5, 5), (1, 1), (4, 3), (1, 1), 2),
+    (2, 2, 8, 9, 3, (5, 5), (1, 1), (5, 1), (1, 1), 1),
+    (2, 3, 5, 5, 5, (5, 5), (1, 1), (0, 0), (1, 1), 1),
+    (2, 32, 16, 16, 32, (5, 5), (1, 1), (2, 2), (1, 1), 1),
 ]
 
 
 @pytest.mark.parametrize("limit", [None, 1])
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("mode", [1, 2])
-@pytest.mark.parametrize("case", WINOGRAD_CASES, ids=str)
-def test_winograd_layout(case, mode, threads, limit, conv_layout, partition_mode, num_threads,
-                         col_buffer_limit):
-    """Forced Winograd: one or several partitions and threads, the batch whole or an image at
-    a time (the weight gradient then sums over chunks), accumulating into a weight diff."""
+@pytest.mark.parametrize("case, layout",
+                         [(c, 4) for c in WINOGRAD_CASES]
+                         + [(c, 5) for c in WINOGRAD_CASES if c[5] == (3, 3)], ids=str)
+def test_winograd_layout(case, layout, mode, threads, limit, conv_layout, partition_mode,
+                         num_threads, col_buffer_limit):
+    """Forced Winograd, 2x2 (layout 4) or, for 3x3 layers, 4x4 (5) output tiles: one or
+    several partitions and threads, the batch whole or an image at a time (the weight gradient
+    then sums over chunks), accumulating into a weight diff."""
     x, weight, bias, dy, geom = conv_arrays(case, np.float32)
-    conv_layout(4)
+    conv_layout(layout)
     partition_mode(mode)
     num_threads(threads)
     if limit:
@@ -407,11 +416,11 @@ def test_winograd_layout(case, mode, threads, limit, conv_layout, partition_mode
     check_weight_gradient_accumulates(x, weight, dy, geom, np.float32)
 
 
-@pytest.mark.parametrize("layout", [3, 4])
+@pytest.mark.parametrize("layout", [3, 4, 5])
 def test_a_forced_layout_is_what_runs(layout, conv_layout):
-    """Forcing direct (3) or Winograd (4) runs another algorithm than lowered (1), not a
-    fallback: each kernel's plan names the forced layout, and the results of all three agree
-    with lowered's to float32 rounding. (Not "differ in the last bits": on AVX-512, OpenBLAS's
+    """Forcing direct (3), Winograd (4) or Winograd F(4x4, 3x3) (5) runs another algorithm
+    than lowered (1), not a fallback: each kernel's plan names the forced layout, and the
+    results of all three agree with lowered's to float32 rounding. (Not "differ in the last bits": on AVX-512, OpenBLAS's
     kernel and the direct one can sum a short k in the same order, to the same bits.)"""
     if layout == 3 and not _C.cpu_has_direct_conv():
         pytest.skip("the direct layout needs a CPU with AVX2 and FMA")
@@ -427,7 +436,7 @@ def test_a_forced_layout_is_what_runs(layout, conv_layout):
     for lowered, other in zip(results[1], results[layout]):
         close(other, lowered, np.float32)
     # a plan's modes are 3 x the forced layout mode (+ the partition mode, 0 here); its layout
-    # 0 lowered, 2 direct, 3 Winograd
+    # 0 lowered, 2 direct, 3 Winograd, 4 Winograd F(4x4, 3x3)
     chosen = {(kernel, modes): plan_layout
               for kernel, _, _, _, modes, _, plan_layout, _ in _C.conv_plan_table()}
     for kernel in range(3):
@@ -435,7 +444,7 @@ def test_a_forced_layout_is_what_runs(layout, conv_layout):
         assert chosen[(kernel, 3 * layout)] == layout - 1
 
 
-@pytest.mark.parametrize("layout", [1, 3, 4])
+@pytest.mark.parametrize("layout", [1, 3, 4, 5])
 def test_workspaces_left_by_other_shapes_do_not_leak(layout, conv_layout):
     """The per-thread workspaces and padded buffers outlive a call: a layer's results are the
     same bits after calls on other shapes whose inputs were NaN."""
@@ -459,19 +468,21 @@ def test_workspaces_left_by_other_shapes_do_not_leak(layout, conv_layout):
         np.testing.assert_array_equal(got, want)
 
 
-def test_winograd_is_measured_for_3x3_stride_1_float32_only(num_threads):
+def test_winograd_is_measured_for_3x3_and_5x5_stride_1_float32_only(num_threads):
     num_threads(2)
     for case, dtype in [((3, 4, 9, 9, 6, (3, 3), (1, 1), (1, 1), (1, 1), 1), np.float32),
                         ((3, 4, 9, 9, 6, (3, 3), (1, 1), (1, 1), (2, 2), 1), np.float32),
-                        ((3, 4, 9, 9, 6, (5, 5), (1, 1), (1, 1), (1, 1), 1), np.float32),
+                        ((3, 4, 9, 9, 6, (7, 7), (1, 1), (1, 1), (1, 1), 1), np.float32),
+                        ((3, 4, 9, 9, 6, (3, 5), (1, 1), (1, 1), (1, 1), 1), np.float32),
                         ((3, 4, 9, 9, 6, (3, 3), (2, 2), (1, 1), (1, 1), 1), np.float32),
                         ((3, 4, 9, 10, 6, (3, 3), (1, 1), (1, 1), (1, 1), 1), np.float64)]:
         x, weight, bias, dy, geom = conv_arrays(case, dtype)
         cpu.conv_forward(x, weight, bias, *geom)
         cpu.conv_backward_weight(x, dy, *geom)
     winograd = {(c[1][3], c[1][7], c[1][9], c[1][13], c[0]) for c in _C.partition_choices()
-                if c[1][:3] == [3, 4, 9] and c[1][4] == 6 and c[3] == "winograd"}
-    # only the first case may be Winograd: never a 5x5, strided, dilated or float64 layer
+                if c[1][:3] == [3, 4, 9] and c[1][4] == 6 and c[3].startswith("winograd")}
+    # only the first case may be Winograd: never a 7x7, non-square, strided, dilated or float64
+    # layer
     assert winograd <= {(9, 3, 1, 1, 0), (9, 3, 1, 1, 2)}
 
 
