@@ -514,8 +514,8 @@ def main(argv=None) -> None:
     print("update: share of the iteration spent in the SGD update (the solver's fused kernel)")
     if args.deterministic:
         print("rule: the same net with --deterministic's fixed plans (one batch partition per "
-              "thread; the direct layout on thin stride-1 layers, else lowered; direct GEMM "
-              "order), nothing timed")
+              "thread; Winograd F(2x2) on 3x3 and 5x5 layers of 16+ channels, the direct layout "
+              "on thin stride-1 layers, else lowered; direct GEMM order), nothing timed")
     if bf16:
         print("bf16: cct -precision=bf16 (/f32: against cct's float32 above) and PyTorch's "
               "bfloat16 autocast (ratio: cct bf16 / torch bf16)")

@@ -311,22 +311,17 @@ class DataTransformer:
         else:
             h_off = w_off = np.zeros(n, np.int64)
             out_h, out_w = int(heights[0]), int(widths[0])
-        mean_file = self.mean if self.mean_is_file else None
+        if self.mean_is_file:
+            mean = self.mean
+        else:  # one value per channel (zero without a mean: x - 0 is x, to the bit)
+            values = self.mean if self.mean is not None else np.zeros(1, np.float32)
+            mean = np.ascontiguousarray(np.broadcast_to(values, (c,)), np.float32)
+            mean = mean.reshape(c, 1, 1)
+        from .backend import jit  # numba, imported at the first batch (not with cct)
         out = np.empty((n, c, out_h, out_w), np.float32)
-        for i, im in enumerate(images):  # one block copy per example, not per element
-            rows = slice(int(h_off[i]), int(h_off[i]) + out_h)
-            cols = slice(int(w_off[i]), int(w_off[i]) + out_w)
-            x = im[:, rows, cols]
-            if mean_file is None:
-                out[i] = x[..., ::-1] if flips[i] else x
-            else:  # the mean at the example's own (uncropped) positions
-                m = mean_file[:, rows, cols]
-                out[i] = (x[..., ::-1] - m[..., ::-1]) if flips[i] else (x - m)
-        if self.mean is not None and mean_file is None:
-            out -= (np.broadcast_to(self.mean, (c,)) if self.mean.size == 1
-                    else self.mean)[None, :, None, None]
-        if p.scale != 1:
-            out *= np.float32(p.scale)
+        for i, im in enumerate(images):
+            jit.transform_example(im, mean, not self.mean_is_file, int(h_off[i]), int(w_off[i]),
+                               bool(flips[i]), np.float32(p.scale), out[i])
         return out
 
     def _check_mean(self, c: int, heights: np.ndarray, widths: np.ndarray) -> None:

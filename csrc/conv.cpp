@@ -489,15 +489,28 @@ bool rule_prefers_direct(Kernel kernel, const ConvGeom& g) {
          ((g.kh - 1) * g.dh <= 2 * g.ph && (g.kw - 1) * g.dw <= 2 * g.pw);
 }
 
+// Whether the rule takes Winograd F(2x2) (3x3 or 5x5 layers): where the transformed GEMMs have
+// at least 16 channels in and 16 out per group (fewer, and the transforms cost more than the
+// multiplications saved: CIFAR10-quick's and LeNet's first layers) and, for backward data, the
+// flipped pad is no larger than the layer's (LeNet's pad-0 conv2 transforms mostly zeros). On
+// LeNet, CIFAR10-quick and CaffeNet b32 measurement picks a Winograd layout on every kernel
+// this takes, F(4x4, 3x3) on some of CaffeNet's (not in the rule: its error is 5x larger).
+bool rule_prefers_winograd(Kernel kernel, const ConvGeom& g) {
+  if (g.c / g.group < 16 || g.o / g.group < 16) return false;
+  return kernel != kBackwardData || (g.kh - 1 <= 2 * g.ph && g.kw - 1 <= 2 * g.pw);
+}
+
 // The plan used when shapes are not timed (set_plan_measurement(false)): one partition per
 // thread (Caffe con Troll's batch partitioning, the faster one on most layers measured here),
-// cache-sized chunks on one thread, lowered rather than pointwise, direct where
-// rule_prefers_direct says; within the forced modes.
+// cache-sized chunks on one thread, lowered rather than pointwise, Winograd F(2x2) where
+// rule_prefers_winograd says, else direct where rule_prefers_direct says; within the forced
+// modes.
 Plan rule_plan(const std::vector<Plan>& plans, Kernel kernel, const ConvGeom& g) {
+  const bool winograd = rule_prefers_winograd(kernel, g);
   const bool direct = rule_prefers_direct(kernel, g);
-  const auto rank = [direct](const Plan& q) {
-    return std::make_tuple(q.layout == kDirect && direct, q.parts, q.layout == kLowered,
-                           q.cache_chunks);
+  const auto rank = [winograd, direct](const Plan& q) {
+    return std::make_tuple(q.layout == kWinograd && winograd, q.layout == kDirect && direct,
+                           q.parts, q.layout == kLowered, q.cache_chunks);
   };
   Plan best = plans.front();
   for (const Plan& p : plans) {

@@ -41,7 +41,8 @@ KERNELS = ("conv_out_size", "deconv_out_size", "matmul", "conv_forward", "conv_b
            "relu_backward", "lrn_across_forward", "lrn_across_backward", "softmax_forward",
            "softmax_backward", "softmax_loss_forward", "softmax_loss_backward", "sgd_update",
            "nesterov_update", "adagrad_update", "rmsprop_update", "adadelta_update",
-           "adam_update", "batch_norm_statistics", "batch_norm_normalize", "batch_norm_backward")
+           "adam_update", "batch_norm_statistics", "batch_norm_normalize", "batch_norm_backward",
+           "eltwise_sum", "eltwise_prod", "eltwise_max", "eltwise_max_backward")
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _FLT_MIN = float(np.finfo(np.float32).tiny)
@@ -560,6 +561,67 @@ class ArrayKernels:
             dx -= mean_dy_y * y
             dx /= std[:, None]
         return self._result(buf, dest)
+
+    # -- Eltwise: the whole-array expressions (a temporary per bottom), computed apart from
+    # ``out`` (which may be one of the bottoms) and then stored in it.
+    @staticmethod
+    def _eltwise_bottoms(kernel: str, bottoms) -> np.dtype:
+        if len(bottoms) < 2:
+            raise ValueError(f"{kernel}: takes two or more bottoms, got {len(bottoms)}")
+        dt = _dtype(bottoms[0])
+        for i, b in enumerate(bottoms):
+            if b.shape != bottoms[0].shape or b.dtype != dt:
+                raise ValueError(f"{kernel}: bottom {i} is {b.dtype.name} {b.shape}, bottom 0 "
+                                 f"{dt.name} {bottoms[0].shape}; they must agree")
+        return dt
+
+    def eltwise_sum(self, bottoms, coeffs, out=None):
+        """sum_i coeffs[i] * bottoms[i], left to right, each product rounded before it is
+        added (Eltwise SUM)."""
+        dt = self._eltwise_bottoms("eltwise_sum", bottoms)
+        if len(coeffs) != len(bottoms):
+            raise ValueError(f"eltwise_sum: {len(coeffs)} coeffs for {len(bottoms)} bottoms")
+        c = [dt.type(v) for v in coeffs]
+        y = c[0] * bottoms[0]
+        for cb, b in zip(c[1:], bottoms[1:]):
+            y += cb * b
+        return _store(y, out)
+
+    def eltwise_prod(self, bottoms, out=None):
+        """The product of the bottoms, left to right (Eltwise PROD, and its stable gradient:
+        the other bottoms' product times the top diff)."""
+        self._eltwise_bottoms("eltwise_prod", bottoms)
+        y = bottoms[0] * bottoms[1]
+        for b in bottoms[2:]:
+            y *= b
+        return _store(y, out)
+
+    def eltwise_max(self, bottoms, out=None, mask=None):
+        """(top, mask): the element-wise maximum and the index of the bottom it came from
+        (int32), Caffe's winner: bottom 1 unless bottom 0 is strictly greater, then each later
+        bottom only where strictly greater than the running maximum."""
+        xp = self.xp
+        self._eltwise_bottoms("eltwise_max", bottoms)
+        first = bottoms[0] > bottoms[1]
+        y = xp.where(first, bottoms[0], bottoms[1])
+        m = xp.where(first, 0, 1).astype(xp.int32)
+        for index, b in enumerate(bottoms[2:], start=2):
+            better = b > y
+            y = xp.where(better, b, y)
+            m[better] = index
+        if mask is not None:
+            mask[...] = m
+            m = mask
+        return _store(y, out), m
+
+    def eltwise_max_backward(self, top_diff, mask, index, out=None):
+        """The top diff where bottom ``index`` won the maximum (``mask``), zero elsewhere."""
+        _dtype(top_diff)
+        if mask.shape != top_diff.shape:
+            raise ValueError(f"eltwise_max_backward: mask {mask.shape} for a top diff "
+                             f"{top_diff.shape}")
+        dx = self.xp.where(mask == index, top_diff, 0).astype(top_diff.dtype, copy=False)
+        return _store(dx, out)
 
     def softmax_backward(self, y, dy, out=None):
         """dx = (dy - sum over channels of dy y) y; ``out`` may be ``dy``."""

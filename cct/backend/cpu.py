@@ -460,3 +460,88 @@ def batch_norm_backward(dy, y, std, global_stats: bool, out=None) -> np.ndarray:
     buf, dest = _target(out, dy.shape, dt)
     jit.batch_norm_backward(dy, y, _arr(std, dt), bool(global_stats), buf.reshape(dy.shape))
     return _result(buf, dest)
+
+
+# --------------------------------------------------------------------------------------------
+# Eltwise (cct/backend/jit.py: numba, one pass per bottom; bench/RESULTS.md has the NumPy
+# expressions' times against them). Bottoms are arrays of one shape and dtype, two or more;
+# ``out`` may be one of them (an in-place Eltwise: every element is read before it is
+# written), except one that a later pass would still read, which gets a temporary.
+# --------------------------------------------------------------------------------------------
+def _eltwise(kernel: str, bottoms, out, mask=False):
+    """(flat contiguous bottoms, dtype, buffer to write, array to copy it into or None)."""
+    if len(bottoms) < 2:
+        raise ValueError(f"{kernel}: takes two or more bottoms, got {len(bottoms)}")
+    dt = _dtype(bottoms[0])
+    shape = bottoms[0].shape
+    for i, b in enumerate(bottoms):
+        if b.shape != shape or b.dtype != dt:
+            raise ValueError(f"{kernel}: bottom {i} is {b.dtype.name} {b.shape}, bottom 0 "
+                             f"{dt.name} {shape}; they must agree")
+    flat = [_arr(b, dt).reshape(-1) for b in bottoms]
+    if out is not None and any(np.may_share_memory(out, b) for b in bottoms[2:]):
+        buf, dest = np.empty(shape, dt), out
+    else:
+        buf, dest = _target(out, shape, dt)
+    return flat, dt, buf, dest
+
+
+def eltwise_sum(bottoms, coeffs, out=None) -> np.ndarray:
+    """sum_i coeffs[i] * bottoms[i], left to right, each product rounded before it is added
+    (Eltwise SUM)."""
+    from . import jit
+    flat, dt, buf, dest = _eltwise("eltwise_sum", bottoms, out)
+    if len(coeffs) != len(flat):
+        raise ValueError(f"eltwise_sum: {len(coeffs)} coeffs for {len(flat)} bottoms")
+    c = [dt.type(v) for v in coeffs]
+    y = buf.reshape(-1)
+    jit.eltwise_sum_first(flat[0], c[0], flat[1], c[1], y)
+    for b, cb in zip(flat[2:], c[2:]):
+        jit.eltwise_sum_next(b, cb, y)
+    return _result(buf, dest)
+
+
+def eltwise_prod(bottoms, out=None) -> np.ndarray:
+    """The product of the bottoms, left to right (Eltwise PROD, and its stable gradient: the
+    other bottoms' product times the top diff)."""
+    from . import jit
+    flat, _, buf, dest = _eltwise("eltwise_prod", bottoms, out)
+    y = buf.reshape(-1)
+    jit.eltwise_prod(flat[0], flat[1], y)
+    for b in flat[2:]:
+        jit.eltwise_prod(y, b, y)
+    return _result(buf, dest)
+
+
+def eltwise_max(bottoms, out=None, mask=None) -> Tuple[np.ndarray, np.ndarray]:
+    """(top, mask): the element-wise maximum and the index of the bottom it came from (int32),
+    Caffe's winner: bottom 1 unless bottom 0 is strictly greater, then each later bottom only
+    where strictly greater than the running maximum."""
+    from . import jit
+    flat, _, buf, dest = _eltwise("eltwise_max", bottoms, out)
+    shape = bottoms[0].shape
+    m = mask if (mask is not None and mask.dtype == np.int32 and mask.shape == shape
+                 and mask.flags.c_contiguous and mask.flags.writeable) else None
+    m_buf = np.empty(shape, np.int32) if m is None else m
+    y, m_flat = buf.reshape(-1), m_buf.reshape(-1)
+    jit.eltwise_max_first(flat[0], flat[1], y, m_flat)
+    for index, b in enumerate(flat[2:], start=2):
+        jit.eltwise_max_next(b, index, y, m_flat)
+    if mask is not None and m is None:
+        mask[...] = m_buf
+        m_buf = mask
+    return _result(buf, dest), m_buf
+
+
+def eltwise_max_backward(top_diff, mask, index: int, out=None) -> np.ndarray:
+    """The top diff where bottom ``index`` won the maximum (``mask``), zero elsewhere."""
+    from . import jit
+    dt = _dtype(top_diff)
+    if mask.shape != top_diff.shape:
+        raise ValueError(f"eltwise_max_backward: mask {mask.shape} for a top diff "
+                         f"{top_diff.shape}")
+    buf, dest = _target(out, top_diff.shape, dt)
+    jit.eltwise_max_backward(_arr(top_diff, dt).reshape(-1),
+                             np.ascontiguousarray(mask, np.int32).reshape(-1), int(index),
+                             buf.reshape(-1))
+    return _result(buf, dest)

@@ -1,4 +1,5 @@
-"""CPU kernels compiled by numba: the solver rules other than SGD, fused.
+"""CPU kernels compiled by numba: the solver rules other than SGD, fused; BatchNorm; Eltwise; the
+data transform.
 
 Each kernel does what sgd_solver.cpp and its siblings do in several passes over memory (L2
 Regularize, ComputeUpdateValue with its temporaries, Blob::Update) in one pass, element by
@@ -16,8 +17,15 @@ dtype), cached on disk beside this module or in numba's user-wide cache.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
-from numba import njit
+
+# Where colorama is installed, numba colours its error messages, and formatting the first one
+# (numba builds some at import) calls colorama.init(), whose exit handler writes a colour reset
+# to a terminal after the run's last log line. cct's kernels have no use for the colours.
+os.environ.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")
+from numba import njit  # noqa: E402
 
 _jit = njit(nogil=True, cache=True, error_model="numpy")
 
@@ -201,3 +209,82 @@ def batch_norm_backward(dy, y, std, global_stats, out):
         for i in range(n):
             for k in range(s):
                 out[i, j, k] = (dy[i, j, k] - mean_dy - mean_dy_y * y[i, j, k]) / sd
+
+
+# Eltwise (cct/layers/eltwise.py) on flat arrays: one pass each where the NumPy expressions
+# made a temporary per bottom (SUM) or four (MAX: the comparison, np.where, the mask and its
+# int32 copy). The same operations in the same order as those expressions, so the same bits:
+# each product rounded, then added (numba does not contract them into an FMA).
+@_jit
+def eltwise_sum_first(a, ca, b, cb, out):
+    for i in range(out.size):
+        out[i] = a[i] * ca + b[i] * cb
+
+
+@_jit
+def eltwise_sum_next(b, cb, out):
+    for i in range(out.size):
+        out[i] += b[i] * cb
+
+
+@_jit
+def eltwise_prod(a, b, out):
+    for i in range(out.size):
+        out[i] = a[i] * b[i]
+
+
+@_jit
+def eltwise_max_first(a, b, out, mask):
+    # Caffe's rule: bottom 1 unless bottom 0 is strictly greater.
+    for i in range(out.size):
+        if a[i] > b[i]:
+            out[i] = a[i]
+            mask[i] = 0
+        else:
+            out[i] = b[i]
+            mask[i] = 1
+
+
+@_jit
+def eltwise_max_next(b, index, out, mask):
+    for i in range(out.size):
+        if b[i] > out[i]:
+            out[i] = b[i]
+            mask[i] = index
+
+
+@_jit
+def eltwise_max_backward(dy, mask, index, out):
+    zero = out.dtype.type(0)
+    for i in range(out.size):
+        out[i] = dy[i] if mask[i] == index else zero
+
+
+@_jit
+def transform_example(image, mean, per_channel, h_off, w_off, flip, scale, out):
+    """out (C x h x w, float32) = (image[:, h_off + h, w_off + w'] - mean) * scale, w' = w or
+    (w_out - 1 - w) mirrored; mean is C x 1 x 1 (per channel) or the mean file's C x H x W,
+    taken at the example's own (uncropped) positions (cct/data_transformer.py). One pass where the NumPy
+    expressions made three (the cropped copy, the mean subtracted, the scale): 1.2-1.35x on
+    CaffeNet's batches (bench/RESULTS.md), in the same float32 operations, so the same bits."""
+    c, oh, ow = out.shape
+    for k in range(c):
+        for r in range(oh):
+            src = image[k, h_off + r, w_off:w_off + ow]
+            dst = out[k, r]
+            if per_channel:
+                m = mean[k, 0, 0]
+                if flip:
+                    for q in range(ow):
+                        dst[q] = (np.float32(src[ow - 1 - q]) - m) * scale
+                else:
+                    for q in range(ow):
+                        dst[q] = (np.float32(src[q]) - m) * scale
+            else:
+                mrow = mean[k, h_off + r, w_off:w_off + ow]
+                if flip:
+                    for q in range(ow):
+                        dst[q] = (np.float32(src[ow - 1 - q]) - mrow[ow - 1 - q]) * scale
+                else:
+                    for q in range(ow):
+                        dst[q] = (np.float32(src[q]) - mrow[q]) * scale

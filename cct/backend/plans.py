@@ -15,7 +15,8 @@ keep the choice fixed:
 * **the snapshot side file** holds :func:`table` and a resume :func:`install`\\ s it, so a
   resumed run runs the plans of the run it continues, whatever the cache holds;
 * **deterministic mode** (:func:`set_deterministic`, ``cct train --deterministic``): nothing
-  is timed, every shape gets the plan of a fixed rule (one partition per thread; the direct
+  is timed, every shape gets the plan of a fixed rule (one partition per thread; Winograd
+  F(2x2) on 3x3 and 5x5 stride-1 float32 layers of 16 or more channels in and out, the direct
   layout on thin stride-1 float32 layers where the CPU has it, else lowered; the direct GEMM
   order) and the cache is neither read nor written, so the plans do not depend on the load,
   the cache or concurrent runs. It is slower where the rule's plan is not the fastest

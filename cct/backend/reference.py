@@ -310,3 +310,30 @@ def batch_norm_backward(dy, y, std, global_stats):
         return dy / std
     return (dy - dy.mean(axis=(0, 2), keepdims=True)
             - (dy * y).mean(axis=(0, 2), keepdims=True) * y) / std
+
+
+def eltwise_sum(bottoms, coeffs):
+    return sum(float(c) * np.asarray(b, np.float64) for c, b in zip(coeffs, bottoms))
+
+
+def eltwise_prod(bottoms):
+    return np.prod([np.asarray(b, np.float64) for b in bottoms], axis=0)
+
+
+def eltwise_max(bottoms):
+    """(top, mask) by Caffe's rule, one element at a time: bottom 1 unless bottom 0 is
+    strictly greater, then a later bottom only where strictly greater."""
+    flat = [np.asarray(b).reshape(-1) for b in bottoms]
+    top = np.empty(flat[0].size, np.float64)
+    mask = np.empty(flat[0].size, np.int32)
+    for i in range(top.size):
+        best = 0 if flat[0][i] > flat[1][i] else 1
+        for k in range(2, len(flat)):
+            if flat[k][i] > flat[best][i]:
+                best = k
+        top[i], mask[i] = flat[best][i], best
+    return top.reshape(bottoms[0].shape), mask.reshape(bottoms[0].shape)
+
+
+def eltwise_max_backward(dy, mask, index):
+    return np.where(np.asarray(mask) == index, np.asarray(dy, np.float64), 0.0)

@@ -37,6 +37,7 @@ class EltwiseLayer(Layer):
             raise self.error("coeff is only allowed with operation SUM, not PROD.")
         self.coeffs = [self.dtype.type(c) for c in p.coeff] or [self.dtype.type(1)] * len(bottom)
         self.stable_prod_grad = p.stable_prod_grad
+        self.mask = None  # MAX: the winning bottom per element
 
     def reshape(self, bottom, top):
         for i, b in enumerate(bottom[1:], start=1):
@@ -46,25 +47,16 @@ class EltwiseLayer(Layer):
         top[0].reshape_like(bottom[0])
 
     def forward(self, bottom, top):
-        xp = self.xp
+        datas = [b.data for b in bottom]
+        out = top[0].data
         if self.op == _Op.SUM:
-            out = self.coeffs[0] * bottom[0].data
-            for c, b in zip(self.coeffs[1:], bottom[1:]):
-                out += c * b.data
+            self.backend.eltwise_sum(datas, self.coeffs, out=out)
         elif self.op == _Op.PROD:
-            out = bottom[0].data * bottom[1].data
-            for b in bottom[2:]:
-                out *= b.data
+            self.backend.eltwise_prod(datas, out=out)
         else:
-            a, b = bottom[0].data, bottom[1].data
-            first = a > b
-            out = xp.where(first, a, b)
-            self.mask = xp.where(first, 0, 1).astype(xp.int32)
-            for k, blob in enumerate(bottom[2:], start=2):
-                better = blob.data > out
-                out = xp.where(better, blob.data, out)
-                self.mask[better] = k
-        top[0].data[...] = out
+            # the mask's array is kept across iterations while the shape is
+            reuse = self.mask if self.mask is not None and self.mask.shape == out.shape else None
+            _, self.mask = self.backend.eltwise_max(datas, out=out, mask=reuse)
 
     def backward(self, top, propagate_down, bottom):
         top_diff = top[0].diff
@@ -75,15 +67,12 @@ class EltwiseLayer(Layer):
                 if self.coeffs[i] == 1:
                     b.diff[...] = top_diff
                 else:
-                    b.diff[...] = self.coeffs[i] * top_diff
+                    self.xp.multiply(top_diff, self.coeffs[i], out=b.diff)
             elif self.op == _Op.PROD:
                 if self.stable_prod_grad:
                     others = [o.data for j, o in enumerate(bottom) if j != i]
-                    grad = others[0].copy()
-                    for o in others[1:]:
-                        grad *= o
+                    self.backend.eltwise_prod(others + [top_diff], out=b.diff)
                 else:
-                    grad = top[0].data / b.data
-                b.diff[...] = grad * top_diff
+                    b.diff[...] = top[0].data / b.data * top_diff
             else:
-                b.diff[...] = self.xp.where(self.mask == i, top_diff, 0)
+                self.backend.eltwise_max_backward(top_diff, self.mask, i, out=b.diff)

@@ -227,6 +227,58 @@ def check_batch_norm(kernels, shape, dtype):
         close(dy, want, dtype)
 
 
+# (shape, number of bottoms)
+ELTWISE_CASES = [((1,), 2), ((2, 3, 5, 7), 2), ((4, 1, 1), 3), ((3, 17), 4), ((2, 32, 9, 9), 2)]
+
+
+def check_eltwise(kernels, shape, count, dtype):
+    """eltwise_sum (with coefficients), _prod, _max (its mask by Caffe's tie rule, on values
+    drawn from a few integers so that ties are common) and _max_backward against the
+    reference, returned and into out=, also when out is a bottom (an in-place layer), and
+    SUM's and PROD's bits against the NumPy expressions the layer used before."""
+    rng = np.random.default_rng(count)
+    bottoms = [rand(shape, dtype, seed) for seed in range(count)]
+    coeffs = [1.0, -0.5, 2.0, 0.25][:count]
+    got = kernels.eltwise_sum(bottoms, coeffs)
+    close(got, reference.eltwise_sum(bottoms, coeffs), dtype)
+    staged = dtype(coeffs[0]) * bottoms[0]
+    for c, b in zip(coeffs[1:], bottoms[1:]):
+        staged += dtype(c) * b
+    np.testing.assert_array_equal(got, staged)
+    prod = kernels.eltwise_prod(bottoms)
+    close(prod, reference.eltwise_prod(bottoms), dtype)
+    staged = bottoms[0] * bottoms[1]
+    for b in bottoms[2:]:
+        staged *= b
+    np.testing.assert_array_equal(prod, staged)
+    in_place = [b.copy() for b in bottoms]
+    assert kernels.eltwise_sum(in_place, coeffs, out=in_place[0]) is in_place[0]
+    np.testing.assert_array_equal(in_place[0], got)
+    in_place = [b.copy() for b in bottoms]
+    assert kernels.eltwise_prod(in_place, out=in_place[-1]) is in_place[-1]
+    np.testing.assert_array_equal(in_place[-1], prod)
+
+    ties = [rng.integers(-2, 3, shape).astype(dtype) for _ in range(count)]
+    want_top, want_mask = reference.eltwise_max(ties)
+    top, mask = kernels.eltwise_max(ties)
+    assert mask.dtype == np.int32
+    np.testing.assert_array_equal(mask, want_mask)
+    close(top, want_top, dtype)
+    out, given = np.full(shape, np.nan, dtype), np.full(shape, -1, np.int32)
+    got_top, got_mask = kernels.eltwise_max(ties, out=out, mask=given)
+    assert got_top is out and got_mask is given
+    np.testing.assert_array_equal(given, want_mask)
+    dy = rand(shape, dtype, 7)
+    for index in range(count):
+        dx = np.full(shape, np.nan, dtype)
+        assert kernels.eltwise_max_backward(dy, mask, index, out=dx) is dx
+        close(dx, reference.eltwise_max_backward(dy, want_mask, index), dtype)
+    with pytest.raises(ValueError, match="two or more"):
+        kernels.eltwise_sum(bottoms[:1], coeffs[:1])
+    with pytest.raises(ValueError, match="must agree"):
+        kernels.eltwise_prod([bottoms[0], np.zeros((9,) + shape, dtype)])
+
+
 def check_lrn(kernels, shape, params, dtype):
     """lrn_across_forward (top and scale allocated, and given as out= and scale=) and
     lrn_across_backward in place on the top diff, against the reference."""

@@ -11,7 +11,8 @@ import pytest
 from cct import backend as backends
 from cct.backend import array_kernels, cpu, reference
 from cct.backend.array_kernels import ArrayKernels
-from tests.backend.kernel_cases import (BATCH_NORM_SHAPES, check_batch_norm,
+from tests.backend.kernel_cases import (BATCH_NORM_SHAPES, ELTWISE_CASES, check_batch_norm,
+                                        check_eltwise,
                                         CONV_CASES, DTYPES, POOL_CASES, check_ave_pool, check_conv,
                                         check_lrn, check_max_pool, check_pooling_writes_into_out,
                                         check_relu, check_sgd_update, check_softmax,
@@ -268,3 +269,9 @@ def test_sgd_update_matches_reference(shape, decay, dtype):
 @pytest.mark.parametrize("shape", BATCH_NORM_SHAPES, ids=str)
 def test_batch_norm_matches_reference(shape, dtype):
     check_batch_norm(K, shape, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, count", ELTWISE_CASES, ids=str)
+def test_eltwise_matches_reference(shape, count, dtype):
+    check_eltwise(K, shape, count, dtype)

@@ -12,7 +12,8 @@ import pytest
 from cct import _C
 from cct.backend import cpu, reference
 from tests.backend import kernel_cases
-from tests.backend.kernel_cases import (BATCH_NORM_SHAPES, check_batch_norm,
+from tests.backend.kernel_cases import (BATCH_NORM_SHAPES, ELTWISE_CASES, check_batch_norm,
+                                        check_eltwise,
                                         DTYPES, check_ave_pool, check_conv, check_lrn,
                                         check_max_pool, check_pooling_writes_into_out, check_relu,
                                         check_sgd_update, check_softmax, check_softmax_loss,
@@ -796,3 +797,9 @@ def test_workers_in_a_forked_child(num_threads):
 @pytest.mark.parametrize("shape", BATCH_NORM_SHAPES, ids=str)
 def test_batch_norm_matches_reference(shape, dtype):
     check_batch_norm(cpu, shape, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, count", ELTWISE_CASES, ids=str)
+def test_eltwise_matches_reference(shape, count, dtype):
+    check_eltwise(cpu, shape, count, dtype)

@@ -150,6 +150,31 @@ def test_the_rule_takes_the_direct_layout_on_thin_layers_only(fresh_plans):
     assert {r[6] for r in plans.table()["conv"]} == {0}
 
 
+def test_the_rule_takes_winograd_on_layers_of_16_channels_or_more(fresh_plans):
+    """Winograd F(2x2) (layout 3) on 3x3 and 5x5 stride-1 layers with 16 or more channels in
+    and out per group, except backward data where the flipped pad exceeds the layer's; not
+    F(4x4, 3x3) (4), and never for float64."""
+    plans.set_deterministic(True)
+    thin = 2 if _C.cpu_has_direct_conv() else 0
+    cases = {  # case -> layouts of forward, backward data, backward weight
+        (2, 16, 9, 9, 16, (5, 5), (1, 1), (2, 2), (1, 1), 1): (3, 3, 3),
+        (2, 16, 9, 9, 16, (5, 5), (1, 1), (0, 0), (1, 1), 1): (3, 0, 3),  # pad 0: data not
+        (2, 32, 13, 13, 96, (3, 3), (1, 1), (1, 1), (1, 1), 2): (3, 3, 3),  # 16 / 48 a group
+        (2, 15, 9, 9, 32, (3, 3), (1, 1), (1, 1), (1, 1), 1): (thin, thin, thin),  # 15 in
+        (2, 16, 9, 9, 16, (7, 7), (1, 1), (3, 3), (1, 1), 1): (thin, thin, thin),  # 7x7
+    }
+    for case, want in cases.items():
+        _C.clear_plans()
+        x, weight, bias, dy, geom = conv_arrays(case, np.float32)
+        conv_step(x, weight, bias, dy, geom, np.zeros(weight.shape, np.float32))
+        got = {r[0]: r[6] for r in plans.table()["conv"]}
+        assert tuple(got[k] for k in range(3)) == want, case
+    _C.clear_plans()
+    x, weight, bias, dy, geom = conv_arrays(list(cases)[0], np.float64)
+    conv_step(x, weight, bias, dy, geom, np.zeros(weight.shape, np.float64))
+    assert {r[6] for r in plans.table()["conv"]} == {0}
+
+
 @pytest.fixture
 def machine_cache(tmp_path, monkeypatch):
     """The machine cache in a scratch folder, as if this process had not loaded it yet."""

@@ -531,6 +531,39 @@ def test_mean_file_is_subtracted_at_the_uncropped_position(tmp_path):
         transformer(f'mean_file: "{path}"').transform(x[:, :, :5])
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+@pytest.mark.parametrize("mean", ["file", "values", "none"])
+def test_crop_mirror_mean_and_scale_together_are_the_float32_formula(tmp_path, mean, dtype):
+    """The one-pass kernel (numba) against the formula, to the bit, on examples of several
+    shapes in TRAIN (random crops and flips: their draws read back from a twin transformer)."""
+    from cct.io.blobproto import blob_to_proto
+    rng = np.random.default_rng(4)
+    shapes = [(3, 9, 11), (3, 10, 8), (3, 9, 9), (3, 12, 13)]
+    if mean == "file":
+        shapes = [(3, 9, 11)] * 4
+        values = rng.random((1, 3, 9, 11)).astype(np.float32) * 50
+        path = tmp_path / "mean.binaryproto"
+        path.write_bytes(blob_to_proto(values, caffe_pb2.BlobProto()).SerializeToString())
+        text = f'mean_file: "{path}"'
+    elif mean == "values":
+        values = np.array([104.5, -3, 123], np.float32)
+        text = "mean_value: 104.5 mean_value: -3 mean_value: 123"
+    else:
+        values, text = np.zeros(3, np.float32), ""
+    x = [(rng.random(s) * 255).astype(dtype) for s in shapes]
+    text += " crop_size: 7 mirror: true scale: 0.017"
+    out = transformer(text, caffe_pb2.TRAIN).transform(x)
+    twin = transformer(text, caffe_pb2.TRAIN).rng
+    flips = twin.integers(0, 2, len(x)).astype(bool)
+    h_off = twin.integers(0, np.array([s[1] for s in shapes]) - 7 + 1)
+    w_off = twin.integers(0, np.array([s[2] for s in shapes]) - 7 + 1)
+    for i, xi in enumerate(x):
+        rows, cols = slice(h_off[i], h_off[i] + 7), slice(w_off[i], w_off[i] + 7)
+        m = (values[0][:, rows, cols] if mean == "file" else values[:, None, None])
+        want = (xi[:, rows, cols].astype(np.float32) - m) * np.float32(0.017)
+        np.testing.assert_array_equal(out[i], want[..., ::-1] if flips[i] else want)
+
+
 def test_mirror_flips_about_half_the_examples_in_test_too():
     x = np.arange(400 * 2 * 3, dtype=np.uint8).reshape(400, 1, 2, 3)
     out = transformer("mirror: true", caffe_pb2.TEST).transform(x)
