@@ -40,9 +40,9 @@ namespace cct {
 
 namespace {
 
-// The 1-D transforms of F(2, r), applied along rows and then columns (all are separable):
-// input B^T d (a from a), output A^T m (2 from a), filter G g (a from r), and the weight
-// gradient's two adjoints, top_diff A g (a from 2) and filter_gradient G^T w (r from a).
+// The 1-D transforms of F(m, r), applied along rows and then columns (all are separable):
+// input B^T d (a from a), output A^T t (m from a), filter G g (a from r), and the weight
+// gradient's two adjoints, top_diff A g (a from m) and filter_gradient G^T w (r from a).
 struct F2x3 {
   static constexpr int m = 2, r = 3, a = 4;
   static void input(const float* d, float* o) {
@@ -51,9 +51,9 @@ struct F2x3 {
     o[2] = d[2] - d[1];
     o[3] = d[1] - d[3];
   }
-  static void output(const float* m, float* y) {
-    y[0] = m[0] + m[1] + m[2];
-    y[1] = m[1] - m[2] - m[3];
+  static void output(const float* t, float* y) {
+    y[0] = t[0] + t[1] + t[2];
+    y[1] = t[1] - t[2] - t[3];
   }
   static void filter(const float* g, float* u) {
     u[0] = g[0];
@@ -91,9 +91,9 @@ struct Points6 {
 
 struct F2x5 : Points6 {
   static constexpr int m = 2, r = 5, a = 6;
-  static void output(const float* m, float* y) {
-    y[0] = m[0] + m[1] + m[2] + m[3] + m[4];
-    y[1] = (m[1] - m[2]) + 2.0f * (m[3] - m[4]) + m[5];
+  static void output(const float* t, float* y) {
+    y[0] = t[0] + t[1] + t[2] + t[3] + t[4];
+    y[1] = (t[1] - t[2]) + 2.0f * (t[3] - t[4]) + t[5];
   }
   static void filter(const float* g, float* u) {
     const float even = g[0] + g[2] + g[4], odd = g[1] + g[3];
@@ -128,13 +128,13 @@ struct F2x5 : Points6 {
 // 6x6 tiles (a larger error, as 5x5's, and more of the tile past the edge of a small top).
 struct F4x3 : Points6 {
   static constexpr int m = 4, r = 3, a = 6;
-  static void output(const float* m, float* y) {
-    const float sum12 = m[1] + m[2], diff12 = m[1] - m[2];
-    const float sum34 = m[3] + m[4], diff34 = m[3] - m[4];
-    y[0] = m[0] + sum12 + sum34;
+  static void output(const float* t, float* y) {
+    const float sum12 = t[1] + t[2], diff12 = t[1] - t[2];
+    const float sum34 = t[3] + t[4], diff34 = t[3] - t[4];
+    y[0] = t[0] + sum12 + sum34;
     y[1] = diff12 + 2.0f * diff34;
     y[2] = sum12 + 4.0f * sum34;
-    y[3] = diff12 + 8.0f * diff34 + m[5];
+    y[3] = diff12 + 8.0f * diff34 + t[5];
   }
   static void filter(const float* g, float* u) {
     const float even = g[0] + g[2], even2 = g[0] + 4.0f * g[2];
@@ -268,7 +268,7 @@ void each_plane(int64_t channels, int64_t nb, const Shape& s, Plane&& plane) {
     float* rows = grown(t_rows, size_t(a * (m * s.tiles_h() + a - m) * s.tiles_w()));
     float* padded = grown(t_padded_row, size_t(m * s.tiles_w() + a - m));
     for (int64_t c = c0; c < c1; ++c)
-      for (int64_t m = 0; m < nb; ++m) plane(c, m, rows, padded);
+      for (int64_t image = 0; image < nb; ++image) plane(c, image, rows, padded);
   });
 }
 
