@@ -320,8 +320,8 @@ class DataTransformer:
         from .backend import jit  # numba, imported at the first batch (not with cct)
         out = np.empty((n, c, out_h, out_w), np.float32)
         for i, im in enumerate(images):
-            jit.transform_example(im, mean, not self.mean_is_file, int(h_off[i]), int(w_off[i]),
-                               bool(flips[i]), np.float32(p.scale), out[i])
+            jit.transform_example(im, mean, not self.mean_is_file, int(h_off[i]),
+                                  int(w_off[i]), bool(flips[i]), np.float32(p.scale), out[i])
         return out
 
     def _check_mean(self, c: int, heights: np.ndarray, widths: np.ndarray) -> None:

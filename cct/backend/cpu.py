@@ -468,7 +468,7 @@ def batch_norm_backward(dy, y, std, global_stats: bool, out=None) -> np.ndarray:
 # ``out`` may be one of them (an in-place Eltwise: every element is read before it is
 # written), except one that a later pass would still read, which gets a temporary.
 # --------------------------------------------------------------------------------------------
-def _eltwise(kernel: str, bottoms, out, mask=False):
+def _eltwise(kernel: str, bottoms, out):
     """(flat contiguous bottoms, dtype, buffer to write, array to copy it into or None)."""
     if len(bottoms) < 2:
         raise ValueError(f"{kernel}: takes two or more bottoms, got {len(bottoms)}")

@@ -421,8 +421,9 @@ def test_winograd_layout(case, layout, mode, threads, limit, conv_layout, partit
 def test_a_forced_layout_is_what_runs(layout, conv_layout):
     """Forcing direct (3), Winograd (4) or Winograd F(4x4, 3x3) (5) runs another algorithm
     than lowered (1), not a fallback: each kernel's plan names the forced layout, and the
-    results of all three agree with lowered's to float32 rounding. (Not "differ in the last bits": on AVX-512, OpenBLAS's
-    kernel and the direct one can sum a short k in the same order, to the same bits.)"""
+    results of all three agree with lowered's to float32 rounding. (Not "differ in the last
+    bits": on AVX-512, OpenBLAS's kernel and the direct one can sum a short k in the same
+    order, to the same bits.)"""
     if layout == 3 and not _C.cpu_has_direct_conv():
         pytest.skip("the direct layout needs a CPU with AVX2 and FMA")
     x, weight, bias, dy, geom = conv_arrays((4, 16, 12, 7, 24, (3, 3), (1, 1), (1, 1), (1, 1), 1),
