@@ -34,6 +34,7 @@
 
 #include "gemm.h"
 #include "parallel.h"
+#include "vector_clones.h"
 #include "workspace.h"
 
 namespace cct {
@@ -208,14 +209,9 @@ void transform_filters(const Shape& s, Weight&& weight, float* u) {
 
 // The transforms are separable (an a x a transform is one along rows, then one along columns)
 // and are computed that way, a whole row of tiles at a time: every inner loop then runs over
-// the tiles of a row, contiguous in V, M and D, which the compiler vectorizes (built for AVX2
-// as well as the baseline where the CPU is x86 and the compiler GCC, chosen at load time). The
-// a rows a loop reads and writes never overlap: ivdep says so where the compiler cannot see it.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CCT_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define CCT_VECTOR_CLONES
-#endif
+// the tiles of a row, contiguous in V, M and D, which the compiler vectorizes (CCT_VECTOR_CLONES:
+// for AVX2 too). The a rows a loop reads and writes never overlap: ivdep says so where the
+// compiler cannot see it.
 
 // One channel of one image: out[e * step + ty * tw + tx] = (B^T d B)[e] of tile (ty, tx).
 // `rows` (a x (m * th + a - m) x tw floats) holds each bottom row's transform along columns.

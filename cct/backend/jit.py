@@ -13,7 +13,7 @@ Arguments: the flat (``reshape(-1)``) data, diff and history arrays of one param
 rule's scalars in the arrays' dtype, then ``local_decay`` (0: no regularization term, so that
 an inf or NaN weight does not turn its update into NaN where Caffe's would not). The update
 value is left in diff, as Caffe leaves it. Compiled on first use (about a second per rule and
-dtype), cached on disk beside this module or in numba's user-wide cache.
+dtype), cached on disk in cct's user cache folder (below).
 """
 from __future__ import annotations
 
@@ -25,7 +25,18 @@ import numpy as np
 # (numba builds some at import) calls colorama.init(), whose exit handler writes a colour reset
 # to a terminal after the run's last log line. cct's kernels have no use for the colours.
 os.environ.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")
+import numba  # noqa: E402
 from numba import njit  # noqa: E402
+
+from .plans import user_cache_folder  # noqa: E402
+
+# The compiled kernels are cached in cct's user cache folder, not numba's default beside this
+# module: files written into an installed package outlive `pip uninstall` (which removes what
+# it installed), and the folder left in site-packages, with no __init__.py, then shadows an
+# editable install of cct as a namespace package (README's two commands in one environment:
+# `import cct` in a subprocess found no cct.Net). A NUMBA_CACHE_DIR of the user's is kept.
+if not numba.config.CACHE_DIR:
+    numba.config.CACHE_DIR = os.path.join(user_cache_folder(), "numba")
 
 _jit = njit(nogil=True, cache=True, error_model="numpy")
 

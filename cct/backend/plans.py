@@ -154,14 +154,19 @@ def fingerprint() -> dict:
             "cct": __version__, "kernel_plans": KERNEL_PLANS}
 
 
+def user_cache_folder() -> str:
+    """cct's folder in the user's cache: ``$XDG_CACHE_HOME/cct``, else ``~/.cache/cct``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "cct")
+
+
 def cache_path() -> Optional[str]:
     """The machine's plan cache file, or None when ``CCT_PLAN_CACHE=off``."""
     folder = os.environ.get("CCT_PLAN_CACHE")
     if folder is not None and folder.strip().lower() in ("off", "0", "none", ""):
         return None
     if not folder:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        folder = os.path.join(base, "cct")
+        folder = user_cache_folder()
     digest = hashlib.sha1(json.dumps(fingerprint(), sort_keys=True).encode()).hexdigest()[:16]
     return os.path.join(folder, f"plans-{digest}.json")
 

@@ -804,3 +804,16 @@ def test_batch_norm_matches_reference(shape, dtype):
 @pytest.mark.parametrize("shape, count", ELTWISE_CASES, ids=str)
 def test_eltwise_matches_reference(shape, count, dtype):
     check_eltwise(cpu, shape, count, dtype)
+
+
+def test_numba_caches_its_kernels_outside_the_package():
+    """The numba kernels' on-disk cache is cct's user cache folder, never the installed package
+    (a file there outlives `pip uninstall`, and the folder left behind shadows an editable
+    install as a namespace package)."""
+    import numba
+
+    import cct
+    from cct.backend import jit  # noqa: F401  (sets the cache folder)
+    package = os.path.dirname(os.path.abspath(cct.__file__))
+    assert numba.config.CACHE_DIR
+    assert not os.path.abspath(numba.config.CACHE_DIR).startswith(package)
