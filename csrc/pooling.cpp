@@ -123,9 +123,9 @@ void max_pool_forward(const T* x, T* y, int32_t* mask, int64_t planes, int h, in
 // the block, which the compiler vectorizes across the outputs (8 lanes in the AVX2 clone), and
 // each output still adds its taps in Caffe's row-major order from zero, so the sums are the
 // scalar loop's to the bit, where a lone sum is a chain of dependent adds (3x3 stride 1 on
-// 28x28: 3.8x faster; CIFAR10-quick's pool2: 1.2-1.7x). SW: the stride, 1 or 2. (MAX keeps its SSE code: the same pattern with
-// a compare and two selects per tap vectorized too, but ran 2-4x slower on rows of 12-27
-// windows.)
+// 28x28: 3.8x faster; CIFAR10-quick's pool2: 1.2-1.7x). SW: the stride, 1 or 2. (MAX keeps
+// its SSE code: the same pattern with a compare and two selects per tap vectorized too, but
+// ran up to 4x slower on rows of 12-27 windows.)
 constexpr int kBlock = 64;
 // Fewer windows than this in a row's interior run one by one: the passes' set-up outweighs
 // what they save (GoogLeNet's 7x7 pool to 1x1 ran 2.4x slower through ave_row, CIFAR10-quick's

@@ -277,7 +277,8 @@ def transform_example(image, mean, per_channel, h_off, w_off, flip, scale, out):
     (w_out - 1 - w) mirrored; mean is C x 1 x 1 (per channel) or the mean file's C x H x W,
     taken at the example's own (uncropped) positions (cct/data_transformer.py). One pass where
     the NumPy expressions made three (the cropped copy, the mean subtracted, the scale):
-    1.2-1.35x on CaffeNet's batches (bench/RESULTS.md), in the same float32 operations, so the same bits."""
+    1.2-1.35x on CaffeNet's batches (bench/RESULTS.md), in the same float32 operations, so
+    the same bits."""
     c, oh, ow = out.shape
     for k in range(c):
         for r in range(oh):
