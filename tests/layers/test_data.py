@@ -557,6 +557,7 @@ def test_crop_mirror_mean_and_scale_together_are_the_float32_formula(tmp_path, m
     flips = twin.integers(0, 2, len(x)).astype(bool)
     h_off = twin.integers(0, np.array([s[1] for s in shapes]) - 7 + 1)
     w_off = twin.integers(0, np.array([s[2] for s in shapes]) - 7 + 1)
+    assert flips.any() and not flips.all()  # both of the kernel's loops ran
     for i, xi in enumerate(x):
         rows, cols = slice(h_off[i], h_off[i] + 7), slice(w_off[i], w_off[i] + 7)
         m = (values[0][:, rows, cols] if mean == "file" else values[:, None, None])
