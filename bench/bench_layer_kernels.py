@@ -1,5 +1,5 @@
-"""Issue 16 item 5: the layer kernels that were NumPy expressions with temporaries, each against
-its one-pass numba version, in the same run.
+"""The layer kernels that were NumPy expressions with temporaries, each against its one-pass
+numba version, in the same run (issue 16, item 5).
 
 - BatchNorm and Eltwise: cct's CPU backend (numba, cct/backend/jit.py) against the array
   kernels on NumPy (the GPU backend's code, what the CPU ran before);
