@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
-import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))  # after the installed packages: see bench_train.py
 
 from bench.bench_train import NETS, default_zoo, machine, sgemm_peak, synthetic_net  # noqa: E402
+from bench.worker import best_of  # noqa: E402
 
 DEFAULT_NETS = "lenet,cifar10_quick,caffenet_b32"
 KERNELS = ("forward", "backward data", "backward weight")
@@ -45,16 +45,6 @@ def applies(mode: int, kernel_id: int, geom) -> bool:
         return (kernel in sizes and stride == (1, 1) and dilation == (1, 1)
                 and (kernel_id != 1 or max(pad) <= kernel[0] - 1))
     return True
-
-
-def best_of(call, repeats: int) -> float:
-    call()  # the first call measures the plan's partitions
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def conv_layers(net):

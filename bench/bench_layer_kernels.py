@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
-import time
 
 import numpy as np
 from numba import njit
@@ -26,19 +25,9 @@ from cct.backend.array_kernels import ArrayKernels
 from cct.backend.jit import transform_example
 
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))   # after the installed cct
-from bench.worker import cpu_model  # noqa: E402
+from bench.worker import best_of, cpu_model  # noqa: E402
 
 NUMPY = ArrayKernels(np)
-
-
-def best_of(call, repeat: int) -> float:
-    call()  # compiles the numba kernels, touches the outputs
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def batch_norm_rows(rng):

@@ -1,10 +1,12 @@
 """The benches' worker protocol: each measurement runs in a fresh process (its own threads,
-plans and peak memory) that prints one ``RESULT <json>`` line on stdout."""
+plans and peak memory) that prints one ``RESULT <json>`` line on stdout; and the timing and
+machine helpers they share."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import time
 from typing import Dict, List, Optional
 
 
@@ -22,6 +24,18 @@ def run_worker(cmd: List[str], what: str, env: Optional[Dict[str, str]] = None) 
 def one_thread_env() -> Dict[str, str]:
     """This environment with OpenMP and OpenBLAS held to one thread (cct sets its own)."""
     return dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+
+def best_of(call, repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls (seconds), after one untimed call that times the
+    kernels' plans, compiles the numba kernels and touches the outputs."""
+    call()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def cpu_model() -> str:

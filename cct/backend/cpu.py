@@ -519,18 +519,12 @@ def eltwise_max(bottoms, out=None, mask=None) -> Tuple[np.ndarray, np.ndarray]:
     where strictly greater than the running maximum."""
     from . import jit
     flat, _, buf, dest = _eltwise("eltwise_max", bottoms, out)
-    shape = bottoms[0].shape
-    m = mask if (mask is not None and mask.dtype == np.int32 and mask.shape == shape
-                 and mask.flags.c_contiguous and mask.flags.writeable) else None
-    m_buf = np.empty(shape, np.int32) if m is None else m
+    m_buf, m_dest = _target(mask, bottoms[0].shape, np.dtype(np.int32))
     y, m_flat = buf.reshape(-1), m_buf.reshape(-1)
     jit.eltwise_max_first(flat[0], flat[1], y, m_flat)
     for index, b in enumerate(flat[2:], start=2):
         jit.eltwise_max_next(b, index, y, m_flat)
-    if mask is not None and m is None:
-        mask[...] = m_buf
-        m_buf = mask
-    return _result(buf, dest), m_buf
+    return _result(buf, dest), _result(m_buf, m_dest)
 
 
 def eltwise_max_backward(top_diff, mask, index: int, out=None) -> np.ndarray:

@@ -125,6 +125,16 @@ def test_deterministic_mode_gives_the_rule_plan_without_timing(fresh_plans):
         assert np.array_equal(a, b)
 
 
+def rule_layouts(case, dtype):
+    """The layouts the rule gives a conv_arrays case's forward, backward data and backward
+    weight (0 lowered, 2 direct, 3 Winograd), from fresh plans."""
+    _C.clear_plans()
+    x, weight, bias, dy, geom = conv_arrays(case, dtype)
+    conv_step(x, weight, bias, dy, geom, np.zeros(weight.shape, dtype))
+    got = {r[0]: r[6] for r in plans.table()["conv"]}
+    return tuple(got[k] for k in range(3))
+
+
 @pytest.mark.skipif(not _C.cpu_has_direct_conv(), reason="the direct layout needs AVX2 and FMA")
 def test_the_rule_takes_the_direct_layout_on_thin_layers_only(fresh_plans):
     """Direct where the lowered GEMM has 4 to 64 rows and, for backward data, the flipped
@@ -139,15 +149,8 @@ def test_the_rule_takes_the_direct_layout_on_thin_layers_only(fresh_plans):
         (2, 6, 9, 9, 8, (3, 3), (2, 2), (1, 1), (1, 1), 1): (0, 0, 0),    # stride 2
     }
     for case, want in cases.items():
-        _C.clear_plans()
-        x, weight, bias, dy, geom = conv_arrays(case, np.float32)
-        conv_step(x, weight, bias, dy, geom, np.zeros(weight.shape, np.float32))
-        got = {r[0]: r[6] for r in plans.table()["conv"]}
-        assert tuple(got[k] for k in range(3)) == want, case
-    _C.clear_plans()
-    x, weight, bias, dy, geom = conv_arrays(list(cases)[0], np.float64)
-    conv_step(x, weight, bias, dy, geom, np.zeros(weight.shape, np.float64))
-    assert {r[6] for r in plans.table()["conv"]} == {0}
+        assert rule_layouts(case, np.float32) == want, case
+    assert rule_layouts(list(cases)[0], np.float64) == (0, 0, 0)
 
 
 def test_the_rule_takes_winograd_on_layers_of_16_channels_or_more(fresh_plans):
@@ -164,15 +167,8 @@ def test_the_rule_takes_winograd_on_layers_of_16_channels_or_more(fresh_plans):
         (2, 16, 9, 9, 16, (7, 7), (1, 1), (3, 3), (1, 1), 1): (thin, thin, thin),  # 7x7
     }
     for case, want in cases.items():
-        _C.clear_plans()
-        x, weight, bias, dy, geom = conv_arrays(case, np.float32)
-        conv_step(x, weight, bias, dy, geom, np.zeros(weight.shape, np.float32))
-        got = {r[0]: r[6] for r in plans.table()["conv"]}
-        assert tuple(got[k] for k in range(3)) == want, case
-    _C.clear_plans()
-    x, weight, bias, dy, geom = conv_arrays(list(cases)[0], np.float64)
-    conv_step(x, weight, bias, dy, geom, np.zeros(weight.shape, np.float64))
-    assert {r[6] for r in plans.table()["conv"]} == {0}
+        assert rule_layouts(case, np.float32) == want, case
+    assert rule_layouts(list(cases)[0], np.float64) == (0, 0, 0)
 
 
 @pytest.fixture
