@@ -418,13 +418,16 @@ using PlanKey = std::tuple<int, std::array<int64_t, 16>, int64_t, int, int>;
 std::mutex g_plan_mutex;
 std::map<PlanKey, Plan> g_plans;
 std::atomic<int> g_partition_mode{0};  // 0 measure, 1 one partition, 2 one per thread
-// 0 measure, 1 lowered, 2 pointwise / 3 direct / 4 Winograd where it applies
+// 0 measure, 1 lowered, 2 pointwise / 3 direct / 4 Winograd F(2x2) / 5 F(4x4) where it applies
 std::atomic<int> g_layout_mode{0};
 std::atomic<bool> g_measure{true};     // time new shapes, or give them rule_plan's plan
-// Added to a key's modes for plans given by the rule, so they never stand for measured ones.
-constexpr int kRuleModes = 15;
-// Added to a key's modes for plans of bf16 GEMMs (bf16.h): a float32 plan is not their answer.
-constexpr int kBf16Modes = 2 * kRuleModes;
+
+// A key's modes, one mixed-radix number: a plan found under one mode is never the answer
+// under another (the rule's plans never stand for measured ones, a float32 plan is not a bf16
+// GEMM's (bf16.h), and a layer asking for Caffe's engine never gets a Winograd plan).
+int plan_modes(bool measured, bool bf16, bool caffe_engine) {
+  return g_layout_mode + 6 * (g_partition_mode + 3 * (!measured + 2 * (bf16 + 2 * caffe_engine)));
+}
 
 // Whether a layout computes this kernel on this geometry here (a plan installed from another
 // machine's table may name one this CPU or shape cannot run: it runs lowered).
@@ -451,9 +454,12 @@ Layout usable(Layout layout, Kernel kernel, const ConvGeom& g) {
   return layout_applies<T>(layout, kernel, g) ? layout : kLowered;
 }
 
-// The plans a kernel may use on this geometry under the current modes.
+// The plans a kernel may use on this geometry under the current modes. Caffe's engine
+// (convolution_param { engine: CAFFE }) is Caffe's own arithmetic: the lowered GEMM, or for a
+// 1x1 stride-1 unpadded layer the GEMM on the bottom itself, as Caffe skips im2col there.
 template <typename T>
-std::vector<Plan> candidate_plans(Kernel kernel, const ConvGeom& g, int threads) {
+std::vector<Plan> candidate_plans(Kernel kernel, const ConvGeom& g, int threads,
+                                  bool caffe_engine) {
   std::vector<int> parts;
   if (g_partition_mode != 2) parts.push_back(1);
   if (threads > 1 && g_partition_mode != 1) parts.push_back(threads);
@@ -462,7 +468,8 @@ std::vector<Plan> candidate_plans(Kernel kernel, const ConvGeom& g, int threads)
   std::vector<Layout> layouts;
   const int mode = g_layout_mode;
   for (Layout layout : {kPointwise, kDirect, kWinograd, kWinograd4x4}) {
-    if ((mode == 0 || mode == 1 + int(layout)) && layout_applies<T>(layout, kernel, g))
+    if ((mode == 0 || mode == 1 + int(layout)) && layout_applies<T>(layout, kernel, g) &&
+        (!caffe_engine || layout == kPointwise))
       layouts.push_back(layout);
   }
   if (mode <= 1 || layouts.empty()) layouts.insert(layouts.begin(), kLowered);
@@ -534,18 +541,18 @@ bool same_plan(const Plan& a, const Plan& b) {
 // another), the same as every later call's and as a process that installs the table
 // (load_conv_plans) gets from its first call on.
 template <typename T, typename Run>
-void run_with_plan(Kernel kernel, const ConvGeom& g, Run&& run, T* accumulated = nullptr,
-                   int64_t count = 0) {
+void run_with_plan(Kernel kernel, const ConvGeom& g, bool caffe_engine, Run&& run,
+                   T* accumulated = nullptr, int64_t count = 0) {
   const int threads = std::max<int>(1, std::min<int64_t>(num_threads(), g.n));
-  const std::vector<Plan> plans = candidate_plans<T>(kernel, g, threads);
+  const std::vector<Plan> plans = candidate_plans<T>(kernel, g, threads, caffe_engine);
   if (plans.size() == 1) return run(plans[0]);
   const bool measure = g_measure;
   const PlanKey key{kernel,
                     {g.n, g.c, g.h, g.w, g.o, g.ho, g.wo, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
                      g.dh, g.dw, g.group},
                     int64_t(sizeof(T)), threads,
-                    g_layout_mode * 3 + g_partition_mode + (measure ? 0 : kRuleModes) +
-                        (std::is_same_v<T, float> && bf16_gemm_enabled() ? kBf16Modes : 0)};
+                    plan_modes(measure, std::is_same_v<T, float> && bf16_gemm_enabled(),
+                               caffe_engine)};
   std::optional<Plan> known;
   {
     // Only the lookup holds the lock: threads of different devices (cct/devices.py) run
@@ -670,8 +677,9 @@ void clear_plans() {
 }
 
 template <typename T>
-void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGeom& g) {
-  run_with_plan<T>(kForward, g, [&](Plan plan) {
+void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGeom& g,
+                  bool caffe_engine) {
+  run_with_plan<T>(kForward, g, caffe_engine, [&](Plan plan) {
     const Layout layout = usable<T>(plan.layout, kForward, g);
     run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
       if constexpr (std::is_same_v<T, float>) {
@@ -690,8 +698,9 @@ void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGe
 }
 
 template <typename T>
-void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g) {
-  run_with_plan<T>(kBackwardData, g, [&](Plan plan) {
+void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g,
+                        bool caffe_engine) {
+  run_with_plan<T>(kBackwardData, g, caffe_engine, [&](Plan plan) {
     const Layout layout = usable<T>(plan.layout, kBackwardData, g);
     run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
       if constexpr (std::is_same_v<T, float>) {
@@ -711,10 +720,10 @@ void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g) 
 
 template <typename T>
 void conv_backward_weight(const T* x, const T* dy, T* dweight, const ConvGeom& g,
-                          bool accumulate) {
+                          bool accumulate, bool caffe_engine) {
   const int64_t size = g.o * (g.c / g.group) * g.kh * g.kw;
   run_with_plan<T>(
-      kBackwardWeight, g,
+      kBackwardWeight, g, caffe_engine,
       [&](Plan plan) {
         // Part 0 writes (or adds into) dweight; the others their own sums, added in after.
         const Layout layout = usable<T>(plan.layout, kBackwardWeight, g);
@@ -786,9 +795,9 @@ void gemm_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, con
 }
 
 #define CCT_INSTANTIATE(T)                                                                  \
-  template void conv_forward<T>(const T*, const T*, const T*, T*, const ConvGeom&);         \
-  template void conv_backward_data<T>(const T*, const T*, T*, const ConvGeom&);             \
-  template void conv_backward_weight<T>(const T*, const T*, T*, const ConvGeom&, bool);     \
+  template void conv_forward<T>(const T*, const T*, const T*, T*, const ConvGeom&, bool);   \
+  template void conv_backward_data<T>(const T*, const T*, T*, const ConvGeom&, bool);       \
+  template void conv_backward_weight<T>(const T*, const T*, T*, const ConvGeom&, bool, bool); \
   template void bias_backward<T>(const T*, T*, int64_t, int64_t, int64_t, bool);            \
   template void gemm_kernel<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, \
                                const T*, int64_t, T, T*, int64_t);

@@ -13,14 +13,19 @@ struct ConvGeom {
   int64_t kh, kw, sh, sw, ph, pw, dh, dw, group;
 };
 
+// caffe_engine: Caffe's own arithmetic (convolution_param { engine: CAFFE }), the lowered GEMM
+// (or for a 1x1 stride-1 unpadded layer the GEMM on the bottom itself), never direct or
+// Winograd: the same sums as Caffe's up to the BLAS's blocking.
 template <typename T>
-void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGeom& g);
+void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGeom& g,
+                  bool caffe_engine = false);
 template <typename T>
-void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g);
+void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g,
+                        bool caffe_engine = false);
 // dweight = the weight gradient summed over the batch, or dweight += it with accumulate.
 template <typename T>
 void conv_backward_weight(const T* x, const T* dy, T* dweight, const ConvGeom& g,
-                          bool accumulate);
+                          bool accumulate, bool caffe_engine = false);
 // dbias[c] = (or += with accumulate) the sum of dy[n, c, q] over n and q, dy being
 // (num, channels, pixels): the bias gradient of Convolution and InnerProduct.
 template <typename T>

@@ -140,7 +140,7 @@ std::array<int64_t, 4> shape4(const A& a, const char* what) {
 
 template <typename T>
 void conv_forward(Arr<T> x, Arr<T> weight, std::optional<Arr<T>> bias, Pair k, Pair s, Pair p,
-                  Pair d, int group, Buf<T> out) {
+                  Pair d, int group, Buf<T> out, bool caffe_engine) {
   const auto xs = shape4(x, "bottom"), ws = shape4(weight, "weight");
   const int64_t ho = conv_out(xs[2], k[0], s[0], p[0], d[0]);
   const int64_t wo = conv_out(xs[3], k[1], s[1], p[1], d[1]);
@@ -155,12 +155,12 @@ void conv_forward(Arr<T> x, Arr<T> weight, std::optional<Arr<T>> bias, Pair k, P
   const T* bd = bias ? bias->data() : nullptr;
   T* yd = out.mutable_data();
   py::gil_scoped_release release;
-  cct::conv_forward<T>(xd, wd, bd, yd, g);
+  cct::conv_forward<T>(xd, wd, bd, yd, g, caffe_engine);
 }
 
 template <typename T>
 void conv_backward_data(Arr<T> dy, Arr<T> weight, Pair k, Pair s, Pair p, Pair d, int group,
-                        Buf<T> out) {
+                        Buf<T> out, bool caffe_engine) {
   const auto ys = shape4(dy, "top diff"), ws = shape4(weight, "weight");
   const auto xs = shape4(out, "out");
   const cct::ConvGeom g = conv_geom(xs, ws, k, s, p, d, group, ys[2], ys[3]);
@@ -171,12 +171,12 @@ void conv_backward_data(Arr<T> dy, Arr<T> weight, Pair k, Pair s, Pair p, Pair d
   const T* wd = weight.data();
   T* dxd = out.mutable_data();
   py::gil_scoped_release release;
-  cct::conv_backward_data<T>(dyd, wd, dxd, g);
+  cct::conv_backward_data<T>(dyd, wd, dxd, g, caffe_engine);
 }
 
 template <typename T>
 void conv_backward_weight(Arr<T> x, Arr<T> dy, Pair k, Pair s, Pair p, Pair d, int group,
-                          Buf<T> out, bool accumulate) {
+                          Buf<T> out, bool accumulate, bool caffe_engine) {
   const auto xs = shape4(x, "bottom"), ys = shape4(dy, "top diff");
   const std::array<int64_t, 4> ws{ys[1], xs[1] / group, k[0], k[1]};
   const cct::ConvGeom g = conv_geom(xs, ws, k, s, p, d, group, ys[2], ys[3]);
@@ -188,7 +188,7 @@ void conv_backward_weight(Arr<T> x, Arr<T> dy, Pair k, Pair s, Pair p, Pair d, i
   const T* dyd = dy.data();
   T* dwd = out.mutable_data();
   py::gil_scoped_release release;
-  cct::conv_backward_weight<T>(xd, dyd, dwd, g, accumulate);
+  cct::conv_backward_weight<T>(xd, dyd, dwd, g, accumulate, caffe_engine);
 }
 
 // dy viewed as (num, channels, pixels): axis 1 is the channel, the axes after it the pixels.
@@ -389,13 +389,14 @@ template <typename T>
 void bind_dtype(py::module_& m) {
   m.def("conv_forward", &conv_forward<T>, py::arg("x"), py::arg("weight"), py::arg("bias"),
         py::arg("kernel"), py::arg("stride"), py::arg("pad"), py::arg("dilation"),
-        py::arg("group"), py::arg("out").noconvert());
+        py::arg("group"), py::arg("out").noconvert(), py::arg("caffe_engine") = false);
   m.def("conv_backward_data", &conv_backward_data<T>, py::arg("dy"), py::arg("weight"),
         py::arg("kernel"), py::arg("stride"), py::arg("pad"), py::arg("dilation"),
-        py::arg("group"), py::arg("out").noconvert());
+        py::arg("group"), py::arg("out").noconvert(), py::arg("caffe_engine") = false);
   m.def("conv_backward_weight", &conv_backward_weight<T>, py::arg("x"), py::arg("dy"),
         py::arg("kernel"), py::arg("stride"), py::arg("pad"), py::arg("dilation"),
-        py::arg("group"), py::arg("out").noconvert(), py::arg("accumulate") = false);
+        py::arg("group"), py::arg("out").noconvert(), py::arg("accumulate") = false,
+        py::arg("caffe_engine") = false);
   m.def("bias_backward", &bias_backward<T>, py::arg("dy"), py::arg("out").noconvert(),
         py::arg("accumulate") = false);
   m.def("gemm", &gemm<T>, py::arg("a"), py::arg("b"), py::arg("trans_a") = false,

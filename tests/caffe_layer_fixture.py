@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pathlib
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence, Union
+from typing import Callable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 from google.protobuf import text_format
@@ -78,7 +78,9 @@ def _in_place_relu(net: caffe_pb2.NetParameter, blob: str, layers: Sequence[int]
 
 def run_fixture_layer(npz_path: PathLike, prototxt_path: PathLike, layer_name: str,
                       dtype=np.float32, *, backward: bool = True,
-                      propagate_down: Union[bool, Sequence[bool]] = True) -> FixtureLayer:
+                      propagate_down: Union[bool, Sequence[bool]] = True,
+                      edit: Optional[Callable[[caffe_pb2.LayerParameter], None]] = None
+                      ) -> FixtureLayer:
     """Run layer ``layer_name`` of the fixture net ``prototxt_path`` alone, as Caffe ran it for
     ``npz_path`` (phase from the npz): bottoms from Caffe's bottom data, params from Caffe's
     initial params, forward, then (``backward``) backward from Caffe's top diffs with zeroed
@@ -87,6 +89,9 @@ def run_fixture_layer(npz_path: PathLike, prototxt_path: PathLike, layer_name: s
     ``propagate_down``: whether Caffe computed each bottom's gradient (one bool for all
     bottoms); False for bottoms that need none in a net without force_backward (the data). A
     bottom the layer cannot back-propagate to (a label) never gets one.
+
+    ``edit`` changes the layer's parameter before it is built (a field that does not change
+    Caffe's numbers, such as convolution_param.engine).
     """
     saved = np.load(npz_path)
     phase = caffe_pb2.Phase.Value(str(saved["meta/phase"]))
@@ -98,6 +103,8 @@ def run_fixture_layer(npz_path: PathLike, prototxt_path: PathLike, layer_name: s
         raise KeyError(f"no layer '{layer_name}' in {prototxt_path} "
                        f"({caffe_pb2.Phase.Name(phase)})")
     lp = net.layer[index]
+    if edit is not None:
+        edit(lp)
     bottom_names, top_names = list(lp.bottom), list(lp.top)
     if set(bottom_names) & set(top_names):
         raise NotImplementedError(f"layer '{layer_name}' works in place: Caffe's saved data "

@@ -276,9 +276,11 @@ class ArrayKernels:
         t = self.xp.ascontiguousarray(dy.reshape(n, o, -1).transpose(1, 2, 0))
         return t.reshape(group, o // group, -1)
 
-    def conv_forward(self, x, weight, bias, kernel, stride, pad, dilation, group, out=None):
+    def conv_forward(self, x, weight, bias, kernel, stride, pad, dilation, group, out=None,
+                     engine="DEFAULT"):
         """y = conv(x, weight) + bias. x (N, C, H, W), weight (O, C/group, kh, kw), bias (O,)
-        or None; y (N, O, Ho, Wo), written into ``out`` when given."""
+        or None; y (N, O, Ho, Wo), written into ``out`` when given. Every ``engine`` is
+        Caffe's here: these kernels only lower (im2col and one GEMM per group)."""
         xp = self.xp
         dt = _dtype(x)
         self._disjoint("conv_forward", out, x=x, weight=weight, bias=bias)
@@ -299,7 +301,7 @@ class ArrayKernels:
         return self._result(buf, dest)
 
     def conv_backward_data(self, dy, weight, x_shape, kernel, stride, pad, dilation, group,
-                           out=None):
+                           out=None, engine="DEFAULT"):
         """Gradient of :func:`conv_forward` with respect to x (Caffe's backward_cpu_gemm +
         col2im), of shape ``x_shape`` (N, C, H, W), written into ``out`` when given.
         Deconvolution's forward pass is this function."""
@@ -325,7 +327,7 @@ class ArrayKernels:
         return self._result(buf, dest)
 
     def conv_backward_weight(self, x, dy, kernel, stride, pad, dilation, group, out=None,
-                             accumulate=False):
+                             accumulate=False, engine="DEFAULT"):
         """Gradient of :func:`conv_forward` with respect to the weight, shape
         (O, C/group, kh, kw) (Caffe's weight_cpu_gemm, summed over the batch); added into
         ``out`` with ``accumulate`` (a param diff: Caffe accumulates them)."""

@@ -148,9 +148,11 @@ def matmul(a, b, out=None, accumulate: bool = False) -> np.ndarray:
 # Convolution (csrc/conv.cpp)
 # --------------------------------------------------------------------------------------------
 def conv_forward(x, weight, bias: Optional[np.ndarray], kernel, stride, pad, dilation,
-                 group: int, out=None) -> np.ndarray:
+                 group: int, out=None, engine: str = "DEFAULT") -> np.ndarray:
     """y = conv(x, weight) + bias. x (N, C, H, W), weight (O, C/group, kh, kw), bias (O,) or
-    None; y (N, O, Ho, Wo), written into ``out`` when given."""
+    None; y (N, O, Ho, Wo), written into ``out`` when given. ``engine`` is
+    convolution_param.engine's name: "CAFFE" keeps to Caffe's own arithmetic (the lowered
+    GEMM), the others let the measured plan take any layout (direct, Winograd)."""
     dt = _dtype(x)
     _disjoint("conv_forward", out, x=x, weight=weight, bias=bias)
     kernel, stride, pad, dilation = (_pair(v) for v in (kernel, stride, pad, dilation))
@@ -159,12 +161,12 @@ def conv_forward(x, weight, bias: Optional[np.ndarray], kernel, stride, pad, dil
         for i in range(2))
     buf, dest = _target(out, shape, dt)
     _C.conv_forward(_arr(x, dt), _arr(weight, dt), None if bias is None else _arr(bias, dt),
-                    kernel, stride, pad, dilation, int(group), buf)
+                    kernel, stride, pad, dilation, int(group), buf, engine == "CAFFE")
     return _result(buf, dest)
 
 
 def conv_backward_data(dy, weight, x_shape, kernel, stride, pad, dilation, group: int,
-                       out=None) -> np.ndarray:
+                       out=None, engine: str = "DEFAULT") -> np.ndarray:
     """Gradient of :func:`conv_forward` with respect to x (Caffe's backward_cpu_gemm + col2im),
     of shape ``x_shape`` (N, C, H, W), written into ``out`` when given (overwritten, as Caffe
     overwrites a bottom diff). Deconvolution's forward pass is this function."""
@@ -172,12 +174,12 @@ def conv_backward_data(dy, weight, x_shape, kernel, stride, pad, dilation, group
     _disjoint("conv_backward_data", out, dy=dy, weight=weight)
     buf, dest = _target(out, _shape4(x_shape), dt)
     _C.conv_backward_data(_arr(dy, dt), _arr(weight, dt), _pair(kernel), _pair(stride),
-                          _pair(pad), _pair(dilation), int(group), buf)
+                          _pair(pad), _pair(dilation), int(group), buf, engine == "CAFFE")
     return _result(buf, dest)
 
 
 def conv_backward_weight(x, dy, kernel, stride, pad, dilation, group: int, out=None,
-                         accumulate: bool = False) -> np.ndarray:
+                         accumulate: bool = False, engine: str = "DEFAULT") -> np.ndarray:
     """Gradient of :func:`conv_forward` with respect to the weight, shape (O, C/group, kh, kw)
     (Caffe's weight_cpu_gemm, summed over the batch). With ``accumulate`` it is added into
     ``out`` (a param diff: Caffe accumulates them), by the GEMM itself (beta = 1)."""
@@ -187,7 +189,7 @@ def conv_backward_weight(x, dy, kernel, stride, pad, dilation, group: int, out=N
     shape = (dy.shape[1], x.shape[1] // int(group), int(kernel[0]), int(kernel[1]))
     buf, dest = _target(out, shape, dt, keep=accumulate)
     _C.conv_backward_weight(_arr(x, dt), _arr(dy, dt), _pair(kernel), _pair(stride), _pair(pad),
-                            _pair(dilation), int(group), buf, accumulate)
+                            _pair(dilation), int(group), buf, accumulate, engine == "CAFFE")
     return _result(buf, dest)
 
 

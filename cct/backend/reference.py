@@ -72,8 +72,10 @@ def _unlower(cols, x_shape, kernel, stride, pad, dilation, group, ho, wo):
     return xpad[:, :, ph:ph + h, pw:pw + w]
 
 
-def conv_forward(x, weight, bias, kernel, stride, pad, dilation, group, out=None):
-    """y = conv(x, weight) + bias. weight: (O, C/group, kh, kw); returns (N, O, Ho, Wo)."""
+def conv_forward(x, weight, bias, kernel, stride, pad, dilation, group, out=None,
+                 engine="DEFAULT"):
+    """y = conv(x, weight) + bias. weight: (O, C/group, kh, kw); returns (N, O, Ho, Wo).
+    Every ``engine`` (convolution_param.engine) is Caffe's lowering here."""
     n = x.shape[0]
     o = weight.shape[0]
     cols, ho, wo = _lower(x, kernel, stride, pad, dilation, group)
@@ -86,7 +88,8 @@ def conv_forward(x, weight, bias, kernel, stride, pad, dilation, group, out=None
     return _store(y, out)
 
 
-def conv_backward_data(dy, weight, x_shape, kernel, stride, pad, dilation, group, out=None):
+def conv_backward_data(dy, weight, x_shape, kernel, stride, pad, dilation, group, out=None,
+                       engine="DEFAULT"):
     """Gradient of :func:`conv_forward` with respect to x (Caffe's backward_cpu_gemm + col2im).
 
     ``x_shape`` is (N, C, H, W); Deconvolution's forward pass is this function."""
@@ -98,7 +101,7 @@ def conv_backward_data(dy, weight, x_shape, kernel, stride, pad, dilation, group
 
 
 def conv_backward_weight(x, dy, kernel, stride, pad, dilation, group, out=None,
-                         accumulate=False):
+                         accumulate=False, engine="DEFAULT"):
     """Gradient of :func:`conv_forward` with respect to the weight, shape (O, C/group, kh, kw)
     (Caffe's weight_cpu_gemm, summed over the batch); added into ``out`` with accumulate."""
     n, o, ho, wo = dy.shape

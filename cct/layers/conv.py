@@ -113,6 +113,9 @@ class _ConvolutionBase(ConvolutionGeometry, Layer):
         self.num_output = cp.num_output
         self.group = cp.group
         self.bias_term = cp.bias_term
+        # CAFFE holds the layer to Caffe's own arithmetic (the lowered GEMM, Caffe's numbers up
+        # to the BLAS's blocking); DEFAULT and CUDNN let each kernel take its fastest plan.
+        self.engine = cp.Engine.Name(cp.engine)
         if self.num_output <= 0:
             raise self.error("convolution_param.num_output must be given and positive.")
         if self.group <= 0:
@@ -175,16 +178,17 @@ class _ConvolutionBase(ConvolutionGeometry, Layer):
 
     def _conv(self, x, out):
         """conv_in-shaped x -> conv_out-shaped out."""
-        return self.backend.conv_forward(x, self.blobs[0].data, None, *self._geom(), out=out)
+        return self.backend.conv_forward(x, self.blobs[0].data, None, *self._geom(), out=out,
+                                         engine=self.engine)
 
     def _conv_t(self, y, x_shape, out):
         """conv_out-shaped y -> conv_in-shaped out (the transposed convolution)."""
         return self.backend.conv_backward_data(y, self.blobs[0].data, x_shape, *self._geom(),
-                                               out=out)
+                                               out=out, engine=self.engine)
 
     def _conv_dw(self, x, y):
         return self.backend.conv_backward_weight(x, y, *self._geom(), out=self.blobs[0].diff,
-                                                 accumulate=True)
+                                                 accumulate=True, engine=self.engine)
 
     def forward(self, bottom: List[Blob], top: List[Blob]) -> None:
         bias = self.blobs[1].data if self.bias_term else None
@@ -196,7 +200,8 @@ class _ConvolutionBase(ConvolutionGeometry, Layer):
                 if bias is not None:
                     y += bias.reshape(1, -1, 1, 1)
             else:
-                self.backend.conv_forward(x, self.blobs[0].data, bias, *self._geom(), out=y)
+                self.backend.conv_forward(x, self.blobs[0].data, bias, *self._geom(), out=y,
+                                          engine=self.engine)
 
     def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob]) -> None:
         need_dw = self.param_propagate_down[0]

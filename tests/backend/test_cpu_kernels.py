@@ -437,13 +437,40 @@ def test_a_forced_layout_is_what_runs(layout, conv_layout):
                          cpu.conv_backward_weight(x, dy, *geom))
     for lowered, other in zip(results[1], results[layout]):
         close(other, lowered, np.float32)
-    # a plan's modes are 3 x the forced layout mode (+ the partition mode, 0 here); its layout
+    # a plan's modes are the forced layout mode here (the rest of the modes are 0); its layout
     # 0 lowered, 2 direct, 3 Winograd, 4 Winograd F(4x4, 3x3)
     chosen = {(kernel, modes): plan_layout
               for kernel, _, _, _, modes, _, plan_layout, _ in _C.conv_plan_table()}
     for kernel in range(3):
-        assert chosen[(kernel, 3)] == 0
-        assert chosen[(kernel, 3 * layout)] == layout - 1
+        assert chosen[(kernel, 1)] == 0
+        assert chosen[(kernel, layout)] == layout - 1
+
+
+@pytest.mark.parametrize("layout", [3, 4, 5])
+def test_caffe_engine_runs_lowered_under_a_forced_layout(layout, conv_layout):
+    """engine "CAFFE" (convolution_param.engine) keeps the three kernels on the lowered layout
+    even where another is forced and applies (a 3x3 16 -> 16 layer: direct and both Winograd
+    tiles do), while the default engine takes the forced one; both agree with lowered to
+    float32 rounding."""
+    if layout == 3 and not _C.cpu_has_direct_conv():
+        pytest.skip("the direct layout needs a CPU with AVX2 and FMA")
+    x, weight, bias, dy, geom = conv_arrays((4, 16, 10, 9, 16, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+                                            np.float32)
+    conv_layout(layout)
+    results, layouts = {}, {}
+    for engine in ("CAFFE", "DEFAULT"):
+        _C.clear_plans()
+        results[engine] = (cpu.conv_forward(x, weight, bias, *geom, engine=engine),
+                           cpu.conv_backward_data(dy, weight, x.shape, *geom, engine=engine),
+                           cpu.conv_backward_weight(x, dy, *geom, engine=engine))
+        layouts[engine] = sorted(row[6] for row in _C.conv_plan_table())
+    assert layouts == {"CAFFE": [0, 0, 0], "DEFAULT": [layout - 1] * 3}
+    expected = (reference.conv_forward(x, weight, bias, *geom),
+                reference.conv_backward_data(dy, weight, x.shape, *geom),
+                reference.conv_backward_weight(x, dy, *geom))
+    for engine in results:
+        for got, want in zip(results[engine], expected):
+            close(got, want, np.float32)
 
 
 @pytest.mark.parametrize("layout", [1, 3, 4, 5])

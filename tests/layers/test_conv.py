@@ -310,3 +310,20 @@ def test_cifar10_quick_matches_caffe(caffe_fixtures, name, propagate, layout):
                             d / "cifar10_quick_train_test_b4.prototxt", name,
                             propagate_down=propagate)
     assert_matches_caffe(run, atol=LAYOUT_ATOL[layout])
+
+
+# ---- convolution_param { engine: CAFFE } -------------------------------------------------------
+def caffe_engine(lp) -> None:
+    lp.convolution_param.engine = lp.convolution_param.CAFFE
+
+
+@pytest.mark.parametrize("name", ["conv2", "conv3"])
+def test_caffe_engine_matches_caffe_within_the_lowered_bound(caffe_fixtures, name, layout):
+    """engine: CAFFE holds CIFAR10-quick's 5x5 layers (where direct and Winograd F(2x2, 5x5)
+    apply) to Caffe's lowered arithmetic whichever layout is forced: the lowered bound holds."""
+    d = caffe_fixtures / "numerics"
+    run = run_fixture_layer(d / "cifar10_quick_train_test_b4.TRAIN.npz",
+                            d / "cifar10_quick_train_test_b4.prototxt", name, edit=caffe_engine)
+    assert run.layer.engine == "CAFFE"
+    assert_matches_caffe(run, atol=LAYOUT_ATOL[1])
+
