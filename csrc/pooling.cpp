@@ -16,6 +16,10 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define CCT_MAX_POOL_AVX2 1
+#endif
 
 namespace cct {
 
@@ -80,6 +84,72 @@ int max_row_vectorized(const float* xp, int hs, int he, int w, int kw, int pw, i
 }
 #endif
 
+#if defined(CCT_MAX_POOL_AVX2)
+#define CCT_AVX2 __attribute__((target("avx2")))
+// Eight windows side by side in AVX registers (max_windows4's taps, eight outputs per
+// compare-and-blend). Stride 2 loads sixteen floats per tap and keeps their even ones in the
+// order one in-lane shuffle leaves them (outputs 0 1 4 5 2 3 6 7), put back in order once, at
+// the store.
+// Stride 2's lanes (outputs 0 1 4 5 2 3 6 7) in output order.
+CCT_AVX2 inline __m256 in_order(__m256 v) {
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(v), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+template <int SW>
+CCT_AVX2 inline void max_windows8(const float* xp, int hs, int he, int col0, int kw, int w,
+                                  float* y, int32_t* mask) {
+  const __m256i lanes = SW == 1 ? _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
+                                : _mm256_setr_epi32(0, 2, 8, 10, 4, 6, 12, 14);
+  __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::max());
+  __m256 arg = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  for (int i = hs; i < he; ++i) {
+    for (int j = 0; j < kw; ++j) {
+      const int at = i * w + col0 + j;
+      const __m256 v = SW == 1 ? _mm256_loadu_ps(xp + at)
+                               : _mm256_shuffle_ps(_mm256_loadu_ps(xp + at),
+                                                   _mm256_loadu_ps(xp + at + 8),
+                                                   _MM_SHUFFLE(2, 0, 2, 0));
+      // Ordered compare: a NaN never wins, as with Caffe's `>`.
+      const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
+      best = _mm256_blendv_ps(best, v, gt);
+      const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(at), lanes);
+      arg = _mm256_blendv_ps(arg, _mm256_castsi256_ps(idx), gt);
+    }
+  }
+  if (SW == 2) {
+    best = in_order(best);
+    arg = in_order(arg);
+  }
+  _mm256_storeu_ps(y, best);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(mask), _mm256_castps_si256(arg));
+}
+
+// Outputs [ow0, ow1) of a row, eight at a time, under max_row_vectorized's conditions; a tail
+// of fewer than eight is one more group ending at ow1, overlapping the last (its outputs come
+// out the same): a row's scalar windows are its dearest. Returns where it stopped. Against
+// SSE alone (max_windows4), same bits: CIFAR10-quick's pool1 (3x3/2, 15 interior windows a
+// row) 1.72 -> 0.80 ms, GoogLeNet's 3x3/1 on 28x28 8.2 -> 4.2 ms, its 3x3/2 on 112x112
+// 11.3 -> 4.7 ms (bench/RESULTS.md).
+template <int SW>
+CCT_AVX2 int max_row_avx2(const float* xp, int hs, int he, int w, int kw, int pw, int ow0,
+                          int ow1, float* y, int32_t* mask) {
+  const auto fits = [&](int ow) { return (ow + 7) * SW - pw + kw - 1 + (SW - 1) < w; };
+  int ow = ow0;
+  for (; ow + 8 <= ow1 && fits(ow); ow += 8)
+    max_windows8<SW>(xp, hs, he, ow * SW - pw, kw, w, y + ow, mask + ow);
+  if (ow < ow1 && ow1 - 8 >= ow0 && fits(ow1 - 8)) {
+    max_windows8<SW>(xp, hs, he, (ow1 - 8) * SW - pw, kw, w, y + ow1 - 8, mask + ow1 - 8);
+    ow = ow1;
+  }
+  return ow;
+}
+
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+#endif
+
 // The outputs whose windows lie inside the bottom horizontally: [first, last).
 struct Interior {
   int first, last;
@@ -106,6 +176,12 @@ void max_pool_forward(const T* x, T* y, int32_t* mask, int64_t planes, int h, in
           for (; ow < c0; ++ow)
             max_window(xp, hs, he, std::max(ow * sw - pw, 0), std::min(ow * sw - pw + kw, w), w,
                        yp + ow, mp + ow);
+#if defined(CCT_MAX_POOL_AVX2)
+          if (cpu_has_avx2()) {
+            if (sw == 1) ow = max_row_avx2<1>(xp, hs, he, w, kw, pw, ow, c1, yp, mp);
+            if (sw == 2) ow = max_row_avx2<2>(xp, hs, he, w, kw, pw, ow, c1, yp, mp);
+          }
+#endif
           if (sw == 1) ow = max_row_vectorized<1>(xp, hs, he, w, kw, pw, ow, c1, yp, mp);
           if (sw == 2) ow = max_row_vectorized<2>(xp, hs, he, w, kw, pw, ow, c1, yp, mp);
         }
@@ -123,9 +199,9 @@ void max_pool_forward(const T* x, T* y, int32_t* mask, int64_t planes, int h, in
 // the block, which the compiler vectorizes across the outputs (8 lanes in the AVX2 clone), and
 // each output still adds its taps in Caffe's row-major order from zero, so the sums are the
 // scalar loop's to the bit, where a lone sum is a chain of dependent adds (3x3 stride 1 on
-// 28x28: 3.8x faster; CIFAR10-quick's pool2: 1.2-1.7x). SW: the stride, 1 or 2. (MAX keeps
-// its SSE code: the same pattern with a compare and two selects per tap vectorized too, but
-// ran up to 4x slower on rows of 12-27 windows.)
+// 28x28: 3.8x faster; CIFAR10-quick's pool2: 1.2-1.7x). SW: the stride, 1 or 2. (MAX has
+// its own SSE and AVX2 code: the same pattern with a compare and two selects per tap
+// vectorized too, but ran up to 4x slower on rows of 12-27 windows.)
 constexpr int kBlock = 64;
 // Fewer windows than this in a row's interior run one by one: the passes' set-up outweighs
 // what they save (GoogLeNet's 7x7 pool to 1x1 ran 2.4x slower through ave_row, CIFAR10-quick's
