@@ -214,26 +214,31 @@ void transform_filters(const Shape& s, Weight&& weight, float* u) {
 // compiler cannot see it.
 
 // One channel of one image: out[e * step + ty * tw + tx] = (B^T d B)[e] of tile (ty, tx).
-// `rows` (a x (m * th + a - m) x tw floats) holds each bottom row's transform along columns.
+// `rows` (a x (m * th + a - m) x tw floats) holds each bottom row's transform along columns;
+// `padded` the bottom with its pad, (m * th + a - m) x (m * tw + a - m) floats.
 template <typename T>
 CCT_VECTOR_CLONES void transform_input_plane(const float* plane, const Shape& s, float* rows,
                                              float* padded, float* out, int64_t step) {
   constexpr int a = T::a, m = T::m;
   const int64_t th = s.tiles_h(), tw = s.tiles_w(), width = m * tw + a - m;
-  for (int64_t r = 0; r < m * th + a - m; ++r) {
-    const int64_t row = r - s.ph;
-    // The bottom row with its pad as zeros, m * tw + a - m columns from column -pw.
-    std::fill(padded, padded + width, 0.0f);
-    if (row >= 0 && row < s.h) {
-      const int64_t first = std::max<int64_t>(0, s.pw), last = std::min(width, s.pw + s.w);
-      const float* in = plane + row * s.w - s.pw;
-      if (first < last) std::copy(in + first, in + last, padded + first);
-    }
+  const int64_t height = m * th + a - m;
+  // The bottom with its pad as zeros, from (-ph, -pw), copied whole before the row pass reads
+  // it: a row read straight after its copy stalled on store forwarding (vector loads across
+  // the copy's stores; one load took 20% of this function's samples).
+  std::fill(padded, padded + height * width, 0.0f);
+  const int64_t first = std::max<int64_t>(0, s.pw), last = std::min(width, s.pw + s.w);
+  for (int64_t r = std::max<int64_t>(0, s.ph); r < std::min(height, s.ph + s.h) && first < last;
+       ++r) {
+    const float* in = plane + (r - s.ph) * s.w - s.pw;
+    std::copy(in + first, in + last, padded + r * width + first);
+  }
+  for (int64_t r = 0; r < height; ++r) {
+    const float* d = padded + r * width;
     float* h = rows + r * a * tw;
 #pragma GCC ivdep
     for (int64_t tx = 0; tx < tw; ++tx) {  // d B, along the row
       float v[a];
-      T::input(padded + m * tx, v);
+      T::input(d + m * tx, v);
       for (int k = 0; k < a; ++k) h[k * tw + tx] = v[k];
     }
   }
@@ -252,17 +257,18 @@ CCT_VECTOR_CLONES void transform_input_plane(const float* plane, const Shape& s,
   }
 }
 
-thread_local std::vector<float> t_rows, t_padded_row;
+thread_local std::vector<float> t_rows, t_padded;
 
 // Runs plane(channel, image, rows, padded) for each of `channels` channels of nb images, the
-// channels split across threads, each thread with row buffers sized for the largest need
-// (transform_input's: a row of tile transforms for every bottom row).
+// channels split across threads, each thread with buffers sized for the largest need
+// (transform_input's: a row of tile transforms for every bottom row, the padded bottom).
 template <typename T, typename Plane>
 void each_plane(int64_t channels, int64_t nb, const Shape& s, Plane&& plane) {
   constexpr int a = T::a, m = T::m;
   parallel_for(channels, nb * s.tiles() * a * a, [&](int64_t c0, int64_t c1) {
     float* rows = grown(t_rows, size_t(a * (m * s.tiles_h() + a - m) * s.tiles_w()));
-    float* padded = grown(t_padded_row, size_t(m * s.tiles_w() + a - m));
+    float* padded = grown(t_padded, size_t((m * s.tiles_h() + a - m) *
+                                               (m * s.tiles_w() + a - m)));
     for (int64_t c = c0; c < c1; ++c)
       for (int64_t image = 0; image < nb; ++image) plane(c, image, rows, padded);
   });
@@ -290,8 +296,8 @@ void transform_input(const float* x, int64_t x_image, const Shape& s, int64_t nb
 }
 
 // One channel of one image: plane (ho x wo) = (A^T M A) of each tile + b, cut at the edge.
-// `rows` holds m x a x tw floats (one row of tiles transformed along columns), `padded` a top
-// row of m * tw pixels.
+// `rows` holds m x a x tw floats (one row of tiles transformed along columns), `padded` the
+// top's m * th x m * tw pixels.
 template <typename T>
 CCT_VECTOR_CLONES void transform_output_plane(const float* in, int64_t step, float b,
                                               const Shape& s, float* rows, float* padded,
@@ -312,16 +318,20 @@ CCT_VECTOR_CLONES void transform_output_plane(const float* in, int64_t step, flo
     }
     for (int i = 0; i < m && m * ty + i < s.ho; ++i) {  // (A^T t) A, along the row
       const float* r = rows + i * a * tw;
+      float* out = padded + (m * ty + i) * m * tw;
 #pragma GCC ivdep
       for (int64_t tx = 0; tx < tw; ++tx) {
         float d[a], y[m];
         for (int k = 0; k < a; ++k) d[k] = r[k * tw + tx];
         T::output(d, y);
-        for (int q = 0; q < m; ++q) padded[m * tx + q] = y[q] + b;
+        for (int q = 0; q < m; ++q) out[m * tx + q] = y[q] + b;
       }
-      std::copy(padded, padded + s.wo, plane + (m * ty + i) * s.wo);
     }
   }
+  // Cut to the top's width once the whole plane is written (as transform_input_plane pads
+  // first: copying each row straight after its stores stalled on store forwarding).
+  for (int64_t oh = 0; oh < s.ho; ++oh)
+    std::copy(padded + oh * m * tw, padded + oh * m * tw + s.wo, plane + oh * s.wo);
 }
 
 // The top of nb images (image m's channel o at y + m * y_image + o * ho * wo) =
@@ -365,22 +375,25 @@ void winograd(const float* x, int64_t x_image, int64_t x_group, const float* bia
 }
 
 // One channel of one image's top diff: out[e * step + ty * tw + tx] = (A g A^T)[e] of its
-// m x m tile (ty, tx), zero past the edge. `rows` holds m x a x tw floats, `padded` m * tw.
+// m x m tile (ty, tx), zero past the edge. `rows` holds m x a x tw floats, `padded`
+// m * th x m * tw (the plane with zeros past its edge, copied whole first, as
+// transform_input_plane does).
 template <typename T>
 CCT_VECTOR_CLONES void transform_top_diff_plane(const float* plane, const Shape& s, float* rows,
                                                 float* padded, float* out, int64_t step) {
   constexpr int a = T::a, m = T::m;
   const int64_t th = s.tiles_h(), tw = s.tiles_w();
+  std::fill(padded, padded + m * th * m * tw, 0.0f);
+  for (int64_t oh = 0; oh < s.ho; ++oh)
+    std::copy(plane + oh * s.wo, plane + (oh + 1) * s.wo, padded + oh * m * tw);
   for (int64_t ty = 0; ty < th; ++ty) {
     for (int i = 0; i < m; ++i) {  // g A^T, along each of the tile's m rows
-      const int64_t oh = m * ty + i;
-      std::fill(padded, padded + m * tw, 0.0f);
-      if (oh < s.ho) std::copy(plane + oh * s.wo, plane + (oh + 1) * s.wo, padded);
+      const float* g = padded + (m * ty + i) * m * tw;
       float* r = rows + i * a * tw;
 #pragma GCC ivdep
       for (int64_t tx = 0; tx < tw; ++tx) {
         float t[a];
-        T::top_diff(padded + m * tx, t);
+        T::top_diff(g + m * tx, t);
         for (int k = 0; k < a; ++k) r[k * tw + tx] = t[k];
       }
     }
