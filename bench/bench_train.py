@@ -135,9 +135,10 @@ def timed_iterations(step, warmup: int, iters: int) -> list:
     return times
 
 
-def synthetic_net(path: pathlib.Path, batch: int, backend: str = "cpu"):
+def synthetic_net(path: pathlib.Path, batch: int, backend: str = "cpu", engine: str = ""):
     """The TRAIN net of ``path`` at ``batch`` on ``backend``, its Input blobs filled with
-    standard normal data and labels in the net's class range (the same values every run)."""
+    standard normal data and labels in the net's class range (the same values every run);
+    ``engine`` (e.g. "CAFFE") is set as every convolution's convolution_param.engine."""
     import numpy as np
 
     from cct import glog
@@ -145,6 +146,10 @@ def synthetic_net(path: pathlib.Path, batch: int, backend: str = "cpu"):
     from cct.proto import caffe_pb2
 
     param = train_net_param(path, batch)
+    if engine:
+        for lp in param.layer:
+            if lp.type in ("Convolution", "Deconvolution"):
+                lp.convolution_param.engine = caffe_pb2.ConvolutionParameter.Engine.Value(engine)
     with glog.quiet():
         net = Net(param, phase=caffe_pb2.TRAIN, backend=backend, source=str(path))
     classes = num_classes(param)
@@ -171,10 +176,10 @@ def sgd_update(net):
     return update
 
 
-def run_cct(path: pathlib.Path, batch: int, warmup: int, iters: int) -> dict:
+def run_cct(path: pathlib.Path, batch: int, warmup: int, iters: int, engine: str = "") -> dict:
     from cct.blob_memory import share_blob_diffs
 
-    net = synthetic_net(path, batch)
+    net = synthetic_net(path, batch, engine=engine)
     share_blob_diffs(net)  # as cct train lays its train net's diffs out
     update = sgd_update(net)
     phase = {"forward_backward": [], "update": []}
@@ -366,7 +371,8 @@ def worker(args) -> None:
             result = run_torch(path, batch, args.warmup, args.iters,
                                bf16=args.worker == "torch-bf16")
         else:
-            result = run_cct(path, batch, args.warmup, args.iters)
+            result = run_cct(path, batch, args.warmup, args.iters,
+                             engine="CAFFE" if args.worker == "cct-caffe" else "")
         result.update(extra)
         result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print("RESULT " + json.dumps(result))
@@ -432,12 +438,16 @@ def main(argv=None) -> None:
     ap.add_argument("--deterministic", action="store_true",
                     help="also train each net with --deterministic's fixed kernel plans and "
                          "print that speed as a ratio of the measured plans'")
+    ap.add_argument("--caffe-engine", action="store_true",
+                    help="also train each net with engine: CAFFE on every convolution (Caffe's "
+                         "own arithmetic: lowered or pointwise) and print that speed as a ratio "
+                         "of the measured plans'")
     ap.add_argument("--precision", choices=["float32", "bf16"], default="float32",
                     help="bf16: also train each net with cct's -precision=bf16 and PyTorch's "
                          "bfloat16 autocast (on a CPU without bf16 units cct trains float32 "
                          "and says so; CCT_BF16=emulate runs the bf16 numerics anyway)")
-    ap.add_argument("--worker", choices=["cct", "cct-rule", "cct-bf16", "torch", "torch-bf16",
-                                         "peak", "peak-bf16"],
+    ap.add_argument("--worker", choices=["cct", "cct-rule", "cct-caffe", "cct-bf16", "torch",
+                                         "torch-bf16", "peak", "peak-bf16"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--net", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -464,6 +474,8 @@ def main(argv=None) -> None:
         header += f"{'torch img/s':>13}{'torch RSS':>11}{'ratio':>7}"
     if args.deterministic:
         header += f"{'rule img/s':>12}{'rule/measured':>15}"
+    if args.caffe_engine:
+        header += f"{'CAFFE img/s':>13}{'CAFFE/measured':>16}"
     bf16 = args.precision == "bf16"
     if bf16:
         info16 = spawn("peak-bf16", "", args)
@@ -493,6 +505,9 @@ def main(argv=None) -> None:
         if args.deterministic:
             rips = batch / statistics.median(spawn("cct-rule", name, args)["times"])
             line += f"{rips:>12.1f}{rips / ips:>15.2f}"
+        if args.caffe_engine:
+            cips = batch / statistics.median(spawn("cct-caffe", name, args)["times"])
+            line += f"{cips:>13.1f}{cips / ips:>16.2f}"
         if bf16:
             bres = spawn("cct-bf16", name, args)
             bips = batch / statistics.median(bres["times"])
@@ -516,6 +531,9 @@ def main(argv=None) -> None:
         print("rule: the same net with --deterministic's fixed plans (one batch partition per "
               "thread; Winograd F(2x2) on 3x3 and 5x5 layers of 16+ channels, the direct layout "
               "on thin stride-1 layers, else lowered; direct GEMM order), nothing timed")
+    if args.caffe_engine:
+        print("CAFFE: the same net with engine: CAFFE on every convolution (lowered or "
+              "pointwise, batch partitions measured)")
     if bf16:
         print("bf16: cct -precision=bf16 (/f32: against cct's float32 above) and PyTorch's "
               "bfloat16 autocast (ratio: cct bf16 / torch bf16)")
