@@ -124,14 +124,22 @@ def _input_batch(net) -> int:
 # --------------------------------------------------------------------------------------------
 # Workers (one subprocess per framework and net)
 # --------------------------------------------------------------------------------------------
-def timed_iterations(step, warmup: int, iters: int) -> list:
+def timed_iterations(step, warmup: int, iters: int, counts: dict = None) -> list:
+    """The seconds of each of ``iters`` calls of ``step`` after ``warmup`` untimed ones; with
+    ``counts``, also its "faults" entry: the minor page faults per timed call (memory first
+    touched on the hot path, which some machines pay dearly for: issue 16 measured 0.3 GiB/s
+    on an Intel host)."""
     for _ in range(warmup):
         step()
+    faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
+    if counts is not None:
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
+        counts["faults"] = faults / max(iters, 1)
     return times
 
 
@@ -195,8 +203,10 @@ def run_cct(path: pathlib.Path, batch: int, warmup: int, iters: int, engine: str
         phase["forward_backward"].append(t1 - t0)
         phase["update"].append(t2 - t1)
 
-    times = timed_iterations(step, warmup, iters)
+    counts = {}
+    times = timed_iterations(step, warmup, iters, counts)
     return {"times": times, "flops_per_image": training_flops_per_image(net),
+            "faults_per_iter": counts["faults"],
             "update_s": statistics.median(phase["update"][warmup:]),
             "threads": __import__("cct._C", fromlist=["_C"]).get_num_threads()}
 
@@ -469,7 +479,7 @@ def main(argv=None) -> None:
           f"(measured again at the end; the larger one counts)")
     print(f"{args.iters} timed iterations per net after {args.warmup} warm-up; median shown")
     header = (f"{'net':<15}{'batch':>6}{'img/s':>9}{'GFLOP/s':>9}{'% peak':>8}{'RSS MB':>9}"
-              f"{'update':>8}")
+              f"{'update':>8}{'faults':>8}")
     if have_torch:
         header += f"{'torch img/s':>13}{'torch RSS':>11}{'ratio':>7}"
     if args.deterministic:
@@ -497,7 +507,8 @@ def main(argv=None) -> None:
         ips = batch / t
         gflops = res["flops_per_image"] * ips / 1e9
         line = (f"{name:<15}{batch:>6}{ips:>9.1f}{gflops:>9.1f}{100 * gflops / peak:>7.0f}%"
-                f"{res['peak_rss_mb']:>9.0f}{100 * res['update_s'] / t:>7.0f}%")
+                f"{res['peak_rss_mb']:>9.0f}{100 * res['update_s'] / t:>7.0f}%"
+                f"{res['faults_per_iter']:>8.0f}")
         if have_torch:
             tres = spawn("torch", name, args)
             tips = batch / statistics.median(tres["times"])
@@ -526,7 +537,9 @@ def main(argv=None) -> None:
             print(line[:39] + f"{100 * gflops / peak:>7.0f}%" + line[47:])
     else:
         print(f"SGEMM peak at the end: {end_peak:.1f} GFLOP/s")
-    print("update: share of the iteration spent in the SGD update (the solver's fused kernel)")
+    print("update: share of the iteration spent in the SGD update (the solver's fused kernel); "
+          "faults: cct's minor page faults per timed iteration (memory first touched on the "
+          "hot path)")
     if args.deterministic:
         print("rule: the same net with --deterministic's fixed plans (one batch partition per "
               "thread; Winograd F(2x2) on 3x3 and 5x5 layers of 16+ channels, the direct layout "
