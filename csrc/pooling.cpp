@@ -7,18 +7,20 @@
 #include "kernels.h"
 #include "parallel.h"
 #include "vector_clones.h"
+#include "workspace.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
-#define CCT_MAX_POOL_AVX2 1
+#define CCT_POOL_AVX2 1
 #endif
 
 namespace cct {
@@ -84,7 +86,7 @@ int max_row_vectorized(const float* xp, int hs, int he, int w, int kw, int pw, i
 }
 #endif
 
-#if defined(CCT_MAX_POOL_AVX2)
+#if defined(CCT_POOL_AVX2)
 #define CCT_AVX2 __attribute__((target("avx2")))
 // Eight windows side by side in AVX registers (max_windows4's taps, eight outputs per
 // compare-and-blend). Stride 2 loads sixteen floats per tap and keeps their even ones in the
@@ -144,6 +146,61 @@ CCT_AVX2 int max_row_avx2(const float* xp, int hs, int he, int w, int kw, int pw
   return ow;
 }
 
+thread_local std::vector<float> t_padded_plane;
+
+// The padded plane the vector AVE kernels read: the bottom's h rows, each from column -pw,
+// zero outside [0, w), `width` floats. Built whole before it is read (rows read straight
+// after their copy would wait on store forwarding).
+float* padded_plane(const float* xp, int h, int w, int pw, int width) {
+  float* pad = grown(t_padded_plane, size_t(h) * width);
+  std::fill(pad, pad + int64_t(h) * width, 0.0f);
+  const int first = std::max(0, -pw), last = std::min(w, width - pw);
+  for (int i = 0; i < h && first < last; ++i)
+    std::copy(xp + i * w + first, xp + i * w + last, pad + i * width + first + pw);
+  return pad;
+}
+
+// AVE pooling of one float plane, eight windows of a row at a time (rows of few windows, the
+// small planes of CIFAR10-quick's pool2 and pool3, were a scalar loop per window). Each lane
+// adds its window's taps in Caffe's row-major order from zero; a tap outside the bottom adds
+// the padded plane's +0.0, which leaves a sum that starts at +0.0 unchanged to the bit, so a
+// lane's sum is Caffe's; the divisor is Caffe's (he - hs) * (we - ws) per lane (col_size: the
+// we - ws of each window, padded to whole groups). SW: the stride along the row, 1 or 2 (2 as
+// in max_windows8: sixteen floats, their even ones, lanes put in order at the end).
+template <int SW>
+CCT_AVX2 void ave_plane_avx2(const float* pad, int width, int h, int kh, int kw, int sh,
+                             int ph, int ho, int wo, const int32_t* col_size, float* yp) {
+  for (int oh = 0; oh < ho; ++oh) {
+    const int hs = oh * sh - ph, he = std::min(hs + kh, h + ph);
+    const int r0 = std::max(hs, 0), r1 = std::min(he, h);
+    const __m256i rows = _mm256_set1_epi32(he - hs);
+    for (int ow0 = 0; ow0 < wo; ow0 += 8) {
+      __m256 sum = _mm256_setzero_ps();
+      for (int i = r0; i < r1; ++i) {
+        const float* at = pad + i * width + ow0 * SW;
+        for (int j = 0; j < kw; ++j) {
+          const __m256 v = SW == 1 ? _mm256_loadu_ps(at + j)
+                                   : _mm256_shuffle_ps(_mm256_loadu_ps(at + j),
+                                                       _mm256_loadu_ps(at + j + 8),
+                                                       _MM_SHUFFLE(2, 0, 2, 0));
+          sum = _mm256_add_ps(sum, v);
+        }
+      }
+      if (SW == 2) sum = in_order(sum);
+      const __m256i cols =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col_size + ow0));
+      const __m256 y = _mm256_div_ps(sum, _mm256_cvtepi32_ps(_mm256_mullo_epi32(rows, cols)));
+      if (ow0 + 8 <= wo) {
+        _mm256_storeu_ps(yp + oh * wo + ow0, y);
+      } else {
+        alignas(32) float last[8];
+        _mm256_store_ps(last, y);
+        std::copy(last, last + (wo - ow0), yp + oh * wo + ow0);
+      }
+    }
+  }
+}
+
 bool cpu_has_avx2() {
   static const bool has = __builtin_cpu_supports("avx2");
   return has;
@@ -176,7 +233,7 @@ void max_pool_forward(const T* x, T* y, int32_t* mask, int64_t planes, int h, in
           for (; ow < c0; ++ow)
             max_window(xp, hs, he, std::max(ow * sw - pw, 0), std::min(ow * sw - pw + kw, w), w,
                        yp + ow, mp + ow);
-#if defined(CCT_MAX_POOL_AVX2)
+#if defined(CCT_POOL_AVX2)
           if (cpu_has_avx2()) {
             if (sw == 1) ow = max_row_avx2<1>(xp, hs, he, w, kw, pw, ow, c1, yp, mp);
             if (sw == 2) ow = max_row_avx2<2>(xp, hs, he, w, kw, pw, ow, c1, yp, mp);
@@ -207,6 +264,11 @@ constexpr int kBlock = 64;
 // what they save (GoogLeNet's 7x7 pool to 1x1 ran 2.4x slower through ave_row, CIFAR10-quick's
 // pool3, 3 windows a row, 1.1x).
 constexpr int kMinRow = 6;
+// Rows of 2 to kMaxPlaneRow - 1 windows take the whole-plane AVX2 kernel (ave_plane_avx2):
+// measured faster there (CIFAR10-quick's pool2 0.61 -> 0.24 ms, pool3 0.40 -> 0.26, 3x3/1 on
+// 28x28 4.5 -> 2.3), slower on GoogLeNet's 7x7 global pool (one window a row: seven lanes
+// idle, 0.9 -> 1.3 ms) and on 112-wide rows, where ave_row's blocks do better (5.3 -> 7.4).
+constexpr int kMaxPlaneRow = 32;
 
 template <typename T, int SW>
 CCT_VECTOR_CLONES void ave_row(const T* xp, int w, int hs, int he, int kw, int pw, T size,
@@ -243,6 +305,32 @@ template <typename T>
 void ave_pool_forward(const T* x, T* y, int64_t planes, int h, int w, int kh, int kw, int sh,
                       int sw, int ph, int pw, int ho, int wo) {
   const Interior in(w, kw, sw, pw, wo);
+#if defined(CCT_POOL_AVX2)
+  if constexpr (std::is_same_v<T, float>) {
+    if (cpu_has_avx2() && (sw == 1 || sw == 2) && wo >= 2 && wo < kMaxPlaneRow) {
+      const int groups = (wo + 7) / 8;
+      // wide enough for every lane's taps, and stride 2's sixteen-float loads
+      const int width = groups * 8 * sw + kw + 8;
+      std::vector<int32_t> col_size(size_t(groups) * 8, 1);
+      for (int ow = 0; ow < wo; ++ow) {
+        const int ws = ow * sw - pw;
+        col_size[ow] = std::min(ws + kw, w + pw) - ws;
+      }
+      parallel_for(planes, int64_t(ho) * wo * kh * kw, [&](int64_t begin, int64_t end) {
+        for (int64_t p = begin; p < end; ++p) {
+          const float* pad = padded_plane(x + p * h * w, h, w, pw, width);
+          if (sw == 1)
+            ave_plane_avx2<1>(pad, width, h, kh, kw, sh, ph, ho, wo, col_size.data(),
+                              y + p * ho * wo);
+          else
+            ave_plane_avx2<2>(pad, width, h, kh, kw, sh, ph, ho, wo, col_size.data(),
+                              y + p * ho * wo);
+        }
+      });
+      return;
+    }
+  }
+#endif
   parallel_for(planes, int64_t(ho) * wo * kh * kw, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const T* xp = x + p * h * w;

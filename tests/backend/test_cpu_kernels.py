@@ -638,6 +638,50 @@ def test_ave_pool_matches_reference(case, dtype):
     check_ave_pool(cpu, reference, case, dtype)
 
 
+def caffe_ave_pool(x, kernel, stride, pad, pooled):
+    """Caffe's AVE loops (pooling_layer.cpp) in float32, window by window: each sum from zero
+    in row-major order over the window clipped to the bottom, divided by the window's size
+    clipped to the padded bottom."""
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (ho, wo) = kernel, stride, pad, pooled
+    y = np.empty((n, c, ho, wo), np.float32)
+    for oh in range(ho):
+        hs = oh * sh - ph
+        he = min(hs + kh, h + ph)
+        for ow in range(wo):
+            ws = ow * sw - pw
+            we = min(ws + kw, w + pw)
+            size = np.float32((he - hs) * (we - ws))
+            acc = np.zeros((n, c), np.float32)
+            for i in range(max(hs, 0), min(he, h)):
+                for j in range(max(ws, 0), min(we, w)):
+                    acc += x[:, :, i, j]
+            with np.errstate(invalid="ignore"):
+                y[:, :, oh, ow] = acc / size
+    return y
+
+
+@pytest.mark.parametrize("case", [
+    (2, 3, 16, 16, (3, 3), (2, 2), (0, 0)),    # CIFAR10-quick's pool2: 8 windows a row
+    (2, 3, 8, 8, (3, 3), (2, 2), (0, 0)),      # pool3: 4, the last past the edge
+    (1, 2, 9, 29, (3, 3), (1, 1), (1, 1)),     # 29 windows: four groups of eight, padded
+    (1, 2, 7, 21, (2, 4), (2, 2), (1, 2)),
+    (1, 1, 5, 12, (5, 5), (1, 1), (4, 4)),     # windows mostly padding
+], ids=str)
+def test_ave_pool_adds_in_caffes_order(case):
+    """AVE pooling forward gives Caffe's float32 sums to the bit in every code path (the
+    whole-plane AVX2 kernel for rows of 2 to 31 windows included), +0 and -0 inputs too."""
+    n, c, h, w, kernel, stride, pad = case
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    x[rng.random(x.shape) < 0.1] = -0.0
+    pooled = tuple(cpu.pool_out_size(s, k, st, p, True)
+                   for s, k, st, p in zip((h, w), kernel, stride, pad))
+    got = cpu.ave_pool_forward(x, kernel, stride, pad, pooled)
+    want = caffe_ave_pool(x, kernel, stride, pad, pooled)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_max_pool_ties_go_to_the_first_element():
     x = np.zeros((1, 1, 4, 4), np.float32)
     y, mask = cpu.max_pool_forward(x, (2, 2), (2, 2), (0, 0), (2, 2))
