@@ -661,6 +661,26 @@ def caffe_ave_pool(x, kernel, stride, pad, pooled):
     return y
 
 
+def caffe_ave_pool_backward(dy, x_shape, kernel, stride, pad):
+    """Caffe's AVE backward loops in float32: dx from zero, each window's dy / size added
+    into its taps clipped to the bottom, window after window."""
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, pad
+    n, c, h, w = x_shape
+    ho, wo = dy.shape[2:]
+    dx = np.zeros(x_shape, np.float32)
+    for oh in range(ho):
+        hs = oh * sh - ph
+        he = min(hs + kh, h + ph)
+        for ow in range(wo):
+            ws = ow * sw - pw
+            we = min(ws + kw, w + pw)
+            share = dy[:, :, oh, ow] / np.float32((he - hs) * (we - ws))
+            for i in range(max(hs, 0), min(he, h)):
+                for j in range(max(ws, 0), min(we, w)):
+                    dx[:, :, i, j] += share
+    return dx
+
+
 @pytest.mark.parametrize("case", [
     (2, 3, 16, 16, (3, 3), (2, 2), (0, 0)),    # CIFAR10-quick's pool2: 8 windows a row
     (2, 3, 8, 8, (3, 3), (2, 2), (0, 0)),      # pool3: 4, the last past the edge
@@ -669,8 +689,9 @@ def caffe_ave_pool(x, kernel, stride, pad, pooled):
     (1, 1, 5, 12, (5, 5), (1, 1), (4, 4)),     # windows mostly padding
 ], ids=str)
 def test_ave_pool_adds_in_caffes_order(case):
-    """AVE pooling forward gives Caffe's float32 sums to the bit in every code path (the
-    whole-plane AVX2 kernel for rows of 2 to 31 windows included), +0 and -0 inputs too."""
+    """AVE pooling forward and backward give Caffe's float32 sums to the bit in every code
+    path (the whole-plane AVX2 kernels for rows of 2 to 31 windows included), +0 and -0
+    inputs too."""
     n, c, h, w, kernel, stride, pad = case
     rng = np.random.default_rng(9)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
@@ -679,6 +700,11 @@ def test_ave_pool_adds_in_caffes_order(case):
                    for s, k, st, p in zip((h, w), kernel, stride, pad))
     got = cpu.ave_pool_forward(x, kernel, stride, pad, pooled)
     want = caffe_ave_pool(x, kernel, stride, pad, pooled)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    dy = rng.standard_normal(got.shape).astype(np.float32)
+    dy[rng.random(dy.shape) < 0.1] = -0.0
+    got = cpu.ave_pool_backward(dy, x.shape, kernel, stride, pad, pooled)
+    want = caffe_ave_pool_backward(dy, x.shape, kernel, stride, pad)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
