@@ -304,6 +304,7 @@ CCT_VECTOR_CLONES void transform_output_plane(const float* in, int64_t step, flo
                                               float* plane) {
   constexpr int a = T::a, m = T::m;
   const int64_t th = s.tiles_h(), tw = s.tiles_w();
+  const bool whole = m * tw == s.wo;
   for (int64_t ty = 0; ty < th; ++ty) {
     const float* t = in + ty * tw;
     for (int j = 0; j < a; ++j) {  // A^T t, across the tile's rows
@@ -318,7 +319,8 @@ CCT_VECTOR_CLONES void transform_output_plane(const float* in, int64_t step, flo
     }
     for (int i = 0; i < m && m * ty + i < s.ho; ++i) {  // (A^T t) A, along the row
       const float* r = rows + i * a * tw;
-      float* out = padded + (m * ty + i) * m * tw;
+      // a row of whole tiles goes straight to the top
+      float* out = whole ? plane + (m * ty + i) * s.wo : padded + (m * ty + i) * m * tw;
 #pragma GCC ivdep
       for (int64_t tx = 0; tx < tw; ++tx) {
         float d[a], y[m];
@@ -330,7 +332,7 @@ CCT_VECTOR_CLONES void transform_output_plane(const float* in, int64_t step, flo
   }
   // Cut to the top's width once the whole plane is written (as transform_input_plane pads
   // first: copying each row straight after its stores stalled on store forwarding).
-  for (int64_t oh = 0; oh < s.ho; ++oh)
+  for (int64_t oh = 0; oh < s.ho && !whole; ++oh)
     std::copy(padded + oh * m * tw, padded + oh * m * tw + s.wo, plane + oh * s.wo);
 }
 
