@@ -385,12 +385,17 @@ CCT_VECTOR_CLONES void transform_top_diff_plane(const float* plane, const Shape&
                                                 float* padded, float* out, int64_t step) {
   constexpr int a = T::a, m = T::m;
   const int64_t th = s.tiles_h(), tw = s.tiles_w();
-  std::fill(padded, padded + m * th * m * tw, 0.0f);
-  for (int64_t oh = 0; oh < s.ho; ++oh)
-    std::copy(plane + oh * s.wo, plane + (oh + 1) * s.wo, padded + oh * m * tw);
+  // A top diff of whole tiles is read in place; else from its copy with zeros past the edge.
+  const bool whole = m * tw == s.wo && m * th == s.ho;
+  if (!whole) {
+    std::fill(padded, padded + m * th * m * tw, 0.0f);
+    for (int64_t oh = 0; oh < s.ho; ++oh)
+      std::copy(plane + oh * s.wo, plane + (oh + 1) * s.wo, padded + oh * m * tw);
+  }
+  const float* top = whole ? plane : padded;
   for (int64_t ty = 0; ty < th; ++ty) {
     for (int i = 0; i < m; ++i) {  // g A^T, along each of the tile's m rows
-      const float* g = padded + (m * ty + i) * m * tw;
+      const float* g = top + (m * ty + i) * m * tw;
       float* r = rows + i * a * tw;
 #pragma GCC ivdep
       for (int64_t tx = 0; tx < tw; ++tx) {
