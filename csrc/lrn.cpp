@@ -11,6 +11,7 @@
 // be dy (in place); y must not be x.
 #include "kernels.h"
 #include "parallel.h"
+#include "vector_clones.h"
 
 #include <algorithm>
 #include <cmath>
@@ -44,56 +45,101 @@ int64_t lrn_block(int64_t channels, int64_t pixels, int64_t itemsize) {
 
 }  // namespace
 
+// One (image, block of pixels) item of the forward pass: `sq` is channels x block scratch.
+// The window's running sum is Caffe's: channel c's scale is channel c-1's plus the head's
+// square minus the tail's, in that order (two roundings, as Caffe's axpy calls make).
+template <typename T>
+CCT_VECTOR_CLONES void lrn_forward_item(const T* x, T* y, T* scale, T* sq, int64_t channels,
+                                        int64_t pixels, int64_t block, int64_t len, int size,
+                                        T alpha_over_size, T k, NegPow<T> negpow) {
+  const int pre = (size - 1) / 2;
+  for (int64_t c = 0; c < channels; ++c) {
+    const T* xc = x + c * pixels;
+    T* sc = sq + c * block;
+    for (int64_t i = 0; i < len; ++i) sc[i] = alpha_over_size * (xc[i] * xc[i]);
+  }
+  // Channel 0's window covers padded channels 0 .. size-1, i.e. real ones -pre .. size-1-pre.
+  std::fill(scale, scale + len, k);
+  for (int64_t j = 0; j < std::min<int64_t>(size - pre, channels); ++j) {
+    const T* sj = sq + j * block;
+    for (int64_t i = 0; i < len; ++i) scale[i] += sj[i];
+  }
+  for (int64_t c = 1; c < channels; ++c) {
+    const T* prev = scale + (c - 1) * pixels;
+    T* cur = scale + c * pixels;
+    const int64_t head = c + size - 1 - pre, tail = c - 1 - pre;
+    const T* sh = head < channels ? sq + head * block : nullptr;
+    const T* st = tail >= 0 ? sq + tail * block : nullptr;
+    if (sh && st) {
+      for (int64_t i = 0; i < len; ++i) cur[i] = (prev[i] + sh[i]) - st[i];
+    } else if (sh) {
+      for (int64_t i = 0; i < len; ++i) cur[i] = prev[i] + sh[i];
+    } else if (st) {
+      for (int64_t i = 0; i < len; ++i) cur[i] = prev[i] - st[i];
+    } else {
+      std::copy(prev, prev + len, cur);
+    }
+  }
+  for (int64_t c = 0; c < channels; ++c) {
+    const int64_t off = c * pixels;
+    for (int64_t i = 0; i < len; ++i) y[off + i] = negpow(scale[off + i]) * x[off + i];
+  }
+}
+
 template <typename T>
 void lrn_across_forward(const T* x, T* y, T* scale, int64_t num, int64_t channels, int64_t pixels,
                         int size, T alpha, T beta, T k) {
   if (num == 0 || channels == 0 || pixels == 0) return;
   const int64_t block = lrn_block(channels, pixels, sizeof(T));
   const int64_t blocks = (pixels + block - 1) / block;
-  const int pre = (size - 1) / 2;
   const T alpha_over_size = alpha / T(size);
   const NegPow<T> negpow(beta);
   parallel_for(num * blocks, channels * block * 4, [&](int64_t begin, int64_t end) {
     std::vector<T> sq(static_cast<size_t>(channels * block));  // alpha/size * x^2, per channel
     for (int64_t item = begin; item < end; ++item) {
       const int64_t n = item / blocks, p0 = (item % blocks) * block;
-      const int64_t len = std::min(block, pixels - p0);
       const int64_t base = n * channels * pixels + p0;
-      for (int64_t c = 0; c < channels; ++c) {
-        const T* xc = x + base + c * pixels;
-        T* sc = sq.data() + c * block;
-        for (int64_t i = 0; i < len; ++i) {
-          const T s = xc[i] * xc[i];
-          sc[i] = alpha_over_size * s;
-        }
-      }
-      // Channel 0's window covers padded channels 0 .. size-1, i.e. real ones -pre .. size-1-pre.
-      T* s0 = scale + base;
-      std::fill(s0, s0 + len, k);
-      for (int64_t j = 0; j < std::min<int64_t>(size - pre, channels); ++j) {
-        const T* sj = sq.data() + j * block;
-        for (int64_t i = 0; i < len; ++i) s0[i] += sj[i];
-      }
-      for (int64_t c = 1; c < channels; ++c) {
-        const T* prev = scale + base + (c - 1) * pixels;
-        T* cur = scale + base + c * pixels;
-        const int64_t head = c + size - 1 - pre, tail = c - 1 - pre;
-        std::copy(prev, prev + len, cur);
-        if (head < channels) {
-          const T* sh = sq.data() + head * block;
-          for (int64_t i = 0; i < len; ++i) cur[i] += sh[i];
-        }
-        if (tail >= 0) {
-          const T* st = sq.data() + tail * block;
-          for (int64_t i = 0; i < len; ++i) cur[i] -= st[i];
-        }
-      }
-      for (int64_t c = 0; c < channels; ++c) {
-        const int64_t off = base + c * pixels;
-        for (int64_t i = 0; i < len; ++i) y[off + i] = negpow(scale[off + i]) * x[off + i];
-      }
+      lrn_forward_item(x + base, y + base, scale + base, sq.data(), channels, pixels, block,
+                       std::min(block, pixels - p0), size, alpha_over_size, k, negpow);
     }
   });
+}
+
+// One item of the backward pass: `ratio` is channels x block scratch, `accum` block.
+template <typename T>
+CCT_VECTOR_CLONES void lrn_backward_item(const T* x, const T* y, const T* scale, const T* dy,
+                                         T* dx, T* ratio, T* accum, int64_t channels,
+                                         int64_t pixels, int64_t block, int64_t len, int size,
+                                         T cache_ratio, NegPow<T> negpow) {
+  const int pre = (size - 1) / 2;
+  for (int64_t c = 0; c < channels; ++c) {
+    const int64_t off = c * pixels;
+    T* rc = ratio + c * block;
+    for (int64_t i = 0; i < len; ++i) rc[i] = (dy[off + i] * y[off + i]) / scale[off + i];
+  }
+  // accum holds the window sum of channel c: padded channels c .. c+size-1.
+  std::fill(accum, accum + len, T(0));
+  for (int64_t j = 0; j < std::min<int64_t>(size - 1 - pre, channels); ++j) {
+    const T* rj = ratio + j * block;
+    for (int64_t i = 0; i < len; ++i) accum[i] += rj[i];
+  }
+  for (int64_t c = 0; c < channels; ++c) {
+    const int64_t off = c * pixels;
+    const int64_t head = c + size - 1 - pre, tail = c - pre;
+    if (head < channels) {
+      const T* rh = ratio + head * block;
+      for (int64_t i = 0; i < len; ++i) accum[i] += rh[i];
+    }
+    for (int64_t i = 0; i < len; ++i) {
+      const T d = negpow(scale[off + i]) * dy[off + i];
+      const T xa = x[off + i] * accum[i];
+      dx[off + i] = d - cache_ratio * xa;
+    }
+    if (tail >= 0) {
+      const T* rt = ratio + tail * block;
+      for (int64_t i = 0; i < len; ++i) accum[i] -= rt[i];
+    }
+  }
 }
 
 template <typename T>
@@ -102,7 +148,6 @@ void lrn_across_backward(const T* x, const T* y, const T* scale, const T* dy, T*
   if (num == 0 || channels == 0 || pixels == 0) return;
   const int64_t block = lrn_block(channels, pixels, sizeof(T));
   const int64_t blocks = (pixels + block - 1) / block;
-  const int pre = (size - 1) / 2;
   const T cache_ratio = T(2) * alpha * beta / T(size);
   const NegPow<T> negpow(beta);
   parallel_for(num * blocks, channels * block * 6, [&](int64_t begin, int64_t end) {
@@ -110,39 +155,10 @@ void lrn_across_backward(const T* x, const T* y, const T* scale, const T* dy, T*
     std::vector<T> accum(static_cast<size_t>(block));
     for (int64_t item = begin; item < end; ++item) {
       const int64_t n = item / blocks, p0 = (item % blocks) * block;
-      const int64_t len = std::min(block, pixels - p0);
       const int64_t base = n * channels * pixels + p0;
-      for (int64_t c = 0; c < channels; ++c) {
-        const int64_t off = base + c * pixels;
-        T* rc = ratio.data() + c * block;
-        for (int64_t i = 0; i < len; ++i) {
-          const T r = dy[off + i] * y[off + i];
-          rc[i] = r / scale[off + i];
-        }
-      }
-      // accum holds the window sum of channel c: padded channels c .. c+size-1.
-      std::fill(accum.begin(), accum.begin() + len, T(0));
-      for (int64_t j = 0; j < std::min<int64_t>(size - 1 - pre, channels); ++j) {
-        const T* rj = ratio.data() + j * block;
-        for (int64_t i = 0; i < len; ++i) accum[i] += rj[i];
-      }
-      for (int64_t c = 0; c < channels; ++c) {
-        const int64_t off = base + c * pixels;
-        const int64_t head = c + size - 1 - pre, tail = c - pre;
-        if (head < channels) {
-          const T* rh = ratio.data() + head * block;
-          for (int64_t i = 0; i < len; ++i) accum[i] += rh[i];
-        }
-        for (int64_t i = 0; i < len; ++i) {
-          const T d = negpow(scale[off + i]) * dy[off + i];
-          const T xa = x[off + i] * accum[i];
-          dx[off + i] = d - cache_ratio * xa;
-        }
-        if (tail >= 0) {
-          const T* rt = ratio.data() + tail * block;
-          for (int64_t i = 0; i < len; ++i) accum[i] -= rt[i];
-        }
-      }
+      lrn_backward_item(x + base, y + base, scale + base, dy + base, dx + base, ratio.data(),
+                        accum.data(), channels, pixels, block, std::min(block, pixels - p0),
+                        size, cache_ratio, negpow);
     }
   });
 }
