@@ -88,15 +88,15 @@ int max_row_vectorized(const float* xp, int hs, int he, int w, int kw, int pw, i
 
 #if defined(CCT_POOL_AVX2)
 #define CCT_AVX2 __attribute__((target("avx2")))
-// Eight windows side by side in AVX registers (max_windows4's taps, eight outputs per
-// compare-and-blend). Stride 2 loads sixteen floats per tap and keeps their even ones in the
-// order one in-lane shuffle leaves them (outputs 0 1 4 5 2 3 6 7), put back in order once, at
-// the store.
 // Stride 2's lanes (outputs 0 1 4 5 2 3 6 7) in output order.
 CCT_AVX2 inline __m256 in_order(__m256 v) {
   return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(v), _MM_SHUFFLE(3, 1, 2, 0)));
 }
 
+// Eight windows side by side in AVX registers (max_windows4's taps, eight outputs per
+// compare-and-blend). Stride 2 loads sixteen floats per tap and keeps their even ones in the
+// order one in-lane shuffle leaves them (outputs 0 1 4 5 2 3 6 7), put back in order once, at
+// the store.
 template <int SW>
 CCT_AVX2 inline void max_windows8(const float* xp, int hs, int he, int col0, int kw, int w,
                                   float* y, int32_t* mask) {
