@@ -38,6 +38,7 @@
 #include <cstring>
 #include <vector>
 
+#include "padding.h"
 #include "parallel.h"
 #include "workspace.h"
 
@@ -61,19 +62,12 @@ struct Shape {
   int64_t plane() const { return hp() * wp(); }
 };
 
-// Copies one image's `in` channels (each h x w, channel stride `stride`) into the zeroed
-// padded buffer `xp`.
+// Copies one image's `in` channels (each h x w, channel stride `stride`) into the padded
+// buffer `xp`, one plane() per channel (rows or columns of the bottom that a negative-pad
+// geometry never reads are cut).
 void pad_image(const float* x, int64_t stride, const Shape& s, float* xp) {
-  const int64_t wp = s.wp(), plane = s.plane();
-  std::fill(xp, xp + s.in * plane, 0.0f);
-  // Rows or columns of the bottom that a negative-pad geometry never reads are cut.
-  const int64_t r0 = std::max<int64_t>(0, -s.ph), r1 = std::min(s.h, s.hp() - s.ph);
-  const int64_t c0 = std::max<int64_t>(0, -s.pw), c1 = std::min(s.w, wp - s.pw);
-  if (r1 <= r0 || c1 <= c0) return;
   for (int64_t c = 0; c < s.in; ++c)
-    for (int64_t r = r0; r < r1; ++r)
-      std::memcpy(xp + c * plane + (r + s.ph) * wp + c0 + s.pw, x + c * stride + r * s.w + c0,
-                  size_t(c1 - c0) * sizeof(float));
+    pad_plane(x + c * stride, s.h, s.w, s.ph, s.pw, xp + c * s.plane(), s.hp(), s.wp());
 }
 
 // The forward tile: out[r][v] (8 lanes) = sum over `channels` and taps (i, j) of the packed

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "gemm.h"
+#include "padding.h"
 #include "parallel.h"
 #include "vector_clones.h"
 #include "workspace.h"
@@ -223,15 +224,8 @@ CCT_VECTOR_CLONES void transform_input_plane(const float* plane, const Shape& s,
   const int64_t th = s.tiles_h(), tw = s.tiles_w(), width = m * tw + a - m;
   const int64_t height = m * th + a - m;
   // The bottom with its pad as zeros, from (-ph, -pw), copied whole before the row pass reads
-  // it: a row read straight after its copy stalled on store forwarding (vector loads across
-  // the copy's stores; one load took 20% of this function's samples).
-  std::fill(padded, padded + height * width, 0.0f);
-  const int64_t first = std::max<int64_t>(0, s.pw), last = std::min(width, s.pw + s.w);
-  for (int64_t r = std::max<int64_t>(0, s.ph); r < std::min(height, s.ph + s.h) && first < last;
-       ++r) {
-    const float* in = plane + (r - s.ph) * s.w - s.pw;
-    std::copy(in + first, in + last, padded + r * width + first);
-  }
+  // it (copied row by row, one load took 20% of this function's samples: store forwarding).
+  pad_plane(plane, s.h, s.w, s.ph, s.pw, padded, height, width);
   for (int64_t r = 0; r < height; ++r) {
     const float* d = padded + r * width;
     float* h = rows + r * a * tw;
@@ -387,11 +381,7 @@ CCT_VECTOR_CLONES void transform_top_diff_plane(const float* plane, const Shape&
   const int64_t th = s.tiles_h(), tw = s.tiles_w();
   // A top diff of whole tiles is read in place; else from its copy with zeros past the edge.
   const bool whole = m * tw == s.wo && m * th == s.ho;
-  if (!whole) {
-    std::fill(padded, padded + m * th * m * tw, 0.0f);
-    for (int64_t oh = 0; oh < s.ho; ++oh)
-      std::copy(plane + oh * s.wo, plane + (oh + 1) * s.wo, padded + oh * m * tw);
-  }
+  if (!whole) pad_plane(plane, s.ho, s.wo, 0, 0, padded, m * th, m * tw);
   const float* top = whole ? plane : padded;
   for (int64_t ty = 0; ty < th; ++ty) {
     for (int i = 0; i < m; ++i) {  // g A^T, along each of the tile's m rows

@@ -5,6 +5,7 @@
 // by the window size clipped to the padded bottom (padding counts, what lies beyond it does not).
 // Planes (image, channel) are split between cct's threads.
 #include "kernels.h"
+#include "padding.h"
 #include "parallel.h"
 #include "vector_clones.h"
 #include "workspace.h"
@@ -149,14 +150,10 @@ CCT_AVX2 int max_row_avx2(const float* xp, int hs, int he, int w, int kw, int pw
 thread_local std::vector<float> t_padded_plane;
 
 // The padded plane the vector AVE kernels read: the bottom's h rows, each from column -pw,
-// zero outside [0, w), `width` floats. Built whole before it is read (rows read straight
-// after their copy would wait on store forwarding).
+// zero outside [0, w), `width` floats.
 float* padded_plane(const float* xp, int h, int w, int pw, int width) {
   float* pad = grown(t_padded_plane, size_t(h) * width);
-  std::fill(pad, pad + int64_t(h) * width, 0.0f);
-  const int first = std::max(0, -pw), last = std::min(w, width - pw);
-  for (int i = 0; i < h && first < last; ++i)
-    std::copy(xp + i * w + first, xp + i * w + last, pad + i * width + first + pw);
+  pad_plane(xp, h, w, 0, pw, pad, h, width);
   return pad;
 }
 

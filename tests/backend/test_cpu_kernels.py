@@ -638,46 +638,46 @@ def test_ave_pool_matches_reference(case, dtype):
     check_ave_pool(cpu, reference, case, dtype)
 
 
-def caffe_ave_pool(x, kernel, stride, pad, pooled):
-    """Caffe's AVE loops (pooling_layer.cpp) in float32, window by window: each sum from zero
-    in row-major order over the window clipped to the bottom, divided by the window's size
-    clipped to the padded bottom."""
-    n, c, h, w = x.shape
+def caffe_ave_windows(h, w, kernel, stride, pad, pooled):
+    """Caffe's AVE windows (pooling_layer.cpp), in its order: (oh, ow, the bottom rows and
+    columns, clipped to the bottom, and the divisor, the window clipped to the padded bottom,
+    as float32)."""
     (kh, kw), (sh, sw), (ph, pw), (ho, wo) = kernel, stride, pad, pooled
-    y = np.empty((n, c, ho, wo), np.float32)
     for oh in range(ho):
         hs = oh * sh - ph
         he = min(hs + kh, h + ph)
         for ow in range(wo):
             ws = ow * sw - pw
             we = min(ws + kw, w + pw)
-            size = np.float32((he - hs) * (we - ws))
-            acc = np.zeros((n, c), np.float32)
-            for i in range(max(hs, 0), min(he, h)):
-                for j in range(max(ws, 0), min(we, w)):
-                    acc += x[:, :, i, j]
-            with np.errstate(invalid="ignore"):
-                y[:, :, oh, ow] = acc / size
+            yield (oh, ow, range(max(hs, 0), min(he, h)), range(max(ws, 0), min(we, w)),
+                   np.float32((he - hs) * (we - ws)))
+
+
+def caffe_ave_pool(x, kernel, stride, pad, pooled):
+    """Caffe's AVE loops in float32, window by window: each sum from zero in row-major order
+    over the window, divided by its size."""
+    n, c, h, w = x.shape
+    y = np.empty((n, c) + tuple(pooled), np.float32)
+    for oh, ow, rows, cols, size in caffe_ave_windows(h, w, kernel, stride, pad, pooled):
+        acc = np.zeros((n, c), np.float32)
+        for i in rows:
+            for j in cols:
+                acc += x[:, :, i, j]
+        with np.errstate(invalid="ignore"):
+            y[:, :, oh, ow] = acc / size
     return y
 
 
 def caffe_ave_pool_backward(dy, x_shape, kernel, stride, pad):
     """Caffe's AVE backward loops in float32: dx from zero, each window's dy / size added
-    into its taps clipped to the bottom, window after window."""
-    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, pad
-    n, c, h, w = x_shape
-    ho, wo = dy.shape[2:]
+    into its taps, window after window."""
     dx = np.zeros(x_shape, np.float32)
-    for oh in range(ho):
-        hs = oh * sh - ph
-        he = min(hs + kh, h + ph)
-        for ow in range(wo):
-            ws = ow * sw - pw
-            we = min(ws + kw, w + pw)
-            share = dy[:, :, oh, ow] / np.float32((he - hs) * (we - ws))
-            for i in range(max(hs, 0), min(he, h)):
-                for j in range(max(ws, 0), min(we, w)):
-                    dx[:, :, i, j] += share
+    windows = caffe_ave_windows(x_shape[2], x_shape[3], kernel, stride, pad, dy.shape[2:])
+    for oh, ow, rows, cols, size in windows:
+        share = dy[:, :, oh, ow] / size
+        for i in rows:
+            for j in cols:
+                dx[:, :, i, j] += share
     return dx
 
 
