@@ -39,6 +39,10 @@
 // where the lowered GEMM is already compute-bound. Which tile pays depends on the layer (a
 // 13x13 top wastes 34% of 4x4 tiles, 14% of 2x2 ones): both are measured.
 //
+// Phase layouts (conv_phase.cpp): a strided undilated float layer as a stride-1 one over its
+// bottom's phase planes, computed by the direct or a Winograd layout; CaffeNet's 11x11
+// stride-4 conv1 becomes a 3x3 layer for Winograd. Measured like the others.
+//
 // The weight gradient's GEMM (long inner dimension M, small result) goes through
 // gemm_measured, which picks its operand order by measurement (gemm.cpp). It adds into the
 // weight diff when asked (Caffe accumulates param diffs over iter_size and shared params).
@@ -52,11 +56,13 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "conv_direct.h"
+#include "conv_phase.h"
 #include "conv_winograd.h"
 #include "gemm.h"
 #include "kernels.h"
@@ -401,8 +407,22 @@ void run_partitioned(int64_t n, int parts, bool cache_chunks, Body&& body) {
 }
 
 enum Kernel : int { kForward, kBackwardData, kBackwardWeight };
-// kWinograd: F(2x2, 3x3) or F(2x2, 5x5); kWinograd4x4: F(4x4, 3x3).
-enum Layout : int { kLowered, kPointwise, kDirect, kWinograd, kWinograd4x4 };
+// kWinograd: F(2x2, 3x3) or F(2x2, 5x5); kWinograd4x4: F(4x4, 3x3). kPhase*: the layer in
+// phase form (conv_phase.h) computed by the stride-1 layout of the same name.
+enum Layout : int {
+  kLowered, kPointwise, kDirect, kWinograd, kWinograd4x4,
+  kPhaseDirect, kPhaseWinograd, kPhaseWinograd4x4
+};
+constexpr int kLayouts = kPhaseWinograd4x4 + 1;
+constexpr const char* kLayoutNames[kLayouts] = {
+    "lowered", "pointwise", "direct", "winograd", "winograd4x4",
+    "phase-direct", "phase-winograd", "phase-winograd4x4"};
+
+bool is_phase(Layout layout) { return layout >= kPhaseDirect; }
+// The stride-1 layout a phase layout runs on the phase form (the layout itself otherwise).
+Layout stride1_layout(Layout layout) {
+  return is_phase(layout) ? Layout(layout - kPhaseDirect + kDirect) : layout;
+}
 
 // How a kernel runs on one geometry: its batch partitions, its layout, and (one partition)
 // whether it lowers in cache-sized chunks.
@@ -418,7 +438,8 @@ using PlanKey = std::tuple<int, std::array<int64_t, 16>, int64_t, int, int>;
 std::mutex g_plan_mutex;
 std::map<PlanKey, Plan> g_plans;
 std::atomic<int> g_partition_mode{0};  // 0 measure, 1 one partition, 2 one per thread
-// 0 measure, 1 lowered, 2 pointwise / 3 direct / 4 Winograd F(2x2) / 5 F(4x4) where it applies
+// 0 measure, 1 + layout: that layout where it applies (2 pointwise, 3 direct, 4 Winograd F(2x2),
+// 5 F(4x4), 6-8 their phase forms)
 std::atomic<int> g_layout_mode{0};
 std::atomic<bool> g_measure{true};     // time new shapes, or give them rule_plan's plan
 
@@ -426,7 +447,8 @@ std::atomic<bool> g_measure{true};     // time new shapes, or give them rule_pla
 // under another (the rule's plans never stand for measured ones, a float32 plan is not a bf16
 // GEMM's (bf16.h), and a layer asking for Caffe's engine never gets a Winograd plan).
 int plan_modes(bool measured, bool bf16, bool caffe_engine) {
-  return g_layout_mode + 6 * (g_partition_mode + 3 * (!measured + 2 * (bf16 + 2 * caffe_engine)));
+  return g_layout_mode +
+         (kLayouts + 1) * (g_partition_mode + 3 * (!measured + 2 * (bf16 + 2 * caffe_engine)));
 }
 
 // Whether a layout computes this kernel on this geometry here (a plan installed from another
@@ -445,6 +467,11 @@ bool layout_applies(Layout layout, Kernel kernel, const ConvGeom& g) {
       return float32_kernels && winograd_applies(g, kernel == kBackwardData, 2);
     case kWinograd4x4:
       return float32_kernels && winograd_applies(g, kernel == kBackwardData, 4);
+    case kPhaseDirect:
+    case kPhaseWinograd:
+    case kPhaseWinograd4x4:
+      return phase_applies(g) &&
+             layout_applies<T>(stride1_layout(layout), kernel, phase_geometry(g, g.n));
     default: return true;
   }
 }
@@ -467,7 +494,9 @@ std::vector<Plan> candidate_plans(Kernel kernel, const ConvGeom& g, int threads,
   // Modes 2-5 force their layout where it applies, lowered elsewhere.
   std::vector<Layout> layouts;
   const int mode = g_layout_mode;
-  for (Layout layout : {kPointwise, kDirect, kWinograd, kWinograd4x4}) {
+  for (Layout layout :
+       {kPointwise, kDirect, kWinograd, kWinograd4x4, kPhaseDirect, kPhaseWinograd,
+        kPhaseWinograd4x4}) {
     if ((mode == 0 || mode == 1 + int(layout)) && layout_applies<T>(layout, kernel, g) &&
         (!caffe_engine || layout == kPointwise))
       layouts.push_back(layout);
@@ -610,7 +639,8 @@ void set_partition_mode(int mode) {
 }
 
 void set_conv_layout(int mode) {
-  if (mode < 0 || mode > 5) throw std::invalid_argument("conv layout must be 0 to 5");
+  if (mode < 0 || mode > kLayouts)
+    throw std::invalid_argument("conv layout must be 0 to " + std::to_string(kLayouts));
   g_layout_mode = mode;
 }
 
@@ -620,12 +650,9 @@ std::vector<PlanChoice> partition_choices() {
   for (const auto& [key, plan] : g_plans) {
     const auto& geom = std::get<1>(key);
     out.emplace_back(std::get<0>(key), std::vector<int64_t>(geom.begin(), geom.end()), plan.parts,
-                     plan.layout == kPointwise ? "pointwise"
-                     : plan.layout == kDirect  ? "direct"
-                     : plan.layout == kWinograd ? "winograd"
-                     : plan.layout == kWinograd4x4 ? "winograd4x4"
-                     : plan.cache_chunks       ? "lowered-cache-chunks"
-                                               : "lowered");
+                     plan.layout == kLowered ? (plan.cache_chunks ? "lowered-cache-chunks"
+                                                                  : "lowered")
+                                             : kLayoutNames[plan.layout]);
   }
   return out;
 }
@@ -646,7 +673,7 @@ void load_conv_plans(const std::vector<ConvPlanEntry>& entries) {
   std::vector<std::pair<PlanKey, Plan>> parsed;
   for (const auto& [kernel, geom, size, threads, modes, parts, layout, chunks] : entries) {
     if (kernel < kForward || kernel > kBackwardWeight || geom.size() != 16 || threads < 1 ||
-        parts < 1 || layout < kLowered || layout > kWinograd4x4)
+        parts < 1 || layout < kLowered || layout >= kLayouts)
       throw std::invalid_argument("not a convolution plan");
     PlanKey key{kernel, {}, size, threads, modes};
     std::copy(geom.begin(), geom.end(), std::get<1>(key).begin());
@@ -676,18 +703,108 @@ void clear_plans() {
   clear_gemm_choices();
 }
 
+// The float32 stride-1 layouts (direct, Winograd) over images [begin, end).
+void forward_stride1(Layout layout, const float* x, const float* weight, const float* bias,
+                     float* y, const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
+  if (layout == kDirect) return conv_forward_direct(x, weight, bias, y, g, begin, end);
+  conv_forward_winograd(x, weight, bias, y, g, begin, end, budget, layout == kWinograd4x4 ? 4 : 2);
+}
+
+void backward_data_stride1(Layout layout, const float* dy, const float* weight, float* dx,
+                           const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
+  if (layout == kDirect) return conv_backward_data_direct(dy, weight, dx, g, begin, end);
+  conv_backward_data_winograd(dy, weight, dx, g, begin, end, budget,
+                              layout == kWinograd4x4 ? 4 : 2);
+}
+
+void backward_weight_stride1(Layout layout, const float* x, const float* dy, float* dweight,
+                             const ConvGeom& g, int64_t begin, int64_t end, int64_t budget,
+                             bool accumulate) {
+  if (layout == kDirect)
+    return conv_backward_weight_direct(x, dy, dweight, g, begin, end, accumulate);
+  conv_backward_weight_winograd(x, dy, dweight, g, begin, end, budget, accumulate,
+                                layout == kWinograd4x4 ? 4 : 2);
+}
+
+// The phase layouts (conv_phase.h): the bottom (or its gradient) in phase form, a chunk of
+// images at a time within the workspace budget, in buffers of the thread's own, apart from
+// thread_workspace (which the stride-1 layouts use): grown once, then reused.
+thread_local std::vector<float> t_phase_planes;
+thread_local std::vector<float> t_phase_weight;       // the weights in phase form
+thread_local std::vector<float> t_phase_weight_grad;  // a partition's phase-form gradient
+
+int64_t phase_chunk(const ConvGeom& g, int64_t images, int64_t budget) {
+  const ConvGeom pg = phase_geometry(g, 1);
+  const int64_t per_image = pg.c * pg.h * pg.w * int64_t(sizeof(float));
+  return std::max<int64_t>(1, std::min<int64_t>(images, budget / per_image));
+}
+
+// The calling thread's phase-form weights (its partitions read them).
+const float* phased_weight(const float* weight, const ConvGeom& g) {
+  const ConvGeom pg = phase_geometry(g, 1);
+  float* wp = grown(t_phase_weight, size_t(g.o * (pg.c / g.group) * pg.kh * pg.kw));
+  phase_weight(weight, g, wp);
+  return wp;
+}
+
+void forward_phase(Layout layout, const float* x, const float* wp, const float* bias, float* y,
+                   const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
+  const int64_t step = phase_chunk(g, end - begin, budget), top = g.o * g.ho * g.wo;
+  for (int64_t n0 = begin; n0 < end; n0 += step) {
+    const ConvGeom pg = phase_geometry(g, std::min(end, n0 + step) - n0);
+    float* p = grown(t_phase_planes, size_t(pg.n * pg.c * pg.h * pg.w));
+    phase_bottom(x, g, n0, n0 + pg.n, p);
+    forward_stride1(stride1_layout(layout), p, wp, bias, y + n0 * top, pg, 0, pg.n, budget);
+  }
+}
+
+void backward_data_phase(Layout layout, const float* dy, const float* wp, float* dx,
+                         const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
+  const int64_t step = phase_chunk(g, end - begin, budget), top = g.o * g.ho * g.wo;
+  for (int64_t n0 = begin; n0 < end; n0 += step) {
+    const ConvGeom pg = phase_geometry(g, std::min(end, n0 + step) - n0);
+    float* dp = grown(t_phase_planes, size_t(pg.n * pg.c * pg.h * pg.w));
+    backward_data_stride1(stride1_layout(layout), dy + n0 * top, wp, dp, pg, 0, pg.n, budget);
+    unphase_bottom(dp, g, n0, n0 + pg.n, dx);
+  }
+}
+
+void backward_weight_phase(Layout layout, const float* x, const float* dy, float* dweight,
+                           const ConvGeom& g, int64_t begin, int64_t end, int64_t budget,
+                           bool accumulate) {
+  if (end == begin) {
+    if (!accumulate) std::fill(dweight, dweight + g.o * (g.c / g.group) * g.kh * g.kw, 0.0f);
+    return;
+  }
+  const ConvGeom pg1 = phase_geometry(g, 1);
+  float* dwp = grown(t_phase_weight_grad, size_t(g.o * (pg1.c / g.group) * pg1.kh * pg1.kw));
+  const int64_t step = phase_chunk(g, end - begin, budget), top = g.o * g.ho * g.wo;
+  for (int64_t n0 = begin; n0 < end; n0 += step) {
+    const ConvGeom pg = phase_geometry(g, std::min(end, n0 + step) - n0);
+    float* p = grown(t_phase_planes, size_t(pg.n * pg.c * pg.h * pg.w));
+    phase_bottom(x, g, n0, n0 + pg.n, p);
+    backward_weight_stride1(stride1_layout(layout), p, dy + n0 * top, dwp, pg, 0, pg.n, budget,
+                            n0 != begin);
+  }
+  unphase_weight(dwp, g, dweight, accumulate);
+}
+
 template <typename T>
 void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGeom& g,
                   bool caffe_engine) {
   run_with_plan<T>(kForward, g, caffe_engine, [&](Plan plan) {
     const Layout layout = usable<T>(plan.layout, kForward, g);
-    run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
-      if constexpr (std::is_same_v<T, float>) {
-        if (layout == kDirect) return conv_forward_direct(x, weight, bias, y, g, begin, end);
-        if (layout == kWinograd || layout == kWinograd4x4)
-          return conv_forward_winograd(x, weight, bias, y, g, begin, end, budget,
-                                       layout == kWinograd4x4 ? 4 : 2);
+    if constexpr (std::is_same_v<T, float>) {
+      if (layout >= kDirect) {
+        const float* w = is_phase(layout) ? phased_weight(weight, g) : weight;
+        return run_partitioned(g.n, plan.parts, plan.cache_chunks,
+                               [&](int, int64_t begin, int64_t end, int64_t budget) {
+          if (is_phase(layout)) return forward_phase(layout, x, w, bias, y, g, begin, end, budget);
+          forward_stride1(layout, x, w, bias, y, g, begin, end, budget);
+        });
       }
+    }
+    run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
       if (layout == kPointwise) {
         forward_pointwise(x, weight, bias, y, g, begin, end, budget);
       } else {
@@ -702,13 +819,18 @@ void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g,
                         bool caffe_engine) {
   run_with_plan<T>(kBackwardData, g, caffe_engine, [&](Plan plan) {
     const Layout layout = usable<T>(plan.layout, kBackwardData, g);
-    run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
-      if constexpr (std::is_same_v<T, float>) {
-        if (layout == kDirect) return conv_backward_data_direct(dy, weight, dx, g, begin, end);
-        if (layout == kWinograd || layout == kWinograd4x4)
-          return conv_backward_data_winograd(dy, weight, dx, g, begin, end, budget,
-                                             layout == kWinograd4x4 ? 4 : 2);
+    if constexpr (std::is_same_v<T, float>) {
+      if (layout >= kDirect) {
+        const float* w = is_phase(layout) ? phased_weight(weight, g) : weight;
+        return run_partitioned(g.n, plan.parts, plan.cache_chunks,
+                               [&](int, int64_t begin, int64_t end, int64_t budget) {
+          if (is_phase(layout))
+            return backward_data_phase(layout, dy, w, dx, g, begin, end, budget);
+          backward_data_stride1(layout, dy, w, dx, g, begin, end, budget);
+        });
       }
+    }
+    run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
       if (layout == kPointwise) {
         backward_data_pointwise(dy, weight, dx, g, begin, end);
       } else {
@@ -733,12 +855,12 @@ void conv_backward_weight(const T* x, const T* dy, T* dweight, const ConvGeom& g
                           T* out = part == 0 ? dweight : partial.data() + (part - 1) * size;
                           const bool acc = part == 0 && accumulate;
                           if constexpr (std::is_same_v<T, float>) {
-                            if (layout == kDirect)
-                              return conv_backward_weight_direct(x, dy, out, g, begin, end, acc);
-                            if (layout == kWinograd || layout == kWinograd4x4)
-                              return conv_backward_weight_winograd(
-                                  x, dy, out, g, begin, end, budget, acc,
-                                  layout == kWinograd4x4 ? 4 : 2);
+                            if (is_phase(layout))
+                              return backward_weight_phase(layout, x, dy, out, g, begin, end,
+                                                           budget, acc);
+                            if (layout >= kDirect)
+                              return backward_weight_stride1(layout, x, dy, out, g, begin, end,
+                                                             budget, acc);
                           }
                           if (layout == kPointwise) {
                             backward_weight_pointwise(x, dy, out, g, begin, end, acc);

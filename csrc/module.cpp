@@ -465,7 +465,9 @@ PYBIND11_MODULE(_C, m) {
         "2 pointwise where it applies (1x1, stride 1, pad 0), 3 direct where it applies "
         "(stride-1 float on AVX2/FMA), 4 Winograd F(2x2, 3x3) or F(2x2, 5x5) where it "
         "applies (3x3 or 5x5 stride-1 undilated float), 5 Winograd F(4x4, 3x3) where it applies "
-        "(3x3 stride-1 undilated float); the others lowered.");
+        "(3x3 stride-1 undilated float), 6-8 direct, Winograd F(2x2) and F(4x4) on a strided "
+        "undilated float layer's phase form (conv_phase.h) where they apply to it; the others "
+        "lowered.");
   m.def("cpu_has_direct_conv", &cct::cpu_has_direct_conv,
         "Whether this CPU runs the direct convolution layout (AVX2 and FMA).");
   m.def("cpu_has_bf16_units", &cct::cpu_has_bf16_units,

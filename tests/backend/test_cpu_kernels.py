@@ -417,16 +417,106 @@ def test_winograd_layout(case, layout, mode, threads, limit, conv_layout, partit
     check_weight_gradient_accumulates(x, weight, dy, geom, np.float32)
 
 
-@pytest.mark.parametrize("layout", [3, 4, 5])
+# The phase layouts (csrc/conv_phase.cpp): a strided undilated float32 layer as a stride-1 one
+# over its bottom's phase planes, computed by the direct layout (6) or Winograd F(2x2) (7) or
+# F(4x4, 3x3) (8) where they apply to the phase form, whose kernel is ceil(k / stride) a side.
+# The cases: CaffeNet's conv1 in small (11x11, stride 4: a 3x3 phase kernel), GoogLeNet's (7x7
+# stride 2 pad 3: 4x4), kernels that are no multiple of the stride, different strides per axis
+# with a rectangular kernel, groups, a 5x5 phase kernel, bottom rows and columns no tap reads
+# (their gradient is zero), and a stride equal to the kernel (a 1x1 phase kernel).
+PHASE_CASES = [
+    (2, 3, 27, 27, 8, (11, 11), (4, 4), (0, 0), (1, 1), 1),
+    (2, 3, 17, 16, 6, (7, 7), (2, 2), (3, 3), (1, 1), 1),
+    (3, 4, 13, 11, 6, (3, 3), (2, 2), (1, 1), (1, 1), 2),
+    (2, 3, 20, 19, 5, (5, 4), (3, 2), (2, 1), (1, 1), 1),
+    (2, 2, 12, 12, 4, (6, 6), (2, 2), (0, 0), (1, 1), 1),
+    (1, 6, 15, 15, 6, (9, 9), (3, 3), (4, 4), (1, 1), 3),
+    (2, 2, 13, 12, 3, (10, 10), (2, 2), (5, 4), (1, 1), 1),
+    (2, 3, 14, 15, 4, (5, 5), (4, 4), (0, 0), (1, 1), 1),
+    (2, 3, 9, 8, 5, (2, 2), (2, 2), (0, 1), (1, 1), 1),
+]
+
+
+def phase_layouts(case):
+    """The phase layouts that apply to a case (their stride-1 layout applies to its phase
+    form)."""
+    kernel, stride = case[5], case[6]
+    phase_kernel = tuple(-(-k // s) for k, s in zip(kernel, stride))
+    layouts = [6] if _C.cpu_has_direct_conv() else []
+    if phase_kernel in ((3, 3), (5, 5)):
+        layouts.append(7)
+    if phase_kernel == (3, 3):
+        layouts.append(8)
+    return layouts
+
+
+@pytest.mark.parametrize("limit", [None, 1])
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("case, layout",
+                         [(c, layout) for c in PHASE_CASES for layout in phase_layouts(c)],
+                         ids=str)
+def test_phase_layout(case, layout, mode, threads, limit, conv_layout, partition_mode,
+                      num_threads, col_buffer_limit):
+    """Forced phase layouts against the reference: one or several partitions and threads, the
+    batch whole or an image at a time (the weight gradient then sums over chunks),
+    accumulating into a weight diff."""
+    x, weight, bias, dy, geom = conv_arrays(case, np.float32)
+    conv_layout(layout)
+    partition_mode(mode)
+    num_threads(threads)
+    if limit:
+        col_buffer_limit(limit)
+    check_conv(cpu, x, weight, bias, dy, geom, np.float32, no_bias=True)
+    check_weight_gradient_accumulates(x, weight, dy, geom, np.float32)
+
+
+def test_phase_layouts_are_measured_for_strided_undilated_float32_only(num_threads):
+    """A measured plan may be a phase layout only on a strided, undilated float32 layer whose
+    kernel is at least its stride, and never under Caffe's engine."""
+    num_threads(2)
+    _C.clear_plans()
+    cases = [((3, 4, 9, 9, 6, (3, 3), (1, 1), (1, 1), (1, 1), 1), np.float32, "DEFAULT"),
+             ((3, 4, 9, 9, 6, (3, 3), (2, 2), (1, 1), (2, 2), 1), np.float32, "DEFAULT"),
+             ((3, 4, 9, 9, 6, (1, 1), (2, 2), (0, 0), (1, 1), 1), np.float32, "DEFAULT"),
+             ((3, 4, 9, 9, 6, (3, 3), (2, 2), (1, 1), (1, 1), 1), np.float64, "DEFAULT"),
+             ((3, 4, 9, 9, 6, (5, 5), (2, 2), (1, 1), (1, 1), 1), np.float32, "CAFFE")]
+    for case, dtype, engine in cases:
+        x, weight, bias, dy, geom = conv_arrays(case, dtype)
+        cpu.conv_forward(x, weight, bias, *geom, engine=engine)
+        cpu.conv_backward_data(dy, weight, x.shape, *geom, engine=engine)
+        cpu.conv_backward_weight(x, dy, *geom, engine=engine)
+    assert len(_C.conv_plan_table()) == 3 * len(cases)
+    assert not [c for c in _C.partition_choices() if c[3].startswith("phase")]
+
+
+def test_a_phase_plan_where_it_cannot_run_runs_lowered(num_threads):
+    """A plan table from another machine may name a phase layout for a float64 layer or for a
+    geometry with no phase form (stride 1): those run lowered, correctly."""
+    num_threads(2)
+    for case, dtype in [((2, 3, 11, 11, 4, (5, 5), (2, 2), (1, 1), (1, 1), 1), np.float64),
+                        ((2, 3, 7, 7, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1), np.float32)]:
+        x, weight, bias, dy, geom = conv_arrays(case, dtype)
+        n, c, h, w, o, kernel, stride, pad = case[:8]
+        key = [n, c, h, w, o, *dy.shape[2:], *kernel, *stride, *pad, 1, 1, 1]
+        _C.load_conv_plans([(k, key, np.dtype(dtype).itemsize, 2, 0, 2, 5, False)
+                            for k in range(3)])
+        check_conv(cpu, x, weight, bias, dy, geom, dtype)
+        assert (0, key, 2, "phase-direct") in _C.partition_choices()  # the plan stood
+
+
+@pytest.mark.parametrize("layout", [3, 4, 5, 6, 7, 8])
 def test_a_forced_layout_is_what_runs(layout, conv_layout):
-    """Forcing direct (3), Winograd (4) or Winograd F(4x4, 3x3) (5) runs another algorithm
-    than lowered (1), not a fallback: each kernel's plan names the forced layout, and the
-    results of all three agree with lowered's to float32 rounding. (Not "differ in the last
-    bits": on AVX-512, OpenBLAS's kernel and the direct one can sum a short k in the same
-    order, to the same bits.)"""
-    if layout == 3 and not _C.cpu_has_direct_conv():
+    """Forcing direct (3), Winograd (4), Winograd F(4x4, 3x3) (5) or their phase forms (6-8,
+    on a 6x6 stride-2 layer: a 3x3 phase kernel) runs another algorithm than lowered (1), not
+    a fallback: each kernel's plan names the forced layout, and the results of both agree
+    with lowered's to float32 rounding. (Not "differ in the last bits": on AVX-512,
+    OpenBLAS's kernel and the direct one can sum a short k in the same order, to the same
+    bits.)"""
+    if layout in (3, 6) and not _C.cpu_has_direct_conv():
         pytest.skip("the direct layout needs a CPU with AVX2 and FMA")
-    x, weight, bias, dy, geom = conv_arrays((4, 16, 12, 7, 24, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    kernel, stride = ((6, 6), (2, 2)) if layout >= 6 else ((3, 3), (1, 1))
+    x, weight, bias, dy, geom = conv_arrays((4, 16, 12, 7, 24, kernel, stride, (1, 1), (1, 1), 1),
                                             np.float32)
     _C.clear_plans()
     results = {}
@@ -438,7 +528,7 @@ def test_a_forced_layout_is_what_runs(layout, conv_layout):
     for lowered, other in zip(results[1], results[layout]):
         close(other, lowered, np.float32)
     # a plan's modes are the forced layout mode here (the rest of the modes are 0); its layout
-    # 0 lowered, 2 direct, 3 Winograd, 4 Winograd F(4x4, 3x3)
+    # 0 lowered, 2 direct, 3 Winograd, 4 Winograd F(4x4, 3x3), 5-7 their phase forms
     chosen = {(kernel, modes): plan_layout
               for kernel, _, _, _, modes, _, plan_layout, _ in _C.conv_plan_table()}
     for kernel in range(3):
@@ -446,15 +536,16 @@ def test_a_forced_layout_is_what_runs(layout, conv_layout):
         assert chosen[(kernel, layout)] == layout - 1
 
 
-@pytest.mark.parametrize("layout", [3, 4, 5])
+@pytest.mark.parametrize("layout", [3, 4, 5, 6, 7, 8])
 def test_caffe_engine_runs_lowered_under_a_forced_layout(layout, conv_layout):
     """engine "CAFFE" (convolution_param.engine) keeps the three kernels on the lowered layout
     even where another is forced and applies (a 3x3 16 -> 16 layer: direct and both Winograd
-    tiles do), while the default engine takes the forced one; both agree with lowered to
-    float32 rounding."""
-    if layout == 3 and not _C.cpu_has_direct_conv():
+    tiles do; a 6x6 stride-2 one for the phase forms), while the default engine takes the
+    forced one; both agree with lowered to float32 rounding."""
+    if layout in (3, 6) and not _C.cpu_has_direct_conv():
         pytest.skip("the direct layout needs a CPU with AVX2 and FMA")
-    x, weight, bias, dy, geom = conv_arrays((4, 16, 10, 9, 16, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    kernel, stride = ((6, 6), (2, 2)) if layout >= 6 else ((3, 3), (1, 1))
+    x, weight, bias, dy, geom = conv_arrays((4, 16, 10, 9, 16, kernel, stride, (1, 1), (1, 1), 1),
                                             np.float32)
     conv_layout(layout)
     results, layouts = {}, {}
@@ -473,12 +564,14 @@ def test_caffe_engine_runs_lowered_under_a_forced_layout(layout, conv_layout):
             close(got, want, np.float32)
 
 
-@pytest.mark.parametrize("layout", [1, 3, 4, 5])
+@pytest.mark.parametrize("layout", [1, 3, 4, 5, 6, 7, 8])
 def test_workspaces_left_by_other_shapes_do_not_leak(layout, conv_layout):
     """The per-thread workspaces and padded buffers outlive a call: a layer's results are the
-    same bits after calls on other shapes whose inputs were NaN."""
+    same bits after calls on other shapes whose inputs were NaN. (The phase layouts' (6-8)
+    layer is strided, with a 3x3 phase kernel; the other shapes are theirs too.)"""
     conv_layout(layout)
-    x, weight, bias, dy, geom = conv_arrays((5, 7, 11, 9, 10, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    stride, kernel = ((2, 2), (6, 6)) if layout >= 6 else ((1, 1), (3, 3))
+    x, weight, bias, dy, geom = conv_arrays((5, 7, 11, 9, 10, kernel, stride, (1, 1), (1, 1), 1),
                                             np.float32)
 
     def kernels(x, weight, bias, dy, geom):
@@ -487,8 +580,8 @@ def test_workspaces_left_by_other_shapes_do_not_leak(layout, conv_layout):
                 cpu.conv_backward_weight(x, dy, *geom))
 
     first = kernels(x, weight, bias, dy, geom)
-    for other in [(3, 16, 20, 20, 24, (3, 3), (1, 1), (2, 2), (1, 1), 1),
-                  (2, 4, 30, 7, 8, (3, 3), (1, 1), (0, 0), (1, 1), 2)]:
+    for other in [(3, 16, 20, 20, 24, kernel, stride, (2, 2), (1, 1), 1),
+                  (2, 4, 30, 7, 8, kernel, stride, (0, 0), (1, 1), 2)]:
         xo, wo, bo, dyo, go = conv_arrays(other, np.float32, seed=9)
         xo[:] = np.nan
         dyo[:] = np.nan

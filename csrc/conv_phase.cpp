@@ -1,0 +1,138 @@
+// Strided convolutions in phase form.
+//
+// Why: a stride-s layer reads its padded bottom at s * (output pixel) + tap. Split each tap
+// as u = s * a + r (phase r, 0 <= r < s) and it reads phase plane r (every s-th row from row r)
+// at output pixel + a: a stride-1 convolution over s x s times as many channels, with a
+// kernel of ceil(k / s) taps a side whose taps past k are zero. The stride-1 layouts then
+// apply: CaffeNet's and AlexNet's conv1 (11x11, stride 4, 3 channels: lowered only, its
+// im2col of 121 taps a pixel as costly as the GEMM) become a 3x3 convolution over 48 channels
+// that Winograd computes with 4x fewer multiplications, GoogLeNet's 7x7 stride-2 conv1 a 4x4
+// one over 12 channels for the direct kernel. The zero taps cost 19% (11 -> 12) and 31%
+// (7 -> 8) more multiplications than the layer has; measurement (conv.cpp) decides whether
+// the layout pays on a layer, against the lowered one.
+//
+// The phase planes are as large as the padded bottom; the weights' phase form is small. Each
+// bottom pixel is in exactly one phase plane, so backward data is a gather (no sums) and the
+// weight gradient of a real tap is its phase tap's gradient.
+//
+// Rounding: each output is the stride-1 layout's sum, in its own order (not Caffe's): a layer
+// asking for Caffe's engine never gets a phase layout (conv.cpp).
+#include "conv_phase.h"
+
+#include <algorithm>
+
+#include "parallel.h"
+
+namespace cct {
+
+namespace {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The pixels j of a phase row whose bottom column s * j + q - pad lies in [0, size): [lo, hi).
+inline void phase_columns(int64_t q, int64_t s, int64_t pad, int64_t size, int64_t width,
+                          int64_t* lo, int64_t* hi) {
+  *lo = std::min(width, pad > q ? ceil_div(pad - q, s) : int64_t(0));
+  *hi = std::max(*lo, std::min(width, size + pad > q ? ceil_div(size + pad - q, s)
+                                                     : int64_t(0)));
+}
+
+}  // namespace
+
+bool phase_applies(const ConvGeom& g) {
+  return (g.sh > 1 || g.sw > 1) && g.dh == 1 && g.dw == 1 && g.kh >= g.sh && g.kw >= g.sw;
+}
+
+ConvGeom phase_geometry(const ConvGeom& g, int64_t images) {
+  const int64_t kh = ceil_div(g.kh, g.sh), kw = ceil_div(g.kw, g.sw);
+  return {images, g.c * g.sh * g.sw, g.ho + kh - 1, g.wo + kw - 1, g.o, g.ho, g.wo,
+          kh, kw, 1, 1, 0, 0, 1, 1, g.group};
+}
+
+void phase_bottom(const float* x, const ConvGeom& g, int64_t n0, int64_t n1, float* p) {
+  const ConvGeom pg = phase_geometry(g, 1);
+  const int64_t plane = pg.h * pg.w, phases = g.sh * g.sw;
+  // One item per bottom plane: its phases are written while it is in cache.
+  parallel_for((n1 - n0) * g.c, phases * plane, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const float* src = x + (n0 * g.c + item) * g.h * g.w;
+      for (int64_t r = 0; r < g.sh; ++r) {
+        for (int64_t q = 0; q < g.sw; ++q) {
+          float* dst = p + (item * phases + r * g.sw + q) * plane;
+          int64_t lo, hi;
+          phase_columns(q, g.sw, g.pw, g.w, pg.w, &lo, &hi);
+          for (int64_t m = 0; m < pg.h; ++m, dst += pg.w) {
+            const int64_t ih = g.sh * m + r - g.ph;
+            if (ih < 0 || ih >= g.h) {
+              std::fill(dst, dst + pg.w, 0.0f);
+              continue;
+            }
+            const float* row = src + ih * g.w + q - g.pw;
+            std::fill(dst, dst + lo, 0.0f);
+            for (int64_t j = lo; j < hi; ++j) dst[j] = row[j * g.sw];
+            std::fill(dst + hi, dst + pg.w, 0.0f);
+          }
+        }
+      }
+    }
+  });
+}
+
+void unphase_bottom(const float* dp, const ConvGeom& g, int64_t n0, int64_t n1, float* dx) {
+  const ConvGeom pg = phase_geometry(g, 1);
+  const int64_t plane = pg.h * pg.w, phases = g.sh * g.sw;
+  parallel_for((n1 - n0) * g.c, g.h * g.w, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      float* dst = dx + (n0 * g.c + item) * g.h * g.w;
+      const float* src = dp + item * phases * plane;
+      for (int64_t ih = 0; ih < g.h; ++ih, dst += g.w) {
+        const int64_t m = (ih + g.ph) / g.sh, r = (ih + g.ph) % g.sh;
+        if (m >= pg.h) {
+          std::fill(dst, dst + g.w, 0.0f);  // below the last row any tap reads
+          continue;
+        }
+        for (int64_t iw = 0; iw < g.w; ++iw) {
+          const int64_t j = (iw + g.pw) / g.sw, q = (iw + g.pw) % g.sw;
+          dst[iw] = j < pg.w ? src[(r * g.sw + q) * plane + m * pg.w + j] : 0.0f;
+        }
+      }
+    }
+  });
+}
+
+void phase_weight(const float* weight, const ConvGeom& g, float* wp) {
+  const ConvGeom pg = phase_geometry(g, 1);
+  const int64_t filters = g.o * (g.c / g.group);  // (output, input channel) pairs
+  for (int64_t f = 0; f < filters; ++f) {
+    const float* src = weight + f * g.kh * g.kw;
+    for (int64_t r = 0; r < g.sh; ++r) {
+      for (int64_t q = 0; q < g.sw; ++q) {
+        float* dst = wp + ((f * g.sh + r) * g.sw + q) * pg.kh * pg.kw;
+        for (int64_t a = 0; a < pg.kh; ++a) {
+          for (int64_t b = 0; b < pg.kw; ++b) {
+            const int64_t u = g.sh * a + r, v = g.sw * b + q;
+            dst[a * pg.kw + b] = u < g.kh && v < g.kw ? src[u * g.kw + v] : 0.0f;
+          }
+        }
+      }
+    }
+  }
+}
+
+void unphase_weight(const float* dwp, const ConvGeom& g, float* dweight, bool accumulate) {
+  const ConvGeom pg = phase_geometry(g, 1);
+  const int64_t filters = g.o * (g.c / g.group);
+  for (int64_t f = 0; f < filters; ++f) {
+    float* dst = dweight + f * g.kh * g.kw;
+    for (int64_t u = 0; u < g.kh; ++u) {
+      for (int64_t v = 0; v < g.kw; ++v) {
+        const int64_t r = u % g.sh, q = v % g.sw;
+        const float d = dwp[((f * g.sh + r) * g.sw + q) * pg.kh * pg.kw +
+                            (u / g.sh) * pg.kw + v / g.sw];
+        dst[u * g.kw + v] = accumulate ? dst[u * g.kw + v] + d : d;
+      }
+    }
+  }
+}
+
+}  // namespace cct
