@@ -3,6 +3,8 @@ GEMM (Caffe con Troll's, its batch partitions measured) against the direct kerne
 (csrc/conv_direct.cpp, stride-1 float32 layers on AVX2/FMA CPUs), Winograd F(2x2, 3x3) or
 F(2x2, 5x5) (csrc/conv_winograd.cpp, 3x3 and 5x5 stride-1 undilated float32 layers) and
 Winograd F(4x4, 3x3) (3x3 ones), forward, backward data and backward weight, in the same run.
+A strided layer (CaffeNet's conv1) gets the same three columns for its phase forms
+(csrc/conv_phase.cpp: a stride-1 layer over the bottom's phase planes, kernel ceil(k / stride)).
 
     python bench/bench_conv_layouts.py                       # lenet, cifar10_quick, caffenet_b32
     python bench/bench_conv_layouts.py --nets cifar10_quick --repeats 10
@@ -28,15 +30,29 @@ from bench.worker import best_of  # noqa: E402
 DEFAULT_NETS = "lenet,cifar10_quick,caffenet_b32"
 KERNELS = ("forward", "backward data", "backward weight")
 LOWERED, DIRECT, WINOGRAD, WINOGRAD4, MEASURED = 1, 3, 4, 5, 0  # cct._C.set_conv_layout's modes
+PHASE = 3  # set_conv_layout(mode + PHASE): the phase form of layout `mode`
 OTHERS = (DIRECT, WINOGRAD, WINOGRAD4)
 # conv_plan_table's numbers
-LAYOUT_NAMES = ("lowered", "pointwise", "direct", "winograd", "winograd4x4")
+LAYOUT_NAMES = ("lowered", "pointwise", "direct", "winograd", "winograd4x4", "phase-direct",
+                "phase-winograd", "phase-winograd4x4")
+
+
+def phase_form(geom):
+    """A strided undilated layer's phase form (kernel ceil(k / stride), stride 1, no pad), or
+    None where it has none."""
+    kernel, stride, _, dilation, group = geom
+    if stride == (1, 1) or dilation != (1, 1) or any(k < s for k, s in zip(kernel, stride)):
+        return None
+    return tuple(-(-k // s) for k, s in zip(kernel, stride)), (1, 1), (0, 0), (1, 1), group
 
 
 def applies(mode: int, kernel_id: int, geom) -> bool:
     """Whether set_conv_layout(mode) runs its own layout on this kernel (else lowered)."""
     from cct import _C
 
+    if mode > WINOGRAD4:
+        phase = phase_form(geom)
+        return phase is not None and applies(mode - PHASE, kernel_id, phase)
     kernel, stride, pad, dilation, _ = geom
     if mode == DIRECT:
         return stride == (1, 1) and _C.cpu_has_direct_conv()
@@ -45,6 +61,11 @@ def applies(mode: int, kernel_id: int, geom) -> bool:
         return (kernel in sizes and stride == (1, 1) and dilation == (1, 1)
                 and (kernel_id != 1 or max(pad) <= kernel[0] - 1))
     return True
+
+
+def other_modes(geom) -> tuple:
+    """The layouts timed beside lowered: the stride-1 ones, or a strided layer's phase forms."""
+    return tuple(m + PHASE for m in OTHERS) if geom[1] != (1, 1) else OTHERS
 
 
 def conv_layers(net):
@@ -74,7 +95,7 @@ def time_layer(geom, x_shape, y_shape, repeats: int) -> dict:
              lambda: cpu.conv_backward_weight(x, dy, *geom, out=dw))
     times = {}
     try:
-        for mode in (LOWERED, *OTHERS, MEASURED):
+        for mode in (LOWERED, *other_modes(geom), MEASURED):
             _C.set_conv_layout(mode)
             times[mode] = [best_of(call, repeats) if applies(mode, k, geom) else None
                            for k, call in enumerate(calls)]
@@ -117,19 +138,20 @@ def main(argv=None) -> None:
         net = synthetic_net(zoo / path, batch)
         for layer, geom, x_shape, y_shape in conv_layers(net):
             label = f"{net_name}/{layer}"
-            if geom[1] != (1, 1):
+            if geom[1] != (1, 1) and phase_form(geom) is None:
                 print(f"{label:<22} {'(stride ' + str(geom[1][0]) + ': lowered only)'}")
                 continue
+            modes = other_modes(geom)
             r = time_layer(geom, x_shape, y_shape, args.repeats)
             macs = (y_shape[0] * y_shape[1] * y_shape[2] * y_shape[3] * x_shape[1] // geom[4]
                     * geom[0][0] * geom[0][1])
             for k, kernel in enumerate(KERNELS):
                 lowered = r["times"][LOWERED][k]
                 others = [t[k] for mode, t in r["times"].items()
-                          if mode in OTHERS and t[k] is not None]
+                          if mode in modes and t[k] is not None]
                 best = min(others, default=lowered)
                 cells = "".join(f"{t[k] * 1e3:10.2f} " if t[k] is not None else f"{'-':>10} "
-                                for t in (r["times"][mode] for mode in OTHERS))
+                                for t in (r["times"][mode] for mode in modes))
                 print(f"{label:<22} {kernel:<16} {lowered * 1e3:10.2f} {cells}"
                       f"{2 * macs / best / 1e9:9.1f} {lowered / best:6.2f}  "
                       f"{r['chosen'].get(k, '?')}", flush=True)

@@ -419,6 +419,8 @@ constexpr const char* kLayoutNames[kLayouts] = {
     "phase-direct", "phase-winograd", "phase-winograd4x4"};
 
 bool is_phase(Layout layout) { return layout >= kPhaseDirect; }
+// The layouts of cct's own float32 kernels (direct, Winograd, their phase forms).
+bool is_float32_kernel(Layout layout) { return layout >= kDirect; }
 // The stride-1 layout a phase layout runs on the phase form (the layout itself otherwise).
 Layout stride1_layout(Layout layout) {
   return is_phase(layout) ? Layout(layout - kPhaseDirect + kDirect) : layout;
@@ -491,7 +493,7 @@ std::vector<Plan> candidate_plans(Kernel kernel, const ConvGeom& g, int threads,
   if (g_partition_mode != 2) parts.push_back(1);
   if (threads > 1 && g_partition_mode != 1) parts.push_back(threads);
   if (parts.empty()) parts.push_back(1);
-  // Modes 2-5 force their layout where it applies, lowered elsewhere.
+  // Modes 2-8 force their layout where it applies, lowered elsewhere.
   std::vector<Layout> layouts;
   const int mode = g_layout_mode;
   for (Layout layout :
@@ -703,6 +705,8 @@ void clear_plans() {
   clear_gemm_choices();
 }
 
+namespace {
+
 // The float32 stride-1 layouts (direct, Winograd) over images [begin, end).
 void forward_stride1(Layout layout, const float* x, const float* weight, const float* bias,
                      float* y, const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
@@ -733,10 +737,15 @@ thread_local std::vector<float> t_phase_planes;
 thread_local std::vector<float> t_phase_weight;       // the weights in phase form
 thread_local std::vector<float> t_phase_weight_grad;  // a partition's phase-form gradient
 
+// Images per chunk of phase planes: within the budget and at most 4 MiB (CaffeNet's conv1 at
+// b256 was as fast with 4 as with 16 or 64 MiB, and 90 MB less resident), at least one.
+constexpr int64_t kPhaseChunkBytes = int64_t(4) << 20;
+
 int64_t phase_chunk(const ConvGeom& g, int64_t images, int64_t budget) {
   const ConvGeom pg = phase_geometry(g, 1);
   const int64_t per_image = pg.c * pg.h * pg.w * int64_t(sizeof(float));
-  return std::max<int64_t>(1, std::min<int64_t>(images, budget / per_image));
+  const int64_t bytes = std::min(budget, kPhaseChunkBytes);
+  return std::max<int64_t>(1, std::min<int64_t>(images, bytes / per_image));
 }
 
 // The calling thread's phase-form weights (its partitions read them).
@@ -789,13 +798,15 @@ void backward_weight_phase(Layout layout, const float* x, const float* dy, float
   unphase_weight(dwp, g, dweight, accumulate);
 }
 
+}  // namespace
+
 template <typename T>
 void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGeom& g,
                   bool caffe_engine) {
   run_with_plan<T>(kForward, g, caffe_engine, [&](Plan plan) {
     const Layout layout = usable<T>(plan.layout, kForward, g);
     if constexpr (std::is_same_v<T, float>) {
-      if (layout >= kDirect) {
+      if (is_float32_kernel(layout)) {
         const float* w = is_phase(layout) ? phased_weight(weight, g) : weight;
         return run_partitioned(g.n, plan.parts, plan.cache_chunks,
                                [&](int, int64_t begin, int64_t end, int64_t budget) {
@@ -820,7 +831,7 @@ void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g,
   run_with_plan<T>(kBackwardData, g, caffe_engine, [&](Plan plan) {
     const Layout layout = usable<T>(plan.layout, kBackwardData, g);
     if constexpr (std::is_same_v<T, float>) {
-      if (layout >= kDirect) {
+      if (is_float32_kernel(layout)) {
         const float* w = is_phase(layout) ? phased_weight(weight, g) : weight;
         return run_partitioned(g.n, plan.parts, plan.cache_chunks,
                                [&](int, int64_t begin, int64_t end, int64_t budget) {
@@ -858,7 +869,7 @@ void conv_backward_weight(const T* x, const T* dy, T* dweight, const ConvGeom& g
                             if (is_phase(layout))
                               return backward_weight_phase(layout, x, dy, out, g, begin, end,
                                                            budget, acc);
-                            if (layout >= kDirect)
+                            if (is_float32_kernel(layout))
                               return backward_weight_stride1(layout, x, dy, out, g, begin, end,
                                                              budget, acc);
                           }
