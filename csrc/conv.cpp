@@ -541,13 +541,19 @@ bool rule_prefers_winograd(Kernel kernel, const ConvGeom& g) {
 // The plan used when shapes are not timed (set_plan_measurement(false)): one partition per
 // thread (Caffe con Troll's batch partitioning, the faster one on most layers measured here),
 // cache-sized chunks on one thread, lowered rather than pointwise, Winograd F(2x2) where
-// rule_prefers_winograd says, else direct where rule_prefers_direct says; within the forced
-// modes.
+// rule_prefers_winograd says, else direct where rule_prefers_direct says (a strided layer:
+// the same on its phase form where that adds at most a third more taps, which makes
+// CaffeNet's conv1 Winograd and GoogLeNet's direct); within the forced modes.
 Plan rule_plan(const std::vector<Plan>& plans, Kernel kernel, const ConvGeom& g) {
-  const bool winograd = rule_prefers_winograd(kernel, g);
-  const bool direct = rule_prefers_direct(kernel, g);
-  const auto rank = [winograd, direct](const Plan& q) {
-    return std::make_tuple(q.layout == kWinograd && winograd, q.layout == kDirect && direct,
+  const ConvGeom whole = phase_applies(g) ? phase_geometry(g, g.n) : g;
+  const bool phase = phase_applies(g) &&
+                     3 * whole.kh * g.sh * whole.kw * g.sw <= 4 * g.kh * g.kw;
+  const ConvGeom stride1 = phase ? whole : g;
+  const bool winograd = rule_prefers_winograd(kernel, stride1);
+  const bool direct = rule_prefers_direct(kernel, stride1);
+  const auto rank = [winograd, direct, phase](const Plan& q) {
+    const Layout layout = is_phase(q.layout) == phase ? stride1_layout(q.layout) : kLowered;
+    return std::make_tuple(layout == kWinograd && winograd, layout == kDirect && direct,
                            q.parts, q.layout == kLowered, q.cache_chunks);
   };
   Plan best = plans.front();

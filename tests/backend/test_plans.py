@@ -146,7 +146,11 @@ def test_the_rule_takes_the_direct_layout_on_thin_layers_only(fresh_plans):
         (2, 2, 9, 9, 8, (3, 3), (1, 1), (1, 1), (1, 1), 1): (2, 0, 2),    # 2 channels: data lowered
         (2, 6, 9, 9, 66, (3, 3), (1, 1), (1, 1), (1, 1), 1): (0, 2, 0),   # 66 filters: lowered
         (2, 8, 9, 9, 66, (3, 3), (1, 1), (1, 1), (1, 1), 2): (2, 2, 2),   # 33 and 4 per group
-        (2, 6, 9, 9, 8, (3, 3), (2, 2), (1, 1), (1, 1), 1): (0, 0, 0),    # stride 2
+        # strided: the phase form (layouts 5 phase-direct, 6 phase-winograd) where it adds at
+        # most a third more taps: not for a 3x3 stride-2 layer (16 taps for 9); GoogLeNet's
+        # conv1 in small (64 for 49) is a thin 4x4 layer, its flipped pad too large for data
+        (2, 6, 9, 9, 8, (3, 3), (2, 2), (1, 1), (1, 1), 1): (0, 0, 0),
+        (2, 3, 17, 16, 8, (7, 7), (2, 2), (3, 3), (1, 1), 1): (5, 0, 5),
     }
     for case, want in cases.items():
         assert rule_layouts(case, np.float32) == want, case
@@ -165,6 +169,9 @@ def test_the_rule_takes_winograd_on_layers_of_16_channels_or_more(fresh_plans):
         (2, 32, 13, 13, 96, (3, 3), (1, 1), (1, 1), (1, 1), 2): (3, 3, 3),  # 16 / 48 a group
         (2, 15, 9, 9, 32, (3, 3), (1, 1), (1, 1), (1, 1), 1): (thin, thin, thin),  # 15 in
         (2, 16, 9, 9, 16, (7, 7), (1, 1), (3, 3), (1, 1), 1): (thin, thin, thin),  # 7x7
+        # CaffeNet's conv1 in small (11x11 stride 4): F(2x2) on its 3x3 phase form of 48
+        # channels (layout 6), backward data lowered (the flipped pad 2 exceeds the layer's 0)
+        (2, 3, 27, 27, 16, (11, 11), (4, 4), (0, 0), (1, 1), 1): (6, 0, 6),
     }
     for case, want in cases.items():
         assert rule_layouts(case, np.float32) == want, case
