@@ -543,7 +543,8 @@ def main(argv=None) -> None:
     if args.deterministic:
         print("rule: the same net with --deterministic's fixed plans (one batch partition per "
               "thread; Winograd F(2x2) on 3x3 and 5x5 layers of 16+ channels, the direct layout "
-              "on thin stride-1 layers, else lowered; direct GEMM order), nothing timed")
+              "on thin stride-1 layers, either on a strided layer's phase form where it adds at "
+              "most a third more taps, else lowered; direct GEMM order), nothing timed")
     if args.caffe_engine:
         print("CAFFE: the same net with engine: CAFFE on every convolution (lowered or "
               "pointwise, batch partitions measured)")
