@@ -754,7 +754,8 @@ int64_t phase_chunk(const ConvGeom& g, int64_t images, int64_t budget) {
   return std::max<int64_t>(1, std::min<int64_t>(images, bytes / per_image));
 }
 
-// The calling thread's phase-form weights (its partitions read them).
+// The weights in phase form, in the calling thread's buffer (a partition makes its own: 41K
+// floats for CaffeNet's conv1, against the millions its planes take).
 const float* phased_weight(const float* weight, const ConvGeom& g) {
   const ConvGeom pg = phase_geometry(g, 1);
   float* wp = grown(t_phase_weight, size_t(g.o * (pg.c / g.group) * pg.kh * pg.kw));
@@ -762,8 +763,9 @@ const float* phased_weight(const float* weight, const ConvGeom& g) {
   return wp;
 }
 
-void forward_phase(Layout layout, const float* x, const float* wp, const float* bias, float* y,
-                   const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
+void forward_phase(Layout layout, const float* x, const float* weight, const float* bias,
+                   float* y, const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
+  const float* wp = phased_weight(weight, g);
   const int64_t step = phase_chunk(g, end - begin, budget), top = g.o * g.ho * g.wo;
   for (int64_t n0 = begin; n0 < end; n0 += step) {
     const ConvGeom pg = phase_geometry(g, std::min(end, n0 + step) - n0);
@@ -773,8 +775,9 @@ void forward_phase(Layout layout, const float* x, const float* wp, const float* 
   }
 }
 
-void backward_data_phase(Layout layout, const float* dy, const float* wp, float* dx,
+void backward_data_phase(Layout layout, const float* dy, const float* weight, float* dx,
                          const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
+  const float* wp = phased_weight(weight, g);
   const int64_t step = phase_chunk(g, end - begin, budget), top = g.o * g.ho * g.wo;
   for (int64_t n0 = begin; n0 < end; n0 += step) {
     const ConvGeom pg = phase_geometry(g, std::min(end, n0 + step) - n0);
@@ -811,17 +814,13 @@ void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGe
                   bool caffe_engine) {
   run_with_plan<T>(kForward, g, caffe_engine, [&](Plan plan) {
     const Layout layout = usable<T>(plan.layout, kForward, g);
-    if constexpr (std::is_same_v<T, float>) {
-      if (is_float32_kernel(layout)) {
-        const float* w = is_phase(layout) ? phased_weight(weight, g) : weight;
-        return run_partitioned(g.n, plan.parts, plan.cache_chunks,
-                               [&](int, int64_t begin, int64_t end, int64_t budget) {
-          if (is_phase(layout)) return forward_phase(layout, x, w, bias, y, g, begin, end, budget);
-          forward_stride1(layout, x, w, bias, y, g, begin, end, budget);
-        });
-      }
-    }
     run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (is_phase(layout))
+          return forward_phase(layout, x, weight, bias, y, g, begin, end, budget);
+        if (is_float32_kernel(layout))
+          return forward_stride1(layout, x, weight, bias, y, g, begin, end, budget);
+      }
       if (layout == kPointwise) {
         forward_pointwise(x, weight, bias, y, g, begin, end, budget);
       } else {
@@ -836,18 +835,13 @@ void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g,
                         bool caffe_engine) {
   run_with_plan<T>(kBackwardData, g, caffe_engine, [&](Plan plan) {
     const Layout layout = usable<T>(plan.layout, kBackwardData, g);
-    if constexpr (std::is_same_v<T, float>) {
-      if (is_float32_kernel(layout)) {
-        const float* w = is_phase(layout) ? phased_weight(weight, g) : weight;
-        return run_partitioned(g.n, plan.parts, plan.cache_chunks,
-                               [&](int, int64_t begin, int64_t end, int64_t budget) {
-          if (is_phase(layout))
-            return backward_data_phase(layout, dy, w, dx, g, begin, end, budget);
-          backward_data_stride1(layout, dy, w, dx, g, begin, end, budget);
-        });
-      }
-    }
     run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (is_phase(layout))
+          return backward_data_phase(layout, dy, weight, dx, g, begin, end, budget);
+        if (is_float32_kernel(layout))
+          return backward_data_stride1(layout, dy, weight, dx, g, begin, end, budget);
+      }
       if (layout == kPointwise) {
         backward_data_pointwise(dy, weight, dx, g, begin, end);
       } else {
