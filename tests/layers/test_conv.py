@@ -282,10 +282,14 @@ def test_prototxt_blobs_of_the_wrong_shape_are_rejected():
 # an error that grows with the tile (6x6 tiles: about 2e-6 of the largest output on random
 # data; 1.2e-8 against the 9e-9 that 2e-6 allows was seen on CIFAR10-quick's conv3 backward
 # data). Each layout is checked with its own bound (a layout that does not apply runs lowered).
-LAYOUT_ATOL = {1: 2e-6, 3: 2e-6, 4: 1e-5, 5: 1e-5}
+# The phase layouts (6-8: a strided undilated layer as a stride-1 one over its bottom's phase
+# planes) apply here to the zoo's 4x4 stride-2 deconvolution (a 2x2 phase kernel: direct).
+LAYOUT_ATOL = {1: 2e-6, 3: 2e-6, 4: 1e-5, 5: 1e-5, 6: 2e-6, 7: 1e-5, 8: 1e-5}
 
 
-@pytest.fixture(params=list(LAYOUT_ATOL), ids=["lowered", "direct", "winograd", "winograd4x4"])
+@pytest.fixture(params=list(LAYOUT_ATOL), ids=["lowered", "direct", "winograd", "winograd4x4",
+                                               "phase-direct", "phase-winograd",
+                                               "phase-winograd4x4"])
 def layout(request):
     from cct import _C
     _C.set_conv_layout(request.param)
@@ -299,6 +303,31 @@ def test_layer_zoo_matches_caffe(caffe_fixtures, name, dtype, layout):
     d = caffe_fixtures / "numerics"
     run = run_fixture_layer(d / "layer_zoo.TEST.npz", d / "layer_zoo.prototxt", name, dtype)
     assert_matches_caffe(run, atol=LAYOUT_ATOL[layout])
+
+
+def test_deconv_in_phase_form_matches_caffe(caffe_fixtures):
+    """The zoo's 4x4 stride-2 pad-1 Deconvolution under the forced phase-direct layout: all
+    three of its kernels run in phase form (the plan table says so) and match Caffe within
+    the direct layout's bound."""
+    from cct import _C
+    if not _C.cpu_has_direct_conv():
+        pytest.skip("the direct layout needs a CPU with AVX2 and FMA")
+    from cct.backend import cpu
+    d = caffe_fixtures / "numerics"
+    _C.clear_plans()
+    _C.set_conv_layout(6)
+    threads = cpu.get_num_threads()
+    cpu.set_num_threads(2)  # two candidate plans (partitions), so the table records the choice
+    try:
+        run = run_fixture_layer(d / "layer_zoo.TEST.npz", d / "layer_zoo.prototxt", "deconv",
+                                np.float32)
+        layouts = {kernel: name for kernel, geom, _, name in _C.partition_choices()
+                   if geom[7:11] == [4, 4, 2, 2]}
+    finally:
+        _C.set_conv_layout(0)
+        cpu.set_num_threads(threads)
+    assert layouts == {0: "phase-direct", 1: "phase-direct", 2: "phase-direct"}
+    assert_matches_caffe(run, atol=LAYOUT_ATOL[6])
 
 
 @pytest.mark.parametrize("name,propagate", [("conv1", False), ("conv2", True), ("conv3", True)])
