@@ -86,14 +86,16 @@ void unphase_bottom(const float* dp, const ConvGeom& g, int64_t n0, int64_t n1, 
       float* dst = dx + (n0 * g.c + item) * g.h * g.w;
       const float* src = dp + item * phases * plane;
       for (int64_t ih = 0; ih < g.h; ++ih, dst += g.w) {
+        // Zero first: the pixels past the last row or column any tap reads have no phase pixel.
+        std::fill(dst, dst + g.w, 0.0f);
         const int64_t m = (ih + g.ph) / g.sh, r = (ih + g.ph) % g.sh;
-        if (m >= pg.h) {
-          std::fill(dst, dst + g.w, 0.0f);  // below the last row any tap reads
-          continue;
-        }
-        for (int64_t iw = 0; iw < g.w; ++iw) {
-          const int64_t j = (iw + g.pw) / g.sw, q = (iw + g.pw) % g.sw;
-          dst[iw] = j < pg.w ? src[(r * g.sw + q) * plane + m * pg.w + j] : 0.0f;
+        if (m >= pg.h) continue;
+        for (int64_t q = 0; q < g.sw; ++q) {
+          const float* row = src + (r * g.sw + q) * plane + m * pg.w;
+          float* out = dst + q - g.pw;  // column j of this phase is out[j * sw]
+          int64_t lo, hi;
+          phase_columns(q, g.sw, g.pw, g.w, pg.w, &lo, &hi);
+          for (int64_t j = lo; j < hi; ++j) out[j * g.sw] = row[j];
         }
       }
     }
