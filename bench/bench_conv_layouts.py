@@ -5,6 +5,8 @@ F(2x2, 5x5) (csrc/conv_winograd.cpp, 3x3 and 5x5 stride-1 undilated float32 laye
 Winograd F(4x4, 3x3) (3x3 ones), forward, backward data and backward weight, in the same run.
 A strided layer (CaffeNet's conv1) gets the same three columns for its phase forms
 (csrc/conv_phase.cpp: a stride-1 layer over the bottom's phase planes, kernel ceil(k / stride)).
+On AVX-512 CPUs the direct layout's 16-pixel tile (forward and backward data, direct's bits)
+has a column of its own.
 
     python bench/bench_conv_layouts.py                       # lenet, cifar10_quick, caffenet_b32
     python bench/bench_conv_layouts.py --nets cifar10_quick --repeats 10
@@ -29,12 +31,13 @@ from bench.worker import best_of  # noqa: E402
 
 DEFAULT_NETS = "lenet,cifar10_quick,caffenet_b32"
 KERNELS = ("forward", "backward data", "backward weight")
-LOWERED, DIRECT, WINOGRAD, WINOGRAD4, MEASURED = 1, 3, 4, 5, 0  # cct._C.set_conv_layout's modes
-PHASE = 3  # set_conv_layout(mode + PHASE): the phase form of layout `mode`
-OTHERS = (DIRECT, WINOGRAD, WINOGRAD4)
+# cct._C.set_conv_layout's modes (DIRECT16: the direct layout's 16-pixel AVX-512 tile)
+LOWERED, DIRECT, WINOGRAD, WINOGRAD4, DIRECT16, MEASURED = 1, 3, 4, 5, 9, 0
+OTHERS = (DIRECT, DIRECT16, WINOGRAD, WINOGRAD4)
+PHASE = {DIRECT: 6, WINOGRAD: 7, WINOGRAD4: 8, DIRECT16: 10}  # a layout's phase form's mode
 # conv_plan_table's numbers
 LAYOUT_NAMES = ("lowered", "pointwise", "direct", "winograd", "winograd4x4", "phase-direct",
-                "phase-winograd", "phase-winograd4x4")
+                "phase-winograd", "phase-winograd4x4", "direct16", "phase-direct16")
 
 
 def phase_form(geom):
@@ -50,10 +53,13 @@ def applies(mode: int, kernel_id: int, geom) -> bool:
     """Whether set_conv_layout(mode) runs its own layout on this kernel (else lowered)."""
     from cct import _C
 
-    if mode > WINOGRAD4:
+    if mode in PHASE.values():
         phase = phase_form(geom)
-        return phase is not None and applies(mode - PHASE, kernel_id, phase)
+        stride1 = next(m for m, p in PHASE.items() if p == mode)
+        return phase is not None and applies(stride1, kernel_id, phase)
     kernel, stride, pad, dilation, _ = geom
+    if mode == DIRECT16:
+        return kernel_id != 2 and _C.cpu_has_avx512() and applies(DIRECT, kernel_id, geom)
     if mode == DIRECT:
         return stride == (1, 1) and _C.cpu_has_direct_conv()
     if mode in (WINOGRAD, WINOGRAD4):
@@ -65,7 +71,7 @@ def applies(mode: int, kernel_id: int, geom) -> bool:
 
 def other_modes(geom) -> tuple:
     """The layouts timed beside lowered: the stride-1 ones, or a strided layer's phase forms."""
-    return tuple(m + PHASE for m in OTHERS) if geom[1] != (1, 1) else OTHERS
+    return tuple(PHASE[m] for m in OTHERS) if geom[1] != (1, 1) else OTHERS
 
 
 def conv_layers(net):
@@ -131,7 +137,7 @@ def main(argv=None) -> None:
     print(f"SGEMM peak: {sgemm_peak():.1f} GFLOP/s; best of {args.repeats} calls per kernel")
     if not _C.cpu_has_direct_conv():
         print("this CPU has no AVX2/FMA: the direct layout is left out")
-    print(f"{'layer':<22} {'kernel':<16} {'lowered ms':>10} {'direct ms':>10} "
+    print(f"{'layer':<22} {'kernel':<16} {'lowered ms':>10} {'direct ms':>10} {'direct16':>10} "
           f"{'wino2x2 ms':>10} {'wino4x4 ms':>10} {'best GF/s':>9} {'ratio':>6}  plan")
     for net_name in names:
         path, batch = NETS[net_name]

@@ -408,23 +408,30 @@ void run_partitioned(int64_t n, int parts, bool cache_chunks, Body&& body) {
 
 enum Kernel : int { kForward, kBackwardData, kBackwardWeight };
 // kWinograd: F(2x2, 3x3) or F(2x2, 5x5); kWinograd4x4: F(4x4, 3x3). kPhase*: the layer in
-// phase form (conv_phase.h) computed by the stride-1 layout of the same name.
+// phase form (conv_phase.h) computed by the stride-1 layout of the same name. kDirect16: the
+// direct layout's AVX-512 tile (forward and backward data; the same bits as kDirect's).
 enum Layout : int {
   kLowered, kPointwise, kDirect, kWinograd, kWinograd4x4,
-  kPhaseDirect, kPhaseWinograd, kPhaseWinograd4x4
+  kPhaseDirect, kPhaseWinograd, kPhaseWinograd4x4, kDirect16, kPhaseDirect16
 };
-constexpr int kLayouts = kPhaseWinograd4x4 + 1;
+constexpr int kLayouts = kPhaseDirect16 + 1;
 constexpr const char* kLayoutNames[kLayouts] = {
     "lowered", "pointwise", "direct", "winograd", "winograd4x4",
-    "phase-direct", "phase-winograd", "phase-winograd4x4"};
+    "phase-direct", "phase-winograd", "phase-winograd4x4", "direct16", "phase-direct16"};
 
-bool is_phase(Layout layout) { return layout >= kPhaseDirect; }
-// The layouts of cct's own float32 kernels (direct, Winograd, their phase forms).
-bool is_float32_kernel(Layout layout) { return layout >= kDirect; }
 // The stride-1 layout a phase layout runs on the phase form (the layout itself otherwise).
 Layout stride1_layout(Layout layout) {
-  return is_phase(layout) ? Layout(layout - kPhaseDirect + kDirect) : layout;
+  switch (layout) {
+    case kPhaseDirect: return kDirect;
+    case kPhaseWinograd: return kWinograd;
+    case kPhaseWinograd4x4: return kWinograd4x4;
+    case kPhaseDirect16: return kDirect16;
+    default: return layout;
+  }
 }
+bool is_phase(Layout layout) { return stride1_layout(layout) != layout; }
+// The layouts of cct's own float32 kernels (direct, Winograd, their phase forms).
+bool is_float32_kernel(Layout layout) { return layout >= kDirect; }
 
 // How a kernel runs on one geometry: its batch partitions, its layout, and (one partition)
 // whether it lowers in cache-sized chunks.
@@ -441,7 +448,7 @@ std::mutex g_plan_mutex;
 std::map<PlanKey, Plan> g_plans;
 std::atomic<int> g_partition_mode{0};  // 0 measure, 1 one partition, 2 one per thread
 // 0 measure, 1 + layout: that layout where it applies (2 pointwise, 3 direct, 4 Winograd F(2x2),
-// 5 F(4x4), 6-8 their phase forms)
+// 5 F(4x4), 6-8 their phase forms, 9 direct's AVX-512 tile, 10 its phase form)
 std::atomic<int> g_layout_mode{0};
 std::atomic<bool> g_measure{true};     // time new shapes, or give them rule_plan's plan
 
@@ -469,9 +476,13 @@ bool layout_applies(Layout layout, Kernel kernel, const ConvGeom& g) {
       return float32_kernels && winograd_applies(g, kernel == kBackwardData, 2);
     case kWinograd4x4:
       return float32_kernels && winograd_applies(g, kernel == kBackwardData, 4);
+    case kDirect16:  // the weight gradient's tile is kDirect's whatever the CPU
+      return float32_kernels && kernel != kBackwardWeight && cpu_has_avx512() &&
+             direct_conv_applies(g, kernel == kBackwardData);
     case kPhaseDirect:
     case kPhaseWinograd:
     case kPhaseWinograd4x4:
+    case kPhaseDirect16:
       return phase_applies(g) &&
              layout_applies<T>(stride1_layout(layout), kernel, phase_geometry(g, g.n));
     default: return true;
@@ -493,12 +504,12 @@ std::vector<Plan> candidate_plans(Kernel kernel, const ConvGeom& g, int threads,
   if (g_partition_mode != 2) parts.push_back(1);
   if (threads > 1 && g_partition_mode != 1) parts.push_back(threads);
   if (parts.empty()) parts.push_back(1);
-  // Modes 2-8 force their layout where it applies, lowered elsewhere.
+  // Modes 2-10 force their layout where it applies, lowered elsewhere.
   std::vector<Layout> layouts;
   const int mode = g_layout_mode;
   for (Layout layout :
        {kPointwise, kDirect, kWinograd, kWinograd4x4, kPhaseDirect, kPhaseWinograd,
-        kPhaseWinograd4x4}) {
+        kPhaseWinograd4x4, kDirect16, kPhaseDirect16}) {
     if ((mode == 0 || mode == 1 + int(layout)) && layout_applies<T>(layout, kernel, g) &&
         (!caffe_engine || layout == kPointwise))
       layouts.push_back(layout);
@@ -716,13 +727,15 @@ namespace {
 // The float32 stride-1 layouts (direct, Winograd) over images [begin, end).
 void forward_stride1(Layout layout, const float* x, const float* weight, const float* bias,
                      float* y, const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
-  if (layout == kDirect) return conv_forward_direct(x, weight, bias, y, g, begin, end);
+  if (layout == kDirect || layout == kDirect16)
+    return conv_forward_direct(x, weight, bias, y, g, begin, end, layout == kDirect16 ? 16 : 8);
   conv_forward_winograd(x, weight, bias, y, g, begin, end, budget, layout == kWinograd4x4 ? 4 : 2);
 }
 
 void backward_data_stride1(Layout layout, const float* dy, const float* weight, float* dx,
                            const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
-  if (layout == kDirect) return conv_backward_data_direct(dy, weight, dx, g, begin, end);
+  if (layout == kDirect || layout == kDirect16)
+    return conv_backward_data_direct(dy, weight, dx, g, begin, end, layout == kDirect16 ? 16 : 8);
   conv_backward_data_winograd(dy, weight, dx, g, begin, end, budget,
                               layout == kWinograd4x4 ? 4 : 2);
 }

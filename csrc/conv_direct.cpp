@@ -14,6 +14,13 @@
 // slack and are not stored. The weights are packed per 4 channels in the loop's order, so
 // they stream from L1; the padded image (51 KB for CIFAR10-quick's conv2) stays in L2.
 //
+// On CPUs with AVX-512 the tile can take vectors of 16 pixels instead (the same 4 channels x
+// 3 vectors): each lane computes the same chain of fused multiply-adds in the same order, so
+// the top is the same to the bit. On an Intel CPU with two 512-bit FMA units that is the
+// difference between half the peak and all of it; on Zen 4, which splits a 512-bit FMA in
+// two, it measured faster on some layers (rows of 32 and 112 pixels) and slower on others
+// (16, 55; and rows of 8 waste half of each vector): conv.cpp measures the two as layouts.
+//
 // Backward data of a stride-1 convolution is itself one: dx = dy convolved with the weights
 // flipped in both spatial axes and with channels swapped, pad (k - 1) * d - p. The same tile
 // computes it (no col2im, nothing accumulated through memory).
@@ -21,7 +28,7 @@
 // Backward weight: dW[o, c, i, j] is a sum over every image's pixels of dy[o] times the bottom
 // shifted by tap (i, j). The tile holds 4 output channels x 3 taps as vectors of 8 pixels and
 // runs over a chunk of images whose padded bottoms and dy fit L2; the lanes are summed once,
-// at the end.
+// at the end (always 8 of them, whatever the CPU: 16 would sum in another order).
 //
 // Rounding: forward and backward data sum each output in one fixed order (channel, tap)
 // whatever the threads and the batch partitions; the weight gradient in one fixed order for a
@@ -56,9 +63,10 @@ inline int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 // dilated by (dh, dw), stride 1, giving `out` channels of ho x wo.
 struct Shape {
   int64_t in, h, w, out, ho, wo, kh, kw, ph, pw, dh, dw;
+  int64_t lanes = kLanes;  // output pixels per vector: 8, or 16 for the AVX-512 forward tile
   int64_t hp() const { return ho + (kh - 1) * dh; }
   // Row stride of the padded image: every vector of a row's last tile, at every tap, inside.
-  int64_t wp() const { return round_up(wo, kLanes) + (kw - 1) * dw; }
+  int64_t wp() const { return round_up(wo, lanes) + (kw - 1) * dw; }
   int64_t plane() const { return hp() * wp(); }
 };
 
@@ -106,14 +114,49 @@ __attribute__((target("avx2,fma"))) void forward_tile(const float* w, const floa
   for (int t = 0; t < kRows * kVecs; ++t) _mm256_storeu_ps(out + t * kLanes, acc[t]);
 }
 
+// forward_tile with vectors of 16 pixels (out: 12 vectors of 16).
+__attribute__((target("avx512f"))) void forward_tile_avx512(const float* w, const float* p0,
+                                                         const float* p1, const float* p2,
+                                                         int64_t channels, int64_t plane,
+                                                         int64_t kh, int64_t kw, int64_t row,
+                                                         int64_t col, float* out) {
+  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
+  __m512 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+  for (int64_t c = 0; c < channels; ++c) {
+    for (int64_t i = 0; i < kh; ++i) {
+      const int64_t base = c * plane + i * row;
+      for (int64_t j = 0; j < kw; ++j, w += kRows) {
+        const int64_t off = base + j * col;
+        const __m512 b0 = _mm512_loadu_ps(p0 + off), b1 = _mm512_loadu_ps(p1 + off),
+                     b2 = _mm512_loadu_ps(p2 + off);
+        __m512 a = _mm512_set1_ps(w[0]);
+        c00 = _mm512_fmadd_ps(a, b0, c00), c01 = _mm512_fmadd_ps(a, b1, c01);
+        c02 = _mm512_fmadd_ps(a, b2, c02);
+        a = _mm512_set1_ps(w[1]);
+        c10 = _mm512_fmadd_ps(a, b0, c10), c11 = _mm512_fmadd_ps(a, b1, c11);
+        c12 = _mm512_fmadd_ps(a, b2, c12);
+        a = _mm512_set1_ps(w[2]);
+        c20 = _mm512_fmadd_ps(a, b0, c20), c21 = _mm512_fmadd_ps(a, b1, c21);
+        c22 = _mm512_fmadd_ps(a, b2, c22);
+        a = _mm512_set1_ps(w[3]);
+        c30 = _mm512_fmadd_ps(a, b0, c30), c31 = _mm512_fmadd_ps(a, b1, c31);
+        c32 = _mm512_fmadd_ps(a, b2, c32);
+      }
+    }
+  }
+  const __m512 acc[kRows * kVecs] = {c00, c01, c02, c10, c11, c12, c20, c21, c22, c30, c31, c32};
+  for (int t = 0; t < kRows * kVecs; ++t) _mm512_storeu_ps(out + t * 16, acc[t]);
+}
+
 // One image: y (out channels, channel stride ystride) = bias + the convolution of the padded
-// image xp with the packed weights wpk. The image's vectors of 8 output pixels (a row's last
-// one partly past its end) go three to a tile; a last tile of fewer repeats its first vector.
+// image xp with the packed weights wpk. The image's vectors of Lanes output pixels (a row's
+// last one partly past its end) go three to a tile; a last tile of fewer repeats its first.
+template <int Lanes>
 void forward_image(const float* xp, const float* wpk, const float* bias, float* y,
                    int64_t ystride, const Shape& s) {
-  const int64_t per_row = (s.wo + kLanes - 1) / kLanes, vectors = s.ho * per_row;
+  const int64_t per_row = (s.wo + Lanes - 1) / Lanes, vectors = s.ho * per_row;
   const int64_t taps = s.in * s.kh * s.kw, wp = s.wp();
-  alignas(32) float out[kRows * kVecs * kLanes];
+  alignas(64) float out[kRows * kVecs * Lanes];
   for (int64_t o0 = 0; o0 < s.out; o0 += kRows) {
     const float* w = wpk + o0 * taps;
     for (int64_t v0 = 0; v0 < vectors; v0 += kVecs) {
@@ -122,17 +165,19 @@ void forward_image(const float* xp, const float* wpk, const float* bias, float* 
       int64_t pix[kVecs];
       for (int v = 0; v < kVecs; ++v) {
         const int64_t vec = v0 + (v < nv ? v : 0);
-        const int64_t oh = vec / per_row, ow = vec % per_row * kLanes;
+        const int64_t oh = vec / per_row, ow = vec % per_row * Lanes;
         at[v] = xp + oh * wp + ow;
         pix[v] = oh * s.wo + ow;
       }
-      forward_tile(w, at[0], at[1], at[2], s.in, s.plane(), s.kh, s.kw, s.dh * wp, s.dw, out);
+      (Lanes == 16 ? forward_tile_avx512 : forward_tile)(w, at[0], at[1], at[2], s.in,
+                                                        s.plane(), s.kh, s.kw, s.dh * wp, s.dw,
+                                                        out);
       for (int64_t r = 0; r < std::min<int64_t>(kRows, s.out - o0); ++r) {
         float* yo = y + (o0 + r) * ystride;
         const float b = bias ? bias[o0 + r] : 0.0f;
         for (int v = 0; v < nv; ++v) {
-          const int64_t n = std::min<int64_t>(kLanes, s.wo - pix[v] % s.wo);
-          const float* src = out + (r * kVecs + v) * kLanes;
+          const int64_t n = std::min<int64_t>(Lanes, s.wo - pix[v] % s.wo);
+          const float* src = out + (r * kVecs + v) * Lanes;
           for (int64_t l = 0; l < n; ++l) yo[pix[v] + l] = src[l] + b;
         }
       }
@@ -158,7 +203,7 @@ const float* pack_weights(const Shape& s, Weight&& weight) {
 }
 
 // Images [begin, end) of a stride-1 convolution, one group at a time: images split across
-// threads (one thread inside a partition, parallel.h).
+// threads (one thread inside a partition, parallel.h); s.lanes pixels to a vector.
 template <typename Weight>
 void convolve(const float* x, int64_t x_image, int64_t x_group, const float* bias, float* y,
               int64_t y_image, int64_t y_group, int64_t groups, const Shape& s, int64_t begin,
@@ -173,7 +218,12 @@ void convolve(const float* x, int64_t x_image, int64_t x_group, const float* bia
       float* xp = grown(t_padded, size_t(s.in * s.plane()));
       for (int64_t n = begin + lo; n < begin + hi; ++n) {
         pad_image(x + n * x_image + grp * x_group, s.h * s.w, s, xp);
-        forward_image(xp, wp, b, y + n * y_image + grp * y_group, s.ho * s.wo, s);
+        float* top = y + n * y_image + grp * y_group;
+        if (s.lanes == 16) {
+          forward_image<16>(xp, wp, b, top, s.ho * s.wo, s);
+        } else {
+          forward_image<kLanes>(xp, wp, b, top, s.ho * s.wo, s);
+        }
       }
     });
   }
@@ -311,12 +361,18 @@ bool cpu_has_direct_conv() {
   return has;
 }
 
+bool cpu_has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
 #define CCT_DIRECT_CONV 1
 #else
 namespace cct {
 // Not an x86 CPU: there are no AVX2 tiles, every plan runs lowered (conv.cpp's usable()) and
 // the kernels below are never called.
 bool cpu_has_direct_conv() { return false; }
+bool cpu_has_avx512() { return false; }
 #endif
 
 bool direct_conv_applies(const ConvGeom& g, bool backward_data) {
@@ -328,8 +384,9 @@ bool direct_conv_applies(const ConvGeom& g, bool backward_data) {
 
 #ifdef CCT_DIRECT_CONV
 void conv_forward_direct(const float* x, const float* weight, const float* bias, float* y,
-                         const ConvGeom& g, int64_t begin, int64_t end) {
-  const Shape s = forward_shape(g);
+                         const ConvGeom& g, int64_t begin, int64_t end, int lanes) {
+  Shape s = forward_shape(g);
+  s.lanes = lanes == 16 && cpu_has_avx512() ? 16 : kLanes;
   convolve(x, g.c * g.h * g.w, s.in * g.h * g.w, bias, y, g.o * g.ho * g.wo,
            s.out * g.ho * g.wo, g.group, s, begin, end,
            [&](int64_t grp, int64_t o, int64_t c, int64_t i, int64_t j) {
@@ -338,11 +395,12 @@ void conv_forward_direct(const float* x, const float* weight, const float* bias,
 }
 
 void conv_backward_data_direct(const float* dy, const float* weight, float* dx,
-                               const ConvGeom& g, int64_t begin, int64_t end) {
+                               const ConvGeom& g, int64_t begin, int64_t end, int lanes) {
   const int64_t cg = g.c / g.group, og = g.o / g.group;
   // The transposed convolution: dy's og channels in, the bottom's cg channels out.
   const Shape s{og, g.ho, g.wo, cg, g.h, g.w, g.kh, g.kw,
-                (g.kh - 1) * g.dh - g.ph, (g.kw - 1) * g.dw - g.pw, g.dh, g.dw};
+                (g.kh - 1) * g.dh - g.ph, (g.kw - 1) * g.dw - g.pw, g.dh, g.dw,
+                lanes == 16 && cpu_has_avx512() ? 16 : kLanes};
   convolve(dy, g.o * g.ho * g.wo, og * g.ho * g.wo, nullptr, dx, g.c * g.h * g.w,
            cg * g.h * g.w, g.group, s, begin, end,
            [&](int64_t grp, int64_t c_out, int64_t o_in, int64_t i, int64_t j) {
@@ -362,11 +420,11 @@ void conv_backward_weight_direct(const float* x, const float* dy, float* dweight
 }
 #else
 void conv_forward_direct(const float*, const float*, const float*, float*, const ConvGeom&,
-                         int64_t, int64_t) {
+                         int64_t, int64_t, int) {
   throw std::logic_error("the direct convolution needs an x86 CPU with AVX2 and FMA");
 }
 void conv_backward_data_direct(const float*, const float*, float*, const ConvGeom&, int64_t,
-                               int64_t) {
+                               int64_t, int) {
   throw std::logic_error("the direct convolution needs an x86 CPU with AVX2 and FMA");
 }
 void conv_backward_weight_direct(const float*, const float*, float*, const ConvGeom&, int64_t,

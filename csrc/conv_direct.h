@@ -7,18 +7,21 @@
 
 namespace cct {
 
-// Whether this CPU runs the direct kernels (AVX2 and FMA).
+// Whether this CPU runs the direct kernels (AVX2 and FMA), and their 16-pixel tile (AVX-512).
 bool cpu_has_direct_conv();
+bool cpu_has_avx512();
 // Whether a geometry can use them: stride 1, and for backward data a pad of at most
 // (kernel - 1) * dilation.
 bool direct_conv_applies(const ConvGeom& g, bool backward_data);
 
 // The three kernels over images [begin, end), threaded with parallel_for (serial inside a
-// partition). Backward weight writes dweight, or adds into it with accumulate.
+// partition). Forward and backward data take vectors of `lanes` pixels, 8 or (where the CPU
+// has AVX-512) 16, with the same bits. Backward weight writes dweight, or adds into it with
+// accumulate.
 void conv_forward_direct(const float* x, const float* weight, const float* bias, float* y,
-                         const ConvGeom& g, int64_t begin, int64_t end);
+                         const ConvGeom& g, int64_t begin, int64_t end, int lanes = 8);
 void conv_backward_data_direct(const float* dy, const float* weight, float* dx,
-                               const ConvGeom& g, int64_t begin, int64_t end);
+                               const ConvGeom& g, int64_t begin, int64_t end, int lanes = 8);
 void conv_backward_weight_direct(const float* x, const float* dy, float* dweight,
                                  const ConvGeom& g, int64_t begin, int64_t end,
                                  bool accumulate);

@@ -42,18 +42,19 @@ void set_partition_mode(int mode);
 // where it applies (stride-1 float on AVX2/FMA, conv_direct.h), 4 Winograd where it applies
 // (3x3 or 5x5 stride-1 undilated float, conv_winograd.h), 5 Winograd F(4x4, 3x3), 6-8 direct,
 // Winograd F(2x2) and F(4x4) on a strided layer's phase form (conv_phase.h) where they apply
-// to it; the others lowered.
+// to it, 9 direct with 16-pixel vectors (AVX-512), 10 that on the phase form; the others
+// lowered.
 void set_conv_layout(int mode);
 // The plans measured so far: (kernel 0 forward / 1 backward data / 2 backward weight,
 // geometry n c h w o ho wo kh kw sh sw ph pw dh dw group, partitions,
 // "lowered"/"lowered-cache-chunks"/"pointwise"/"direct"/"winograd"/"winograd4x4"/
-// "phase-direct"/"phase-winograd"/"phase-winograd4x4").
+// "phase-direct"/"phase-winograd"/"phase-winograd4x4"/"direct16"/"phase-direct16").
 using PlanChoice = std::tuple<int, std::vector<int64_t>, int, const char*>;
 std::vector<PlanChoice> partition_choices();
 // Every convolution plan in the table, key and plan, so that it can be saved and installed in
 // another process: (kernel, geometry, element size, threads, modes, partitions, layout
-// 0 lowered / 1 pointwise / 2 direct / 3 Winograd / 4 Winograd F(4x4) / 5-7 their phase forms,
-// cache-sized chunks).
+// 0 lowered / 1 pointwise / 2 direct / 3 Winograd / 4 Winograd F(4x4) / 5-7 their phase forms
+// / 8 direct's 16-pixel tile / 9 its phase form, cache-sized chunks).
 using ConvPlanEntry =
     std::tuple<int, std::vector<int64_t>, int64_t, int, int, int, int, bool>;
 std::vector<ConvPlanEntry> conv_plan_table();

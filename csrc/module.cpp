@@ -466,8 +466,11 @@ PYBIND11_MODULE(_C, m) {
         "(stride-1 float on AVX2/FMA), 4 Winograd F(2x2, 3x3) or F(2x2, 5x5) where it "
         "applies (3x3 or 5x5 stride-1 undilated float), 5 Winograd F(4x4, 3x3) where it applies "
         "(3x3 stride-1 undilated float), 6-8 direct, Winograd F(2x2) and F(4x4) on a strided "
-        "undilated float layer's phase form (conv_phase.h) where they apply to it; the others "
-        "lowered.");
+        "undilated float layer's phase form (conv_phase.h) where they apply to it, 9 direct "
+        "with vectors of 16 pixels (AVX-512; forward and backward data), 10 that on the "
+        "phase form; the others lowered.");
+  m.def("cpu_has_avx512", &cct::cpu_has_avx512,
+        "Whether this CPU runs the direct convolution's 16-pixel tile (AVX-512F).");
   m.def("cpu_has_direct_conv", &cct::cpu_has_direct_conv,
         "Whether this CPU runs the direct convolution layout (AVX2 and FMA).");
   m.def("cpu_has_bf16_units", &cct::cpu_has_bf16_units,

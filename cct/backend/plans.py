@@ -48,7 +48,8 @@ FORMAT = 1
 # never try it, so the number is part of the fingerprint. 2: the direct convolution layout;
 # 3: Winograd; 4: the bf16 GEMM engines; 5: Winograd for 5x5 layers and F(4x4, 3x3); 6: the
 # key's modes renumbered to hold Caffe's engine (an older table's modes would mean others);
-# 7: the phase layouts for strided layers (the modes' radix grew with the layouts).
+# 7: the phase layouts for strided layers and the direct layout's AVX-512 tile (the modes'
+# radix grew with the layouts).
 KERNEL_PLANS = 7
 BF16_ENGINES = ("avx512bf16", "mkl")
 _CONV_FIELDS = 8

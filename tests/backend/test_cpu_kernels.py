@@ -291,7 +291,7 @@ def test_layout_is_measured_for_pointwise_layers_only(num_threads):
         cpu.conv_forward(x, weight, bias, *geom)
     layouts = {tuple(c[1][7:11]): c[3] for c in _C.partition_choices()
                if c[0] == 0 and c[1][:5] == [3, 5, 6, 7, 4]}
-    assert layouts[(1, 1, 1, 1)] in ("lowered", "pointwise", "direct")
+    assert layouts[(1, 1, 1, 1)] in ("lowered", "pointwise", "direct", "direct16")
     assert layouts[(1, 1, 2, 2)] == "lowered"
 
 
@@ -323,6 +323,27 @@ def test_direct_layout(case, mode, threads, conv_layout, partition_mode, num_thr
     num_threads(threads)
     check_conv(cpu, x, weight, bias, dy, geom, np.float32, no_bias=True)
     check_weight_gradient_accumulates(x, weight, dy, geom, np.float32)
+
+
+needs_avx512 = pytest.mark.skipif(not (_C.cpu_has_direct_conv() and _C.cpu_has_avx512()),
+                                  reason="the direct layout's 16-pixel tile needs AVX-512")
+
+
+@needs_avx512
+@pytest.mark.parametrize("case", DIRECT_CASES, ids=str)
+def test_direct_tiles_of_16_pixels_give_the_same_bits(case, conv_layout):
+    """The AVX-512 forward tile (layout 9: vectors of 16 pixels) computes each output with
+    the same fused multiply-adds in the same order as the AVX2 one (layout 3: 8 pixels):
+    forward and backward data are the same to the bit (so measurement may pick either), and
+    the weight gradient is direct's own."""
+    x, weight, bias, dy, geom = conv_arrays(case, np.float32)
+    results = {}
+    for layout in (3, 9):
+        conv_layout(layout)
+        results[layout] = (cpu.conv_forward(x, weight, bias, *geom),
+                           cpu.conv_backward_data(dy, weight, x.shape, *geom))
+    for got, want in zip(results[9], results[3]):
+        np.testing.assert_array_equal(got, want)
 
 
 @needs_direct
@@ -505,17 +526,20 @@ def test_a_phase_plan_where_it_cannot_run_runs_lowered(num_threads):
         assert (0, key, 2, "phase-direct") in _C.partition_choices()  # the plan stood
 
 
-@pytest.mark.parametrize("layout", [3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("layout", [3, 4, 5, 6, 7, 8, 9, 10])
 def test_a_forced_layout_is_what_runs(layout, conv_layout):
-    """Forcing direct (3), Winograd (4), Winograd F(4x4, 3x3) (5) or their phase forms (6-8,
-    on a 6x6 stride-2 layer: a 3x3 phase kernel) runs another algorithm than lowered (1), not
-    a fallback: each kernel's plan names the forced layout, and the results of both agree
-    with lowered's to float32 rounding. (Not "differ in the last bits": on AVX-512,
-    OpenBLAS's kernel and the direct one can sum a short k in the same order, to the same
-    bits.)"""
-    if layout in (3, 6) and not _C.cpu_has_direct_conv():
+    """Forcing direct (3), Winograd (4), Winograd F(4x4, 3x3) (5), their phase forms (6-8, on
+    a 6x6 stride-2 layer: a 3x3 phase kernel), direct's 16-pixel tile (9) or its phase form
+    (10) runs another algorithm than lowered (1), not a fallback: each kernel's plan names
+    the forced layout (the 16-pixel tile's weight gradient is direct's, lowered when forced),
+    and the results of both agree with lowered's to float32 rounding. (Not "differ in the last
+    bits": on AVX-512, OpenBLAS's kernel and the direct one can sum a short k in the same
+    order, to the same bits.)"""
+    if layout in (3, 6, 9, 10) and not _C.cpu_has_direct_conv():
         pytest.skip("the direct layout needs a CPU with AVX2 and FMA")
-    kernel, stride = ((6, 6), (2, 2)) if layout >= 6 else ((3, 3), (1, 1))
+    if layout in (9, 10) and not _C.cpu_has_avx512():
+        pytest.skip("the direct layout's 16-pixel tile needs AVX-512")
+    kernel, stride = ((6, 6), (2, 2)) if layout in (6, 7, 8, 10) else ((3, 3), (1, 1))
     x, weight, bias, dy, geom = conv_arrays((4, 16, 12, 7, 24, kernel, stride, (1, 1), (1, 1), 1),
                                             np.float32)
     _C.clear_plans()
@@ -528,12 +552,14 @@ def test_a_forced_layout_is_what_runs(layout, conv_layout):
     for lowered, other in zip(results[1], results[layout]):
         close(other, lowered, np.float32)
     # a plan's modes are the forced layout mode here (the rest of the modes are 0); its layout
-    # 0 lowered, 2 direct, 3 Winograd, 4 Winograd F(4x4, 3x3), 5-7 their phase forms
+    # 0 lowered, 2 direct, 3 Winograd, 4 Winograd F(4x4, 3x3), 5-7 their phase forms, 8
+    # direct's 16-pixel tile, 9 its phase form
     chosen = {(kernel, modes): plan_layout
               for kernel, _, _, _, modes, _, plan_layout, _ in _C.conv_plan_table()}
     for kernel in range(3):
         assert chosen[(kernel, 1)] == 0
-        assert chosen[(kernel, layout)] == layout - 1
+        forced = 0 if layout in (9, 10) and kernel == 2 else layout - 1
+        assert chosen.get((kernel, layout), 0) == forced
 
 
 @pytest.mark.parametrize("layout", [3, 4, 5, 6, 7, 8])
