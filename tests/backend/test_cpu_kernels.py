@@ -417,30 +417,9 @@ WINOGRAD_CASES = [
 ]
 
 
-@pytest.mark.parametrize("limit", [None, 1])
-@pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("mode", [1, 2])
-@pytest.mark.parametrize("case, layout",
-                         [(c, 4) for c in WINOGRAD_CASES]
-                         + [(c, 5) for c in WINOGRAD_CASES if c[5] == (3, 3)], ids=str)
-def test_winograd_layout(case, layout, mode, threads, limit, conv_layout, partition_mode,
-                         num_threads, col_buffer_limit):
-    """Forced Winograd, 2x2 (layout 4) or, for 3x3 layers, 4x4 (5) output tiles: one or
-    several partitions and threads, the batch whole or an image at a time (the weight gradient
-    then sums over chunks), accumulating into a weight diff."""
-    x, weight, bias, dy, geom = conv_arrays(case, np.float32)
-    conv_layout(layout)
-    partition_mode(mode)
-    num_threads(threads)
-    if limit:
-        col_buffer_limit(limit)
-    check_conv(cpu, x, weight, bias, dy, geom, np.float32, no_bias=True)
-    check_weight_gradient_accumulates(x, weight, dy, geom, np.float32)
-
-
 # The phase layouts (csrc/conv_phase.cpp): a strided undilated float32 layer as a stride-1 one
-# over its bottom's phase planes, computed by the direct layout (6) or Winograd F(2x2) (7) or
-# F(4x4, 3x3) (8) where they apply to the phase form, whose kernel is ceil(k / stride) a side.
+# over its bottom's phase planes, computed by the direct layout (6, or 10 with 16-pixel vectors)
+# or Winograd F(2x2) (7) or F(4x4, 3x3) (8) where they apply to the phase form, whose kernel is ceil(k / stride) a side.
 # The cases: CaffeNet's conv1 in small (11x11, stride 4: a 3x3 phase kernel), GoogLeNet's (7x7
 # stride 2 pad 3: 4x4), kernels that are no multiple of the stride, different strides per axis
 # with a rectangular kernel, groups, a 5x5 phase kernel, bottom rows and columns no tap reads
@@ -468,6 +447,8 @@ def phase_layouts(case):
         layouts.append(7)
     if phase_kernel == (3, 3):
         layouts.append(8)
+    if _C.cpu_has_direct_conv() and _C.cpu_has_avx512():
+        layouts.append(10)  # direct's 16-pixel tile (its weight gradient is direct's)
     return layouts
 
 
@@ -475,13 +456,16 @@ def phase_layouts(case):
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("case, layout",
-                         [(c, layout) for c in PHASE_CASES for layout in phase_layouts(c)],
+                         [(c, 4) for c in WINOGRAD_CASES]
+                         + [(c, 5) for c in WINOGRAD_CASES if c[5] == (3, 3)]
+                         + [(c, layout) for c in PHASE_CASES for layout in phase_layouts(c)],
                          ids=str)
-def test_phase_layout(case, layout, mode, threads, limit, conv_layout, partition_mode,
-                      num_threads, col_buffer_limit):
-    """Forced phase layouts against the reference: one or several partitions and threads, the
-    batch whole or an image at a time (the weight gradient then sums over chunks),
-    accumulating into a weight diff."""
+def test_winograd_and_phase_layouts(case, layout, mode, threads, limit, conv_layout,
+                                    partition_mode, num_threads, col_buffer_limit):
+    """Forced Winograd, 2x2 (layout 4) or, for 3x3 layers, 4x4 (5) output tiles, and the
+    phase layouts of strided layers (6-8, 10), against the reference: one or several
+    partitions and threads, the batch whole or an image at a time (the weight gradient then
+    sums over chunks), accumulating into a weight diff."""
     x, weight, bias, dy, geom = conv_arrays(case, np.float32)
     conv_layout(layout)
     partition_mode(mode)
