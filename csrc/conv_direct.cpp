@@ -114,7 +114,9 @@ __attribute__((target("avx2,fma"))) void forward_tile(const float* w, const floa
   for (int t = 0; t < kRows * kVecs; ++t) _mm256_storeu_ps(out + t * kLanes, acc[t]);
 }
 
-// forward_tile with vectors of 16 pixels (out: 12 vectors of 16).
+// forward_tile with vectors of 16 pixels (out: 12 vectors of 16). Written out again rather
+// than one template over the vector width: GCC does not inline a target's intrinsics into a
+// template body that has no target of its own.
 __attribute__((target("avx512f"))) void forward_tile_avx512(const float* w, const float* p0,
                                                          const float* p1, const float* p2,
                                                          int64_t channels, int64_t plane,
