@@ -556,10 +556,9 @@ bool rule_prefers_winograd(Kernel kernel, const ConvGeom& g) {
 // the same on its phase form where that adds at most a third more taps, which makes
 // CaffeNet's conv1 Winograd and GoogLeNet's direct); within the forced modes.
 Plan rule_plan(const std::vector<Plan>& plans, Kernel kernel, const ConvGeom& g) {
-  const ConvGeom whole = phase_applies(g) ? phase_geometry(g, g.n) : g;
-  const bool phase = phase_applies(g) &&
-                     3 * whole.kh * g.sh * whole.kw * g.sw <= 4 * g.kh * g.kw;
-  const ConvGeom stride1 = phase ? whole : g;
+  const ConvGeom form = phase_geometry(g, g.n);
+  const bool phase = phase_applies(g) && 3 * form.kh * g.sh * form.kw * g.sw <= 4 * g.kh * g.kw;
+  const ConvGeom stride1 = phase ? form : g;
   const bool winograd = rule_prefers_winograd(kernel, stride1);
   const bool direct = rule_prefers_direct(kernel, stride1);
   const auto rank = [winograd, direct, phase](const Plan& q) {
@@ -765,6 +764,21 @@ int64_t phase_chunk(const ConvGeom& g, int64_t images, int64_t budget) {
   const int64_t per_image = pg.c * pg.h * pg.w * int64_t(sizeof(float));
   const int64_t bytes = std::min(budget, kPhaseChunkBytes);
   return std::max<int64_t>(1, std::min<int64_t>(images, bytes / per_image));
+}
+
+// p (images after one another) = the phase form of x's images [n0, n1), each image's
+// lowering by phase_lowering's geometry; unphase_bottom is its adjoint, dx's images from
+// the phase form's gradient dp (each bottom pixel one phase pixel, or none: zero).
+void phase_bottom(const float* x, const ConvGeom& g, int64_t n0, int64_t n1, float* p) {
+  const ConvGeom lg = phase_lowering(g);
+  const int64_t image = lg.o * lg.ho * lg.wo;
+  for (int64_t n = n0; n < n1; ++n) im2col(x, lg, 0, n, n + 1, p + (n - n0) * image);
+}
+
+void unphase_bottom(const float* dp, const ConvGeom& g, int64_t n0, int64_t n1, float* dx) {
+  const ConvGeom lg = phase_lowering(g);
+  const int64_t image = lg.o * lg.ho * lg.wo;
+  for (int64_t n = n0; n < n1; ++n) col2im(dp + (n - n0) * image, lg, 0, n, n + 1, dx);
 }
 
 // The weights in phase form, in the calling thread's buffer (a partition makes its own: 41K

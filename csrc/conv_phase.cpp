@@ -19,23 +19,11 @@
 // asking for Caffe's engine never gets a phase layout (conv.cpp).
 #include "conv_phase.h"
 
-#include <algorithm>
-
-#include "parallel.h"
-
 namespace cct {
 
 namespace {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// The pixels j of a phase row whose bottom column s * j + q - pad lies in [0, size): [lo, hi).
-inline void phase_columns(int64_t q, int64_t s, int64_t pad, int64_t size, int64_t width,
-                          int64_t* lo, int64_t* hi) {
-  *lo = std::min(width, pad > q ? ceil_div(pad - q, s) : int64_t(0));
-  *hi = std::max(*lo, std::min(width, size + pad > q ? ceil_div(size + pad - q, s)
-                                                     : int64_t(0)));
-}
 
 }  // namespace
 
@@ -49,57 +37,9 @@ ConvGeom phase_geometry(const ConvGeom& g, int64_t images) {
           kh, kw, 1, 1, 0, 0, 1, 1, g.group};
 }
 
-void phase_bottom(const float* x, const ConvGeom& g, int64_t n0, int64_t n1, float* p) {
-  const ConvGeom pg = phase_geometry(g, 1);
-  const int64_t plane = pg.h * pg.w, phases = g.sh * g.sw;
-  // One item per bottom plane: its phases are written while it is in cache.
-  parallel_for((n1 - n0) * g.c, phases * plane, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const float* src = x + (n0 * g.c + item) * g.h * g.w;
-      for (int64_t r = 0; r < g.sh; ++r) {
-        for (int64_t q = 0; q < g.sw; ++q) {
-          float* dst = p + (item * phases + r * g.sw + q) * plane;
-          int64_t lo, hi;
-          phase_columns(q, g.sw, g.pw, g.w, pg.w, &lo, &hi);
-          for (int64_t m = 0; m < pg.h; ++m, dst += pg.w) {
-            const int64_t ih = g.sh * m + r - g.ph;
-            if (ih < 0 || ih >= g.h) {
-              std::fill(dst, dst + pg.w, 0.0f);
-              continue;
-            }
-            const float* row = src + ih * g.w + q - g.pw;
-            std::fill(dst, dst + lo, 0.0f);
-            for (int64_t j = lo; j < hi; ++j) dst[j] = row[j * g.sw];
-            std::fill(dst + hi, dst + pg.w, 0.0f);
-          }
-        }
-      }
-    }
-  });
-}
-
-void unphase_bottom(const float* dp, const ConvGeom& g, int64_t n0, int64_t n1, float* dx) {
-  const ConvGeom pg = phase_geometry(g, 1);
-  const int64_t plane = pg.h * pg.w, phases = g.sh * g.sw;
-  parallel_for((n1 - n0) * g.c, g.h * g.w, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      float* dst = dx + (n0 * g.c + item) * g.h * g.w;
-      const float* src = dp + item * phases * plane;
-      for (int64_t ih = 0; ih < g.h; ++ih, dst += g.w) {
-        // Zero first: the pixels past the last row or column any tap reads have no phase pixel.
-        std::fill(dst, dst + g.w, 0.0f);
-        const int64_t m = (ih + g.ph) / g.sh, r = (ih + g.ph) % g.sh;
-        if (m >= pg.h) continue;
-        for (int64_t q = 0; q < g.sw; ++q) {
-          const float* row = src + (r * g.sw + q) * plane + m * pg.w;
-          float* out = dst + q - g.pw;  // column j of this phase is out[j * sw]
-          int64_t lo, hi;
-          phase_columns(q, g.sw, g.pw, g.w, pg.w, &lo, &hi);
-          for (int64_t j = lo; j < hi; ++j) out[j * g.sw] = row[j];
-        }
-      }
-    }
-  });
+ConvGeom phase_lowering(const ConvGeom& g) {
+  const ConvGeom pg = phase_geometry(g, g.n);
+  return {g.n, g.c, g.h, g.w, pg.c, pg.h, pg.w, g.sh, g.sw, g.sh, g.sw, g.ph, g.pw, 1, 1, 1};
 }
 
 void phase_weight(const float* weight, const ConvGeom& g, float* wp) {

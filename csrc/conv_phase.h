@@ -17,12 +17,12 @@ bool phase_applies(const ConvGeom& g);
 // Wo + kw' - 1 pixels, kernel kh' x kw' = ceil(kh / sh) x ceil(kw / sw), stride 1, no pad.
 ConvGeom phase_geometry(const ConvGeom& g, int64_t images);
 
-// p (images n1 - n0 in phase form) = the phase planes of x's images [n0, n1): plane (c, r, q)
-// holds the padded bottom's pixels (sh * m + r, sw * j + q), zero outside the bottom.
-void phase_bottom(const float* x, const ConvGeom& g, int64_t n0, int64_t n1, float* p);
-// The adjoint, which is a gather: dx's images [n0, n1) from the phase form's gradient dp
-// (every bottom pixel is one phase pixel, or none when no tap reads it: zero).
-void unphase_bottom(const float* dp, const ConvGeom& g, int64_t n0, int64_t n1, float* dx);
+// The geometry whose lowering (conv.cpp's im2col) of one image is that image's phase form:
+// an sh x sw kernel of stride (sh, sw) and the layer's pad, the phase planes as its output.
+// Plane (c, r, q) is then row (c, r, q) of the lowered matrix, pixel (m, j) the padded
+// bottom's (sh * m + r, sw * j + q), zero outside the bottom.
+ConvGeom phase_lowering(const ConvGeom& g);
+
 // wp = the weights in phase form: tap (a, b) of channel (c, r, q) is tap (sh * a + r,
 // sw * b + q) of channel c, zero past the kernel.
 void phase_weight(const float* weight, const ConvGeom& g, float* wp);
