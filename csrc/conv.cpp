@@ -759,11 +759,19 @@ thread_local std::vector<float> t_phase_weight_grad;  // a partition's phase-for
 // b256 was as fast with 4 as with 16 or 64 MiB, and 90 MB less resident), at least one.
 constexpr int64_t kPhaseChunkBytes = int64_t(4) << 20;
 
-int64_t phase_chunk(const ConvGeom& g, int64_t images, int64_t budget) {
-  const ConvGeom pg = phase_geometry(g, 1);
-  const int64_t per_image = pg.c * pg.h * pg.w * int64_t(sizeof(float));
-  const int64_t bytes = std::min(budget, kPhaseChunkBytes);
-  return std::max<int64_t>(1, std::min<int64_t>(images, bytes / per_image));
+// chunk(n0, pg, planes) for each chunk of images [begin, end): n0 its first image, pg its
+// phase form, planes the thread's buffer for that form.
+template <typename Chunk>
+void each_phase_chunk(const ConvGeom& g, int64_t begin, int64_t end, int64_t budget,
+                      Chunk&& chunk) {
+  const ConvGeom one = phase_geometry(g, 1);
+  const int64_t per_image = one.c * one.h * one.w;
+  const int64_t step = std::max<int64_t>(
+      1, std::min(budget, kPhaseChunkBytes) / int64_t(sizeof(float)) / per_image);
+  for (int64_t n0 = begin; n0 < end; n0 += step) {
+    const ConvGeom pg = phase_geometry(g, std::min(end, n0 + step) - n0);
+    chunk(n0, pg, grown(t_phase_planes, size_t(pg.n * per_image)));
+  }
 }
 
 // p (images after one another) = the phase form of x's images [n0, n1), each image's
@@ -793,25 +801,21 @@ const float* phased_weight(const float* weight, const ConvGeom& g) {
 void forward_phase(Layout layout, const float* x, const float* weight, const float* bias,
                    float* y, const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
   const float* wp = phased_weight(weight, g);
-  const int64_t step = phase_chunk(g, end - begin, budget), top = g.o * g.ho * g.wo;
-  for (int64_t n0 = begin; n0 < end; n0 += step) {
-    const ConvGeom pg = phase_geometry(g, std::min(end, n0 + step) - n0);
-    float* p = grown(t_phase_planes, size_t(pg.n * pg.c * pg.h * pg.w));
+  const int64_t top = g.o * g.ho * g.wo;
+  each_phase_chunk(g, begin, end, budget, [&](int64_t n0, const ConvGeom& pg, float* p) {
     phase_bottom(x, g, n0, n0 + pg.n, p);
     forward_stride1(stride1_layout(layout), p, wp, bias, y + n0 * top, pg, 0, pg.n, budget);
-  }
+  });
 }
 
 void backward_data_phase(Layout layout, const float* dy, const float* weight, float* dx,
                          const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
   const float* wp = phased_weight(weight, g);
-  const int64_t step = phase_chunk(g, end - begin, budget), top = g.o * g.ho * g.wo;
-  for (int64_t n0 = begin; n0 < end; n0 += step) {
-    const ConvGeom pg = phase_geometry(g, std::min(end, n0 + step) - n0);
-    float* dp = grown(t_phase_planes, size_t(pg.n * pg.c * pg.h * pg.w));
+  const int64_t top = g.o * g.ho * g.wo;
+  each_phase_chunk(g, begin, end, budget, [&](int64_t n0, const ConvGeom& pg, float* dp) {
     backward_data_stride1(stride1_layout(layout), dy + n0 * top, wp, dp, pg, 0, pg.n, budget);
     unphase_bottom(dp, g, n0, n0 + pg.n, dx);
-  }
+  });
 }
 
 void backward_weight_phase(Layout layout, const float* x, const float* dy, float* dweight,
@@ -823,14 +827,12 @@ void backward_weight_phase(Layout layout, const float* x, const float* dy, float
   }
   const ConvGeom pg1 = phase_geometry(g, 1);
   float* dwp = grown(t_phase_weight_grad, size_t(g.o * (pg1.c / g.group) * pg1.kh * pg1.kw));
-  const int64_t step = phase_chunk(g, end - begin, budget), top = g.o * g.ho * g.wo;
-  for (int64_t n0 = begin; n0 < end; n0 += step) {
-    const ConvGeom pg = phase_geometry(g, std::min(end, n0 + step) - n0);
-    float* p = grown(t_phase_planes, size_t(pg.n * pg.c * pg.h * pg.w));
+  const int64_t top = g.o * g.ho * g.wo;
+  each_phase_chunk(g, begin, end, budget, [&](int64_t n0, const ConvGeom& pg, float* p) {
     phase_bottom(x, g, n0, n0 + pg.n, p);
     backward_weight_stride1(stride1_layout(layout), p, dy + n0 * top, dwp, pg, 0, pg.n, budget,
                             n0 != begin);
-  }
+  });
   unphase_weight(dwp, g, dweight, accumulate);
 }
 
