@@ -1,0 +1,219 @@
+"""Where a training iteration's time goes, layer by layer, against this machine's two rooflines:
+the SGEMM peak for the layers that multiply (Convolution, Deconvolution, InnerProduct) and the
+bandwidth cct's threads stream memory at for the rest.
+
+    python bench/bench_layers.py                       # every bench net, by layer type
+    python bench/bench_layers.py --nets caffenet_b32 --layers --iters 10
+
+Each layer's forward and backward are timed on their own (Net.forward_from_to(i, i) and
+backward_from_to(i, i), as `cct time` does) on bench_train's synthetic nets; the figure is the
+median over the timed iterations. For every layer the bench also counts:
+
+- its FLOPs: 2 multiply-adds per weight tap and top element forward; backward the weight
+  gradient's, plus the bottom diff's where the net needs it (the first convolution's bottom is
+  data and needs none);
+- its bytes: each blob it reads or writes, once (forward: bottoms, tops, params; backward: top
+  diffs, bottoms, the bottom diffs it writes, params, their diffs read and written). That is
+  a lower bound on the traffic, so "% bw" is an upper bound on how near the layer is to the
+  memory roofline.
+
+The FLOPs are the direct algorithm's, so a convolution run by Winograd can pass 100% of the
+compute roofline; the bandwidth is measured over 256 MiB, out of every cache, so a layer whose
+blobs stay in the last-level cache can pass 100% of the memory one.
+
+A layer is "compute"-bound when its FLOPs at the SGEMM peak would take longer than its bytes at
+the copy bandwidth, else "memory"-bound; "% roof" is its speed against that bound's roofline.
+Issue 16, item 3 asks why one CPU reaches a lower share of its SGEMM peak than another on the
+same nets: run this there and here, and compare the shares of the memory-bound rows (a faster
+FMA unit shrinks only the compute rows).
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from bench.bench_train import NETS, default_zoo, machine, sgemm_peak, synthetic_net  # noqa: E402
+
+DEFAULT_NETS = ",".join(NETS)
+MULTIPLYING = ("Convolution", "Deconvolution", "InnerProduct")
+
+
+def copy_bandwidth(mib: int = 256, repeats: int = 10) -> float:
+    """GB/s of cct's threaded ReLU out of place over ``mib`` MiB (read once, written once):
+    the rate cct's elementwise kernels can stream at on this machine."""
+    import numpy as np
+
+    from cct import _C
+
+    x = np.random.default_rng(0).standard_normal(mib << 18, dtype=np.float32)
+    y = np.empty_like(x)
+    _C.relu_forward(x, y, 0.0)
+    best = min(_seconds(lambda: _C.relu_forward(x, y, 0.0)) for _ in range(repeats))
+    return 2.0 * x.nbytes / best / 1e9
+
+
+def _seconds(call) -> float:
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
+
+
+def layer_flops(net, i: int) -> tuple:
+    """(forward, backward) FLOPs of layer i: 2 per multiply-add of its weights with its tops
+    (Deconvolution: with its bottoms); 0 for layers that do not multiply by weights."""
+    layer = net.layers[i]
+    if layer.type not in MULTIPLYING or not layer.blobs:
+        return 0.0, 0.0
+    w = layer.blobs[0].data
+    per_output = w.size // w.shape[0]
+    # A Deconvolution's weights multiply its bottom as a convolution's multiply its top.
+    side = net.bottom_vecs[i] if layer.type == "Deconvolution" else net.top_vecs[i]
+    macs = sum(b.data.size for b in side) * per_output
+    backward = macs * (1 + any(net.bottom_need_backward[i]))
+    return 2.0 * macs, 2.0 * backward
+
+
+def layer_bytes(net, i: int) -> tuple:
+    """(forward, backward) bytes layer i must at least move: each blob once (module doc);
+    none for an Input layer, whose top is filled by whoever feeds the net."""
+    if net.layers[i].type == "Input":
+        return 0, 0
+    bottoms, tops = net.bottom_vecs[i], net.top_vecs[i]
+    params = net.layers[i].blobs
+    size = lambda blobs: sum(b.data.nbytes for b in blobs)  # noqa: E731
+    forward = size(bottoms) + size(tops) + size(params)
+    if not net.layer_need_backward[i]:
+        return forward, 0
+    diffs = sum(b.data.nbytes for b, need in zip(bottoms, net.bottom_need_backward[i]) if need)
+    backward = size(tops) + size(bottoms) + diffs + 3 * size(params)
+    return forward, backward
+
+
+def profile(path: pathlib.Path, batch: int, warmup: int, iters: int) -> list:
+    """One row per layer: name, type, forward and backward median seconds, FLOPs and bytes."""
+    from cct.blob_memory import share_blob_diffs
+
+    net = synthetic_net(path, batch)
+    share_blob_diffs(net)  # as cct train lays a train net's diffs out
+    n = len(net.layers)
+    fwd, bwd = [[] for _ in range(n)], [[] for _ in range(n)]
+    for it in range(warmup + iters):
+        net.clear_param_diffs()
+        for i in range(n):
+            t = _seconds(lambda: net.forward_from_to(i, i))
+            if it >= warmup:
+                fwd[i].append(t)
+        for i in range(n - 1, -1, -1):
+            t = _seconds(lambda: net.backward_from_to(i, i))
+            if it >= warmup:
+                bwd[i].append(t)
+    rows = []
+    for i in range(n):
+        flops, nbytes = layer_flops(net, i), layer_bytes(net, i)
+        rows.append({"name": net.layer_names[i], "type": net.layers[i].type,
+                     "seconds": (statistics.median(fwd[i]), statistics.median(bwd[i])),
+                     "flops": flops, "bytes": nbytes})
+    return rows
+
+
+def family_rows(rows: list) -> list:
+    """The rows summed by layer type, the slowest first."""
+    sums = defaultdict(lambda: {"seconds": [0.0, 0.0], "flops": [0.0, 0.0], "bytes": [0, 0],
+                                "count": 0})
+    for r in rows:
+        s = sums[r["type"]]
+        s["count"] += 1
+        for key in ("seconds", "flops", "bytes"):
+            s[key][0] += r[key][0]
+            s[key][1] += r[key][1]
+    out = [{"name": f"{t} x{s['count']}", "type": t, **{k: tuple(s[k]) for k in
+            ("seconds", "flops", "bytes")}} for t, s in sums.items()]
+    return sorted(out, key=lambda r: -sum(r["seconds"]))
+
+
+def roofline(row: dict, peak: float, bandwidth: float) -> tuple:
+    """(GFLOP/s, GB/s, bound, % of that bound's roofline) of a row, forward and backward
+    together."""
+    seconds = sum(row["seconds"])
+    flops, nbytes = sum(row["flops"]), sum(row["bytes"])
+    compute_s, memory_s = flops / (peak * 1e9), nbytes / (bandwidth * 1e9)
+    bound = "-" if not flops and not nbytes else "compute" if compute_s >= memory_s else "memory"
+    roof = 100.0 * max(compute_s, memory_s) / seconds if seconds > 0 else 0.0
+    return flops / seconds / 1e9 if seconds else 0.0, nbytes / seconds / 1e9 if seconds else 0.0, \
+        bound, roof
+
+
+def print_table(title: str, rows: list, total: float, peak: float, bandwidth: float) -> None:
+    print(title)
+    print(f"{'layer':<28} {'fwd ms':>8} {'bwd ms':>8} {'share':>6} {'GFLOP/s':>8} {'GB/s':>6} "
+          f"{'bound':>8} {'% roof':>7}")
+    for r in rows:
+        gflops, gbs, bound, roof = roofline(r, peak, bandwidth)
+        share = 100.0 * sum(r["seconds"]) / total
+        print(f"{r['name'][:28]:<28} {r['seconds'][0] * 1e3:8.2f} {r['seconds'][1] * 1e3:8.2f} "
+              f"{share:5.1f}% {gflops:8.1f} {gbs:6.1f} {bound:>8} {roof:6.0f}%")
+
+
+def summary(rows: list, total: float, peak: float, bandwidth: float) -> str:
+    """How the iteration splits between the two rooflines, and how near each part runs."""
+    parts = {}
+    for bound in ("compute", "memory"):
+        mine = [r for r in rows if roofline(r, peak, bandwidth)[2] == bound]
+        seconds = sum(sum(r["seconds"]) for r in mine)
+        ideal = sum(max(sum(r["flops"]) / (peak * 1e9), sum(r["bytes"]) / (bandwidth * 1e9))
+                    for r in mine)
+        parts[bound] = (seconds, ideal)
+    c, m = parts["compute"], parts["memory"]
+    return (f"compute-bound layers {c[0] * 1e3:.1f} ms ({100 * c[0] / total:.0f}% of the "
+            f"iteration, {100 * c[1] / c[0] if c[0] else 0:.0f}% of their roofline); "
+            f"memory-bound layers {m[0] * 1e3:.1f} ms ({100 * m[0] / total:.0f}%, "
+            f"{100 * m[1] / m[0] if m[0] else 0:.0f}% of theirs)")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nets", default=DEFAULT_NETS, help=f"comma-separated, from: "
+                    f"{', '.join(NETS)}")
+    ap.add_argument("--iters", type=int, default=5, help="timed iterations (median shown)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed iterations first")
+    ap.add_argument("--layers", action="store_true", help="a row per layer as well as per type")
+    ap.add_argument("--precision", choices=("float32", "bf16"), default="float32",
+                    help="the GEMMs' arithmetic (cct time --precision)")
+    ap.add_argument("--zoo", type=pathlib.Path, default=None, help="the caffe-zoo folder")
+    args = ap.parse_args(argv)
+    names = [n.strip() for n in args.nets.split(",") if n.strip()]
+    unknown = [n for n in names if n not in NETS]
+    if unknown:
+        raise SystemExit(f"bench_layers: unknown net(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(NETS)}")
+    zoo = args.zoo or default_zoo()
+    from cct.backend.precision import set_precision
+    print(machine())
+    print(f"precision {set_precision(args.precision, source='bench_layers: --precision')}")
+    peak, bandwidth = sgemm_peak(), copy_bandwidth()
+    print(f"SGEMM peak {peak:.1f} GFLOP/s; copy bandwidth (cct's threaded ReLU, 256 MiB out of "
+          f"place) {bandwidth:.1f} GB/s; median of {args.iters} iterations after {args.warmup}")
+    profiles = [(name, NETS[name][1], profile(zoo / NETS[name][0], NETS[name][1], args.warmup,
+                                              args.iters)) for name in names]
+    # The host's other tenants move both figures: the larger of two measurements counts.
+    peak, bandwidth = max(peak, sgemm_peak()), max(bandwidth, copy_bandwidth())
+    print(f"measured again at the end: SGEMM peak {peak:.1f}, bandwidth {bandwidth:.1f} "
+          f"(the larger of each counts)")
+    for name, batch, rows in profiles:
+        total = sum(sum(r["seconds"]) for r in rows)
+        title = (f"\n{name} (batch {batch}): {total * 1e3:.1f} ms an iteration summed over the "
+                 f"layers ({batch / total:.1f} img/s, update not included)")
+        print_table(title, family_rows(rows), total, peak, bandwidth)
+        if args.layers:
+            print_table("by layer:", rows, total, peak, bandwidth)
+        print(summary(rows, total, peak, bandwidth))
+
+
+if __name__ == "__main__":
+    main()

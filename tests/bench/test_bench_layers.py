@@ -1,0 +1,67 @@
+"""bench/bench_layers.py's counts: each layer's FLOPs and bytes on the bundled LeNet, worked
+out by hand from Caffe's shapes, and the roofline each row is held against."""
+import importlib.util
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("bench_layers", ROOT / "bench" / "bench_layers.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def lenet():
+    return bench.synthetic_net(ROOT / "examples" / "mnist" / "lenet_train_test.prototxt", BATCH)
+
+
+def index(net, name):
+    return list(net.layer_names).index(name)
+
+
+def test_convolution_flops_skip_the_data_gradient_of_the_first_layer(lenet):
+    # conv1: 20 filters of 1x5x5 over 28x28 -> 24x24; its bottom is data, so backward is the
+    # weight gradient alone. conv2: 50 of 20x5x5 over 12x12 -> 8x8, and a bottom diff too.
+    conv1 = 2.0 * BATCH * 20 * 24 * 24 * 25
+    assert bench.layer_flops(lenet, index(lenet, "conv1")) == (conv1, conv1)
+    conv2 = 2.0 * BATCH * 50 * 8 * 8 * 20 * 25
+    assert bench.layer_flops(lenet, index(lenet, "conv2")) == (conv2, 2 * conv2)
+    ip1 = 2.0 * BATCH * 500 * 800
+    assert bench.layer_flops(lenet, index(lenet, "ip1")) == (ip1, 2 * ip1)
+    assert bench.layer_flops(lenet, index(lenet, "pool1")) == (0.0, 0.0)
+
+
+def test_bytes_count_each_blob_once(lenet):
+    f = 4  # float32
+    top, params = BATCH * 20 * 24 * 24 * f, (20 * 25 + 20) * f
+    bottom = BATCH * 28 * 28 * f
+    # Backward: top diff and bottom read, no bottom diff, params read, their diffs read+written.
+    assert bench.layer_bytes(lenet, index(lenet, "conv1")) == (
+        bottom + top + params, top + bottom + 3 * params)
+    pooled = BATCH * 20 * 12 * 12 * f
+    assert bench.layer_bytes(lenet, index(lenet, "pool1")) == (
+        top + pooled, pooled + top + top)
+    assert bench.layer_bytes(lenet, index(lenet, "mnist")) == (0, 0)
+
+
+def test_roofline_names_the_bound_whose_time_is_longer():
+    row = {"seconds": (0.5, 0.5), "flops": (100e9, 100e9), "bytes": (1e9, 1e9)}
+    gflops, gbs, bound, roof = bench.roofline(row, peak=400.0, bandwidth=10.0)
+    assert (gflops, gbs, bound) == (200.0, 2.0, "compute")
+    assert roof == pytest.approx(50.0)  # 0.5 s of FLOPs at the peak in a 1 s row
+    gflops, gbs, bound, roof = bench.roofline(row, peak=400.0, bandwidth=1.0)
+    assert bound == "memory" and roof == pytest.approx(200.0)  # a cached blob beats DRAM
+
+
+def test_family_rows_sum_by_type_slowest_first():
+    rows = [{"name": "a", "type": "ReLU", "seconds": (1.0, 1.0), "flops": (0, 0), "bytes": (4, 8)},
+            {"name": "b", "type": "Convolution", "seconds": (2.0, 3.0), "flops": (1, 2),
+             "bytes": (1, 1)},
+            {"name": "c", "type": "ReLU", "seconds": (0.5, 0.5), "flops": (0, 0),
+             "bytes": (4, 8)}]
+    out = bench.family_rows(rows)
+    assert [r["name"] for r in out] == ["Convolution x1", "ReLU x2"]
+    assert out[1]["seconds"] == (1.5, 1.5) and out[1]["bytes"] == (8, 16)
