@@ -36,7 +36,7 @@ import sys
 import time
 from collections import defaultdict
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))  # after the installed cct
 
 from bench.bench_train import NETS, default_zoo, machine, sgemm_peak, synthetic_net  # noqa: E402
 
