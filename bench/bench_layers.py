@@ -9,13 +9,13 @@ Each layer's forward and backward are timed on their own (Net.forward_from_to(i,
 backward_from_to(i, i), as `cct time` does) on bench_train's synthetic nets; the figure is the
 median over the timed iterations. For every layer the bench also counts:
 
-- its FLOPs: 2 multiply-adds per weight tap and top element forward; backward the weight
-  gradient's, plus the bottom diff's where the net needs it (the first convolution's bottom is
-  data and needs none);
+- its FLOPs: 2 per multiply-add of a weight tap with a top element, forward; backward the
+  weight gradient's, plus the bottom diff's where the net needs it (the first convolution's
+  bottom is data and needs none);
 - its bytes: each blob it reads or writes, once (forward: bottoms, tops, params; backward: top
   diffs, bottoms, the bottom diffs it writes, params, their diffs read and written). That is
-  a lower bound on the traffic, so "% bw" is an upper bound on how near the layer is to the
-  memory roofline.
+  a lower bound on the traffic (LRN's scale and pooling's mask are not counted), so a memory
+  row's "% roof" is an upper bound on how near it runs to the memory roofline.
 
 The FLOPs are the direct algorithm's, so a convolution run by Winograd can pass 100% of the
 compute roofline; the bandwidth is measured over 256 MiB, out of every cache, so a layer whose
