@@ -15,7 +15,7 @@ median over the timed iterations. For every layer the bench also counts:
 - its bytes: each blob it reads or writes, once (forward: bottoms, tops, params; backward: top
   diffs, bottoms, the bottom diffs it writes, params, their diffs read and written). That is
   a lower bound on the traffic (LRN's scale and pooling's mask are not counted), so a memory
-  row's "% roof" is an upper bound on how near it runs to the memory roofline.
+  row's "% roof" understates how near it runs to the memory roofline.
 
 The FLOPs are the direct algorithm's, so a convolution run by Winograd can pass 100% of the
 compute roofline; the bandwidth is measured over 256 MiB, out of every cache, so a layer whose
