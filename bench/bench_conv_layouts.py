@@ -137,15 +137,16 @@ def main(argv=None) -> None:
     print(f"SGEMM peak: {sgemm_peak():.1f} GFLOP/s; best of {args.repeats} calls per kernel")
     if not _C.cpu_has_direct_conv():
         print("this CPU has no AVX2/FMA: the direct layout is left out")
-    print(f"{'layer':<22} {'kernel':<16} {'lowered ms':>10} {'direct ms':>10} {'direct16':>10} "
+    print(f"{'layer':<24} {'kernel':<16} {'lowered ms':>10} {'direct ms':>10} {'direct16':>10} "
           f"{'wino2x2 ms':>10} {'wino4x4 ms':>10} {'best GF/s':>9} {'ratio':>6}  plan")
     for net_name in names:
         path, batch = NETS[net_name]
         net = synthetic_net(zoo / path, batch)
+        print(f"{net_name}:")
         for layer, geom, x_shape, y_shape in conv_layers(net):
-            label = f"{net_name}/{layer}"
+            label = layer
             if geom[1] != (1, 1) and phase_form(geom) is None:
-                print(f"{label:<22} {'(stride ' + str(geom[1][0]) + ': lowered only)'}")
+                print(f"{label:<24} {'(stride ' + str(geom[1][0]) + ': lowered only)'}")
                 continue
             modes = other_modes(geom)
             r = time_layer(geom, x_shape, y_shape, args.repeats)
@@ -158,7 +159,7 @@ def main(argv=None) -> None:
                 best = min(others, default=lowered)
                 cells = "".join(f"{t[k] * 1e3:10.2f} " if t[k] is not None else f"{'-':>10} "
                                 for t in (r["times"][mode] for mode in modes))
-                print(f"{label:<22} {kernel:<16} {lowered * 1e3:10.2f} {cells}"
+                print(f"{label:<24} {kernel:<16} {lowered * 1e3:10.2f} {cells}"
                       f"{2 * macs / best / 1e9:9.1f} {lowered / best:6.2f}  "
                       f"{r['chosen'].get(k, '?')}", flush=True)
 
