@@ -37,39 +37,51 @@ struct NegPow {
   }
 };
 
-// Pixels per item: the block's scratch (channels x block) stays within about 64 KiB.
-int64_t lrn_block(int64_t channels, int64_t pixels, int64_t itemsize) {
-  const int64_t b = std::max<int64_t>(16, (int64_t(64) << 10) / (itemsize * std::max<int64_t>(channels, 1)));
-  return std::min(b, std::max<int64_t>(pixels, 1));
+// Pixels per item. Each item walks the channels once, holding only the channel window's rows
+// of squares (or ratios) in a ring, so its block can be a whole plane (up to 4,096 pixels, 16
+// KiB runs of every channel plane, which the prefetchers follow) while there are images
+// enough for the threads; a small batch cuts its planes into as many blocks as keep them
+// busy, down to 256 pixels. The first version kept every channel's squares and so cut blocks
+// to 64 KiB / channels: 85 pixels at 192 channels, 340-byte runs over 192 pages, 1.4-1.8x
+// slower on GoogLeNet's norm2 (bench/RESULTS.md). The block changes no arithmetic.
+int64_t lrn_block(int64_t num, int64_t pixels) {
+  const int64_t per_image = (2 * int64_t(num_threads()) + num - 1) / std::max<int64_t>(num, 1);
+  const int64_t block = (pixels + per_image - 1) / per_image;
+  return std::clamp<int64_t>(block, std::min<int64_t>(256, pixels), 4096);
 }
 
 }  // namespace
 
-// One (image, block of pixels) item of the forward pass: `sq` is channels x block scratch.
+// One (image, block of pixels) item of the forward pass; `ring` holds size + 1 rows of `block`
+// squares (alpha/size * x^2), channel j's in row j % (size + 1): the window of channel c
+// spans the squares of c - 1 - pre (leaving) to c + size - 1 - pre (entering), size + 1 rows.
 // The window's running sum is Caffe's: channel c's scale is channel c-1's plus the head's
 // square minus the tail's, in that order (two roundings, as Caffe's axpy calls make).
 template <typename T>
-CCT_VECTOR_CLONES void lrn_forward_item(const T* x, T* y, T* scale, T* sq, int64_t channels,
+CCT_VECTOR_CLONES void lrn_forward_item(const T* x, T* y, T* scale, T* ring, int64_t channels,
                                         int64_t pixels, int64_t block, int64_t len, int size,
                                         T alpha_over_size, T k, NegPow<T> negpow) {
   const int pre = (size - 1) / 2;
-  for (int64_t c = 0; c < channels; ++c) {
+  const int64_t rows = size + 1;
+  const auto square = [&](int64_t c) {
     const T* xc = x + c * pixels;
-    T* sc = sq + c * block;
+    T* sc = ring + (c % rows) * block;
     for (int64_t i = 0; i < len; ++i) sc[i] = alpha_over_size * (xc[i] * xc[i]);
-  }
+    return sc;
+  };
   // Channel 0's window covers padded channels 0 .. size-1, i.e. real ones -pre .. size-1-pre.
   std::fill(scale, scale + len, k);
   for (int64_t j = 0; j < std::min<int64_t>(size - pre, channels); ++j) {
-    const T* sj = sq + j * block;
+    const T* sj = square(j);
     for (int64_t i = 0; i < len; ++i) scale[i] += sj[i];
   }
+  for (int64_t i = 0; i < len; ++i) y[i] = negpow(scale[i]) * x[i];
   for (int64_t c = 1; c < channels; ++c) {
     const T* prev = scale + (c - 1) * pixels;
     T* cur = scale + c * pixels;
     const int64_t head = c + size - 1 - pre, tail = c - 1 - pre;
-    const T* sh = head < channels ? sq + head * block : nullptr;
-    const T* st = tail >= 0 ? sq + tail * block : nullptr;
+    const T* sh = head < channels ? square(head) : nullptr;
+    const T* st = tail >= 0 ? ring + (tail % rows) * block : nullptr;
     if (sh && st) {
       for (int64_t i = 0; i < len; ++i) cur[i] = (prev[i] + sh[i]) - st[i];
     } else if (sh) {
@@ -79,10 +91,9 @@ CCT_VECTOR_CLONES void lrn_forward_item(const T* x, T* y, T* scale, T* sq, int64
     } else {
       std::copy(prev, prev + len, cur);
     }
-  }
-  for (int64_t c = 0; c < channels; ++c) {
-    const int64_t off = c * pixels;
-    for (int64_t i = 0; i < len; ++i) y[off + i] = negpow(scale[off + i]) * x[off + i];
+    const T* xc = x + c * pixels;
+    T* yc = y + c * pixels;
+    for (int64_t i = 0; i < len; ++i) yc[i] = negpow(cur[i]) * xc[i];
   }
 }
 
@@ -90,44 +101,49 @@ template <typename T>
 void lrn_across_forward(const T* x, T* y, T* scale, int64_t num, int64_t channels, int64_t pixels,
                         int size, T alpha, T beta, T k) {
   if (num == 0 || channels == 0 || pixels == 0) return;
-  const int64_t block = lrn_block(channels, pixels, sizeof(T));
+  const int64_t block = lrn_block(num, pixels);
   const int64_t blocks = (pixels + block - 1) / block;
   const T alpha_over_size = alpha / T(size);
   const NegPow<T> negpow(beta);
   parallel_for(num * blocks, channels * block * 4, [&](int64_t begin, int64_t end) {
-    std::vector<T> sq(static_cast<size_t>(channels * block));  // alpha/size * x^2, per channel
+    std::vector<T> ring(static_cast<size_t>((size + 1) * block));
     for (int64_t item = begin; item < end; ++item) {
       const int64_t n = item / blocks, p0 = (item % blocks) * block;
       const int64_t base = n * channels * pixels + p0;
-      lrn_forward_item(x + base, y + base, scale + base, sq.data(), channels, pixels, block,
+      lrn_forward_item(x + base, y + base, scale + base, ring.data(), channels, pixels, block,
                        std::min(block, pixels - p0), size, alpha_over_size, k, negpow);
     }
   });
 }
 
-// One item of the backward pass: `ratio` is channels x block scratch, `accum` block.
+// One item of the backward pass: `ring` holds size + 1 rows of ratios dy * y / scale (channel
+// j's in row j % (size + 1)), `accum` the window's running sum.
 template <typename T>
 CCT_VECTOR_CLONES void lrn_backward_item(const T* x, const T* y, const T* scale, const T* dy,
-                                         T* dx, T* ratio, T* accum, int64_t channels,
+                                         T* dx, T* ring, T* accum, int64_t channels,
                                          int64_t pixels, int64_t block, int64_t len, int size,
                                          T cache_ratio, NegPow<T> negpow) {
   const int pre = (size - 1) / 2;
-  for (int64_t c = 0; c < channels; ++c) {
-    const int64_t off = c * pixels;
-    T* rc = ratio + c * block;
-    for (int64_t i = 0; i < len; ++i) rc[i] = (dy[off + i] * y[off + i]) / scale[off + i];
-  }
+  const int64_t rows = size + 1;
+  // Channel j's ratio is written before dx of any channel at or past j - pre is: in place
+  // (dx = dy) the ratios read dy before it is overwritten.
+  const auto ratio = [&](int64_t j) {
+    const int64_t off = j * pixels;
+    T* rj = ring + (j % rows) * block;
+    for (int64_t i = 0; i < len; ++i) rj[i] = (dy[off + i] * y[off + i]) / scale[off + i];
+    return rj;
+  };
   // accum holds the window sum of channel c: padded channels c .. c+size-1.
   std::fill(accum, accum + len, T(0));
   for (int64_t j = 0; j < std::min<int64_t>(size - 1 - pre, channels); ++j) {
-    const T* rj = ratio + j * block;
+    const T* rj = ratio(j);
     for (int64_t i = 0; i < len; ++i) accum[i] += rj[i];
   }
   for (int64_t c = 0; c < channels; ++c) {
     const int64_t off = c * pixels;
     const int64_t head = c + size - 1 - pre, tail = c - pre;
     if (head < channels) {
-      const T* rh = ratio + head * block;
+      const T* rh = ratio(head);
       for (int64_t i = 0; i < len; ++i) accum[i] += rh[i];
     }
     for (int64_t i = 0; i < len; ++i) {
@@ -136,7 +152,7 @@ CCT_VECTOR_CLONES void lrn_backward_item(const T* x, const T* y, const T* scale,
       dx[off + i] = d - cache_ratio * xa;
     }
     if (tail >= 0) {
-      const T* rt = ratio + tail * block;
+      const T* rt = ring + (tail % rows) * block;
       for (int64_t i = 0; i < len; ++i) accum[i] -= rt[i];
     }
   }
@@ -146,17 +162,17 @@ template <typename T>
 void lrn_across_backward(const T* x, const T* y, const T* scale, const T* dy, T* dx, int64_t num,
                          int64_t channels, int64_t pixels, int size, T alpha, T beta) {
   if (num == 0 || channels == 0 || pixels == 0) return;
-  const int64_t block = lrn_block(channels, pixels, sizeof(T));
+  const int64_t block = lrn_block(num, pixels);
   const int64_t blocks = (pixels + block - 1) / block;
   const T cache_ratio = T(2) * alpha * beta / T(size);
   const NegPow<T> negpow(beta);
   parallel_for(num * blocks, channels * block * 6, [&](int64_t begin, int64_t end) {
-    std::vector<T> ratio(static_cast<size_t>(channels * block));  // dy * y / scale, per channel
+    std::vector<T> ring(static_cast<size_t>((size + 1) * block));
     std::vector<T> accum(static_cast<size_t>(block));
     for (int64_t item = begin; item < end; ++item) {
       const int64_t n = item / blocks, p0 = (item % blocks) * block;
       const int64_t base = n * channels * pixels + p0;
-      lrn_backward_item(x + base, y + base, scale + base, dy + base, dx + base, ratio.data(),
+      lrn_backward_item(x + base, y + base, scale + base, dy + base, dx + base, ring.data(),
                         accum.data(), channels, pixels, block, std::min(block, pixels - p0),
                         size, cache_ratio, negpow);
     }

@@ -857,7 +857,11 @@ def test_empty_window_is_caffes():
 # --------------------------------------------------------------------------------------------
 # Odd shapes, batch 1, and sizes past the threading grain and the kernels' block sizes.
 ELEMENTWISE_SHAPES = [(1, 3, 5, 7), (2, 1), (3, 17, 41, 37), (7,)]
-LRN_SHAPES = [(1, 3, 5, 7), (2, 7, 4, 3), (2, 300, 7, 9), (3, 96, 27, 27)]
+# The last two cut their planes into blocks (csrc/lrn.cpp's lrn_block): one image's 1,763
+# pixels into blocks for the threads, and planes of 4,270 pixels past the 4,096 cap with a
+# short last block; the channel window's ring rows are reused across blocks.
+LRN_SHAPES = [(1, 3, 5, 7), (2, 7, 4, 3), (2, 300, 7, 9), (3, 96, 27, 27), (1, 6, 41, 43),
+              (3, 9, 70, 61)]
 LRN_PARAMS = [(5, 1e-4, 0.75, 1.0), (3, 2.0, 0.5, 2.0), (1, 0.5, 1.3, 1.0), (7, 1.0, 0.75, 1.0)]
 SOFTMAX_SHAPES = [(1, 10, 1), (64, 10, 1), (3, 5, 600), (2, 1, 7), (5, 1000, 1)]
 
