@@ -95,27 +95,28 @@ CCT_AVX2 inline __m256 in_order(__m256 v) {
 }
 
 // Eight windows side by side in AVX registers (max_windows4's taps, eight outputs per
-// compare-and-blend). Stride 2 loads sixteen floats per tap and keeps their even ones in the
-// order one in-lane shuffle leaves them (outputs 0 1 4 5 2 3 6 7), put back in order once, at
-// the store.
+// compare-and-blend). `src` is the first window's first tap in a plane `pitch` floats a row
+// (the bottom itself, or a padded copy of it), `at0` that tap's flat index in the bottom (w a
+// row), `rows` the windows' rows. Stride 2 loads sixteen floats per tap and keeps their even
+// ones in the order one in-lane shuffle leaves them (outputs 0 1 4 5 2 3 6 7), put back in
+// order once, at the store.
 template <int SW>
-CCT_AVX2 inline void max_windows8(const float* xp, int hs, int he, int col0, int kw, int w,
-                                  float* y, int32_t* mask) {
+CCT_AVX2 inline void max_windows8(const float* src, int pitch, int at0, int rows, int kw,
+                                  int w, float* y, int32_t* mask) {
   const __m256i lanes = SW == 1 ? _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
                                 : _mm256_setr_epi32(0, 2, 8, 10, 4, 6, 12, 14);
   __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::max());
   __m256 arg = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-  for (int i = hs; i < he; ++i) {
+  for (int i = 0; i < rows; ++i) {
     for (int j = 0; j < kw; ++j) {
-      const int at = i * w + col0 + j;
-      const __m256 v = SW == 1 ? _mm256_loadu_ps(xp + at)
-                               : _mm256_shuffle_ps(_mm256_loadu_ps(xp + at),
-                                                   _mm256_loadu_ps(xp + at + 8),
+      const float* tap = src + i * pitch + j;
+      const __m256 v = SW == 1 ? _mm256_loadu_ps(tap)
+                               : _mm256_shuffle_ps(_mm256_loadu_ps(tap), _mm256_loadu_ps(tap + 8),
                                                    _MM_SHUFFLE(2, 0, 2, 0));
       // Ordered compare: a NaN never wins, as with Caffe's `>`.
       const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
       best = _mm256_blendv_ps(best, v, gt);
-      const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(at), lanes);
+      const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(at0 + i * w + j), lanes);
       arg = _mm256_blendv_ps(arg, _mm256_castsi256_ps(idx), gt);
     }
   }
@@ -138,13 +139,54 @@ CCT_AVX2 int max_row_avx2(const float* xp, int hs, int he, int w, int kw, int pw
                           int ow1, float* y, int32_t* mask) {
   const auto fits = [&](int ow) { return (ow + 7) * SW - pw + kw - 1 + (SW - 1) < w; };
   int ow = ow0;
-  for (; ow + 8 <= ow1 && fits(ow); ow += 8)
-    max_windows8<SW>(xp, hs, he, ow * SW - pw, kw, w, y + ow, mask + ow);
+  const auto group = [&](int first) {
+    const int at = hs * w + first * SW - pw;
+    max_windows8<SW>(xp + at, w, at, he - hs, kw, w, y + first, mask + first);
+  };
+  for (; ow + 8 <= ow1 && fits(ow); ow += 8) group(ow);
   if (ow < ow1 && ow1 - 8 >= ow0 && fits(ow1 - 8)) {
-    max_windows8<SW>(xp, hs, he, (ow1 - 8) * SW - pw, kw, w, y + ow1 - 8, mask + ow1 - 8);
+    group(ow1 - 8);
     ow = ow1;
   }
   return ow;
+}
+
+thread_local std::vector<float> t_max_padded;
+
+// A whole MAX plane through max_windows8, edge windows included, from a copy of the plane
+// padded with -FLT_MAX far enough for every window's full kh x kw taps and every lane's
+// loads: a -FLT_MAX tap never passes Caffe's strict `>` against a best that starts at
+// -FLT_MAX, so the tops and masks are those of the windows clipped to the bottom (a window
+// wholly past it stays -FLT_MAX, -1). For planes whose rows have edge windows or are short:
+// the zoo's 3x3 stride-1 pad-1 pools on 7x7 to 28x28 (GoogLeNet's inception pools) ran those
+// windows one by one, with a branch per tap.
+template <int SW>
+CCT_AVX2 void max_plane_padded(const float* xp, int h, int w, int kh, int kw, int sh, int ph,
+                               int pw, int ho, int wo, float* y, int32_t* mask) {
+  const int last = std::max(wo, 8) - 8;  // the last group's first output
+  const int width = last * SW + kw + 16;  // its last lane's last tap, and stride 2's loads
+  const int rows = std::max((ho - 1) * sh + kh, h + ph);
+  float* pad = grown(t_max_padded, size_t(rows) * width);
+  pad_plane(xp, h, w, ph, pw, pad, rows, width, -std::numeric_limits<float>::max());
+  alignas(32) float top[8];
+  alignas(32) int32_t arg[8];
+  for (int oh = 0; oh < ho; ++oh, y += wo, mask += wo) {
+    const float* row = pad + oh * sh * width;
+    const int at = (oh * sh - ph) * w - pw;
+    if (wo < 8) {
+      max_windows8<SW>(row, width, at, kh, kw, w, top, arg);
+      std::copy(top, top + wo, y);
+      std::copy(arg, arg + wo, mask);
+      continue;
+    }
+    // a tail of fewer than eight is one more group ending at wo (as max_row_avx2)
+    for (int ow = 0;; ow += 8) {
+      const int first = std::min(ow, last);
+      max_windows8<SW>(row + first * SW, width, at + first * SW, kh, kw, w, y + first,
+                       mask + first);
+      if (first == last) break;
+    }
+  }
 }
 
 thread_local std::vector<float> t_padded_plane;
@@ -280,6 +322,28 @@ void max_pool_forward(const T* x, T* y, int32_t* mask, int64_t planes, int h, in
                       int kh, int kw, int sh, int sw, int ph, int pw, int ho, int wo) {
   const Interior in(w, kw, sw, pw, wo);
   const int c0 = in.first, c1 = in.last;
+#if defined(CCT_POOL_AVX2)
+  if constexpr (std::is_same_v<T, float>) {
+    // Measured (bench/RESULTS.md): stride 1 gains at every plane size tried (7x7 3.4 ->
+    // 1.4 ms, 28x28 4.8 -> 3.4, 64x64 1.5 -> 1.3); stride 2 on planes up to 32x32 (CaffeNet's
+    // 27x27 2.0 -> 1.6 ms, 13x13 0.85 -> 0.50, LeNet's 24x24 0.30 -> 0.18) but not past them
+    // (GoogLeNet's 112x112 4.9 -> 8.2, CaffeNet's 55x55 2.5 -> 2.9), where its rows have few
+    // edge windows and the copy costs more than they do.
+    if (cpu_has_avx2() && (sw == 1 || (sw == 2 && int64_t(h) * w <= 32 * 32))) {
+      parallel_for(planes, int64_t(ho) * wo * kh * kw, [&](int64_t begin, int64_t end) {
+        for (int64_t p = begin; p < end; ++p) {
+          if (sw == 1)
+            max_plane_padded<1>(x + p * h * w, h, w, kh, kw, sh, ph, pw, ho, wo, y + p * ho * wo,
+                                mask + p * ho * wo);
+          else
+            max_plane_padded<2>(x + p * h * w, h, w, kh, kw, sh, ph, pw, ho, wo, y + p * ho * wo,
+                                mask + p * ho * wo);
+        }
+      });
+      return;
+    }
+  }
+#endif
   parallel_for(planes, int64_t(ho) * wo * kh * kw, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const T* xp = x + p * h * w;

@@ -818,16 +818,19 @@ def test_max_pool_ties_go_to_the_first_element():
     np.testing.assert_array_equal(y, 0)
 
 
+@pytest.mark.parametrize("width", [9, 21, 45, 160])
 @pytest.mark.parametrize("stride", [1, 2, 3])
-def test_max_pool_ties_and_nan_in_wide_rows(stride):
+def test_max_pool_ties_and_nan_in_wide_rows(stride, width):
     """Caffe's strict `>` in every code path: a NaN never wins (not even against -FLT_MAX
-    padding), and of equal values the first in row-major window order wins."""
+    padding), and of equal values the first in row-major window order wins. Widths: rows of
+    fewer than eight windows, of one and two groups of eight, and 160 (7 x 160 is past the
+    32 x 32 up to which stride 2 takes the padded plane: pooling.cpp's max_plane_padded)."""
     rng = np.random.default_rng(8)
-    x = rng.integers(-2, 3, (2, 3, 7, 45)).astype(np.float32)  # many ties
+    x = rng.integers(-2, 3, (2, 3, 7, width)).astype(np.float32)  # many ties
     x[0, 0, 1, ::3] = np.nan
-    x[1, 2, 2:5, 10:20:2] = np.nan  # (no window all NaN: there the reference says -inf)
+    x[1, 2, 2:5, 1:8:2] = np.nan  # (no window all NaN: there the reference says -inf)
     geom = ((3, 3), (stride, stride), (1, 1),
-            tuple(cpu.pool_out_size(s, 3, stride, 1, True) for s in (7, 45)))
+            tuple(cpu.pool_out_size(s, 3, stride, 1, True) for s in (7, width)))
     y, mask = cpu.max_pool_forward(x, *geom)
     y_ref, mask_ref = reference.max_pool_forward(x, *geom)
     np.testing.assert_array_equal(y, y_ref)
