@@ -1,7 +1,7 @@
 // A plane copied into a zeroed buffer with its pad: what the direct and Winograd convolutions
 // and the AVE pooling kernels read in place of the bottom (MAX pooling's is filled with
-// -FLT_MAX instead). Built whole before it is read: a
-// row read by vector loads straight after its copy waits on store forwarding.
+// -FLT_MAX instead). Built whole before it is read: a row read by vector loads straight
+// after its copy waits on store forwarding.
 #pragma once
 #include <algorithm>
 #include <cstdint>
