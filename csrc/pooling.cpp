@@ -99,24 +99,27 @@ CCT_AVX2 inline __m256 in_order(__m256 v) {
 // (the bottom itself, or a padded copy of it), `at0` that tap's flat index in the bottom (w a
 // row), `rows` the windows' rows. Stride 2 loads sixteen floats per tap and keeps their even
 // ones in the order one in-lane shuffle leaves them (outputs 0 1 4 5 2 3 6 7), put back in
-// order once, at the store.
-template <int SW>
-CCT_AVX2 inline void max_windows8(const float* src, int pitch, int at0, int rows, int kw,
-                                  int w, float* y, int32_t* mask) {
+// order once, at the store. kPadded false: `src` is the bottom plane's origin and `pitch`
+// unused, each tap loaded at its own index (one integer for the load and the index: the
+// general form measured 4-12% slower on the unpadded rows).
+template <int SW, bool kPadded>
+CCT_AVX2 inline void max_windows8(const float* src, int pitch, int at0, int rows, int kw, int w,
+                                  float* y, int32_t* mask) {
   const __m256i lanes = SW == 1 ? _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
                                 : _mm256_setr_epi32(0, 2, 8, 10, 4, 6, 12, 14);
   __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::max());
   __m256 arg = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
   for (int i = 0; i < rows; ++i) {
     for (int j = 0; j < kw; ++j) {
-      const float* tap = src + i * pitch + j;
+      const int at = at0 + i * w + j;
+      const float* tap = kPadded ? src + i * pitch + j : src + at;
       const __m256 v = SW == 1 ? _mm256_loadu_ps(tap)
                                : _mm256_shuffle_ps(_mm256_loadu_ps(tap), _mm256_loadu_ps(tap + 8),
                                                    _MM_SHUFFLE(2, 0, 2, 0));
       // Ordered compare: a NaN never wins, as with Caffe's `>`.
       const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
       best = _mm256_blendv_ps(best, v, gt);
-      const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(at0 + i * w + j), lanes);
+      const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(at), lanes);
       arg = _mm256_blendv_ps(arg, _mm256_castsi256_ps(idx), gt);
     }
   }
@@ -128,27 +131,40 @@ CCT_AVX2 inline void max_windows8(const float* src, int pitch, int at0, int rows
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(mask), _mm256_castps_si256(arg));
 }
 
+// Whether max_row_avx2 can run windows ow .. ow + 7 as one group: inside the row, stride 2's
+// sixteen-float loads included (their last float is one past the last tap).
+inline bool group_fits(int ow, int sw, int pw, int kw, int w) {
+  return (ow + 7) * sw - pw + kw - 1 + (sw - 1) < w;
+}
+
 // Outputs [ow0, ow1) of a row, eight at a time, under max_row_vectorized's conditions; a tail
 // of fewer than eight is one more group ending at ow1, overlapping the last (its outputs come
 // out the same): a row's scalar windows are its dearest. Returns where it stopped. Against
 // SSE alone (max_windows4), same bits: CIFAR10-quick's pool1 (3x3/2, 15 interior windows a
 // row) 1.72 -> 0.80 ms, GoogLeNet's 3x3/1 on 28x28 8.2 -> 4.2 ms, its 3x3/2 on 112x112
-// 11.3 -> 4.7 ms (bench/RESULTS.md).
+// 11.3 -> 4.7 ms (bench/RESULTS.md). (The same loop written around a next-group helper ran
+// 5-10% slower.)
 template <int SW>
 CCT_AVX2 int max_row_avx2(const float* xp, int hs, int he, int w, int kw, int pw, int ow0,
                           int ow1, float* y, int32_t* mask) {
-  const auto fits = [&](int ow) { return (ow + 7) * SW - pw + kw - 1 + (SW - 1) < w; };
   int ow = ow0;
-  const auto group = [&](int first) {
-    const int at = hs * w + first * SW - pw;
-    max_windows8<SW>(xp + at, w, at, he - hs, kw, w, y + first, mask + first);
-  };
-  for (; ow + 8 <= ow1 && fits(ow); ow += 8) group(ow);
-  if (ow < ow1 && ow1 - 8 >= ow0 && fits(ow1 - 8)) {
-    group(ow1 - 8);
+  for (; ow + 8 <= ow1 && group_fits(ow, SW, pw, kw, w); ow += 8)
+    max_windows8<SW, false>(xp, 0, hs * w + ow * SW - pw, he - hs, kw, w, y + ow, mask + ow);
+  if (ow < ow1 && ow1 - 8 >= ow0 && group_fits(ow1 - 8, SW, pw, kw, w)) {
+    max_windows8<SW, false>(xp, 0, hs * w + (ow1 - 8) * SW - pw, he - hs, kw, w, y + ow1 - 8,
+                            mask + ow1 - 8);
     ow = ow1;
   }
   return ow;
+}
+
+// How many windows of a row max_row_avx2 leaves to narrower code: those crossing the
+// bottom's edge (outside [c0, c1)) and what its groups cannot reach (its loop, counted).
+inline int windows_left_by_groups(int c0, int c1, int wo, int sw, int pw, int kw, int w) {
+  int ow = c0;
+  while (ow + 8 <= c1 && group_fits(ow, sw, pw, kw, w)) ow += 8;
+  if (ow < c1 && c1 - 8 >= c0 && group_fits(c1 - 8, sw, pw, kw, w)) ow = c1;
+  return c0 + (wo - c1) + (c1 - ow);
 }
 
 thread_local std::vector<float> t_max_padded;
@@ -174,7 +190,7 @@ CCT_AVX2 void max_plane_padded(const float* xp, int h, int w, int kh, int kw, in
     const float* row = pad + oh * sh * width;
     const int at = (oh * sh - ph) * w - pw;
     if (wo < 8) {
-      max_windows8<SW>(row, width, at, kh, kw, w, top, arg);
+      max_windows8<SW, true>(row, width, at, kh, kw, w, top, arg);
       std::copy(top, top + wo, y);
       std::copy(arg, arg + wo, mask);
       continue;
@@ -182,7 +198,7 @@ CCT_AVX2 void max_plane_padded(const float* xp, int h, int w, int kh, int kw, in
     // a tail of fewer than eight is one more group ending at wo (as max_row_avx2)
     for (int ow = 0;; ow += 8) {
       const int first = std::min(ow, last);
-      max_windows8<SW>(row + first * SW, width, at + first * SW, kh, kw, w, y + first,
+      max_windows8<SW, true>(row + first * SW, width, at + first * SW, kh, kw, w, y + first,
                        mask + first);
       if (first == last) break;
     }
@@ -324,12 +340,14 @@ void max_pool_forward(const T* x, T* y, int32_t* mask, int64_t planes, int h, in
   const int c0 = in.first, c1 = in.last;
 #if defined(CCT_POOL_AVX2)
   if constexpr (std::is_same_v<T, float>) {
-    // Measured (bench/RESULTS.md): stride 1 gains at every plane size tried (7x7 3.4 ->
-    // 1.4 ms, 28x28 4.8 -> 3.4, 64x64 1.5 -> 1.3); stride 2 on planes up to 32x32 (CaffeNet's
-    // 27x27 2.0 -> 1.6 ms, 13x13 0.85 -> 0.50, LeNet's 24x24 0.30 -> 0.18) but not past them
-    // (GoogLeNet's 112x112 4.9 -> 8.2, CaffeNet's 55x55 2.5 -> 2.9), where its rows have few
-    // edge windows and the copy costs more than they do.
-    if (cpu_has_avx2() && (sw == 1 || (sw == 2 && int64_t(h) * w <= 32 * 32))) {
+    // Planes under 32 x 32 whose rows the groups of eight do not cover (bench/RESULTS.md,
+    // both builds in one process, best of 9): GoogLeNet's inception pools 7x7 1.68 -> 0.75
+    // ms, 14x14 1.81 -> 1.13, 28x28 2.14 -> 1.79 (batch 16), CaffeNet's 27x27 stride 2 0.96
+    // -> 0.79, LeNet's 24x24 stride 2 0.23 -> 0.17. From 32x32 up the copy costs more than the
+    // windows left over did (32x32 stride 2 1.09x the time, 56x56 1.07x, 224x224 1.36x), and
+    // so it does on rows the groups already cover (24x24 2x2 stride 1: 1.29x).
+    if (cpu_has_avx2() && (sw == 1 || sw == 2) && int64_t(h) * w < 32 * 32 &&
+        windows_left_by_groups(c0, c1, wo, sw, pw, kw, w) > 0) {
       parallel_for(planes, int64_t(ho) * wo * kh * kw, [&](int64_t begin, int64_t end) {
         for (int64_t p = begin; p < end; ++p) {
           if (sw == 1)

@@ -824,7 +824,7 @@ def test_max_pool_ties_and_nan_in_wide_rows(stride, width):
     """Caffe's strict `>` in every code path: a NaN never wins (not even against -FLT_MAX
     padding), and of equal values the first in row-major window order wins. Widths: rows of
     fewer than eight windows, of one and two groups of eight, and 160 (7 x 160 is past the
-    32 x 32 up to which stride 2 takes the padded plane: pooling.cpp's max_plane_padded)."""
+    32 x 32 under which the kernel takes the padded plane: pooling.cpp's max_plane_padded)."""
     rng = np.random.default_rng(8)
     x = rng.integers(-2, 3, (2, 3, 7, width)).astype(np.float32)  # many ties
     x[0, 0, 1, ::3] = np.nan
