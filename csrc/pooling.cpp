@@ -173,9 +173,9 @@ thread_local std::vector<float> t_max_padded;
 // padded with -FLT_MAX far enough for every window's full kh x kw taps and every lane's
 // loads: a -FLT_MAX tap never passes Caffe's strict `>` against a best that starts at
 // -FLT_MAX, so the tops and masks are those of the windows clipped to the bottom (a window
-// wholly past it stays -FLT_MAX, -1). For planes whose rows have edge windows or are short:
-// the zoo's 3x3 stride-1 pad-1 pools on 7x7 to 28x28 (GoogLeNet's inception pools) ran those
-// windows one by one, with a branch per tap.
+// wholly past it stays -FLT_MAX, -1). For small planes whose rows max_row_avx2 cannot cover
+// (max_pool_forward's rule): the zoo's 3x3 stride-1 pad-1 pools on 7x7 to 28x28 (GoogLeNet's
+// inception pools) ran their edge windows one by one, with a branch per tap.
 template <int SW>
 CCT_AVX2 void max_plane_padded(const float* xp, int h, int w, int kh, int kw, int sh, int ph,
                                int pw, int ho, int wo, float* y, int32_t* mask) {
@@ -199,7 +199,7 @@ CCT_AVX2 void max_plane_padded(const float* xp, int h, int w, int kh, int kw, in
     for (int ow = 0;; ow += 8) {
       const int first = std::min(ow, last);
       max_windows8<SW, true>(row + first * SW, width, at + first * SW, kh, kw, w, y + first,
-                       mask + first);
+                             mask + first);
       if (first == last) break;
     }
   }
