@@ -81,18 +81,20 @@ def layer_flops(net, i: int) -> tuple:
 
 def layer_bytes(net, i: int) -> tuple:
     """(forward, backward) bytes layer i must at least move: each blob once (module doc);
-    none for an Input layer, whose top is filled by whoever feeds the net."""
-    if net.layers[i].type == "Input":
-        return 0, 0
+    none for an Input layer's forward (whoever feeds the net fills its top) or a Split's (its
+    tops share the bottom's data), and a Split's backward only reads the tops' diffs and
+    writes their sum."""
+    layer_type = net.layers[i].type
     bottoms, tops = net.bottom_vecs[i], net.top_vecs[i]
     params = net.layers[i].blobs
     size = lambda blobs: sum(b.data.nbytes for b in blobs)  # noqa: E731
-    forward = size(bottoms) + size(tops) + size(params)
+    forward = 0 if layer_type in ("Input", "Split") else size(bottoms) + size(tops) + size(params)
     if not net.layer_need_backward[i]:
         return forward, 0
     diffs = sum(b.data.nbytes for b, need in zip(bottoms, net.bottom_need_backward[i]) if need)
-    backward = size(tops) + size(bottoms) + diffs + 3 * size(params)
-    return forward, backward
+    if layer_type == "Split":
+        return forward, size(tops) + diffs
+    return forward, size(tops) + size(bottoms) + diffs + 3 * size(params)
 
 
 def profile(path: pathlib.Path, batch: int, warmup: int, iters: int) -> list:

@@ -47,6 +47,26 @@ def test_bytes_count_each_blob_once(lenet):
     assert bench.layer_bytes(lenet, index(lenet, "mnist")) == (0, 0)
 
 
+def test_a_split_moves_only_its_diffs():
+    from cct.net import Net
+    from cct.proto import caffe_pb2
+    from google.protobuf import text_format
+
+    param = text_format.Parse("""
+        layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+        layer { name: "a" type: "InnerProduct" bottom: "x" top: "a"
+                inner_product_param { num_output: 4 } }
+        layer { name: "b" type: "InnerProduct" bottom: "x" top: "b"
+                inner_product_param { num_output: 5 } }
+        layer { name: "loss" type: "EuclideanLoss" bottom: "a" bottom: "a" top: "l" }
+        layer { name: "loss2" type: "EuclideanLoss" bottom: "b" bottom: "b" top: "l2" }
+        force_backward: true""", caffe_pb2.NetParameter())
+    net = Net(param, phase=caffe_pb2.TRAIN)
+    split = next(i for i, layer in enumerate(net.layers) if layer.type == "Split")
+    # forward: the two tops share x's data; backward: two top diffs read, their sum written
+    assert bench.layer_bytes(net, split) == (0, 3 * 2 * 3 * 4)
+
+
 def test_roofline_names_the_bound_whose_time_is_longer():
     row = {"seconds": (0.5, 0.5), "flops": (100e9, 100e9), "bytes": (1e9, 1e9)}
     gflops, gbs, bound, roof = bench.roofline(row, peak=400.0, bandwidth=10.0)
