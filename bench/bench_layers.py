@@ -33,12 +33,12 @@ import argparse
 import pathlib
 import statistics
 import sys
-import time
 from collections import defaultdict
 
 sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))  # after the installed cct
 
 from bench.bench_train import NETS, default_zoo, machine, sgemm_peak, synthetic_net  # noqa: E402
+from bench.worker import best_of, seconds  # noqa: E402
 
 DEFAULT_NETS = ",".join(NETS)
 MULTIPLYING = ("Convolution", "Deconvolution", "InnerProduct")
@@ -53,15 +53,7 @@ def copy_bandwidth(mib: int = 256, repeats: int = 10) -> float:
 
     x = np.random.default_rng(0).standard_normal(mib << 18, dtype=np.float32)
     y = np.empty_like(x)
-    _C.relu_forward(x, y, 0.0)
-    best = min(_seconds(lambda: _C.relu_forward(x, y, 0.0)) for _ in range(repeats))
-    return 2.0 * x.nbytes / best / 1e9
-
-
-def _seconds(call) -> float:
-    t0 = time.perf_counter()
-    call()
-    return time.perf_counter() - t0
+    return 2.0 * x.nbytes / best_of(lambda: _C.relu_forward(x, y, 0.0), repeats) / 1e9
 
 
 def layer_flops(net, i: int) -> tuple:
@@ -108,11 +100,11 @@ def profile(path: pathlib.Path, batch: int, warmup: int, iters: int) -> list:
     for it in range(warmup + iters):
         net.clear_param_diffs()
         for i in range(n):
-            t = _seconds(lambda: net.forward_from_to(i, i))
+            t = seconds(lambda: net.forward_from_to(i, i))
             if it >= warmup:
                 fwd[i].append(t)
         for i in range(n - 1, -1, -1):
-            t = _seconds(lambda: net.backward_from_to(i, i))
+            t = seconds(lambda: net.backward_from_to(i, i))
             if it >= warmup:
                 bwd[i].append(t)
     rows = []

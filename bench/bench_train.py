@@ -35,7 +35,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 # checkout lacks after a non-editable install); the repository gives only the `bench` package.
 sys.path.append(str(REPO))
 
-from bench.worker import run_worker  # noqa: E402
+from bench.worker import best_of, run_worker  # noqa: E402
 
 # name: (prototxt under caffe-zoo, batch)
 NETS = {
@@ -400,15 +400,7 @@ def sgemm_peak(size: int = 3072, repeats: int = 5) -> float:
     rng = np.random.default_rng(0)
     a = rng.standard_normal((size, size), dtype=np.float32)
     b = rng.standard_normal((size, size), dtype=np.float32)
-    _C.gemm(a, b)
-    best = min(_timeit(lambda: _C.gemm(a, b)) for _ in range(repeats))
-    return 2.0 * size ** 3 / best / 1e9
-
-
-def _timeit(f) -> float:
-    t0 = time.perf_counter()
-    f()
-    return time.perf_counter() - t0
+    return 2.0 * size ** 3 / best_of(lambda: _C.gemm(a, b), repeats) / 1e9
 
 
 def spawn(kind: str, net: str, args) -> dict:

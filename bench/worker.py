@@ -26,16 +26,18 @@ def one_thread_env() -> Dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
 
+def seconds(call) -> float:
+    """The wall-clock seconds of one call of ``call``."""
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
+
+
 def best_of(call, repeats: int) -> float:
     """The fastest of ``repeats`` timed calls (seconds), after one untimed call that times the
     kernels' plans, compiles the numba kernels and touches the outputs."""
     call()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return min(seconds(call) for _ in range(repeats))
 
 
 def cpu_model() -> str:
