@@ -10,24 +10,14 @@ touching the array after host code asked for it copies host -> device first.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Sequence, Tuple
+from typing import Sequence
 
 import numpy as np
 
+from .backend import device_of_xp
 from .errors import LayerError
 
 INT_MAX = 2 ** 31 - 1
-
-# array module -> (to_host(device, host), to_device(host, device)): the modules whose arrays
-# live apart from host memory (registered by the GPU and numpy backends).
-_DEVICE_MEMORY: Dict[object, Tuple[Callable, Callable]] = {}
-
-
-def register_device_memory(xp, to_host: Callable, to_device: Callable) -> None:
-    """Declare ``xp``'s arrays device memory: blobs on ``xp`` become DeviceBlobs, whose host
-    copies move with ``to_host(device_array, host_array)`` and
-    ``to_device(host_array, device_array)`` (same shape and dtype, C-contiguous)."""
-    _DEVICE_MEMORY[xp] = (to_host, to_device)
 
 
 class BlobShapeError(LayerError):
@@ -62,7 +52,7 @@ class Blob:
     __slots__ = ("_data", "_diff", "xp", "dtype")
 
     def __new__(cls, shape: Sequence[int] = (), dtype=np.float32, xp=np):
-        if cls is Blob and xp in _DEVICE_MEMORY:
+        if cls is Blob and device_of_xp(xp) is not None:
             cls = DeviceBlob
         return object.__new__(cls)
 
@@ -196,18 +186,18 @@ class SyncedMemory:
     both are). Blobs that share memory (in-place layers, ShareData, shared params) share this
     object, so a write on either side is seen through every one of them."""
 
-    __slots__ = ("device", "host", "head", "_to_host", "_to_device")
+    __slots__ = ("device", "host", "head", "backend")
 
-    def __init__(self, device, transfer: Tuple[Callable, Callable]):
+    def __init__(self, device, backend):
         self.device = device
         self.host = None
         self.head = AT_DEVICE
-        self._to_host, self._to_device = transfer
+        self.backend = backend  # the device backend that moves the array (cct.backend)
 
     def device_side(self) -> None:
         """Before device code touches the array (it may write it: Caffe's mutable_gpu_data)."""
         if self.head is AT_HOST:
-            self._to_device(self.host, self.device)
+            self.backend.to_device(self.host, out=self.device)
         self.head = AT_DEVICE
 
     def _host(self) -> np.ndarray:
@@ -219,7 +209,7 @@ class SyncedMemory:
         """The current values on the host; ``mutable``: the caller may write them (Caffe's
         mutable_cpu_data, what pycaffe's ``.data`` is), else only reads (cpu_data)."""
         if self.head is AT_DEVICE:
-            self._to_host(self.device, self._host())
+            self.backend.to_host(self.device, out=self._host())
             self.head = SYNCED
         if mutable:
             self.head = AT_HOST
@@ -244,12 +234,12 @@ class DeviceBlob(Blob):
 
     def _alloc(self, shape: tuple) -> None:
         super()._alloc(shape)
-        self._data_mem = SyncedMemory(self._data, _DEVICE_MEMORY[self.xp])
+        self._data_mem = SyncedMemory(self._data, device_of_xp(self.xp))
         self._diff_mem = None
 
     def _alloc_diff(self) -> None:
         super()._alloc_diff()
-        self._diff_mem = SyncedMemory(self._diff, _DEVICE_MEMORY[self.xp])
+        self._diff_mem = SyncedMemory(self._diff, device_of_xp(self.xp))
 
     def _diff_synced(self) -> SyncedMemory:
         self._diff_array()

@@ -21,7 +21,7 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from . import _C, glog
+from . import _C, backend as backends, glog
 from .errors import CCTError, SourceLost
 from .net import Net
 
@@ -93,20 +93,24 @@ class Device:
                 self._pool.shutdown(wait=True)
                 self._pool = None
 
-    # Arrays ----------------------------------------------------------------------------------
+    # Arrays: moved by the device's backend, their one owner (cct.backend) -------------------
+    @property
+    def memory(self):
+        """The backend module whose arrays this device's replica holds."""
+        return backends.get(self.backend)
+
     def to_device(self, host: np.ndarray, like=None):
         """``host`` on this device: copied into ``like`` (an array of this device of the
         same shape) when given."""
-        if like is not None:
-            like[...] = host
-            return like
-        return host
+        return self.memory.to_device(host, out=like)
 
     def to_host(self, arr) -> np.ndarray:
-        return arr
+        return self.memory.to_host(arr)
 
     def synchronize(self) -> None:
-        """Waits for work queued on the device (GPUs run asynchronously)."""
+        """Waits for work queued on the device (GPUs run asynchronously); call it on the
+        device's thread."""
+        self.memory.synchronize()
 
     # Replicas --------------------------------------------------------------------------------
     def build(self, net_param, dtype, rng=None):
@@ -155,20 +159,6 @@ class GPUDevice(Device):
     def activate(self) -> None:
         from .backend import gpu
         gpu.use_device(self.index)
-
-    def to_device(self, host: np.ndarray, like=None):
-        import cupy
-        if like is not None:
-            like.set(np.ascontiguousarray(host, dtype=like.dtype))  # one host-to-device copy
-            return like
-        return cupy.asarray(host)
-
-    def to_host(self, arr) -> np.ndarray:
-        return arr.get()
-
-    def synchronize(self) -> None:
-        from .backend import gpu
-        gpu.synchronize()  # the device thread's current GPU is this one
 
 
 def _gpu_count() -> int:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import backend
+
 from .errors import LayerError
 from .proto import caffe_pb2
 from .rng import get_rng
@@ -41,7 +43,7 @@ def fill(array, filler_param, where: str = "") -> None:
         return
     host = np.empty(array.shape, np.dtype(array.dtype))
     _fill_host(host, filler_param, where)
-    array.set(host)  # CuPy: one host-to-device copy
+    backend.copy(array, host)  # one host-to-device copy
 
 
 def _draw(flat: np.ndarray, draw) -> None:

@@ -14,7 +14,7 @@ from typing import Collection, List, Protocol, Sequence
 
 import numpy as np
 
-from .backend import get as get_backend
+from .backend import alongside, copy as _copy, get as get_backend, host as _host
 
 
 def statistics_positions(net) -> List[int]:
@@ -80,7 +80,7 @@ class ParamSet:
 
     def add_gradients(self, arrays: Sequence) -> None:
         for b, a in zip(self.blobs, arrays):
-            b.diff += b.xp.asarray(a)
+            b.diff += alongside(b.diff, a)
 
     def clear_gradients(self) -> None:
         for b in self.blobs:
@@ -163,16 +163,3 @@ class StoreBlob:
     def dtype(self):
         return self.data.dtype
 
-
-def _host(a) -> np.ndarray:
-    return a.get() if hasattr(a, "get") else np.asarray(a)
-
-
-def _copy(dst, src) -> None:
-    """dst[...] = src across host and device arrays (CuPy's set/get when they differ)."""
-    if isinstance(dst, np.ndarray) and not isinstance(src, np.ndarray) and hasattr(src, "get"):
-        src.get(out=dst)
-    elif not isinstance(dst, np.ndarray) and hasattr(dst, "set") and isinstance(src, np.ndarray):
-        dst.set(src)
-    else:
-        dst[...] = src

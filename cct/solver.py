@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from . import blob_memory, rng
-from .backend import plans, precision
+from .backend import host as _host, plans, precision
 from .errors import CCTError, ProtoError, SourceLost, WeightsError
 from .glog import info, logger, warning
 from .io import weights
@@ -38,11 +38,6 @@ SIDE_SUFFIX = ".cct.json"   # cct's own resume extras beside a solver state (rng
 def _g(x) -> str:
     """A number as C++ iostreams print it (6 significant digits)."""
     return "%g" % float(x)
-
-
-def _host(a) -> np.ndarray:
-    """A NumPy view of a backend array (CuPy arrays are copied to the host)."""
-    return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
 class Solver:

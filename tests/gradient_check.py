@@ -61,6 +61,9 @@ def check_gradient(layer, bottom: List[Blob], top: List[Blob],
     ``kink``/``kink_range``: skip elements whose input lies within ``kink_range`` of a kink
     (ReLU-like functions are not differentiable there).
     ``top_weights``: which tops enter the objective (default all).
+
+    Blobs are read and written through their host views (pycaffe's arrays), so the same check
+    runs on a device backend, whose arrays host code may not touch directly.
     """
     rng = np.random.default_rng(seed)
     check_bottom = list(range(len(bottom))) if check_bottom is None else list(check_bottom)
@@ -71,34 +74,40 @@ def check_gradient(layer, bottom: List[Blob], top: List[Blob],
 
     def objective() -> float:
         run_forward(layer, bottom, top, seed)
-        return float(sum((proj[t] * top[t].data).sum() for t in tops_used))
+        return float(sum((proj[t] * top[t].host_view().data).sum() for t in tops_used))
+
+    def put(blob, k: int, value: float) -> None:
+        # Asked for afresh each time: the host view's array is the one device code reads
+        # next only while no device code has run since (Caffe's mutable_cpu_data).
+        blob.host_view().data.reshape(-1)[k] = value
 
     objective()
     for t in range(len(top)):
-        top[t].diff[...] = proj[t] if t in proj else 0.0
+        top[t].host_view().diff[...] = proj[t] if t in proj else 0.0
     for b in bottom:
-        b.diff[...] = 0.0
+        b.host_view().diff[...] = 0.0
     for p in layer.blobs:
-        p.diff[...] = 0.0
+        p.host_view().diff[...] = 0.0
     propagate = [i in check_bottom for i in range(len(bottom))]
     layer.backward(top, propagate, bottom)
-    analytic = [(f"bottom {i}", bottom[i], bottom[i].diff.copy()) for i in check_bottom]
+    analytic = [(f"bottom {i}", bottom[i], bottom[i].host_view().diff.copy())
+                for i in check_bottom]
     if check_params:
-        analytic += [(f"param {i}", p, p.diff.copy()) for i, p in enumerate(layer.blobs)
-                     if layer.param_propagate_down[i]]
+        analytic += [(f"param {i}", p, p.host_view().diff.copy())
+                     for i, p in enumerate(layer.blobs) if layer.param_propagate_down[i]]
 
     for what, blob, grad in analytic:
-        flat = blob.data.reshape(-1)
+        start = blob.host_view().data.reshape(-1).copy()
         gflat = grad.reshape(-1)
-        for k in range(flat.size):
-            x0 = flat[k]
+        for k in range(start.size):
+            x0 = start[k]
             if kink is not None and kink_range > 0 and abs(x0 - kink) < kink_range:
                 continue
-            flat[k] = x0 + step
+            put(blob, k, x0 + step)
             plus = objective()
-            flat[k] = x0 - step
+            put(blob, k, x0 - step)
             minus = objective()
-            flat[k] = x0
+            put(blob, k, x0)
             numeric = (plus - minus) / (2 * step)
             scale = max(abs(numeric), abs(gflat[k]), 1.0)
             assert abs(numeric - gflat[k]) <= atol + rtol * scale, (
@@ -131,12 +140,12 @@ def forward_backward_on(backend_name: str, layer_text: str, x: np.ndarray, rng,
     be = backends.get(backend_name)
     layer = create_layer(make_layer_param(layer_text), be, np.float64)
     b = Blob(x.shape, np.float64, be.xp)
-    b.data[...] = be.xp.asarray(x)
+    b.host_view().data[...] = x
     t = Blob((), np.float64, be.xp)
     layer.setup([b], [t])
     layer.forward([b], [t])
     if dy is None:
         dy = rng.standard_normal(t.shape)
-    t.diff[...] = be.xp.asarray(dy)
+    t.host_view().diff[...] = dy
     layer.backward([t], [True], [b])
     return np.array(t.cpu_data()), np.array(b.cpu_diff()), dy

@@ -1,17 +1,16 @@
 """The GPU code path: backend selection (cct.backend.get/resolve, caffe.set_mode_gpu), blobs
 whose host copies sync lazily with the device (cct.blob.DeviceBlob), and whole nets, solver
-steps and layer gradients on the ``numpy`` backend (the GPU's array-generic kernels on NumPy,
-NumPy arrays standing in for device memory). The same Caffe numerics run on the ``gpu``
+steps and layer gradients on the ``numpy`` backend (the GPU's array-generic kernels on NumPy
+memory behind CuPy's rules, cct.backend.standin). The same Caffe numerics run on the ``gpu``
 backend where CuPy has a GPU, and skip here saying why."""
-import types
-
 import numpy as np
 import pytest
 
 import cct
 from cct import backend as backends
 from cct.backend import BackendUnavailable, gpu
-from cct.blob import Blob, DeviceBlob, HostBlob, register_device_memory
+from cct.backend import npdevice
+from cct.blob import Blob, DeviceBlob, HostBlob
 from cct.errors import CCTError
 from cct.glog import set_quiet
 from cct.layers import create_layer
@@ -96,30 +95,19 @@ def test_backends_by_name():
 # Blobs on a device: lazy host copies (Caffe's SyncedMemory)
 # --------------------------------------------------------------------------------------------
 class CountingDevice:
-    """NumPy under another module object, registered as device memory whose copies are
-    counted, so that tests see when the host and device copies move."""
+    """The stand-in device, whose copies are counted, so that tests see when the host and
+    device copies move."""
 
-    def __init__(self):
-        self.xp = types.ModuleType("counting_device")
-        self.xp.__dict__.update({k: v for k, v in vars(np).items() if not k.startswith("__")})
-        self.to_host = self.to_device = 0
-        register_device_memory(self.xp, self._to_host, self._to_device)
-
-    def _to_host(self, device, host):
-        self.to_host += 1
-        np.copyto(host, device)
-
-    def _to_device(self, host, device):
-        self.to_device += 1
-        np.copyto(device, host)
+    xp = npdevice.xp
 
     def counts(self):
-        return self.to_host, self.to_device
+        return npdevice.copies.to_host, npdevice.copies.to_device
 
 
 @pytest.fixture
 def dev():
-    return CountingDevice()
+    with npdevice.copies.counting():
+        yield CountingDevice()
 
 
 def test_cpu_blobs_are_their_own_host_view():
@@ -151,15 +139,15 @@ def test_device_code_sees_host_writes(dev):
     b = Blob((4,), np.float32, dev.xp)
     b.host_view().data[...] = [1, 2, 3, 4]
     assert dev.counts() == (1, 0)
-    assert list(b.data) == [1, 2, 3, 4] and dev.counts() == (1, 1)
+    assert b.data.tolist() == [1, 2, 3, 4] and dev.counts() == (2, 1)
     b.data                                 # the device copy is current: no copy
-    assert dev.counts() == (1, 1)
+    assert dev.counts() == (2, 1)
     b.host_view().diff = 5                 # assigning every element: no copy from the device
-    assert dev.counts() == (1, 1)
-    assert (b.diff == 5).all() and dev.counts() == (1, 2)
+    assert dev.counts() == (2, 1)
+    assert (b.diff == 5).all() and dev.counts() == (3, 2)  # bool() of a device array: a copy
     with pytest.raises(ValueError):        # a bad assignment leaves the blob as it was
         b.host_view().data = np.zeros(3)
-    assert list(b.data) == [1, 2, 3, 4]
+    assert b.data.tolist() == [1, 2, 3, 4]
 
 
 def test_cpu_data_reads_without_taking_the_head(dev):
@@ -179,7 +167,7 @@ def test_shared_blobs_share_their_sync_state(dev):
     flat.share_data(a)
     flat.share_diff(a)
     a.host_view().data[...] = np.arange(12).reshape(2, 6)
-    np.testing.assert_array_equal(flat.data, np.arange(12))
+    np.testing.assert_array_equal(flat.data.get(), np.arange(12))
     flat.diff[...] = 1
     assert (a.host_view().diff == 1).all()
 
@@ -188,7 +176,7 @@ def test_reshape_keeps_values_or_starts_fresh(dev):
     b = Blob((2, 3), np.float32, dev.xp)
     b.host_view().data[...] = np.arange(6).reshape(2, 3)
     b.reshape(3, 2)                        # same count: same memory, pending host write kept
-    np.testing.assert_array_equal(b.data, np.arange(6).reshape(3, 2))
+    np.testing.assert_array_equal(b.data.get(), np.arange(6).reshape(3, 2))
     np.testing.assert_array_equal(b.host_view().data, np.arange(6).reshape(3, 2))
     b.reshape(4, 2)
     assert (b.host_view().data == 0).all() and b.host_view().data.shape == (4, 2)
@@ -316,7 +304,7 @@ def test_layer_gradients(body, shapes, opts):
     bottom = []
     for shape in shapes:
         b = Blob(shape, np.float64, numpy_backend.xp)
-        b.data[...] = rng.standard_normal(shape)
+        b.host_view().data[...] = rng.standard_normal(shape)
         bottom.append(b)
     top = [Blob((), np.float64, numpy_backend.xp)]
     layer.setup(bottom, top)
@@ -329,9 +317,9 @@ def test_softmax_with_loss_gradient():
     layer = create_layer(make_layer_param(
         'type: "SoftmaxWithLoss" loss_param { ignore_label: 2 }'), numpy_backend, np.float64)
     x = Blob((3, 4, 2), np.float64, numpy_backend.xp)
-    x.data[...] = np.random.default_rng(5).standard_normal((3, 4, 2))
+    x.host_view().data[...] = np.random.default_rng(5).standard_normal((3, 4, 2))
     label = Blob((3, 2), np.float64, numpy_backend.xp)
-    label.data[...] = [[0, 2], [3, 1], [2, 1]]
+    label.host_view().data[...] = [[0, 2], [3, 1], [2, 1]]
     top = [Blob((), np.float64, numpy_backend.xp)]
     layer.setup([x, label], top)
     check_gradient(layer, [x, label], top, check_bottom=[0])

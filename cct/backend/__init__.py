@@ -7,17 +7,29 @@ test which device they run on. The backends:
 * ``cpu`` (:mod:`cct.backend.cpu`): NumPy arrays, the kernels in C++.
 * ``gpu`` (:mod:`cct.backend.gpu`): CuPy arrays on a GPU, the array-generic kernels of
   :mod:`cct.backend.array_kernels`; needs the ``gpu`` extra.
-* ``numpy`` (:mod:`cct.backend.npdevice`): those same array-generic kernels on NumPy, with
-  NumPy arrays treated as device memory: the GPU code path, runnable without a GPU.
+* ``numpy`` (:mod:`cct.backend.npdevice`): those same array-generic kernels on NumPy memory
+  behind CuPy's rules (:mod:`cct.backend.standin`): the GPU code path, runnable without a GPU.
+
+Every backend also owns the movement of its arrays (Caffe's SyncedMemory, tinygrad's
+Allocator): ``to_host(a, out=None)`` gives a host (NumPy) array, ``to_device(host, out=None)``
+a device one, ``synchronize()`` waits for queued work, ``is_device(a)`` says whether ``a`` is
+its memory. Nothing else copies between host and device: code that holds arrays of unknown
+side asks :func:`host` and :func:`copy` here, which find the owner (:func:`owner`).
 """
 from importlib import import_module
 from types import ModuleType
+from typing import List
+
+import numpy as np
 
 from ..errors import CCTError
 from ..glog import warning
 
 _BACKENDS = {"cpu": "cct.backend.cpu", "gpu": "cct.backend.gpu",
              "numpy": "cct.backend.npdevice"}
+
+#: what every backend module has besides its kernels: the movement of its arrays
+MOVEMENT = ("is_device", "to_host", "to_device", "synchronize", "device")
 
 
 class BackendUnavailable(CCTError):
@@ -37,6 +49,60 @@ def get(name: str = "cpu") -> ModuleType:
         if not ok:
             raise BackendUnavailable(f"the {name} backend cannot run here: {reason}")
     return module
+
+
+# The device backends imported so far (a backend registers itself when imported: an array
+# can only be one of theirs once its module is loaded).
+_DEVICES: List[ModuleType] = []
+
+
+def register_device(module: ModuleType) -> None:
+    """Declare a backend module's arrays device memory (called by the module at import)."""
+    if module not in _DEVICES:
+        _DEVICES.append(module)
+
+
+def owner(array) -> ModuleType:
+    """The backend whose memory ``array`` is: a device backend's, else the CPU's (NumPy arrays,
+    scalars, lists)."""
+    for module in _DEVICES:
+        if module.is_device(array):
+            return module
+    return get("cpu")
+
+
+def device_of_xp(xp):
+    """The device backend whose array module is ``xp``, or None (host memory)."""
+    for module in _DEVICES:
+        if module.xp is xp:
+            return module
+    return None
+
+
+def host(array) -> np.ndarray:
+    """``array`` as a host (NumPy) array: a copy from its device, or itself on the host."""
+    return owner(array).to_host(array)
+
+
+def alongside(ref, array):
+    """``array`` where ``ref`` lives: copied to ``ref``'s device, or to the host, when it is
+    not there already."""
+    side = owner(ref)
+    return side.to_device(array) if side.name != "cpu" else host(array)
+
+
+def copy(dst, src) -> None:
+    """``dst[...] = src`` wherever each lives: a host-to-device copy by ``dst``'s backend, a
+    device-to-host copy by ``src``'s, through the host between two devices' memories."""
+    to, frm = owner(dst), owner(src)
+    if to is frm:
+        dst[...] = src
+    elif frm.name == "cpu":
+        to.to_device(src, out=dst)
+    elif to.name == "cpu":
+        frm.to_host(src, out=dst)
+    else:
+        to.to_device(frm.to_host(src), out=dst)
 
 
 _warned = set()

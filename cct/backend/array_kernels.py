@@ -173,11 +173,15 @@ class _LRU:
 class ArrayKernels:
     """The kernels bound to one array module. ``device`` returns a key for the device that
     arrays are allocated on now (index arrays are cached per device); ``index_dtype`` is the
-    integer type of the gathers' indices (int32 halves their memory traffic on a GPU)."""
+    integer type of the gathers' indices (int32 halves their memory traffic on a GPU);
+    ``to_host`` is the backend's device-to-host copy (the one a kernel makes: SoftmaxWithLoss's
+    loss and count)."""
 
     def __init__(self, xp, device: Callable[[], Hashable] = lambda: None,
-                 index_dtype=np.intp, cache_size: int = 256):
+                 index_dtype=np.intp, cache_size: int = 256,
+                 to_host: Callable = np.asarray):
         self.xp = xp
+        self.to_host = to_host
         self.device = device
         self.index_dtype = np.dtype(index_dtype)
         self._cache = _LRU(cache_size)
@@ -666,7 +670,7 @@ class ArrayKernels:
             use.sum(dtype=np.float64),
             bad.any().astype(np.float64),
             lab.reshape(-1)[first_bad].astype(np.float64)])
-        loss, count, any_bad, bad_label = (float(v) for v in _to_host(stats))
+        loss, count, any_bad, bad_label = (float(v) for v in self.to_host(stats))
         return p, dt.type(loss), int(count), (int(bad_label) if any_bad else None)
 
     def softmax_loss_backward(self, prob, label, ignore_label, scale, out=None):
@@ -679,7 +683,9 @@ class ArrayKernels:
         dx = buf.reshape(prob.shape)
         onehot = xp.arange(channels)[None, :, None] == lab[:, None, :]
         xp.subtract(prob, onehot.reshape(prob.shape).astype(dt), out=dx)
-        factor = dt.type(scale)
+        # The scale may be a device scalar (the top's diff, as Caffe's loss layers read it):
+        # it stays on the device, a cast there, never a host conversion.
+        factor = scale.astype(dt) if isinstance(scale, xp.ndarray) else dt.type(scale)
         if keep is not None:
             dx *= (keep.astype(dt) * factor).reshape((outer, 1) + prob.shape[2:])
         else:
@@ -795,7 +801,3 @@ class ArrayKernels:
         self.xp.divide(m, u, out=u)
         self.xp.multiply(u, dt(step), out=diff)
         data -= diff
-
-
-def _to_host(a) -> np.ndarray:
-    return a.get() if hasattr(a, "get") else np.asarray(a)

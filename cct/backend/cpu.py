@@ -35,6 +35,30 @@ from .. import _C  # OPENBLAS_THREAD_TIMEOUT is set by cct/__init__.py first
 xp = np
 name = "cpu"
 
+
+# Movement: host memory is this backend's own, so these copy only into a given ``out``.
+def is_device(array) -> bool:
+    return False
+
+
+def to_host(array, out: Optional[np.ndarray] = None) -> np.ndarray:
+    if out is None:
+        return np.asarray(array)
+    np.copyto(out, array)
+    return out
+
+
+def to_device(host, out: Optional[np.ndarray] = None) -> np.ndarray:
+    return to_host(host, out)
+
+
+def synchronize() -> None:
+    """Host kernels return when done."""
+
+
+def device() -> None:
+    """The device the arrays live on: none, the host."""
+
 set_num_threads = _C.set_num_threads
 get_num_threads = _C.get_num_threads
 

@@ -13,11 +13,12 @@ Blob arrays live on the device; pycaffe's ``.data``/``.diff`` are host copies ke
 from __future__ import annotations
 
 import functools
-from typing import Tuple
+import sys
+from typing import Optional, Tuple
 
 import numpy as np
 
-from ..blob import register_device_memory
+from . import register_device
 from .array_kernels import ArrayKernels
 
 name = "gpu"
@@ -93,12 +94,38 @@ def synchronize() -> None:
     cupy.cuda.get_current_stream().synchronize()
 
 
-def to_host(device_array, host_array) -> None:
-    device_array.get(out=host_array)
+def device() -> int:
+    """The GPU this thread allocates on now."""
+    return int(cupy.cuda.runtime.getDevice())
 
 
-def to_device(host_array, device_array) -> None:
-    device_array.set(host_array)
+def is_device(array) -> bool:
+    return cupy is not None and isinstance(array, cupy.ndarray)
+
+
+def to_host(array, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """A device array's values in host memory (into ``out`` when given: one device-to-host
+    copy); host values as they are (copied into ``out``)."""
+    if not is_device(array):
+        if out is None:
+            return np.asarray(array)
+        np.copyto(out, array)
+        return out
+    return array.get(out=out)
+
+
+def to_device(host, out=None):
+    """Host values on the current GPU: a new device array, or copied into ``out`` (one
+    host-to-device copy)."""
+    if is_device(host):
+        if out is None:
+            return host
+        out[...] = host
+        return out
+    if out is None:
+        return cupy.asarray(host)
+    out.set(np.ascontiguousarray(host, dtype=out.dtype).reshape(out.shape))
+    return out
 
 
 def _sgemm_gflops(n: int, repeats: int) -> float:
@@ -136,8 +163,9 @@ def describe(device_id: int = 0, gemm_size: int = 4096, repeats: int = 10) -> di
 
 
 if cupy is not None:
-    register_device_memory(cupy, to_host, to_device)
+    register_device(sys.modules[__name__])
     # int32 gather indices (half the index traffic of int64); the index arrays are cached per
     # device, since each GPU needs its own copy.
-    kernels = ArrayKernels(cupy, device=cupy.cuda.runtime.getDevice, index_dtype=np.int32)
+    kernels = ArrayKernels(cupy, device=cupy.cuda.runtime.getDevice, index_dtype=np.int32,
+                           to_host=to_host)
     kernels.bind(globals())

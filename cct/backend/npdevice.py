@@ -1,38 +1,70 @@
-"""The ``numpy`` backend: the GPU backend's kernels (:mod:`cct.backend.array_kernels`) on NumPy,
-with NumPy arrays standing in for device memory.
+"""The ``numpy`` backend: the GPU backend's kernels (:mod:`cct.backend.array_kernels`) on NumPy
+memory that behaves as CuPy's device memory does (:mod:`cct.backend.standin`).
 
 It exists so that CI, which has no GPU, runs the GPU code path end to end: the same
-array-generic kernels, the same layers, and the same host/device synchronisation of blobs
-(:class:`cct.blob.DeviceBlob`), whose "device" arrays here are NumPy arrays apart from the host
-copies pycaffe code sees. ``xp`` is NumPy's namespace under another module object, so that a
-blob can tell this memory from the CPU backend's.
+array-generic kernels, the same layers, the same host/device synchronisation of blobs
+(:class:`cct.blob.DeviceBlob`), and the same refusals: a device array here cannot be converted,
+filled or mixed with host arrays implicitly, exactly where CuPy raises, so code that would
+stop on a GPU stops in CI. ``copies`` counts every host<->device copy.
 """
 from __future__ import annotations
 
-import types
+from typing import Optional
+
+import sys
 
 import numpy as np
 
-from ..blob import register_device_memory
+from . import register_device
 from .array_kernels import ArrayKernels
+from .standin import Copies, DeviceArray, namespace
 
 name = "numpy"
 
-xp = types.ModuleType("cct.backend.npdevice.xp", "NumPy, as the numpy backend's device module")
-xp.__dict__.update({k: v for k, v in vars(np).items() if not k.startswith("__")})
-# NumPy resolves some names lazily (numpy.__getattr__); so does this namespace.
-xp.__getattr__ = lambda attr: getattr(np, attr)
+copies = Copies()
+xp = namespace("cct.backend.npdevice.xp", copies)
 
 
-def to_host(device_array, host_array) -> None:
-    np.copyto(host_array, device_array)
+def is_device(array) -> bool:
+    return isinstance(array, DeviceArray)
 
 
-def to_device(host_array, device_array) -> None:
-    np.copyto(device_array, host_array)
+def to_host(array, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """A device array's values in host memory (into ``out`` when given); host values as they
+    are (copied into ``out``)."""
+    if not is_device(array):
+        return np.asarray(array) if out is None else _into(out, array)
+    return array.get(out=out)
 
 
-register_device_memory(xp, to_host, to_device)
+def to_device(host, out=None):
+    """Host values on the device: a new device array, or copied into ``out`` (one copy)."""
+    if is_device(host):
+        if out is None:
+            return host
+        out[...] = host
+        return out
+    if out is None:
+        return xp.asarray(host)
+    out.set(np.ascontiguousarray(host, dtype=out.dtype).reshape(out.shape))
+    return out
 
-kernels = ArrayKernels(xp)
+
+def synchronize() -> None:
+    """NumPy has finished when it returns."""
+
+
+def device() -> int:
+    """The device the arrays live on: the stand-in has one, 0."""
+    return 0
+
+
+def _into(out: np.ndarray, values) -> np.ndarray:
+    np.copyto(out, values)
+    return out
+
+
+register_device(sys.modules[__name__])
+
+kernels = ArrayKernels(xp, to_host=to_host)
 kernels.bind(globals())

@@ -11,6 +11,7 @@ import pytest
 from cct import backend as backends
 from cct.backend import array_kernels, cpu, reference
 from cct.backend.array_kernels import ArrayKernels
+from tests.backend.on_device import OnDevice
 from tests.backend.kernel_cases import (BATCH_NORM_SHAPES, ELTWISE_CASES, check_batch_norm,
                                         check_eltwise,
                                         CONV_CASES, DTYPES, POOL_CASES, check_ave_pool, check_conv,
@@ -21,7 +22,7 @@ from tests.backend.kernel_cases import (BATCH_NORM_SHAPES, ELTWISE_CASES, check_
                                         has_empty_window, pool_arrays, rand, random_conv_cases,
                                         random_pool_cases)
 
-K = backends.get("numpy")
+K = OnDevice(backends.get("numpy"))
 
 ALL_CONV = CONV_CASES + random_conv_cases(12, seed=11)
 
@@ -34,22 +35,27 @@ def _params(fn):
 
 
 def test_every_cpu_kernel_is_an_array_kernel():
-    """A kernel added to the CPU backend must be added to the array kernels too."""
+    """A kernel added to the CPU backend must be added to the array kernels too; besides
+    kernels, every backend has the functions that move its arrays, with one signature."""
     public = {name for name, fn in vars(cpu).items() if inspect.isfunction(fn)
               and fn.__module__ == cpu.__name__ and not name.startswith("_")}
-    assert public == set(array_kernels.KERNELS)
+    assert public == set(array_kernels.KERNELS) | set(backends.MOVEMENT)
+    for name in backends.MOVEMENT:
+        assert _params(getattr(K.backend, name)) == _params(getattr(cpu, name))
 
 
 @pytest.mark.parametrize("name", array_kernels.KERNELS)
 def test_signatures_match_the_cpu_backend(name):
     want = _params(getattr(cpu, name))
-    assert _params(getattr(K, name)) == want
+    assert _params(getattr(K.backend, name)) == want
     assert _params(getattr(ArrayKernels(np), name)) == want
 
 
 def test_numpy_backend_is_named_and_registered():
     assert K.name == "numpy" and K.xp is not np and K.xp.float32 is np.float32
-    assert K.xp.linalg is np.linalg  # lazily resolved NumPy names work too
+    assert backends.device_of_xp(K.xp) is K.backend
+    assert backends.owner(K.xp.zeros(2)) is K.backend
+    assert backends.owner(np.zeros(2)) is cpu
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,0 +1,421 @@
+"""An array module with CuPy's rules, over NumPy: the device memory that CI's ``numpy`` backend
+stands in with (:mod:`cct.backend.npdevice`).
+
+A stand-in is only as good as its refusals. NumPy converts, fills and mixes freely where CuPy
+refuses, so a stand-in made of plain NumPy arrays once let CI pass a GPU path that could not
+take one step on a GPU. A :class:`DeviceArray` holds a NumPy array that host code cannot reach
+except the ways CuPy 14 allows (its documented behaviour, ``cupy/_core/core.pyx``):
+
+refused, as CuPy refuses
+  * implicit conversion to a host array: ``np.asarray(d)``, ``np.array(d)``,
+    ``np.float32(d)``/``dtype.type(d)`` of any size, ``host[...] = d``, a C++ (pybind11) or
+    numba kernel given ``d``: TypeError, CuPy's message (``ndarray.__array__`` raises);
+  * assigning or filling a device array from a host array: ``d[...] = host`` with a host array
+    of one or more dimensions is CuPy's ``fill`` and raises ValueError ("non-scalar
+    numpy.ndarray cannot be used for fill"); a list raises TypeError;
+  * mixing host and device arrays in one operation: a ufunc, an operator, an ``xp`` function
+    or a method given a host array (CuPy's ``Unsupported type <class 'numpy.ndarray'>``);
+  * ``ndarray.set`` from anything but a host array of the same shape and dtype, ``.get(out=)``
+    into anything but one.
+
+allowed, as CuPy allows (each one a counted copy)
+  * ``float(d)``, ``int(d)``, ``bool(d)``, ``complex(d)`` of a one-element array, ``d.item()``,
+    ``d.tolist()``, ``format(d, spec)``;
+  * ``xp.asarray(host)`` / ``xp.array`` / ``xp.ascontiguousarray`` (host to device),
+    ``d.get()``, ``d.get(out=host)``, ``d.set(host)``, ``xp.asnumpy(d)``.
+
+Reductions and scalar indexing give 0-d device arrays, never NumPy scalars, as on CuPy
+(``d.max()``, ``d[0]``): the value stays on the device until host code asks for it explicitly.
+
+:class:`Copies` counts every host<->device copy (count and bytes each way) so tests can assert
+how many an iteration makes (``with npdevice.copies.counting() as c: ...``).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import types
+from typing import Any, Iterator
+
+import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to "
+            "construct a NumPy array explicitly.")
+FILL = "non-scalar numpy.ndarray cannot be used for fill"
+
+
+class Copies:
+    """Host<->device copies made through a stand-in namespace: counts and bytes each way."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.to_device = 0
+            self.to_host = 0
+            self.bytes_to_device = 0
+            self.bytes_to_host = 0
+            self.sizes = []  # (direction, bytes) of each copy, in order
+
+    def record(self, direction: str, nbytes: int) -> None:
+        with self._lock:
+            if direction == "to_device":
+                self.to_device += 1
+                self.bytes_to_device += int(nbytes)
+            else:
+                self.to_host += 1
+                self.bytes_to_host += int(nbytes)
+            self.sizes.append((direction, int(nbytes)))
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator["Copies"]:
+        """Zeroes the counters, then yields them."""
+        self.reset()
+        yield self
+
+    def __repr__(self) -> str:
+        return (f"Copies(to_device={self.to_device} ({self.bytes_to_device} B), "
+                f"to_host={self.to_host} ({self.bytes_to_host} B))")
+
+
+def _refuse_host(value, what: str):
+    raise TypeError(f"Unsupported type {type(value)!r} in {what}: a host (NumPy) array cannot "
+                    f"be mixed with device arrays; copy it with xp.asarray() first")
+
+
+def _unwrap(value, what: str):
+    """A device array's NumPy array; Python and NumPy scalars as they are; containers
+    unwrapped item by item; a host array refused."""
+    if isinstance(value, DeviceArray):
+        return value._a
+    if isinstance(value, np.ndarray):
+        _refuse_host(value, what)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unwrap(v, what) for v in value)
+    return value
+
+
+def _wrap(value, copies: "Copies"):
+    if isinstance(value, np.ndarray):
+        return DeviceArray(value, copies)
+    if isinstance(value, np.generic):  # CuPy's reductions and scalar indexing stay on device
+        return DeviceArray(np.asarray(value), copies)
+    if isinstance(value, tuple):
+        return tuple(_wrap(v, copies) for v in value)
+    if isinstance(value, list):
+        return [_wrap(v, copies) for v in value]
+    return value
+
+
+def _unwrap_kwargs(kwargs: dict, what: str) -> dict:
+    out = {}
+    for k, v in kwargs.items():
+        if k == "out" and v is not None:
+            outs = v if isinstance(v, tuple) else (v,)
+            for o in outs:
+                if not isinstance(o, DeviceArray):
+                    _refuse_host(o, f"{what}'s out=")
+            v = tuple(o._a for o in outs) if isinstance(v, tuple) else v._a
+        elif k == "dtype" or k == "casting" or k == "order":
+            pass
+        else:
+            v = _unwrap(v, what)
+        out[k] = v
+    return out
+
+
+def _index(key, what: str):
+    """An index: ints, slices, None, Ellipsis, device arrays and lists of ints (CuPy turns a
+    list into a device index array); a host array is refused."""
+    if isinstance(key, tuple):
+        return tuple(_index(k, what) for k in key)
+    if isinstance(key, DeviceArray):
+        return key._a
+    if isinstance(key, np.ndarray):
+        _refuse_host(key, what)
+    return key
+
+
+# Methods of CuPy's ndarray that compute on the device: forwarded to NumPy's, arguments
+# unwrapped (a host array refused), results device arrays.
+_METHODS = frozenset((
+    "all", "any", "argmax", "argmin", "argsort", "astype", "clip", "conj", "copy", "cumsum",
+    "cumprod", "diagonal", "dot", "flatten", "max", "mean", "min", "nonzero", "prod", "ravel",
+    "repeat", "reshape", "round", "sort", "squeeze", "std", "sum", "swapaxes", "take", "trace",
+    "transpose", "var", "view"))
+
+# Plain attributes that never touch the values.
+_ATTRIBUTES = frozenset(("shape", "dtype", "size", "ndim", "strides", "nbytes", "itemsize"))
+
+
+class DeviceArray(NDArrayOperatorsMixin):
+    """A device array of the stand-in: NumPy memory behind CuPy's rules (module docstring)."""
+
+    __slots__ = ("_a", "_copies")
+
+    def __init__(self, array: np.ndarray, copies: Copies):
+        self._a = array
+        self._copies = copies
+
+    # Refused: every implicit route to a host array ------------------------------------------
+    def __array__(self, *args, **kwargs):
+        raise TypeError(IMPLICIT)
+
+    # Plain attributes ----------------------------------------------------------------------
+    def __getattr__(self, attr: str) -> Any:
+        # Never forward NumPy's own protocols (__array_interface__, __array_struct__, the
+        # buffer): each would hand NumPy the host memory without a word.
+        if attr in _ATTRIBUTES:
+            return getattr(self._a, attr)
+        if attr in _METHODS:
+            method = getattr(self._a, attr)
+            copies = self._copies
+
+            def call(*args, **kwargs):
+                what = f"ndarray.{attr}()"
+                return _wrap(method(*_unwrap(args, what), **_unwrap_kwargs(kwargs, what)),
+                             copies)
+            return call
+        raise AttributeError(f"the device stand-in's ndarray has no attribute {attr!r} "
+                             f"(cct.backend.standin: CuPy's ndarray methods only)")
+
+    @property
+    def T(self) -> "DeviceArray":
+        return DeviceArray(self._a.T, self._copies)
+
+    @property
+    def flags(self):
+        return self._a.flags
+
+    @property
+    def base(self):
+        return None if self._a.base is None else DeviceArray(self._a.base, self._copies)
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+    def __iter__(self):
+        for item in self._a:
+            yield _wrap(item, self._copies)
+
+    def __repr__(self) -> str:
+        return f"device stand-in array({self._a!r})"
+
+    __str__ = __repr__
+
+    # Indexing --------------------------------------------------------------------------------
+    def __getitem__(self, key) -> "DeviceArray":
+        return _wrap(self._a[_index(key, "an index")], self._copies)
+
+    def __setitem__(self, key, value) -> None:
+        key = _index(key, "an index")
+        if isinstance(value, DeviceArray):
+            self._a[key] = value._a
+            return
+        # CuPy's scatter 'update' with anything but a device array is ndarray.fill's rule.
+        if isinstance(value, np.ndarray):
+            if value.shape != ():
+                raise ValueError(FILL)
+            value = value.item()
+        if not isinstance(value, (bool, int, float, complex, np.generic)):
+            raise TypeError(f"Unsupported type {type(value)!r}")
+        self._a[key] = value
+
+    def fill(self, value) -> None:
+        self[...] = value
+
+    # Operators and NumPy's protocols -----------------------------------------------------
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        what = f"numpy.{ufunc.__name__}"
+        raw = _unwrap(inputs, what)
+        result = getattr(ufunc, method)(*raw, **_unwrap_kwargs(kwargs, what))
+        if kwargs.get("out") is not None:
+            out = kwargs["out"]
+            return out[0] if isinstance(out, tuple) and len(out) == 1 else out
+        return _wrap(result, self._copies)
+
+    def __array_function__(self, func, types_, args, kwargs):
+        what = f"numpy.{func.__name__}"
+        if any(issubclass(t, np.ndarray) for t in types_):
+            _refuse_host(np.empty(0), what)
+        result = func(*_unwrap(args, what), **_unwrap_kwargs(kwargs, what))
+        if kwargs.get("out") is not None:
+            return kwargs["out"]
+        return _wrap(result, self._copies)
+
+    # Allowed: explicit copies, and a one-element array's value --------------------------------
+    def get(self, stream=None, order: str = "C", out: np.ndarray | None = None,
+            blocking: bool = True) -> np.ndarray:
+        """A host copy (CuPy's ``ndarray.get``), into ``out`` when given: a host array of the
+        same shape and dtype."""
+        if out is not None:
+            if not isinstance(out, np.ndarray) or isinstance(out, DeviceArray):
+                raise TypeError("Only numpy.ndarray can be obtained from cupy.ndarray")
+            if out.dtype != self._a.dtype:
+                raise TypeError(f"{out.dtype} array cannot be obtained from {self._a.dtype} "
+                                f"array")
+            if out.shape != self._a.shape:
+                raise ValueError("Shape mismatch")
+            np.copyto(out, self._a)
+            host = out
+        else:
+            host = np.array(self._a, order=order)
+        self._copies.record("to_host", self._a.nbytes)
+        return host
+
+    def set(self, arr: np.ndarray, stream=None) -> None:
+        """Copies a host array of the same shape and dtype in (CuPy's ``ndarray.set``)."""
+        if not isinstance(arr, np.ndarray):
+            raise TypeError(f"Only numpy.ndarray can be set to cupy.ndarray, not {type(arr)}")
+        if arr.dtype != self._a.dtype:
+            raise TypeError(f"{arr.dtype} array cannot be set to {self._a.dtype} array")
+        if arr.shape != self._a.shape:
+            raise ValueError("Shape mismatch")
+        np.copyto(self._a, arr)
+        self._copies.record("to_device", arr.nbytes)
+
+    def _value(self):
+        self._copies.record("to_host", self._a.nbytes)
+        return self._a
+
+    def item(self, *args):
+        return self._value().item(*args)
+
+    def tolist(self):
+        return self._value().tolist()
+
+    def __float__(self) -> float:
+        return float(self._value())
+
+    def __int__(self) -> int:
+        return int(self._value())
+
+    def __bool__(self) -> bool:
+        return bool(self._value())
+
+    def __complex__(self) -> complex:
+        return complex(self._value())
+
+    def __format__(self, spec: str) -> str:
+        return format(self._value(), spec)
+
+    def __reduce__(self):  # pickled through the host, as CuPy's arrays are
+        return (_from_pickle, (self.get(),))
+
+
+def _from_pickle(host: np.ndarray) -> DeviceArray:
+    return DeviceArray(host, Copies())
+
+
+# --------------------------------------------------------------------------------------------
+# The namespace
+# --------------------------------------------------------------------------------------------
+# The explicit host-to-device copies: everything else that takes arrays refuses host ones.
+_FROM_HOST = frozenset(("asarray", "array", "asanyarray", "ascontiguousarray"))
+
+
+class _Ufunc:
+    """A NumPy ufunc taking device arrays only (CuPy's ufuncs), with its methods (``at``,
+    ``reduce``, ``accumulate``, ``outer``) under the same rule."""
+
+    def __init__(self, ufunc: np.ufunc, copies: Copies):
+        self._ufunc = ufunc
+        self._copies = copies
+        self.__name__ = ufunc.__name__
+
+    def _call(self, fn, args, kwargs, what):
+        out = kwargs.get("out")
+        result = fn(*_unwrap(args, what), **_unwrap_kwargs(kwargs, what))
+        if out is not None:
+            return out[0] if isinstance(out, tuple) and len(out) == 1 else out
+        return _wrap(result, self._copies)
+
+    def __call__(self, *args, **kwargs):
+        return self._call(self._ufunc, args, kwargs, f"xp.{self.__name__}")
+
+    def __getattr__(self, attr: str):
+        member = getattr(self._ufunc, attr)
+        if not callable(member):
+            return member
+        return lambda *args, **kwargs: self._call(member, args, kwargs,
+                                                  f"xp.{self.__name__}.{attr}")
+
+
+def _function(name: str, fn, copies: Copies):
+    what = f"xp.{name}"
+
+    def call(*args, **kwargs):
+        out = kwargs.get("out")
+        result = fn(*_unwrap(args, what), **_unwrap_kwargs(kwargs, what))
+        if out is not None:
+            return out
+        return _wrap(result, copies)
+    call.__name__ = name
+    call.__doc__ = f"{what}: NumPy's {name} under CuPy's rules (device arrays only)."
+    return call
+
+
+def _from_host(name: str, fn, copies: Copies):
+    def call(obj, dtype=None, *args, **kwargs):
+        if isinstance(obj, DeviceArray):  # on the device already: CuPy casts or copies there
+            a = fn(obj._a, dtype, *args, **kwargs)
+            return obj if a is obj._a else DeviceArray(a, copies)
+        a = fn(obj, dtype, *args, **kwargs)
+        if isinstance(obj, np.ndarray):
+            a = np.array(a, copy=True)  # device memory of its own, never the host array
+        copies.record("to_device", a.nbytes)
+        return DeviceArray(a, copies)
+    call.__name__ = name
+    call.__doc__ = f"xp.{name}: a host array or list copied to the device (counted)."
+    return call
+
+
+def _asnumpy(a, stream=None, order: str = "C", out=None, blocking: bool = True):
+    """CuPy's ``asnumpy``: a device array's host copy; host values as they are."""
+    if isinstance(a, DeviceArray):
+        return a.get(order=order, out=out)
+    return np.asarray(a, order=order)
+
+
+def _submodule(name: str, module, copies: Copies) -> types.ModuleType:
+    sub = types.ModuleType(name)
+    for attr, value in vars(module).items():
+        if attr.startswith("_"):
+            continue
+        if callable(value) and not isinstance(value, type):
+            setattr(sub, attr, _function(f"{name.rsplit('.', 1)[-1]}.{attr}", value, copies))
+    return sub
+
+
+def namespace(name: str, copies: Copies) -> types.ModuleType:
+    """An ``xp`` over NumPy with CuPy's rules, counting its copies in ``copies``: dtypes and
+    constants are NumPy's (as CuPy's are), ``xp.ndarray`` is :class:`DeviceArray`, every
+    function and ufunc takes and gives device arrays, ``asarray``/``array``/
+    ``ascontiguousarray`` copy host values in, ``asnumpy`` copies out."""
+    xp = types.ModuleType(name, "NumPy under CuPy's rules: the device stand-in's array module")
+    for attr in dir(np):
+        if attr.startswith("_"):
+            continue
+        try:
+            value = getattr(np, attr)
+        except AttributeError:
+            continue
+        if isinstance(value, np.ufunc):
+            value = _Ufunc(value, copies)
+        elif isinstance(value, (type, types.ModuleType)) or not callable(value):
+            pass  # dtypes, constants, errstate, dtype, ...
+        elif attr in _FROM_HOST:
+            value = _from_host(attr, value, copies)
+        else:
+            value = _function(attr, value, copies)
+        setattr(xp, attr, value)
+    xp.ndarray = DeviceArray
+    xp.asnumpy = _asnumpy
+    xp.random = _submodule(f"{name}.random", np.random, copies)
+    xp.linalg = _submodule(f"{name}.linalg", np.linalg, copies)
+    # ``dtype.type(x)``, ``np.float32(x)`` stay NumPy's: on a device array they raise, as on
+    # CuPy, through DeviceArray.__array__.
+    return xp
