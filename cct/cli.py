@@ -130,23 +130,43 @@ def _gpu_ids(gpu: str, command: str) -> Optional[List[int]]:
                        f"{gpu!r}).") from None
 
 
+def _gpu_backend(flags: Flags):
+    """The GPU backend, for -gpu. The flag asks for a GPU in so many words: where the GPU
+    backend cannot run it is an error saying why and how to fix it, as -gpu is fatal in
+    Caffe's CPU-only build ("Cannot use GPU in CPU-only Caffe"). Only a solver's
+    solver_mode: GPU, and pycaffe's set_mode_gpu(), fall back to the CPU: the bundled examples
+    ask for the GPU and must still train on machines without one."""
+    from .backend import gpu as gpu_backend
+    ok, reason = gpu_backend.available()
+    if not ok:
+        raise CCTError(f"{flags.command}: -gpu {flags.get('gpu')} asks for a GPU, but {reason}. "
+                       f"Leave out -gpu to run on the CPU.")
+    return gpu_backend
+
+
 def _net_backend(flags: Flags, where: str) -> str:
-    """The backend of ``cct test``/``cct time``: the first GPU of -gpu when one is usable
-    (Caffe uses the first of a list there too), else the CPU after one warning."""
-    from . import backend
+    """The backend of ``cct test``/``cct time``: the first GPU of -gpu (Caffe uses the first
+    of a list there too), which must exist; the CPU without -gpu."""
     gpu = flags.get("gpu")
     if gpu:
         device_id = (_gpu_ids(gpu, flags.command) or [0])[0]
-        if backend.resolve("gpu", device_id) == "gpu":
-            log.info(where, f"Use GPU with device ID {device_id}")
-            return "gpu"
+        gpu_backend = _gpu_backend(flags)
+        try:
+            gpu_backend.use_device(device_id)
+        except CCTError as e:  # an id the machine's GPUs do not have
+            raise CCTError(f"{flags.command}: -gpu {gpu}: {e}") from None
+        log.info(where, f"Use GPU with device ID {device_id}")
+        return "gpu"
     log.info(where, "Use CPU.")
     return "cpu"
 
 
 def _train_devices(flags: Flags, param):
     """The devices ``cct train`` runs on. Caffe's rule: -gpu overrides the solver's
-    solver_mode/device_id; -devices is cct's own list (cct/devices.py). None: the CPU."""
+    solver_mode/device_id; -devices is cct's own list (cct/devices.py). None: the CPU.
+    solver_mode: GPU on a machine where the GPU backend cannot run warns and trains on the CPU;
+    -gpu there, and a GPU id the machine does not have, are errors."""
+    from .backend import gpu as gpu_backend
     from .devices import DeviceError, parse_devices
     from .proto import caffe_pb2
 
@@ -165,12 +185,19 @@ def _train_devices(flags: Flags, param):
         log.info("caffe.cpp:197", "Use CPU.")
         return None
     ids = _gpu_ids(gpu, "train")
+    if flags.get("gpu"):
+        _gpu_backend(flags)
+    else:
+        ok, reason = gpu_backend.available()
+        if not ok:
+            log.warning("caffe.cpp:206", f"{what}: GPU devices asked for, but {reason}. "
+                        f"Running on the CPU.")
+            log.info("caffe.cpp:197", "Use CPU.")
+            return None
     try:
         devices = parse_devices(",".join(f"gpu{i}" for i in ids) if ids else "gpu:all")
-    except DeviceError as e:
-        log.warning("caffe.cpp:206", f"{what}: {e} Running on the CPU.")
-        log.info("caffe.cpp:197", "Use CPU.")
-        return None
+    except DeviceError as e:  # a GPU id the machine does not have
+        raise CCTError(f"train: {what}: {e}") from None
     log.info("caffe.cpp:218", f"Using GPUs {', '.join(d.name[3:] for d in devices)}")
     return devices
 
@@ -215,7 +242,7 @@ def cmd_train(argv: List[str]) -> int:
 
     flags = Flags("train", argv, {"solver": "", "weights": "", "snapshot": "", "gpu": "",
                                   "devices": "", "level": "0", "stage": "", "sigint_effect": "stop",
-                                  "sighup_effect": "snapshot", "strategy": "sync", "groups": "1",
+                                  "sighup_effect": "snapshot", "strategy": "sync", "groups": "",
                                   "engine": "threads", "staleness": "round-robin",
                                   "momentum": "", "seed": "0", "batch-sizes": "",
                                   "progress": "auto", "target-accuracy": "",
@@ -249,7 +276,8 @@ def cmd_train(argv: List[str]) -> int:
     strategy = flags.get("strategy")
     if strategy not in STRATEGIES:
         raise CCTError(f"train: unknown -strategy '{strategy}'; known: {', '.join(STRATEGIES)}")
-    if strategy == "sync" and flags.int("groups") != 1:
+    groups = flags.int("groups") if flags.get("groups") else None  # None: one per device
+    if strategy == "sync" and groups not in (None, 1):
         raise CCTError("train: -groups needs -strategy=async (sync is one group)")
     if strategy != "sma" and flags.get("learners"):
         raise CCTError("train: -learners is for -strategy=sma (use -groups for the others)")
@@ -271,7 +299,7 @@ def cmd_train(argv: List[str]) -> int:
     progress = None
     try:
         if strategy != "sync":
-            driver = Driver(solver, groups=flags.int("groups"), engine=flags.get("engine"),
+            driver = Driver(solver, groups=groups, engine=flags.get("engine"),
                             devices=devices, staleness=flags.get("staleness"),
                             momentum=flags.get("momentum") or None,
                             allow_negative_momentum=flags.bool("allow-negative-momentum"),
@@ -506,33 +534,37 @@ def cmd_time(argv: List[str]) -> int:
     bwd = np.zeros(n)
     log.info("caffe.cpp:380", "*** Benchmark begins ***")
     log.info("caffe.cpp:381", f"Testing for {iterations} iterations.")
+    # Caffe's Timers, from the net's backend: host clocks on the CPU, CUDA events on a GPU,
+    # whose kernels are still running when their launches return.
+    total_timer, forward_timer, backward_timer, iter_timer, timer = (
+        net.backend.timer() for _ in range(5))
     total_fwd = total_bwd = 0.0
-    start_all = time.perf_counter()
+    total_timer.start()
     for it in range(iterations):
-        t_iter = time.perf_counter()
+        iter_timer.start()
+        forward_timer.start()
         for i in range(n):
-            t = time.perf_counter()
+            timer.start()
             net.forward_from_to(i, i)
-            fwd[i] += time.perf_counter() - t
-        t_mid = time.perf_counter()
+            fwd[i] += timer.milliseconds()
+        total_fwd += forward_timer.milliseconds()
+        backward_timer.start()
         for i in range(n - 1, -1, -1):
-            t = time.perf_counter()
+            timer.start()
             net.backward_from_to(i, i)
-            bwd[i] += time.perf_counter() - t
-        t_end = time.perf_counter()
-        total_fwd += t_mid - t_iter
-        total_bwd += t_end - t_mid
+            bwd[i] += timer.milliseconds()
+        total_bwd += backward_timer.milliseconds()
         log.info("caffe.cpp:396", f"Iteration: {it + 1} forward-backward time: "
-                 f"{_g((t_end - t_iter) * 1e3)} ms.")
-    total = time.perf_counter() - start_all
+                 f"{_g(iter_timer.milliseconds())} ms.")
+    total = total_timer.milliseconds()
     log.info("caffe.cpp:399", "Average time per layer: ")
     for i, name in enumerate(net.layer_names):
-        log.info("caffe.cpp:402", f"{name:>10}\tforward: {_g(fwd[i] * 1e3 / iterations)} ms.")
-        log.info("caffe.cpp:405", f"{name:>10}\tbackward: {_g(bwd[i] * 1e3 / iterations)} ms.")
-    log.info("caffe.cpp:410", f"Average Forward pass: {_g(total_fwd * 1e3 / iterations)} ms.")
-    log.info("caffe.cpp:412", f"Average Backward pass: {_g(total_bwd * 1e3 / iterations)} ms.")
-    log.info("caffe.cpp:414", f"Average Forward-Backward: {_g(total * 1e3 / iterations)} ms.")
-    log.info("caffe.cpp:416", f"Total Time: {_g(total * 1e3)} ms.")
+        log.info("caffe.cpp:402", f"{name:>10}\tforward: {_g(fwd[i] / iterations)} ms.")
+        log.info("caffe.cpp:405", f"{name:>10}\tbackward: {_g(bwd[i] / iterations)} ms.")
+    log.info("caffe.cpp:410", f"Average Forward pass: {_g(total_fwd / iterations)} ms.")
+    log.info("caffe.cpp:412", f"Average Backward pass: {_g(total_bwd / iterations)} ms.")
+    log.info("caffe.cpp:414", f"Average Forward-Backward: {_g(total / iterations)} ms.")
+    log.info("caffe.cpp:416", f"Total Time: {_g(total)} ms.")
     log.info("caffe.cpp:417", "*** Benchmark ends ***")
     return 0
 

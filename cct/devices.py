@@ -10,7 +10,8 @@ only through :class:`Device`: ``build`` a replica, ``run`` a function on the dev
 Spelling of a device list (``cct train --devices=...``, ``Solver(devices=...)``):
 ``cpu`` (every core the process may use), ``cpu:N`` (a group of N cores; several such groups
 take disjoint cores in order), ``cpu@I`` or ``cpu@I-J`` (those core ids), ``gpu`` or ``gpuI`` /
-``gpu:I`` (GPU I), ``gpu:all`` (every GPU).
+``gpu:I`` (GPU I), ``gpu:all`` (every GPU), ``standin`` (the GPU path on the CuPy-rules
+stand-in, for machines without a GPU: CI).
 """
 from __future__ import annotations
 
@@ -161,6 +162,19 @@ class GPUDevice(Device):
         gpu.use_device(self.index)
 
 
+class StandInDevice(Device):
+    """The GPU path without a GPU: a device whose replica runs on the ``numpy`` backend (the
+    GPU's kernels on NumPy memory behind CuPy's rules, cct/backend/standin.py), so that a
+    machine without a GPU (CI) trains with a device group, a hybrid split or a device learner
+    as a GPU would, host/device copies and CuPy's refusals included. Spelled ``standin``."""
+
+    backend = "numpy"
+    host_memory = False
+
+    def __init__(self):
+        super().__init__("standin")
+
+
 def _gpu_count() -> int:
     from .backend import gpu
     ok, reason = gpu.available()
@@ -219,6 +233,8 @@ def parse_devices(spec: str, cores: Optional[List[int]] = None) -> List[Device]:
                                   f"left for it (devices: {spec}).")
             devices.append(CPUDevice(free[:n]))
             del free[:n]
+        elif item == "standin":
+            devices.append(StandInDevice())
         elif item in ("gpu:all", "gpu-all", "all"):
             devices.extend(GPUDevice(i) for i in range(_gpu_count()))
         elif item.startswith("gpu"):
@@ -235,7 +251,7 @@ def parse_devices(spec: str, cores: Optional[List[int]] = None) -> List[Device]:
             devices.append(GPUDevice(index))
         else:
             raise DeviceError(f"unknown device {item!r}; devices are spelled 'cpu', 'cpu:N', "
-                              f"'cpu@I-J', 'gpuI' or 'gpu:all'.")
+                              f"'cpu@I-J', 'gpuI', 'gpu:all' or 'standin'.")
     cpu = [d for d in devices if isinstance(d, CPUDevice)]
     if whole_cpu and len(cpu) > 1:
         raise DeviceError(f"device list {spec!r}: 'cpu' takes every core, so it cannot be "

@@ -31,6 +31,20 @@ class SourceLost(CCTError):
     snapshot of the last update before it stops."""
 
 
+#: Exceptions that are mistakes in code (cct's own, or a Python layer's), never a device that
+#: failed: a GPU out of memory or lost comes as CuPy's MemoryError or RuntimeError subclasses, a
+#: killed group process as EOFError or OSError. A scheduler or driver that dropped a device or
+#: group for one of these and trained on would pass a bug off as a lost device.
+PROGRAMMING_ERRORS = (TypeError, ValueError, AttributeError, NameError, LookupError,
+                      AssertionError, NotImplementedError, ArithmeticError)
+
+
+def is_bug(e: BaseException) -> bool:
+    """Whether ``e`` is a programming error rather than a device's failure (a CCTError, the
+    user's, is neither: it stops the run with its own message)."""
+    return isinstance(e, PROGRAMMING_ERRORS) and not isinstance(e, CCTError)
+
+
 def close_matches(word: str, choices, n: int = 3) -> str:
     """Phrase like "did you mean 'ReLU', 'PReLU'?" for an unknown name, or ''."""
     import difflib

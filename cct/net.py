@@ -10,7 +10,7 @@ import numpy as np
 from . import backend as backends
 from . import heap
 from .blob import Blob
-from .errors import CCTError, NetError
+from .errors import CCTError, LayerError, NetError
 from .layers.base import Layer, create_layer
 from .glog import info
 from .io import weights
@@ -432,19 +432,42 @@ class Net:
             for i in range(start, end + 1):
                 layer = self.layers[i]
                 bottom, top = self.bottom_vecs[i], self.top_vecs[i]
-                layer.reshape(bottom, top)
-                layer.forward(bottom, top)
-                for t, w in zip(top, layer.loss_weights):
-                    if w:
-                        loss += w * float(t.data.sum())
+                try:
+                    layer.reshape(bottom, top)
+                    layer.forward(bottom, top)
+                    for t, w in zip(top, layer.loss_weights):
+                        if w:
+                            loss += w * float(t.data.sum())
+                except MemoryError as e:
+                    self._out_of_memory(i, "forward", e)
+                    raise
         return loss
 
     def backward_from_to(self, start: int, end: int) -> None:
         """Run backward from layer ``start`` down to ``end`` inclusive."""
         for i in range(start, end - 1, -1):
             if self.layer_need_backward[i]:
-                self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i],
-                                        self.bottom_vecs[i])
+                try:
+                    self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i],
+                                            self.bottom_vecs[i])
+                except MemoryError as e:
+                    self._out_of_memory(i, "backward", e)
+                    raise
+
+    def _out_of_memory(self, layer_id: int, direction: str, exc: MemoryError) -> None:
+        """Raises a LayerError naming layer ``layer_id`` and the bytes it asked for when ``exc``
+        is the backend's device running out of memory: a user's mistake, since a layer's memory
+        grows with the batch the user sets. Returns for any other MemoryError."""
+        size = self.backend.out_of_memory(exc)
+        if size is None:
+            return
+        layer = self.layers[layer_id]
+        device = self.backend.device()
+        where = "the host" if device is None else f"{self.backend.name} device {device}"
+        raise LayerError(f"{layer.type} layer '{self.layer_names[layer_id]}': out of memory on "
+                         f"{where} allocating {size:,} bytes in the {direction} pass; lower the "
+                         f"batch size (the data layer's batch_size, or an Input shape's first "
+                         f"dim)") from exc
 
     def forward_prefilled(self) -> float:
         return self.forward_from_to(0, len(self.layers) - 1)

@@ -41,7 +41,7 @@ import numpy as np
 from . import glog
 from .devices import (CPUDevice, Device, DeviceError, GPUDevice, available_cores,
                       configure_blas, parse_devices, restore_blas)
-from .errors import CCTError
+from .errors import CCTError, is_bug
 from .params import GradientSource, NetSource
 from .proto import caffe_pb2
 
@@ -341,7 +341,13 @@ class HybridScheduler:
 
     def _drop(self, failed) -> None:
         """Leaves out devices that raised and splits the batch over the others (DeviceError
-        when none is left)."""
+        when none is left). A programming error is not a lost device: it stops the run."""
+        for r, e in failed:
+            if is_bug(e):
+                glog.logger.error(f"Device {r.device} raised {type(e).__name__}: {e}. This is a "
+                                  f"bug (in cct or a Python layer), not a lost device: stopping "
+                                  f"the run", extra={"caffe_src": "scheduler.py:0"})
+                raise e
         for r, e in failed:
             glog.logger.error(f"Device {r.device} failed: {type(e).__name__}: {e}",
                               extra={"caffe_src": "scheduler.py:0"})

@@ -1,5 +1,6 @@
-"""The device side of the command line without a GPU: device_query on the CPU, and GPU
-requests that fall back to the CPU with one warning (or a clear error where Caffe fails)."""
+"""The device side of the command line without a GPU: device_query on the CPU, -gpu as a
+clear error (Caffe's CPU-only build stops there too), and a solver's solver_mode: GPU that
+falls back to the CPU with one warning."""
 import subprocess
 import sys
 
@@ -45,16 +46,33 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "y" top: "loss
 
 
 @needs_no_gpu
-def test_gpu_flags_fall_back_to_the_cpu_once(tmp_path):
+@pytest.mark.parametrize("command", ["time", "test", "train"])
+def test_an_explicit_gpu_flag_without_a_gpu_is_an_error(tmp_path, command):
+    """-gpu asks for a GPU in so many words: Caffe's CPU-only build stops there too."""
     (tmp_path / "net.prototxt").write_text(NET)
-    run = cct("time", "--model=net.prototxt", "--iterations=1", "-gpu", "0", cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stderr.count("Running on the CPU") == 1 and "Use CPU." in run.stderr
+    (tmp_path / "solver.prototxt").write_text('net: "net.prototxt" base_lr: 0.1 '
+                                              'lr_policy: "fixed" max_iter: 2')
+    what = {"time": ["--model=net.prototxt", "--iterations=1"],
+            "test": ["--model=net.prototxt", "--weights=w.caffemodel", "--iterations=1"],
+            "train": ["--solver=solver.prototxt"]}[command]
+    run = cct(command, *what, "-gpu", "0", cwd=tmp_path)
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"cct: error: {command}: -gpu 0 asks for a GPU, but ")
+    assert gpu.available()[1] in last and "Leave out -gpu to run on the CPU." in last
+
+
+@needs_no_gpu
+def test_solver_mode_gpu_falls_back_to_the_cpu_once(tmp_path):
+    """The bundled examples say solver_mode: GPU and must train on machines without one."""
+    (tmp_path / "net.prototxt").write_text(NET)
     (tmp_path / "solver.prototxt").write_text('net: "net.prototxt" base_lr: 0.1 '
                                               'lr_policy: "fixed" max_iter: 2 display: 1 '
                                               'solver_mode: GPU')
     run = cct("train", "--solver=solver.prototxt", cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stderr.count("Running on the CPU") == 1 and "Use CPU." in run.stderr
     assert "solver_mode: GPU (device_id 0): GPU devices asked for, but" in run.stderr
     assert "Optimization Done." in run.stderr
     bad = cct("train", "--solver=solver.prototxt", "-gpu", "zero", cwd=tmp_path)

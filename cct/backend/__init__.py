@@ -15,10 +15,18 @@ Allocator): ``to_host(a, out=None)`` gives a host (NumPy) array, ``to_device(hos
 a device one, ``synchronize()`` waits for queued work, ``is_device(a)`` says whether ``a`` is
 its memory. Nothing else copies between host and device: code that holds arrays of unknown
 side asks :func:`host` and :func:`copy` here, which find the owner (:func:`owner`).
+
+Every backend also knows its own device's clock and failures (:data:`RUNTIME`): ``timer()``
+times a region of its work (Caffe's Timer: host clocks where kernels finish when they return,
+CUDA events on the GPU, whose kernels run after their launch returns), and
+``out_of_memory(exc)`` gives the bytes an allocation asked for when ``exc`` is its device
+running out of memory, else None, so the net can name the layer that asked.
 """
+import re
+import time
 from importlib import import_module
 from types import ModuleType
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 
@@ -30,6 +38,8 @@ _BACKENDS = {"cpu": "cct.backend.cpu", "gpu": "cct.backend.gpu",
 
 #: what every backend module has besides its kernels: the movement of its arrays
 MOVEMENT = ("is_device", "to_host", "to_device", "synchronize", "device")
+#: ... and what it knows of its device at run time: its clock and its out-of-memory error
+RUNTIME = ("timer", "out_of_memory")
 
 
 class BackendUnavailable(CCTError):
@@ -128,3 +138,38 @@ def resolve(mode: str, device_id: int = 0) -> str:
         warning("common.cpp:0", f"GPU mode asked for, but there is no GPU backend here: "
                 f"{reason}. Running on the CPU.")
     return "cpu"
+
+
+class HostTimer:
+    """Caffe's Timer in CPU mode: wall-clock time between :meth:`start` and :meth:`stop`
+    (``time.perf_counter``). Right for backends whose kernels have finished when they return
+    (the CPU, the ``numpy`` stand-in); a GPU's timer records events on its stream instead."""
+
+    def __init__(self):
+        self._start = self._stop = None
+
+    def start(self) -> None:
+        self._start, self._stop = time.perf_counter(), None
+
+    def stop(self) -> None:
+        if self._start is not None and self._stop is None:
+            self._stop = time.perf_counter()
+
+    def milliseconds(self) -> float:
+        """The time from start to stop, stopping a running timer first (as Caffe's
+        Timer::MilliSeconds does); 0 for a timer never started."""
+        if self._start is None:
+            return 0.0
+        self.stop()
+        return (self._stop - self._start) * 1e3
+
+
+_ALLOCATING = re.compile(r"allocating ([\d,]+) bytes")
+
+
+def allocation_bytes(exc: BaseException) -> Optional[int]:
+    """The bytes asked for, read from an out-of-memory message in CuPy's words ("Out of memory
+    allocating 1,024 bytes (allocated so far: 0 bytes)."); None when the message has none.
+    CuPy keeps the size only in the message (its ``args`` hold the text alone)."""
+    found = _ALLOCATING.search(str(exc))
+    return int(found.group(1).replace(",", "")) if found else None

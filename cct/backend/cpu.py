@@ -31,6 +31,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from .. import _C  # OPENBLAS_THREAD_TIMEOUT is set by cct/__init__.py first
+from . import HostTimer
 
 xp = np
 name = "cpu"
@@ -58,6 +59,22 @@ def synchronize() -> None:
 
 def device() -> None:
     """The device the arrays live on: none, the host."""
+
+
+def timer() -> HostTimer:
+    """A timer of the CPU's work (Caffe's Timer in CPU mode): host clocks, since the kernels
+    have finished when they return."""
+    return HostTimer()
+
+
+def out_of_memory(exc: BaseException) -> Optional[int]:
+    """The bytes asked for when ``exc`` is NumPy failing to allocate an array (its
+    MemoryError carries the shape and dtype), else None."""
+    shape, dtype = getattr(exc, "shape", None), getattr(exc, "dtype", None)
+    if not isinstance(exc, MemoryError) or shape is None or dtype is None:
+        return None
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
 
 set_num_threads = _C.set_num_threads
 get_num_threads = _C.get_num_threads

@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from . import register_device
+from . import allocation_bytes, register_device
 from .array_kernels import ArrayKernels
 
 name = "gpu"
@@ -86,7 +86,8 @@ def _check_device(device_id: int) -> int:
 
 def use_device(device_id: int) -> None:
     """Make GPU ``device_id`` current for this thread (blobs and kernels allocate there)."""
-    cupy.cuda.Device(_check_device(device_id)).use()
+    device_id = _check_device(device_id)
+    cupy.cuda.Device(device_id).use()
 
 
 def synchronize() -> None:
@@ -97,6 +98,52 @@ def synchronize() -> None:
 def device() -> int:
     """The GPU this thread allocates on now."""
     return int(cupy.cuda.runtime.getDevice())
+
+
+class EventTimer:
+    """Caffe's Timer in GPU mode: the device time between two CUDA events recorded on the
+    current stream. Kernels run after their launch returns, so host clocks around a layer
+    measure its launches, and charge the queued work to whichever layer waits first (the
+    loss layer, which reads its loss back)."""
+
+    def __init__(self):
+        self._start, self._stop = cupy.cuda.Event(), cupy.cuda.Event()
+        self._stream = None
+        self._running = False
+
+    def start(self) -> None:
+        # Event.record defaults to the null stream; the layers' kernels run on the current one.
+        self._stream = cupy.cuda.get_current_stream()
+        self._start.record(self._stream)
+        self._running = True
+
+    def stop(self) -> None:
+        if self._running:
+            self._stop.record(self._stream)
+            self._stop.synchronize()
+            self._running = False
+
+    def milliseconds(self) -> float:
+        """The device time from start to stop, stopping a running timer first (waiting for
+        its work, as Caffe's Timer::MilliSeconds does); 0 for a timer never started."""
+        if self._stream is None:
+            return 0.0
+        self.stop()
+        return float(cupy.cuda.get_elapsed_time(self._start, self._stop))
+
+
+def timer() -> EventTimer:
+    """A timer of the current GPU's work (CUDA events on the current stream)."""
+    return EventTimer()
+
+
+def out_of_memory(exc: BaseException) -> Optional[int]:
+    """The bytes asked for when ``exc`` is CuPy's memory pool running out of device memory
+    (``cupy.cuda.memory.OutOfMemoryError``), else None."""
+    if cupy is None or not isinstance(exc, cupy.cuda.memory.OutOfMemoryError):
+        return None
+    size = allocation_bytes(exc)
+    return int(getattr(exc, "_size", 0)) if size is None else size
 
 
 def is_device(array) -> bool:

@@ -15,9 +15,9 @@ import sys
 
 import numpy as np
 
-from . import register_device
+from . import HostTimer, allocation_bytes, register_device
 from .array_kernels import ArrayKernels
-from .standin import Copies, DeviceArray, namespace
+from .standin import Copies, DeviceArray, OutOfMemoryError, namespace
 
 name = "numpy"
 
@@ -57,6 +57,20 @@ def synchronize() -> None:
 def device() -> int:
     """The device the arrays live on: the stand-in has one, 0."""
     return 0
+
+
+def timer() -> HostTimer:
+    """A timer of the device's work: host clocks, since NumPy has finished when it returns."""
+    return HostTimer()
+
+
+def out_of_memory(exc: BaseException) -> Optional[int]:
+    """The bytes asked for when ``exc`` is the stand-in device running out of memory
+    (:class:`OutOfMemoryError`, CuPy's message), else None."""
+    if not isinstance(exc, OutOfMemoryError):
+        return None
+    size = allocation_bytes(exc)
+    return exc._size if size is None else size
 
 
 def _into(out: np.ndarray, values) -> np.ndarray:

@@ -29,6 +29,7 @@ Reductions and scalar indexing give 0-d device arrays, never NumPy scalars, as o
 
 :class:`Copies` counts every host<->device copy (count and bytes each way) so tests can assert
 how many an iteration makes (``with npdevice.copies.counting() as c: ...``).
+:class:`OutOfMemoryError` is CuPy's error for a device whose memory ran out.
 """
 from __future__ import annotations
 
@@ -79,6 +80,23 @@ class Copies:
     def __repr__(self) -> str:
         return (f"Copies(to_device={self.to_device} ({self.bytes_to_device} B), "
                 f"to_host={self.to_host} ({self.bytes_to_host} B))")
+
+
+class OutOfMemoryError(MemoryError):
+    """CuPy's ``cupy.cuda.memory.OutOfMemoryError``, with its message: what a stand-in device
+    raises when its memory runs out (tests raise it to play a GPU that is too small)."""
+
+    def __init__(self, size: int, total: int, limit: int = 0):
+        self._size, self._total, self._limit = size, total, limit
+        msg = f"Out of memory allocating {size:,} bytes"
+        if limit:
+            msg += f" (allocated so far: {total:,} bytes, limit set to: {limit:,} bytes)."
+        elif total != -1:
+            msg += f" (allocated so far: {total:,} bytes)."
+        super().__init__(msg)
+
+    def __reduce__(self):
+        return (type(self), (self._size, self._total, self._limit))
 
 
 def _refuse_host(value, what: str):

@@ -76,7 +76,7 @@ class Driver:
     source between its own steps (the final display, tests and snapshots read group 0's
     statistics). ``AsyncDriver`` is the same class."""
 
-    def __init__(self, solver, groups: int = 2, engine: str = "threads", devices=None,
+    def __init__(self, solver, groups: Optional[int] = 2, engine: str = "threads", devices=None,
                  staleness: str = "round-robin", momentum: Optional[str] = None,
                  allow_negative_momentum: bool = False, seed: int = 0,
                  trace: Optional[Sequence[int]] = None, sync_fc: bool = False,
@@ -96,6 +96,17 @@ class Driver:
         if simulate_speeds is not None and engine != "simulated":
             raise CCTError("--simulate-speeds sets the simulated engine's device speeds: add "
                            "--engine=simulated")
+        if groups is None:
+            # One group per device: the papers' setting (CPU+GPU Hogbatch, Omnivore's CPU and
+            # GPU groups). A group holding several devices, its batch split between them, is
+            # asked for by name: --groups.
+            if isinstance(devices, str):
+                devices = parse_devices(devices)
+            groups = len(devices) if devices else 1
+            if devices and len(devices) > 1:
+                info("driver.cpp:0", f"One compute group per device: "
+                     f"{', '.join(d.name for d in devices)} (--groups=1 makes them one group "
+                     f"that splits each batch between them)")
         self.solver = solver
         self.strategy = strategy
         self.engine_name = engine

@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..errors import CCTError, SourceLost
+from ..errors import CCTError, SourceLost, is_bug
 from ..glog import error, info
 from ..io.atomic import load_arrays, save_arrays
 from .groups import Group
@@ -33,6 +33,10 @@ class AllGroupsLost(SourceLost):
 
 
 def _dropped(groups: List, group, e: BaseException) -> None:
+    if is_bug(e):
+        error("driver.cpp:0", f"{group.name} raised {type(e).__name__}: {e}. This is a bug "
+              f"(in cct or a Python layer), not a lost device: stopping the run")
+        raise e
     groups.remove(group)
     group.close()
     error("driver.cpp:0", f"{group.name} failed and is dropped: {type(e).__name__}: {e}; "

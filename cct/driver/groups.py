@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..backend import copy as copy_array, host
 from ..devices import Device
 from ..errors import CCTError
 from ..glog import quiet
@@ -38,7 +39,7 @@ def show_outputs(master, values: Sequence[np.ndarray]) -> None:
         blob = master.blobs_list[b]
         if blob.shape != value.shape:
             blob.reshape(value.shape)
-        blob.data[...] = value
+        copy_array(blob.data, value)
 
 
 class BatchFeeder:
@@ -80,7 +81,7 @@ class BatchFeeder:
                     raise CCTError(f"the data layers' records changed shape from "
                                    f"{tuple(dst.shape[1:])} to {tuple(src.shape[1:])}: a "
                                    f"group's batch must hold records of one shape")
-                dst[pos:pos + take] = src.data[start:start + take]
+                copy_array(dst[pos:pos + take], src.data[start:start + take])
             pos += take
             self.left -= take
         self.records[group] += n
@@ -96,7 +97,7 @@ class BatchFeeder:
                 for src, dst in zip(self.tops, inputs):
                     if dst.shape != src.shape:
                         dst.reshape(src.shape)
-                    dst.data[...] = src.data
+                    copy_array(dst.data, src.data)
                 self.records[group] += n
                 return
             for dst in inputs:
@@ -113,7 +114,7 @@ class BatchFeeder:
 
     # -- snapshots: the records of the current batch not handed out yet ------------------------
     def state(self) -> Tuple[dict, Dict[str, np.ndarray]]:
-        arrays = {f"top{i}": np.array(t.data[self.batch - self.left:])
+        arrays = {f"top{i}": np.array(host(t.data[self.batch - self.left:]))
                   for i, t in enumerate(self.tops)} if self.left else {}
         return {"left": self.left, "records": {str(k): v for k, v in self.records.items()}}, \
             arrays
@@ -127,7 +128,7 @@ class BatchFeeder:
                     raise ValueError(f"the saved records of top {i} have shape "
                                      f"{tuple(rows.shape)}, not {left} records of "
                                      f"{tuple(t.shape[1:])}")
-                t.data[self.batch - left:] = rows
+                copy_array(t.data[self.batch - left:], rows)
         self.left = left
         self.records = collections.Counter({int(k): int(v)
                                             for k, v in state.get("records", {}).items()})
@@ -163,7 +164,7 @@ class Group:
             self.net.rng = None
         self.inputs = [self.net.blobs_list[i] for i in self.net.input_blob_indices]
         for mine, theirs in zip(self.net.params_list, master.params_list):
-            mine.data[...] = theirs.data           # lr_mult 0 params and statistics too
+            copy_array(mine.data, theirs.data)     # lr_mult 0 params and statistics too
         self.params = ParamSet.of_net(self.net)
         self.source = (HybridScheduler(self.net, self.devices) if len(self.devices) > 1
                        else NetSource(self.net))
@@ -241,12 +242,12 @@ class Group:
         snapshots."""
         self.source.pull_statistics()
         for mine, theirs in self._unlearned(master):
-            theirs.data[...] = mine.data
+            copy_array(theirs.data, mine.data)
 
     def copy_statistics_from(self, master) -> None:
         """The train net's (restored) unlearned params into this group's net."""
         for mine, theirs in self._unlearned(master):
-            mine.data[...] = theirs.data
+            copy_array(mine.data, theirs.data)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -24,6 +24,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
+from ..backend import copy as copy_array, host
 from ..errors import CCTError
 from ..glog import info
 from ..io.atomic import load_arrays, save_arrays
@@ -112,7 +113,7 @@ class ModelAveraging:
         self.rounds = 0
         self.seconds = 0.0       # the rounds' time (virtual on the simulated engine)
         self.central = solver.params
-        self.previous = [np.array(b.data) for b in self.central.blobs]      # z_prev
+        self.previous = [np.array(host(b.data)) for b in self.central.blobs]  # z_prev
         self.delta = [np.zeros_like(p) for p in self.previous]
         self.scratch = [np.zeros_like(p) for p in self.previous]
         self.pipelines = {}
@@ -158,20 +159,27 @@ class ModelAveraging:
         mu = dtype(self.momentum)
         for d in self.delta:
             d[...] = 0
+        # The averaging runs on the host (z_prev, the deltas); weights held on a device, a
+        # learner's or z's, come over and go back, one copy each way.
+        central = [host(z) for z in self.central.weights()]
         for g in self.learners:
-            for w, z, d, c in zip(g.params.weights(), self.central.weights(), self.delta,
-                                  self.scratch):
-                np.subtract(w, z, out=c)
+            for w, z, d, c in zip(g.params.weights(), central, self.delta, self.scratch):
+                mine = host(w)
+                np.subtract(mine, z, out=c)
                 c *= alpha
-                w -= c
+                mine -= c
                 d += c
-        for z, prev, d, m in zip(self.central.weights(), self.previous, self.delta,
-                                 self.scratch):
+                if mine is not w:
+                    copy_array(w, mine)
+        for z, prev, d, m in zip(central, self.previous, self.delta, self.scratch):
             np.subtract(z, prev, out=m)
             m *= mu
             prev[...] = z
             z += d
             z += m
+        for z, mine in zip(self.central.weights(), central):
+            if mine is not z:
+                copy_array(z, mine)
 
     def _tune(self, records: int) -> None:
         action = self.autotune.round(records, self.engine.round_seconds, len(self.learners))
@@ -197,9 +205,9 @@ class ModelAveraging:
         arrays = {f"zprev_p{i}": p for i, p in enumerate(self.previous)}
         for g in self.learners:
             for i, w in enumerate(g.params.weights()):
-                arrays[f"l{g.index}_p{i}"] = np.asarray(w)
+                arrays[f"l{g.index}_p{i}"] = host(w)
             for i, h in enumerate(self.pipelines[g.index].history):
-                arrays[f"l{g.index}_h{i}"] = np.asarray(h)
+                arrays[f"l{g.index}_h{i}"] = host(h)
         save_arrays(self.arrays_file(state_file), arrays)
         return {"rounds": self.rounds, "seconds": self.seconds,
                 "learners": [g.index for g in self.learners],
@@ -238,4 +246,4 @@ def _load(into: np.ndarray, arrays: dict, key: str, path: str) -> None:
     a = arrays.get(key)
     if a is None or a.shape != into.shape:
         raise ValueError(f"'{path}' has no array '{key}' of shape {tuple(into.shape)}")
-    into[...] = a
+    copy_array(into, a)

@@ -13,8 +13,11 @@ from __future__ import annotations
 import threading
 from typing import List, Optional, Tuple
 
+import numpy as np
+
+from ..backend import copy as copy_array, owner
 from ..glog import info
-from ..params import ParamSet, statistics_positions
+from ..params import ParamSet, StoreBlob, statistics_positions
 from .staleness import StalenessStats, implicit_momentum
 
 
@@ -79,7 +82,7 @@ class ParameterStore:
         Returns the loss."""
         with self.lock:
             for i in fc:
-                gradients.blobs[i].data[...] = self.params.blobs[i].data
+                copy_array(gradients.blobs[i].data, self.params.blobs[i].data)
             loss = net.forward_from_to(first_fc, len(net.layers) - 1)
             net.backward_from_to(len(net.layers) - 1, first_fc)
             self.solver.apply_update(None, self._update_view(gradients), only=fc,
@@ -114,7 +117,24 @@ class ParameterStore:
             return s.end_iteration()
 
     def _update_view(self, gradients: ParamSet) -> ParamSet:
+        """The weights paired with a group's gradients for the update. A group whose diffs
+        live where the weights do lends them (no copy); one on another device's memory (a
+        GPU group, a host store) copies them into diffs beside the weights first, since an
+        update kernel takes arrays of one side."""
         key = id(gradients)
-        if key not in self._views:
-            self._views[key] = self.params.with_gradients_of(gradients)
-        return self._views[key]
+        view = self._views.get(key)
+        if view is None:
+            apart = bool(self.params.blobs) and (owner(gradients.blobs[0].diff)
+                                                 is not owner(self.params.blobs[0].data))
+            if apart:
+                view = ParamSet([StoreBlob.pair(b.data, owner(b.data).to_device(
+                    np.zeros(b.shape, b.dtype)), b.xp) for b in self.params.blobs],
+                    self.params.lr_mult, self.params.decay_mult, self.params.backend)
+            else:
+                view = self.params.with_gradients_of(gradients)
+            self._views[key] = view = (view, apart)
+        staged, apart = view
+        if apart:
+            for mine, theirs in zip(staged.blobs, gradients.blobs):
+                copy_array(mine.diff, theirs.diff)
+        return staged

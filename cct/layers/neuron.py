@@ -394,9 +394,10 @@ class ClipLayer(NeuronLayer):
     def neuron_forward(self, x):
         xp = self.xp
         # std::max(min, std::min(x, max)) written with the same comparisons, so that NaN maps
-        # to min as in Caffe.
-        t = xp.where(self.max < x, self.max, x)
-        return xp.where(self.min < t, t, self.min)
+        # to min as in Caffe. The array stands on the left: a NumPy scalar on the left turns
+        # itself into a host array, which CuPy refuses to compare with a device array.
+        t = xp.where(x > self.max, self.max, x)
+        return xp.where(t > self.min, t, self.min)
 
     def neuron_backward(self, x, y, dy):
         return dy * ((x >= self.min) & (x <= self.max))

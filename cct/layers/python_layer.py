@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Sequence
 from typing import List
 
 import numpy as np
 
 from .. import caffe_alias
-from ..blob import Blob
+from ..backend import device_of_xp
+from ..blob import Blob, HostBlob
 from .base import Layer, register
 
 
@@ -42,6 +44,26 @@ class BlobVec(list):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         self.append(Blob(shape, self.dtype, self.xp))
+
+
+class HostBlobVec(Sequence):
+    """A device layer's BlobVec as the user's Python code sees it: each blob's host view
+    (NumPy ``data`` and ``diff``, as pycaffe's blobs are on any device: Caffe's cpu_data), read
+    afresh from the layer's param list on each access; ``add_blob`` adds a device blob there."""
+
+    def __init__(self, blobs: BlobVec):
+        self.params = blobs
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [b.host_view() for b in self.params[i]]
+        return self.params[i].host_view()
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def add_blob(self, *shape: int) -> None:
+        self.params.add_blob(*shape)
 
 
 class PythonLayer:
@@ -85,7 +107,7 @@ class PythonLayerAdapter(Layer):
         self.impl = cls(layer_param) if _accepts_one_argument(cls) else cls()
         self.impl.param_str = layer_param.python_param.param_str
         self.impl.phase = int(self.phase)
-        self.impl.blobs = self.blobs
+        self.impl.blobs = self._user_blobs()
 
     def __getattr__(self, name):
         impl = self.__dict__.get("impl")
@@ -134,10 +156,19 @@ class PythonLayerAdapter(Layer):
     def layer_setup(self, bottom: List[Blob], top: List[Blob]) -> None:
         self._method("forward")
         self._method("setup")(_host(bottom), _host(top))
-        if self.impl.blobs is not self.blobs:
+        if self.impl.blobs is not self._user_view:
             # The user rebound self.blobs (e.g. to a plain list); keep it as the param list.
-            self.blobs = BlobVec(self.impl.blobs, self.dtype, self.xp)
-            self.impl.blobs = self.blobs
+            self.blobs = BlobVec([b.blob if isinstance(b, HostBlob) else b
+                                  for b in self.impl.blobs], self.dtype, self.xp)
+            self.impl.blobs = self._user_blobs()
+
+    def _user_blobs(self):
+        """The param list the user's object holds as ``self.blobs``: the list itself on the
+        CPU; on a device, its host views, since the user's NumPy code would mix host arrays
+        with device ones (which CuPy refuses) in ``self.blobs[0].data * bottom[0].data``."""
+        self._user_view = (self.blobs if device_of_xp(self.xp) is None
+                           else HostBlobVec(self.blobs))
+        return self._user_view
 
     def reshape(self, bottom: List[Blob], top: List[Blob]) -> None:
         self._method("reshape")(_host(bottom), _host(top))

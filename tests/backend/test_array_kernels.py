@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cct import backend as backends
-from cct.backend import array_kernels, cpu, reference
+from cct.backend import array_kernels, cpu, gpu, reference
 from cct.backend.array_kernels import ArrayKernels
 from tests.backend.on_device import OnDevice
 from tests.backend.kernel_cases import (BATCH_NORM_SHAPES, ELTWISE_CASES, check_batch_norm,
@@ -36,12 +36,15 @@ def _params(fn):
 
 def test_every_cpu_kernel_is_an_array_kernel():
     """A kernel added to the CPU backend must be added to the array kernels too; besides
-    kernels, every backend has the functions that move its arrays, with one signature."""
+    kernels, every backend has the functions that move its arrays and those that time its work
+    and recognise its out-of-memory error, with one signature."""
     public = {name for name, fn in vars(cpu).items() if inspect.isfunction(fn)
               and fn.__module__ == cpu.__name__ and not name.startswith("_")}
-    assert public == set(array_kernels.KERNELS) | set(backends.MOVEMENT)
-    for name in backends.MOVEMENT:
-        assert _params(getattr(K.backend, name)) == _params(getattr(cpu, name))
+    assert public == (set(array_kernels.KERNELS) | set(backends.MOVEMENT)
+                      | set(backends.RUNTIME))
+    for name in backends.MOVEMENT + backends.RUNTIME:
+        for module in (K.backend, gpu):  # gpu.py defines them without CuPy too
+            assert _params(getattr(module, name)) == _params(getattr(cpu, name)), module
 
 
 @pytest.mark.parametrize("name", array_kernels.KERNELS)

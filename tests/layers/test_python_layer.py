@@ -212,3 +212,30 @@ def test_python_layers_in_a_net():
     np.testing.assert_allclose(net.blobs["loss"].data, (2 * data + 1) ** 2)
     # d(sum of loss)/dw = sum 2 (w x + 1) x
     np.testing.assert_allclose(net.params["scale"][0].diff, [(2 * (2 * data + 1) * data).sum()])
+
+
+def test_user_params_are_host_arrays_on_a_device_backend():
+    """On a device backend the user's NumPy code sees its params as pycaffe does, host arrays
+    (Caffe's cpu_data), while the layer's params stay device blobs that device code and the
+    solver use: ``self.blobs[0].data[0] * bottom[0].data`` must not mix the two."""
+    from cct import backend as backends
+    from cct.blob import Blob, DeviceBlob, HostBlob
+    from cct.layers import create_layer
+    from tests.gradient_check import make_layer_param
+
+    numpy_backend = backends.get("numpy")
+    layer = create_layer(make_layer_param(py_body("ScaleByParam", "0.5")), numpy_backend,
+                         np.float64)
+    x = np.random.default_rng(3).standard_normal((2, 3))
+    bottom = [Blob(x.shape, np.float64, numpy_backend.xp)]
+    bottom[0].host_view().data[...] = x
+    top = [Blob((), np.float64, numpy_backend.xp)]
+    layer.setup(bottom, top)
+    assert len(layer.blobs) == 1 and isinstance(layer.blobs[0], DeviceBlob)
+    assert len(layer.impl.blobs) == 1 and isinstance(layer.impl.blobs[0], HostBlob)
+    assert layer.impl.blobs[0].blob is layer.blobs[0]
+    run_forward(layer, bottom, top)
+    np.testing.assert_allclose(top[0].host_view().data, 2 * x + 0.5)
+    check_gradient(layer, bottom, top)
+    layer.impl.blobs.add_blob(4)                 # a device param of the layer, seen as host
+    assert isinstance(layer.blobs[1], DeviceBlob) and layer.impl.blobs[1].shape == (4,)
