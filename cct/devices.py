@@ -78,6 +78,10 @@ class Device:
     def activate(self) -> None:
         """Runs once on the device's worker thread before anything else."""
 
+    def twin(self) -> "Device":
+        """Another device of the same place (cores, GPU) with a worker thread of its own."""
+        raise NotImplementedError
+
     def submit(self, fn: Callable, *args) -> Future:
         with self._lock:
             if self._pool is None:
@@ -141,6 +145,9 @@ class CPUDevice(Device):
     def threads(self) -> int:
         return len(self.cores)
 
+    def twin(self) -> "CPUDevice":
+        return CPUDevice(self.cores)
+
     def activate(self) -> None:
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, self.cores)  # Linux: the calling thread only
@@ -161,6 +168,9 @@ class GPUDevice(Device):
         from .backend import gpu
         gpu.use_device(self.index)
 
+    def twin(self) -> "GPUDevice":
+        return GPUDevice(self.index)
+
 
 class StandInDevice(Device):
     """The GPU path without a GPU: a device whose replica runs on the ``numpy`` backend (the
@@ -173,6 +183,9 @@ class StandInDevice(Device):
 
     def __init__(self):
         super().__init__("standin")
+
+    def twin(self) -> "StandInDevice":
+        return StandInDevice()
 
 
 def _gpu_count() -> int:

@@ -39,7 +39,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import glog
-from .devices import (CPUDevice, Device, DeviceError, GPUDevice, available_cores,
+from .devices import (CPUDevice, Device, DeviceError, available_cores,
                       configure_blas, parse_devices, restore_blas)
 from .errors import CCTError, is_bug
 from .params import GradientSource, NetSource
@@ -118,13 +118,14 @@ def gradient_source(net, devices) -> GradientSource:
 
 
 def single_gpu(devices, backend: str):
-    """One GPU is the plain single-net path on the GPU backend (no scheduler): (devices left
-    for the scheduler, backend of the solver's nets)."""
+    """One device with memory of its own (a GPU, the stand-in) is the plain single-net path on
+    its backend (no scheduler): (devices left for the scheduler, backend of the solver's
+    nets)."""
     if isinstance(devices, str):
         devices = parse_devices(devices)
-    if devices is not None and len(devices) == 1 and isinstance(devices[0], GPUDevice):
-        devices[0].activate()     # the GPU current on this thread, where the nets run
-        return None, "gpu"
+    if devices is not None and len(devices) == 1 and not devices[0].host_memory:
+        devices[0].activate()     # a GPU made current on this thread, where the nets run
+        return None, devices[0].backend
     return devices, backend
 
 

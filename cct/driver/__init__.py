@@ -90,9 +90,6 @@ class Driver:
                            f"'{strategy}' (sync is the solver's own solve())")
         if engine not in ENGINES:
             raise CCTError(f"unknown engine '{engine}'; known: {', '.join(ENGINES)}")
-        if engine == "simulated" and devices is not None:
-            raise CCTError("the simulated engine runs its groups in this thread: give no "
-                           "--devices with --engine=simulated")
         if simulate_speeds is not None and engine != "simulated":
             raise CCTError("--simulate-speeds sets the simulated engine's device speeds: add "
                            "--engine=simulated")
@@ -157,25 +154,43 @@ class Driver:
         elif engine == "processes":
             self.engine = ProcessEngine()
             places = group_devices(groups, devices)
-            if not all(isinstance(d, CPUDevice) for p in places for d in p):
-                raise CCTError("the processes engine runs CPU groups: give --devices of cpu "
-                               "cores only (cpu:N, cpu@I-J)")
-            self.cores = [[c for d in p for c in d.cores] for p in places]
+            if any(len(p) > 1 and not all(isinstance(d, CPUDevice) for d in p)
+                   for p in places):
+                raise CCTError("the processes engine runs each group on CPU cores or on one "
+                               "device; a group holding a device and other devices splits its "
+                               "batches between them: use --engine=threads for it")
+            self.cores = [[c for d in p if isinstance(d, CPUDevice) for c in d.cores]
+                          for p in places]
+            # A device group's process builds its net on that device (its spelling).
+            self.process_devices = [None if isinstance(p[0], CPUDevice) else p[0].name
+                                    for p in places]
             for d in (d for p in places for d in p):
                 d.close()           # only their cores are used: each group is a process
         elif engine == "ray":
+            ray_devices = None
             if devices is not None:
-                raise CCTError("--engine=ray places each group on a Ray node by its CPUs: give "
-                               "no --devices")
+                # Ray places each group: a CPU group on a node with CPUs free, a GPU group on
+                # one with a GPU free; --devices says which groups want a device.
+                places = group_devices(groups, devices)
+                if any(len(p) > 1 for p in places):
+                    raise CCTError("--engine=ray runs each group on one device (Ray places "
+                                   "it): give no more --devices than --groups")
+                ray_devices = [None if isinstance(p[0], CPUDevice) else
+                               "gpu" if p[0].backend == "gpu" else p[0].name for p in places]
+                self.ray_names = [p[0].name for p in places]   # for --batch-sizes
+                for d in (d for p in places for d in p):
+                    d.close()
             from .ray_engine import RayEngine
             if ray_data == "local" and strategy == "adaptive-hogbatch":
                 raise CCTError("--ray-data=local fixes each group's batch in its data layer: "
                                "adaptive-hogbatch needs --ray-data=ship")
             self.engine = RayEngine(solver, self.feeder, ray_address, ps_shards,
                                     ray_group_restarts, data=ray_data,
-                                    replicas=strategy == "sma")
+                                    replicas=strategy == "sma", devices=ray_devices)
         else:
             self.engine = SimulatedEngine(staleness, seed, trace, self.speeds)
+            if devices is not None:  # the groups take turns, each on its own device
+                self.places = group_devices(groups, devices)
         self.groups: List = []
         self.sma = None
         self.balance = None
@@ -239,10 +254,13 @@ class Driver:
                 self.close()
 
     def _device_names(self, index: int) -> List[str]:
-        if self.engine_name == "threads":
-            return [d.name for d in self.places[index]]
+        if self.places is not None:
+            return [d.name for d in self.places[index % len(self.places)]]
+        if getattr(self, "ray_names", None):
+            return [self.ray_names[index % len(self.ray_names)]]
         if self.engine_name == "processes":
-            return [f"cpu:{c}" for c in self.cores[index]]
+            device = self.process_devices[index % len(self.process_devices)]
+            return [device] if device else [f"cpu:{c}" for c in self.cores[index]]
         return []
 
     def _group(self, index: int, batch: Optional[int] = None):
@@ -253,15 +271,18 @@ class Driver:
         if self.engine_name == "threads":
             place = self.places[index % len(self.places)]
             if index >= len(self.places):
-                place = [CPUDevice(d.cores) for d in place]   # its own thread, same cores
+                place = [d.twin() for d in place]   # its own thread, the same cores or GPU
             return Group(index, self.feeder, place, self.iter_size, self.group_seed, batch)
         if self.engine_name == "ray":
             return self.engine.add_group(index, batch)
         if self.engine_name == "processes":
-            return ProcessGroup(index, self.feeder, self.cores[index % len(self.cores)],
-                                self.iter_size, self.group_seed, batch,
-                                max_batch=self.max_batch)
-        return Group(index, self.feeder, [], self.iter_size, self.group_seed, batch)
+            place = index % len(self.cores)
+            return ProcessGroup(index, self.feeder, self.cores[place], self.iter_size,
+                                self.group_seed, batch, max_batch=self.max_batch,
+                                device=self.process_devices[place])
+        place = [] if self.places is None else [d.twin() if index >= len(self.places) else d
+                                                for d in self.places[index % len(self.places)]]
+        return Group(index, self.feeder, place, self.iter_size, self.group_seed, batch)
 
     # -- running -----------------------------------------------------------------------------
     def step(self, iters: int) -> None:

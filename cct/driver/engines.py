@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..backend import copy as copy_array, host
 from ..errors import CCTError, SourceLost, is_bug
 from ..glog import error, info
 from ..io.atomic import load_arrays, save_arrays
@@ -174,6 +175,14 @@ class ThreadEngine(Engine):
         return losses
 
 
+def _in_turn(group: Group) -> float:
+    """A group's step, one at a time (the simulated engine): on its device's thread when it
+    has a device (a GPU current there), else in this thread."""
+    if group.devices:
+        return group.submit(group.compute).result()
+    return group.compute()
+
+
 class SimulatedEngine(Engine):
     """See the module doc. Its state (the schedule's, each group's read version and the
     weights it read) goes with a snapshot, so a resumed simulated run repeats the
@@ -209,7 +218,7 @@ class SimulatedEngine(Engine):
             self._start(store, groups)
         for _ in range(updates):
             group = groups[next(self._order)]
-            loss = group.compute()
+            loss = _in_turn(group)
             group.seconds = self._order.seconds(group.index)
             if observer is not None:
                 observer.pushing(group)
@@ -230,7 +239,7 @@ class SimulatedEngine(Engine):
         losses = []
         busy: Dict[int, float] = {}
         for g in groups:
-            losses.append(g.compute())
+            losses.append(_in_turn(g))
             place = g.index % len(self.speeds) if self.speeds else 0
             g.seconds = g.batch / self.speeds[place] if self.speeds else float(g.batch)
             busy[place] = busy.get(place, 0.0) + g.seconds
@@ -246,7 +255,7 @@ class SimulatedEngine(Engine):
     def state(self, groups: List[Group], state_file: str) -> dict:
         if self._order is None:
             return {}
-        arrays = {f"g{g.index}_p{i}": np.asarray(b.data)
+        arrays = {f"g{g.index}_p{i}": host(b.data)
                   for g in groups for i, b in enumerate(g.params.blobs)}
         save_arrays(self.weights_file(state_file), arrays)
         # The group whose push is being applied pulls right after it: a resumed run pulls
@@ -272,7 +281,7 @@ class SimulatedEngine(Engine):
         order.load_state(state["schedule"])
         for g, read in zip(groups, state["reads"]):
             for i, b in enumerate(g.params.blobs):
-                b.data[...] = arrays[f"g{g.index}_p{i}"]
+                copy_array(b.data, arrays[f"g{g.index}_p{i}"])
             g.read_version = int(read)
         for k in state["pull"]:
             groups[int(k)].read_version = store.pull(groups[int(k)].params)

@@ -22,7 +22,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from .. import _C, glog
-from ..backend import get as get_backend, plans
+from ..backend import copy as copy_array, get as get_backend, host, plans
+from ..devices import parse_devices
 from ..errors import CCTError
 from ..net import Net
 from ..params import ParamSet, StoreBlob, statistics_positions
@@ -61,14 +62,23 @@ class _Layout:
 
 
 def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layout,
-                cores: Sequence[int], seed: Optional[int], index: int) -> None:
-    """A group process: build the net, then compute on request until told to stop."""
+                cores: Sequence[int], seed: Optional[int], index: int,
+                device: Optional[str] = None) -> None:
+    """A group process: build the net (on ``device``, a device spelling, when given; else on
+    the CPU cores ``cores``), then compute on request until told to stop. The block is host
+    memory: a device group's net takes its weights and batches from it and leaves its
+    gradients there through its backend's copies."""
     shm = shared_memory.SharedMemory(name=shm_name)
     weights = grads = batches = None
     try:
         if cores and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, cores)
         _C.set_num_threads(len(cores) or 0)
+        backend = "cpu"
+        if device is not None:
+            place = parse_devices(device)[0]
+            place.activate()              # a GPU made current in this process
+            backend = place.backend
         plans.use_machine_cache()
         param = caffe_pb2.NetParameter()
         param.ParseFromString(net_bytes)
@@ -76,7 +86,8 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
         # group's index as the threads engine's groups are.
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
         with glog.quiet():
-            net = Net(param, dtype=np.dtype(dtype), source="<group process>", rng=rng)
+            net = Net(param, backend=backend, dtype=np.dtype(dtype), source="<group process>",
+                      rng=rng)
         weights, grads, batches = layout.arrays(shm.buf)
         inputs = [net.blobs_list[i] for i in net.input_blob_indices]
         outputs = [net.blobs_list[b] for b in net.output_blob_indices]
@@ -88,27 +99,28 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
                 break
             if msg == "load_statistics":   # a restored train net's, from the driver
                 for k, a in zip(sorted(own), table):
-                    net.learnable_params[k].data[...] = a
+                    copy_array(net.learnable_params[k].data, a)
                 continue
             if table is not None:
                 plans.install(table)   # the driver's plans (a resumed run's side file's)
             for k, (blob, w) in enumerate(zip(net.learnable_params, weights)):
                 if k not in own:
-                    blob.data[...] = w
+                    copy_array(blob.data, w)
             net.clear_param_diffs()
             loss = 0.0
             for batch in batches:
                 for blob, x in zip(inputs, batch):
                     if blob.shape[0] != n:
                         blob.reshape((n,) + tuple(blob.shape[1:]))
-                    blob.data[...] = x[:n]
+                    copy_array(blob.data, x[:n])
                 loss += net.forward_backward()
             for blob, g in zip(net.learnable_params, grads):
-                g[...] = blob.diff
+                copy_array(g, blob.diff)
             for k in own:      # its running statistics, where the driver reads them
-                weights[k][...] = net.learnable_params[k].data
+                copy_array(weights[k], net.learnable_params[k].data)
             plans.persist()
-            conn.send(("done", loss / len(batches), [np.array(o.data) for o in outputs]))
+            conn.send(("done", loss / len(batches),
+                       [np.array(host(o.data)) for o in outputs]))
     except CCTError as e:       # the user's net or data: the driver stops the run with it
         conn.send(("error", str(e)))
     finally:
@@ -121,11 +133,12 @@ class ProcessGroup:
 
     def __init__(self, index: int, feeder, cores: Sequence[int], iter_size: int,
                  seed: Optional[int] = None, batch: Optional[int] = None,
-                 max_batch: Optional[int] = None):
+                 max_batch: Optional[int] = None, device: Optional[str] = None):
         master = feeder.master
         self.index = index
         self.feeder = feeder
         self.cores = tuple(cores)
+        self.device = device        # a device spelling (gpu0, standin), or None: the cores
         self.net = master           # whose output blobs the log reads back
         self.batch = batch or feeder.batch
         self.seconds = 0.0
@@ -150,7 +163,8 @@ class ProcessGroup:
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_group_main, daemon=True,
                                    args=(child, param.SerializeToString(), master.dtype.str,
-                                         self.shm.name, layout, self.cores, seed, index))
+                                         self.shm.name, layout, self.cores, seed, index,
+                                         device))
         self.process.start()
         child.close()
         self.read_version = 0
@@ -171,8 +185,8 @@ class ProcessGroup:
 
     @property
     def name(self) -> str:
-        cores = ",".join(map(str, self.cores))
-        return f"group {self.index} (pid {self.process.pid}, cores {cores})"
+        where = self.device or "cores " + ",".join(map(str, self.cores))
+        return f"group {self.index} (pid {self.process.pid}, {where})"
 
     def start(self, store=None) -> None:
         """Send the next step: the store's weights (none: the group's own, an SMA learner's)

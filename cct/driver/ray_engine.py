@@ -43,6 +43,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..backend import copy as copy_array, host
 from ..errors import CCTError
 from ..glog import info, warning
 from ..params import ParamSet, statistics_positions
@@ -178,18 +179,25 @@ class GroupWorker:
 
     def __init__(self, index: int, net_bytes: bytes, dtype: str, seed: Optional[int],
                  bounds: List[List[int]], clip: float, threads: int, deterministic: bool,
-                 part: Optional[float] = None):
+                 part: Optional[float] = None, device: Optional[str] = None):
         from .. import _C, glog
         from ..backend import plans
+        from ..devices import parse_devices
         from ..net import Net
         from ..proto import caffe_pb2
         _C.set_num_threads(threads)
+        backend = "cpu"
+        if device is not None:      # a device group: Ray gave the actor its GPU as GPU 0
+            place = parse_devices(device)[0]
+            place.activate()
+            backend = place.backend
         plans.set_deterministic(deterministic)   # the driver's --deterministic
         plans.use_machine_cache()
         param = caffe_pb2.NetParameter.FromString(net_bytes)
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
         with glog.quiet():
-            self.net = Net(param, dtype=np.dtype(dtype), source=f"<group {index}>", rng=rng)
+            self.net = Net(param, backend=backend, dtype=np.dtype(dtype),
+                           source=f"<group {index}>", rng=rng)
         self.inputs = [self.net.blobs_list[i] for i in self.net.input_blob_indices]
         self.outputs = [self.net.blobs_list[b] for b in self.net.output_blob_indices]
         self.bounds = bounds
@@ -209,11 +217,11 @@ class GroupWorker:
 
     def statistics(self) -> List[np.ndarray]:
         """What no update touches (BatchNorm's running averages), for the driver's net."""
-        return [np.array(p.data) for p in unlearned_params(self.net)]
+        return [np.array(host(p.data)) for p in unlearned_params(self.net)]
 
     def load_statistics(self, arrays: List[np.ndarray]) -> None:
         for p, a in zip(unlearned_params(self.net), arrays):
-            p.data[...] = a
+            copy_array(p.data, a)
 
     def step(self, table, batches, *shard_weights):
         """(loss, outputs), then the gradient of each shard's params."""
@@ -224,14 +232,14 @@ class GroupWorker:
         for positions, weights in zip(self.bounds, shard_weights):
             for i, w in zip(positions, weights):
                 if i not in self.own:
-                    params[i].data[...] = w
+                    copy_array(params[i].data, w)
         self.net.clear_param_diffs()
         loss = 0.0
         for batch in batches:
             for blob, x in zip(self.inputs, batch or ()):
                 if blob.shape != x.shape:
                     blob.reshape(x.shape)
-                blob.data[...] = x
+                copy_array(blob.data, x)
             loss += self.net.forward_backward()     # local data: its data layers read
         if self.clip >= 0:                     # Caffe's ClipGradients, over the whole net
             norm = math.sqrt(sum(float(np.dot(p.diff.ravel(), p.diff.ravel())) for p in params))
@@ -239,8 +247,11 @@ class GroupWorker:
                 for p in params:
                     p.diff *= self.clip / norm
         plans.persist()
-        head = (loss / len(batches), [np.array(o.data) for o in self.outputs], self.where())
-        return (head,) + tuple([params[i].diff for i in positions] for positions in self.bounds)
+        head = (loss / len(batches), [np.array(host(o.data)) for o in self.outputs],
+                self.where())
+        # Host arrays into Ray's object store (a device group's gradient: one copy out).
+        return (head,) + tuple([host(params[i].diff) for i in positions]
+                               for positions in self.bounds)
 
 
 def _entries(layer) -> int:
@@ -299,7 +310,9 @@ class RayGroup:
 
     @property
     def name(self) -> str:
-        return f"group {self.index} (pid {self.pid}, node {self.node})"
+        device = self.engine.device_of(self.index)
+        where = f", {device}" if device else ""
+        return f"group {self.index} (pid {self.pid}, node {self.node}{where})"
 
     def start(self):
         """Send the next step: the shards' current weights (refs) and the next batch."""
@@ -419,7 +432,8 @@ class RayEngine(Engine):
 
     def __init__(self, solver, feeder, address: Optional[str] = None, shards="auto",
                  group_restarts: int = 3, checkpoint_every: int = 100,
-                 cpus_per_group: float = 1.0, data: str = "ship", replicas: bool = False):
+                 cpus_per_group: float = 1.0, data: str = "ship", replicas: bool = False,
+                 devices: Optional[Sequence[Optional[str]]] = None):
         if data not in ("ship", "local"):
             raise CCTError(f"--ray-data must be ship (the driver reads the database and ships "
                            f"batches) or local (each group reads its part where it runs), got "
@@ -446,6 +460,9 @@ class RayEngine(Engine):
              f"{int(ray.cluster_resources().get('CPU', 0))} CPU(s)")
         self.group_restarts = group_restarts
         self.cpus = cpus_per_group
+        # Per group: None (CPUs, placed by Ray) or a device spelling (a GPU asked of Ray,
+        # which the actor sees as GPU 0; the stand-in).
+        self.devices = list(devices) if devices else None
         self.checkpoint_every = checkpoint_every
         self.replicas = replicas
         params = solver.params
@@ -565,13 +582,21 @@ class RayEngine(Engine):
             part = index % len(self._batches) / len(self._batches)
         else:
             param = replica_param(self.master, self.feeder.sources, batch)
+        device = self.device_of(index)
+        gpus = 1 if device is not None and device.startswith("gpu") else 0
         actor = self.ray.remote(GroupWorker).options(
-            num_cpus=cpus, max_restarts=self.group_restarts, max_task_retries=0)
+            num_cpus=cpus, num_gpus=gpus, max_restarts=self.group_restarts, max_task_retries=0)
         seed = (self.solver.param.random_seed if self.solver.param.random_seed >= 0
                 else None)
         return actor.remote(index, param.SerializeToString(), self.master.dtype.str, seed,
                             self.bounds, float(self.solver.param.clip_gradients),
-                            max(1, int(self.cpus)), plans.deterministic(), part)
+                            max(1, int(self.cpus)), plans.deterministic(), part,
+                            "gpu0" if gpus else device)
+
+    def device_of(self, index: int) -> Optional[str]:
+        """Group ``index``'s device spelling, None for a CPU group (a learner added later
+        shares the place of learner ``index`` mod the places)."""
+        return self.devices[index % len(self.devices)] if self.devices else None
 
     def make_groups(self, batches: Sequence[Optional[int]]) -> List[RayGroup]:
         self._batches = list(batches)

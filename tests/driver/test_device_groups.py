@@ -155,3 +155,42 @@ def test_a_synchronous_device_iteration_copies_no_weights(data_list, tmp_path): 
         assert not params & {n for _, n in copies.sizes if n > 64}, copies.sizes
     finally:
         solver.close()
+
+
+@pytest.mark.parametrize("strategy", ["async", "hogbatch", "sma"])
+def test_a_device_group_in_its_own_process(data_list, tmp_path, capfd, strategy):  # noqa: F811
+    """The processes engine builds a device group's net on its device in the group's process
+    (a GPU made current there): the same numbers as a CPU group's process."""
+    param = solver_param(data_list, tmp_path, display=0)
+    want, want_losses, _ = _driven(param, capfd, 4, strategy=strategy, engine="processes",
+                                   devices="cpu:1", groups=None)
+    got, got_losses, _ = _driven(param, capfd, 4, strategy=strategy, engine="processes",
+                                 devices="standin", groups=None)
+    assert_same_params(want, got, rtol=1e-4)
+    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-5)
+
+
+def test_the_processes_engine_refuses_a_group_mixing_a_device(data_list, tmp_path):  # noqa: F811
+    from cct.errors import CCTError
+    solver = Solver(solver_param(data_list, tmp_path))
+    try:
+        with pytest.raises(CCTError, match="use --engine=threads"):
+            AsyncDriver(solver, groups=1, engine="processes", devices="cpu:1,standin")
+    finally:
+        solver.close()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_device_group_on_the_simulated_engine(data_list, tmp_path, capfd, strategy):  # noqa: F811
+    """Simulated staleness with a group on the device (the groups take turns, each on its own
+    device's thread): the numbers of the same schedule with both groups on the CPU."""
+    param = solver_param(data_list, tmp_path, display=0)
+    sizes = None if strategy == "async" else "4,8"
+    cores = available_cores()
+    want, want_losses, _ = _driven(param, capfd, 6, strategy=strategy, engine="simulated",
+                                   groups=2, batch_sizes=sizes)
+    got, got_losses, _ = _driven(param, capfd, 6, strategy=strategy, engine="simulated",
+                                 groups=None, batch_sizes=sizes,
+                                 devices=[CPUDevice(cores[:1]), StandInDevice()])
+    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-4)
+    assert_same_params(want, got, rtol=1e-3)

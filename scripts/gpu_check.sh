@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 28's checks on a real GPU, as one script for a lent GPU machine (no network there):
+#   1. every test that has a GPU case (the CuPy rules' probes against real CuPy, the layer
+#      registry harness, Caffe's numerics, solvers, snapshots, timers, out-of-memory);
+#   2. LeNet with -gpu 0 to >= 0.98 (Caffe's lenet_solver, 10,000 bundled digits);
+#   3. CPU+GPU Hogbatch (one group per device, CPU batches of 16, GPU batches of 256) to
+#      >= 0.975.
+# Run from the repository root with cct and its wheels installed where PYTHONPATH points
+# (see the device README: build the wheels here, carry them, pip install --target there).
+# Each step's output goes under $OUT (default ./gpu_check_out); the last lines sum up.
+set -u
+OUT=${OUT:-gpu_check_out}
+mkdir -p "$OUT"
+work=$(mktemp -d)
+cp -r tests examples "$work"/
+[ -d "${CCT_SHARED:-../shared}" ] && export CCT_SHARED=$(cd "${CCT_SHARED:-../shared}" && pwd)
+cd "$work"
+nvidia-smi -L > "$OUT/gpu.txt" 2>&1
+python -c "import cupy; print('CuPy', cupy.__version__, 'CUDA', cupy.cuda.runtime.runtimeGetVersion())" \
+    >> "$OUT/gpu.txt" 2>&1
+
+python -m pytest -q -rs -p no:cacheprovider \
+    tests/backend/test_standin.py tests/test_gpu_backend.py tests/layers/test_every_layer.py \
+    tests/test_solver_on_device.py tests/test_cli_time.py tests/test_gpu_errors.py \
+    -k "gpu or cupy or real" > "$OUT/gpu_tests.txt" 2>&1
+echo "tests: $(tail -n 1 "$OUT/gpu_tests.txt")"
+
+sh examples/mnist/create_mnist.sh > "$OUT/create_mnist.txt" 2>&1
+cct train --solver=examples/mnist/lenet_solver.prototxt -gpu 0 > "$OUT/lenet_gpu.log" 2>&1
+echo "lenet -gpu 0: exit $?; $(grep 'Test net output #0' "$OUT/lenet_gpu.log" | tail -n 1)"
+
+cct train --solver=examples/mnist/lenet_solver.prototxt --strategy=hogbatch \
+    --devices=cpu,gpu0 --batch-sizes=cpu:16,gpu0:256 > "$OUT/hogbatch_cpu_gpu.log" 2>&1
+echo "hogbatch cpu+gpu0: exit $?; $(grep 'Test net output #0' "$OUT/hogbatch_cpu_gpu.log" | tail -n 1)"
+grep -E "One compute group per device|Updates by group" "$OUT/hogbatch_cpu_gpu.log" | tail -n 2

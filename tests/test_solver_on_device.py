@@ -1,0 +1,154 @@
+"""The solver on a device backend (issue 28): all six of Caffe's solvers and every lr policy
+give the CPU's numbers on the CuPy-rules stand-in (the ``numpy`` backend, the GPU path without
+a GPU); a device run's snapshot resumes on the CPU and a CPU run's on the device, each the
+continuous run's numbers; ``cct train --devices=standin`` is the one-device path (``-gpu 0``),
+LeNet-style, with Caffe's log; pycaffe's arrays over a device solver are host arrays."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cct.api import Solver
+from cct.backend import gpu, host
+
+from .test_scheduler import assert_same_params, data_list, solver_param  # noqa: F401
+
+GPU_OK, GPU_REASON = gpu.available()
+DEVICES = ["numpy", pytest.param("gpu", marks=pytest.mark.skipif(
+    not GPU_OK, reason=f"no usable GPU: {GPU_REASON}"))]
+
+SOLVERS = [("SGD", {}), ("Nesterov", {}), ("AdaGrad", dict(momentum=0.0)),
+           ("RMSProp", dict(momentum=0.0, rms_decay=0.98)),
+           ("AdaDelta", dict(base_lr=1.0, momentum=0.95, delta=1e-6)),
+           ("Adam", dict(base_lr=0.01, momentum=0.9, momentum2=0.999))]
+POLICIES = [dict(lr_policy="step", gamma=0.5, stepsize=2), dict(lr_policy="exp", gamma=0.9),
+            dict(lr_policy="inv", gamma=0.01, power=0.75),
+            dict(lr_policy="multistep", gamma=0.5), dict(lr_policy="poly", power=2.0),
+            dict(lr_policy="sigmoid", gamma=0.5, stepsize=3)]
+
+
+def params_of(solver):
+    return [np.array(host(p.data)) for p in solver.net.learnable_params]
+
+
+def _run(param, backend, iters=4):
+    solver = Solver(param, backend=backend)
+    try:
+        solver.step(iters)
+        return params_of(solver), [np.array(host(h)) for h in solver.history]
+    finally:
+        solver.close()
+
+
+def _param(data_list, tmp_path, **fields):
+    param = solver_param(data_list, tmp_path, display=0)
+    for k, v in fields.items():
+        setattr(param, k, v)
+    if param.lr_policy == "multistep":
+        param.stepvalue.extend([1, 3])
+    return param
+
+
+@pytest.mark.parametrize("backend", DEVICES)
+@pytest.mark.parametrize("kind,fields", SOLVERS, ids=[s[0] for s in SOLVERS])
+def test_every_solver_gives_the_cpus_numbers(data_list, tmp_path, kind, fields,  # noqa: F811
+                                             backend):
+    param = _param(data_list, tmp_path, type=kind, **fields)
+    want, want_history = _run(param, "cpu")
+    got, got_history = _run(param, backend)
+    assert_same_params(want, got, rtol=1e-4)
+    assert len(got_history) == len(want_history)
+    assert_same_params(want_history, got_history, rtol=1e-3)
+
+
+@pytest.mark.parametrize("backend", DEVICES)
+@pytest.mark.parametrize("fields", POLICIES, ids=[p["lr_policy"] for p in POLICIES])
+def test_every_lr_policy_gives_the_cpus_numbers(data_list, tmp_path, fields,  # noqa: F811
+                                                backend):
+    param = _param(data_list, tmp_path, max_iter=6, **fields)
+    assert_same_params(_run(param, "cpu", 6)[0], _run(param, backend, 6)[0], rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", DEVICES)
+@pytest.mark.parametrize("first,then", [("device", "cpu"), ("cpu", "device")])
+@pytest.mark.parametrize("fmt", ["BINARYPROTO", "HDF5"])
+def test_a_snapshot_resumes_on_the_other_side(data_list, tmp_path, first, then,  # noqa: F811
+                                              fmt, backend):
+    """Caffe's files carry no device: 3 iterations on one side, a snapshot, 3 more on the
+    other after restoring it, are 6 continuous iterations on the CPU."""
+    from cct.proto import caffe_pb2
+    param = _param(data_list, tmp_path, max_iter=6, snapshot=3,
+                   snapshot_format=getattr(caffe_pb2.SolverParameter, fmt))
+    side = {"device": backend, "cpu": "cpu"}
+    want, _ = _run(param, "cpu", 6)
+    solver = Solver(param, backend=side[first])
+    try:
+        solver.step(3)          # writes the iteration-3 snapshot
+    finally:
+        solver.close()
+    state = f"{param.snapshot_prefix}_iter_3.solverstate" + (".h5" if fmt == "HDF5" else "")
+    solver = Solver(param, backend=side[then])
+    try:
+        solver.restore(state)
+        solver.step(3)
+        assert solver.iter == 6
+        assert_same_params(want, params_of(solver), rtol=1e-4)
+    finally:
+        solver.close()
+
+
+def test_pycaffe_arrays_of_a_device_solver_are_host_arrays(data_list, tmp_path):  # noqa: F811
+    solver = Solver(_param(data_list, tmp_path), backend="numpy")
+    try:
+        solver.step(1)
+        for blob in solver.net.blobs.values():
+            assert type(blob.data) is np.ndarray and type(blob.diff) is np.ndarray
+        for blobs in solver.net.params.values():
+            for b in blobs:
+                b.data[...] *= 0.5      # written on the host, used by the next step
+        w = solver.net.params["ip"][0].data.copy()
+        solver.step(1)
+        assert not np.array_equal(solver.net.params["ip"][0].data, w)
+        assert np.isfinite(solver.net.params["ip"][0].data).all()
+    finally:
+        solver.close()
+
+
+def test_cct_train_on_the_stand_in_device(data_list, tmp_path):  # noqa: F811
+    """``--devices=standin`` is the one-device path, as ``-gpu 0`` is on a GPU: Caffe's log,
+    the snapshots, and the CPU's loss to float32 rounding."""
+    param = _param(data_list, tmp_path, max_iter=4, display=1, snapshot=4)
+    (tmp_path / "solver.prototxt").write_text(str(param))
+    want = subprocess.run([sys.executable, "-m", "cct.cli", "train", "--solver=solver.prototxt"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    got = subprocess.run([sys.executable, "-m", "cct.cli", "train", "--solver=solver.prototxt",
+                          "--devices=standin"], cwd=tmp_path, capture_output=True, text=True)
+    assert want.returncode == 0 and got.returncode == 0, got.stderr[-2000:]
+    assert "Traceback" not in got.stderr
+
+    def losses(log):
+        return [float(line.rsplit("=", 1)[1]) for line in log.splitlines()
+                if "solver.cpp" in line and ", loss = " in line]
+    assert len(losses(got.stderr)) == len(losses(want.stderr)) >= 4
+    np.testing.assert_allclose(losses(got.stderr), losses(want.stderr), rtol=1e-5)
+    assert (tmp_path / "snap_iter_4.caffemodel").is_file()
+    assert "Optimization Done." in got.stderr
+
+
+def test_cct_train_splits_batches_with_the_device(data_list, tmp_path):  # noqa: F811
+    """``--devices=cpu:1,standin`` (the hybrid scheduler with a device): the whole batch's
+    update, so the CPU's losses to float32 rounding, and no device dropped."""
+    param = _param(data_list, tmp_path, max_iter=4, display=1)
+    (tmp_path / "solver.prototxt").write_text(str(param))
+    runs = [subprocess.run([sys.executable, "-m", "cct.cli", "train",
+                            "--solver=solver.prototxt"] + extra, cwd=tmp_path,
+                           capture_output=True, text=True)
+            for extra in ([], ["--devices=cpu:1,standin"])]
+    assert [r.returncode for r in runs] == [0, 0], runs[1].stderr[-2000:]
+    assert "failed" not in runs[1].stderr and "Traceback" not in runs[1].stderr
+
+    def losses(log):
+        return [float(line.rsplit("=", 1)[1]) for line in log.splitlines()
+                if "solver.cpp" in line and ", loss = " in line]
+    np.testing.assert_allclose(losses(runs[1].stderr), losses(runs[0].stderr), rtol=1e-4)
