@@ -42,9 +42,10 @@ commands:
                   choice and why, and the advisor's batch, devices and shards;
                   -cluster=nodes=N,bandwidth=X[,shards=S][,overhead=C] -staleness=...:
                   the plan for that cluster, HE from the scale-out model, SE simulated)
-  test            score a model (-model, -weights, -iterations, -level, -stage)
+  test            score a model (-model, -weights, -iterations, -level, -stage, -gpu,
+                  -devices: one device, e.g. gpu1 or standin)
   time            benchmark forward/backward of a model (-model, -iterations, -phase, -level,
-                  -stage, -precision=float32|bf16)
+                  -stage, -precision=float32|bf16, -gpu, -devices: one device)
   device_query    show the devices cct can run on (-gpu)
 
 tools (Caffe's tools/ and tools/extra/; each takes Caffe's own arguments and flags):
@@ -146,8 +147,20 @@ def _gpu_backend(flags: Flags):
 
 def _net_backend(flags: Flags, where: str) -> str:
     """The backend of ``cct test``/``cct time``: the first GPU of -gpu (Caffe uses the first
-    of a list there too), which must exist; the CPU without -gpu."""
-    gpu = flags.get("gpu")
+    of a list there too), which must exist; the one device of -devices (cct's spelling: a GPU,
+    the stand-in, the CPU); the CPU without either."""
+    gpu, spec = flags.get("gpu"), flags.get("devices")
+    if gpu and spec:
+        raise CCTError(f"{flags.command}: give -gpu or -devices, not both.")
+    if spec:
+        from .devices import parse_devices
+        devices = parse_devices(spec)
+        if len(devices) != 1:
+            raise CCTError(f"{flags.command}: -devices={spec} names {len(devices)} devices; "
+                           f"{flags.command} runs one net on one device (e.g. -devices=gpu1)")
+        devices[0].activate()          # a GPU made current on this thread
+        log.info(where, f"Use device {devices[0].name}.")
+        return devices[0].backend
     if gpu:
         device_id = (_gpu_ids(gpu, flags.command) or [0])[0]
         gpu_backend = _gpu_backend(flags)
@@ -467,7 +480,7 @@ def cmd_test(argv: List[str]) -> int:
     from .net import TEST
 
     flags = Flags("test", argv, {"model": "", "weights": "", "iterations": "50", "gpu": "",
-                                 "level": "0", "stage": ""})
+                                 "devices": "", "level": "0", "stage": ""})
     model = _require(flags, "model", "Need a model definition to score.")
     weights = _require(flags, "weights", "Need model weights to score.")
     iterations = _iterations(flags, "batches to score")
@@ -515,7 +528,7 @@ def cmd_time(argv: List[str]) -> int:
     from .api import Net
 
     flags = Flags("time", argv, {"model": "", "iterations": "50", "phase": "TRAIN", "gpu": "",
-                                 "level": "0", "stage": "", "weights": "",
+                                 "devices": "", "level": "0", "stage": "", "weights": "",
                                  "precision": "float32"})
     model = _require(flags, "model", "Need a model definition to time.")
     iterations = _iterations(flags, "forward-backward passes to time")

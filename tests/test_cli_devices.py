@@ -77,3 +77,35 @@ def test_solver_mode_gpu_falls_back_to_the_cpu_once(tmp_path):
     assert "Optimization Done." in run.stderr
     bad = cct("train", "--solver=solver.prototxt", "-gpu", "zero", cwd=tmp_path)
     assert bad.returncode == 1 and "-gpu takes GPU ids" in bad.stderr
+
+
+def test_test_and_time_run_on_one_device_of_devices(tmp_path):
+    """``cct test`` and ``cct time`` take cct's -devices with one device: on the stand-in (the
+    GPU path without a GPU) the same scores as on the CPU; several devices are refused."""
+    (tmp_path / "solver.prototxt").write_text('net: "net.prototxt" base_lr: 0.1 random_seed: 1 '
+                                              'lr_policy: "fixed" max_iter: 2 '
+                                              'snapshot_prefix: "w"')
+    # Constant inputs: each run draws DummyData's gaussian afresh, unseeded, as Caffe does.
+    (tmp_path / "net.prototxt").write_text(NET.replace(
+        'data_filler { type: "gaussian" } data_filler { type: "constant" }',
+        'data_filler { type: "constant" value: 0.5 } data_filler { type: "constant" value: 1 }'))
+    assert cct("train", "--solver=solver.prototxt", cwd=tmp_path).returncode == 0
+    scores = []
+    for extra in ([], ["--devices=standin"]):
+        run = cct("test", "--model=net.prototxt", "--weights=w_iter_2.caffemodel",
+                  "--iterations=3", *extra, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr[-2000:]
+        scores.append([l.split("] ", 1)[1] for l in run.stderr.splitlines()
+                       if "caffe.cpp" in l and "loss =" in l])
+    assert scores[0] and len(scores[0]) == len(scores[1])
+    assert "Use device standin." in run.stderr
+    for want, got in zip(*scores):
+        assert float(got.rsplit("=", 1)[1].split()[0]) == pytest.approx(
+            float(want.rsplit("=", 1)[1].split()[0]), rel=1e-5)
+    timed = cct("time", "--model=net.prototxt", "--iterations=2", "--devices=standin",
+                cwd=tmp_path)
+    assert timed.returncode == 0 and "Average Forward-Backward" in timed.stderr
+    bad = cct("test", "--model=net.prototxt", "--weights=w_iter_2.caffemodel",
+              "--devices=cpu:1,standin", cwd=tmp_path)
+    assert bad.returncode == 1 and "runs one net on one device" in bad.stderr
+    assert "Traceback" not in bad.stderr

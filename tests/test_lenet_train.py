@@ -82,3 +82,12 @@ def test_lenet_in_bf16_reaches_float32_accuracy(lenet_dir, capfd, monkeypatch):
         precision.set_precision("float32")
     print(f"cct LeNet in bf16, accuracy at 2000: {accuracy} (float32: {CAFFE_FINAL_ACCURACY})")
     assert accuracy >= CAFFE_FINAL_ACCURACY - 0.003
+
+
+def test_resuming_caffes_snapshot_on_the_device_ends_where_caffe_did(lenet_dir, capfd):
+    """The GPU path (the CuPy-rules stand-in: ``-gpu 0`` without a GPU) resumes Caffe's
+    snapshot and ends at Caffe's accuracy."""
+    from cct.devices import StandInDevice
+    accuracy = run("lenet_iter_1000.solverstate", capfd, devices=[StandInDevice()])
+    print(f"cct on the device stand-in, Caffe's 1000 to 2000: {accuracy}")
+    assert abs(accuracy - CAFFE_FINAL_ACCURACY) <= 0.005

@@ -74,3 +74,41 @@ def test_zoo_net_builds_and_runs(path, phase):
         assert np.all(np.isfinite(blob.data)), f"{rel}: blob {name} not finite"
     for name, shape in KNOWN_SHAPES.get(rel, {}).items():
         assert net.blobs[name].shape == (batch,) + shape, f"{rel}: {name}"
+
+
+@pytest.mark.parametrize("path", zoo_nets(), ids=lambda p: str(p.relative_to(CAFFE_ZOO)) if p else "absent")
+def test_zoo_net_on_the_device_gives_the_cpus_numbers(path):
+    """Each zoo net's forward and backward (TRAIN phase) on the CuPy-rules stand-in (the GPU
+    path) against the CPU: every blob, param diff and the loss. In float64, since in float32
+    a near-tie in a MAX pooling window may go either way under another summation order and
+    move that window's gradient (seen on CaffeNet: a handful of elements of conv5's weight
+    diff, none of its bias diff)."""
+    rel = str(path.relative_to(CAFFE_ZOO))
+    batch = 1 if "full_conv" in rel else BATCH
+    param = swap_data_layers(read_net_text(str(path)), batch)
+    nets, losses = [], []
+    for backend in ("cpu", "numpy"):
+        set_quiet(True)
+        try:
+            cct.rng.set_random_seed(11)
+            net = Net(param, phase=cct.TRAIN, source=str(path), backend=backend,
+                      dtype=np.float64)
+        finally:
+            set_quiet(False)
+        fill_inputs(net)
+        cct.rng.set_random_seed(12)        # Dropout's masks, drawn on the host
+        losses.append(net.forward_prefilled())
+        net.backward_all()
+        nets.append(net)
+    cpu, dev = nets
+    assert losses[1] == pytest.approx(losses[0], rel=1e-9, abs=1e-12)
+
+    def close(a, b, what):
+        scale = max(float(np.abs(a).max(initial=0.0)), 1e-30)
+        assert float(np.abs(a - b).max(initial=0.0)) <= 1e-9 * scale, f"{rel}: {what}"
+    for name, blob in cpu.blobs.items():
+        close(blob.data, dev.blobs[name].data, f"blob {name} data")
+        close(blob.diff, dev.blobs[name].diff, f"blob {name} diff")
+    for name, blobs in cpu.params.items():
+        for i, b in enumerate(blobs):
+            close(b.diff, dev.params[name][i].diff, f"param {name}/{i} diff")
