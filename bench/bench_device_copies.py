@@ -67,10 +67,14 @@ def solver_param(batch: int) -> caffe_pb2.SolverParameter:
 
 def count(param, iters: int, backend="cpu", devices=None, split=None,
           **driver) -> npdevice.Copies:
-    solver = Solver(param, backend=backend, devices=None if split else devices)
+    """The copies of ``iters`` iterations after two: the solver's nets on ``backend``, its
+    gradient source over ``devices`` (with ``split`` fixed, else measured), or a driver's
+    strategy (``driver``: its arguments) with its groups on ``devices``."""
+    solver = Solver(param, backend=backend,
+                    devices=None if split or driver else devices)
     if split:
         solver.set_gradient_source(HybridScheduler(solver.net, devices, split=split))
-    runner = Driver(solver, **driver) if driver else None
+    runner = Driver(solver, devices=devices, **driver) if driver else None
     step = (runner or solver).step
     try:
         step(2)                       # index arrays, buffers, the split's probes

@@ -26,7 +26,7 @@ import re
 import time
 from importlib import import_module
 from types import ModuleType
-from typing import List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -70,6 +70,35 @@ def register_device(module: ModuleType) -> None:
     """Declare a backend module's arrays device memory (called by the module at import)."""
     if module not in _DEVICES:
         _DEVICES.append(module)
+
+
+def cupy_movement(xp, is_device: Callable[[object], bool]) -> Tuple[Callable, Callable]:
+    """``to_host(array, out=None)`` and ``to_device(host, out=None)`` for an array module with
+    CuPy's copy API (``ndarray.get(out=)``, ``ndarray.set``, ``xp.asarray``): the GPU
+    backend's, and the stand-in's, which so runs the very code a GPU runs. Each is one copy;
+    values already on the side asked for are not copied (but into ``out``)."""
+    def to_host(array, out: Optional[np.ndarray] = None) -> np.ndarray:
+        if is_device(array):
+            return array.get(out=out)
+        if out is None:
+            return np.asarray(array)
+        np.copyto(out, array)
+        return out
+
+    def to_device(host, out=None):
+        if is_device(host):
+            if out is None:
+                return host
+            out[...] = host
+            return out
+        if out is None:
+            return xp.asarray(host)
+        if not out.flags.c_contiguous:   # ndarray.set writes contiguous memory only
+            out[...] = xp.asarray(host)
+            return out
+        out.set(np.ascontiguousarray(host, dtype=out.dtype).reshape(out.shape))
+        return out
+    return to_host, to_device
 
 
 def owner(array) -> ModuleType:

@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from . import allocation_bytes, register_device
+from . import allocation_bytes, cupy_movement, register_device
 from .array_kernels import ArrayKernels
 
 name = "gpu"
@@ -150,29 +150,9 @@ def is_device(array) -> bool:
     return cupy is not None and isinstance(array, cupy.ndarray)
 
 
-def to_host(array, out: Optional[np.ndarray] = None) -> np.ndarray:
-    """A device array's values in host memory (into ``out`` when given: one device-to-host
-    copy); host values as they are (copied into ``out``)."""
-    if not is_device(array):
-        if out is None:
-            return np.asarray(array)
-        np.copyto(out, array)
-        return out
-    return array.get(out=out)
-
-
-def to_device(host, out=None):
-    """Host values on the current GPU: a new device array, or copied into ``out`` (one
-    host-to-device copy)."""
-    if is_device(host):
-        if out is None:
-            return host
-        out[...] = host
-        return out
-    if out is None:
-        return cupy.asarray(host)
-    out.set(np.ascontiguousarray(host, dtype=out.dtype).reshape(out.shape))
-    return out
+# A device array's values in host memory (into ``out``: one device-to-host copy); host values
+# on the current GPU (a new array, or into ``out``: one host-to-device copy).
+to_host, to_device = cupy_movement(cupy, is_device)
 
 
 def _sgemm_gflops(n: int, repeats: int) -> float:

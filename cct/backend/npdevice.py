@@ -9,13 +9,10 @@ stop on a GPU stops in CI. ``copies`` counts every host<->device copy.
 """
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
-import sys
-
-import numpy as np
-
-from . import HostTimer, allocation_bytes, register_device
+from . import HostTimer, allocation_bytes, cupy_movement, register_device
 from .array_kernels import ArrayKernels
 from .standin import Copies, DeviceArray, OutOfMemoryError, namespace
 
@@ -29,25 +26,8 @@ def is_device(array) -> bool:
     return isinstance(array, DeviceArray)
 
 
-def to_host(array, out: Optional[np.ndarray] = None) -> np.ndarray:
-    """A device array's values in host memory (into ``out`` when given); host values as they
-    are (copied into ``out``)."""
-    if not is_device(array):
-        return np.asarray(array) if out is None else _into(out, array)
-    return array.get(out=out)
-
-
-def to_device(host, out=None):
-    """Host values on the device: a new device array, or copied into ``out`` (one copy)."""
-    if is_device(host):
-        if out is None:
-            return host
-        out[...] = host
-        return out
-    if out is None:
-        return xp.asarray(host)
-    out.set(np.ascontiguousarray(host, dtype=out.dtype).reshape(out.shape))
-    return out
+# The GPU backend's movement, the same code (CuPy's get/set/asarray), on the stand-in.
+to_host, to_device = cupy_movement(xp, is_device)
 
 
 def synchronize() -> None:
@@ -71,11 +51,6 @@ def out_of_memory(exc: BaseException) -> Optional[int]:
         return None
     size = allocation_bytes(exc)
     return exc._size if size is None else size
-
-
-def _into(out: np.ndarray, values) -> np.ndarray:
-    np.copyto(out, values)
-    return out
 
 
 register_device(sys.modules[__name__])

@@ -19,8 +19,6 @@ import time
 from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Callable, Dict, List, Optional, Sequence
 
-import numpy as np
-
 from ..backend import copy as copy_array, host
 from ..errors import CCTError, SourceLost, is_bug
 from ..glog import error, info

@@ -14,21 +14,9 @@ from cct.devices import CPUDevice, StandInDevice, available_cores, parse_devices
 from cct.driver import AsyncDriver
 
 from ..test_scheduler import assert_same_params, data_list, params_of, solver_param  # noqa: F401
-from .test_driver import losses, plain
+from .test_driver import driven, losses, plain
 
 STRATEGIES = ["async", "hogbatch", "adaptive-hogbatch", "sma"]
-
-
-def _driven(param, capfd, iters, **kw):
-    solver = Solver(param)
-    driver = AsyncDriver(solver, **kw)
-    try:
-        capfd.readouterr()
-        driver.step(iters)
-        return params_of(solver), losses(capfd.readouterr().err), driver
-    finally:
-        driver.close()
-        solver.close()
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -39,9 +27,9 @@ def test_one_group_on_the_device_gives_the_cpus_numbers(data_list, tmp_path, cap
     store's strategies both are plain training."""
     param = solver_param(data_list, tmp_path)
     cpu = [CPUDevice(available_cores()[:1])]
-    want_params, want_losses, _ = _driven(param, capfd, 6, strategy=strategy, devices=cpu,
+    want_params, want_losses, _ = driven(param, capfd, 6, strategy=strategy, devices=cpu,
                                           groups=None)
-    got_params, got_losses, _ = _driven(param, capfd, 6, strategy=strategy, groups=None,
+    got_params, got_losses, _ = driven(param, capfd, 6, strategy=strategy, groups=None,
                                         devices=[StandInDevice()])
     assert len(got_losses) == 6
     np.testing.assert_allclose(got_losses, want_losses, rtol=1e-5)
@@ -162,9 +150,9 @@ def test_a_device_group_in_its_own_process(data_list, tmp_path, capfd, strategy)
     """The processes engine builds a device group's net on its device in the group's process
     (a GPU made current there): the same numbers as a CPU group's process."""
     param = solver_param(data_list, tmp_path, display=0)
-    want, want_losses, _ = _driven(param, capfd, 4, strategy=strategy, engine="processes",
+    want, want_losses, _ = driven(param, capfd, 4, strategy=strategy, engine="processes",
                                    devices="cpu:1", groups=None)
-    got, got_losses, _ = _driven(param, capfd, 4, strategy=strategy, engine="processes",
+    got, got_losses, _ = driven(param, capfd, 4, strategy=strategy, engine="processes",
                                  devices="standin", groups=None)
     assert_same_params(want, got, rtol=1e-4)
     np.testing.assert_allclose(got_losses, want_losses, rtol=1e-5)
@@ -187,9 +175,9 @@ def test_a_device_group_on_the_simulated_engine(data_list, tmp_path, capfd, stra
     param = solver_param(data_list, tmp_path, display=0)
     sizes = None if strategy == "async" else "4,8"
     cores = available_cores()
-    want, want_losses, _ = _driven(param, capfd, 6, strategy=strategy, engine="simulated",
+    want, want_losses, _ = driven(param, capfd, 6, strategy=strategy, engine="simulated",
                                    groups=2, batch_sizes=sizes)
-    got, got_losses, _ = _driven(param, capfd, 6, strategy=strategy, engine="simulated",
+    got, got_losses, _ = driven(param, capfd, 6, strategy=strategy, engine="simulated",
                                  groups=None, batch_sizes=sizes,
                                  devices=[CPUDevice(cores[:1]), StandInDevice()])
     np.testing.assert_allclose(got_losses, want_losses, rtol=1e-4)
