@@ -79,6 +79,9 @@ def cupy_movement(xp, is_device: Callable[[object], bool]) -> Tuple[Callable, Ca
     values already on the side asked for are not copied (but into ``out``)."""
     def to_host(array, out: Optional[np.ndarray] = None) -> np.ndarray:
         if is_device(array):
+            if out is not None and not (array.flags.c_contiguous and out.flags.c_contiguous):
+                np.copyto(out, array.get())   # ndarray.get(out=) copies contiguous memory only
+                return out
             return array.get(out=out)
         if out is None:
             return np.asarray(array)

@@ -277,6 +277,11 @@ class DeviceArray(NDArrayOperatorsMixin):
                                 f"array")
             if out.shape != self._a.shape:
                 raise ValueError("Shape mismatch")
+            # CuPy copies memory as it lies: both sides contiguous in the same order.
+            order = _order(self._a)
+            if order is None or not (out.flags.c_contiguous if order == "C"
+                                     else out.flags.f_contiguous):
+                raise RuntimeError("Cannot set to non-contiguous array")
             np.copyto(out, self._a)
             host = out
         else:
@@ -292,6 +297,8 @@ class DeviceArray(NDArrayOperatorsMixin):
             raise TypeError(f"{arr.dtype} array cannot be set to {self._a.dtype} array")
         if arr.shape != self._a.shape:
             raise ValueError("Shape mismatch")
+        if _order(self._a) is None:
+            raise RuntimeError("Cannot set to non-contiguous array")
         np.copyto(self._a, arr)
         self._copies.record("to_device", arr.nbytes)
 
@@ -322,6 +329,11 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     def __reduce__(self):  # pickled through the host, as CuPy's arrays are
         return (_from_pickle, (self.get(),))
+
+
+def _order(a: np.ndarray):
+    """"C" or "F" for a contiguous array (C first), None for a strided view."""
+    return "C" if a.flags.c_contiguous else "F" if a.flags.f_contiguous else None
 
 
 def _from_pickle(host: np.ndarray) -> DeviceArray:
