@@ -27,6 +27,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..backend import copy as copy_array, host
 from ..glog import info, quiet
 
 SRC = "optimizer.py:0"
@@ -109,11 +110,13 @@ def throughput_curve(solver, batches: Sequence[int], iters: int = 3) -> List[Tup
                 net = Net(replica_param(master, sources, b), dtype=master.dtype)
             for dst, src in zip([net.blobs_list[i] for i in net.input_blob_indices], tops):
                 reps = -(-b // src.shape[0])
-                dst.data[...] = np.concatenate([np.asarray(src.data)] * reps)[:b]
+                copy_array(dst.data, np.concatenate([host(src.data)] * reps)[:b])
             net.forward_backward()
+            net.backend.synchronize()
             t0 = time.perf_counter()
             for _ in range(iters):
                 net.forward_backward()
+            net.backend.synchronize()      # a GPU's kernels may still be running
             out.append((b, b * iters / (time.perf_counter() - t0)))
         return out
     finally:
