@@ -135,8 +135,8 @@ def _gpu_backend(flags: Flags):
     """The GPU backend, for -gpu. The flag asks for a GPU in so many words: where the GPU
     backend cannot run it is an error saying why and how to fix it, as -gpu is fatal in
     Caffe's CPU-only build ("Cannot use GPU in CPU-only Caffe"). Only a solver's
-    solver_mode: GPU, and pycaffe's set_mode_gpu(), fall back to the CPU: the bundled examples
-    ask for the GPU and must still train on machines without one."""
+    solver_mode: GPU, and pycaffe's set_mode_gpu(), fall back to the CPU: Caffe's own example
+    solvers ask for the GPU and must still train on machines without one."""
     from .backend import gpu as gpu_backend
     ok, reason = gpu_backend.available()
     if not ok:
