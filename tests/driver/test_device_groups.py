@@ -145,7 +145,7 @@ def test_a_synchronous_device_iteration_copies_no_weights(data_list, tmp_path): 
         solver.close()
 
 
-@pytest.mark.parametrize("strategy", ["async", "hogbatch", "sma"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_device_group_in_its_own_process(data_list, tmp_path, capfd, strategy):  # noqa: F811
     """The processes engine builds a device group's net on its device in the group's process
     (a GPU made current there): the same numbers as a CPU group's process."""

@@ -371,13 +371,16 @@ def test_sma_on_ray_learners_auto_adds_learners_sharing_the_cores(cluster, data_
         solver.close()
 
 
-def test_a_device_group_on_ray(cluster, data_list, tmp_path, capfd):  # noqa: F811
+@pytest.mark.parametrize("strategy", ["async", "sma"])
+def test_a_device_group_on_ray(cluster, data_list, tmp_path, capfd, strategy):  # noqa: F811
     """A group on a device (the stand-in here; a GPU asks Ray for one) builds its net on that
-    device in its actor and gives the numbers of the same group on CPUs."""
+    device in its actor and gives the numbers of the same group on CPUs (SMA: the learner's
+    replica in the driver, its gradient from the device actor)."""
     param = solver_param(data_list, tmp_path)
-    want_params, want_losses, _ = run(param, capfd, 4, groups=1, engine="ray", ps_shards=1)
+    want_params, want_losses, _ = run(param, capfd, 4, groups=1, engine="ray", ps_shards=1,
+                                      strategy=strategy)
     got_params, got_losses, driver = run(param, capfd, 4, groups=None, engine="ray",
-                                         ps_shards=1, devices="standin")
+                                         ps_shards=1, devices="standin", strategy=strategy)
     np.testing.assert_allclose(got_losses, want_losses, rtol=1e-5)
     for a, b in zip(want_params, got_params):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * np.abs(a).max())
