@@ -169,7 +169,7 @@ def test_force_backward_reaches_the_inputs():
     net.blobs["data"].data[...] = 1.0
     # Positive weights: with the filler's, both ReLUs were shut one time in four (whatever
     # the generator's state when the test ran) and no gradient reached the data.
-    net.params["ip"][0].data[...] = 0.5
+    net.params["ip"][0].data[...] = [[0.5] * 3, [0.25] * 3]
     net.forward_prefilled()
     net.backward_all()
     assert np.abs(net.blobs["data"].diff).sum() > 0
