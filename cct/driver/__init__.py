@@ -17,7 +17,11 @@ process with shared memory; killing it costs only its batch; processes.py), ``si
 (deterministic staleness: round-robin, seeded exponential, replayed, or devices of given
 speeds on a virtual clock) and ``ray`` (groups and a sharded store as Ray actors;
 ray_engine.py, imported only then). ``--momentum=auto`` sets the explicit momentum from the
-measured staleness (staleness.py). From Python::
+measured staleness (staleness.py). ``--groups`` is checked against the memory (and, for
+processes, the cores) before anything is built; the processes and Ray engines wait for a
+group's answer no longer than ``group_timeout`` seconds (by default a multiple of the slowest
+step seen, engines.py AnswerTimeout) and drop one that does not answer as a dead one. From
+Python::
 
     solver = cct.get_solver("solver.prototxt")
     driver = cct.driver.Driver(solver, strategy="async", groups=4, engine="simulated",
@@ -27,7 +31,10 @@ measured staleness (staleness.py). From Python::
 """
 from __future__ import annotations
 
+import os
 from typing import List, Optional, Sequence
+
+import numpy as np
 
 from ..devices import (CPUDevice, Device, available_cores, configure_blas, parse_devices,
                        restore_blas)
@@ -35,7 +42,8 @@ from ..errors import CCTError
 from ..glog import info
 from ..io.atomic import load_arrays, save_arrays
 from .balance import UpdateBalance, parse_batch_sizes
-from .engines import ENGINES, AllGroupsLost, SimulatedEngine, ThreadEngine, describe
+from .engines import (ENGINES, AllGroupsLost, AnswerTimeout, SimulatedEngine, ThreadEngine,
+                      describe)
 from .groups import BatchFeeder, Group
 from .processes import ProcessEngine, ProcessGroup
 from .sma import LearnerTuner, ModelAveraging
@@ -71,6 +79,72 @@ def group_devices(groups: int, devices=None) -> List[List[Device]]:
             for k in range(groups)]
 
 
+# A group process holds a Python interpreter with cct, NumPy and its BLAS loaded besides its
+# net (measured: about 66 MiB resident with a small net); beyond a few processes per core they
+# only take turns.
+_PROCESS_BYTES = 64 << 20
+_PROCESSES_PER_CORE = 8
+
+
+def available_memory() -> int:
+    """Bytes of memory a new allocation can still get: MemAvailable (free memory plus the
+    caches the kernel gives back), else the free pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62          # unknown: only the engines' own limits apply
+
+
+def _blob_bytes(blob) -> int:
+    return int(np.prod(blob.shape)) * np.dtype(blob.dtype).itemsize
+
+
+def check_group_count(groups: int, engine: str, net, iter_size: int = 1,
+                      replicas: bool = False) -> None:
+    """Refuse a --groups that cannot run here, before anything is built: each group holds a
+    replica of the train net below its data layers (its params and their diffs, its blobs'
+    data and diffs; a group process also a Python interpreter), the processes engine runs at
+    most ``_PROCESSES_PER_CORE`` per core, and a Ray group's batches (an SMA learner's
+    replica too) are kept in the driver."""
+    if engine == "ray":
+        per_group = sum(_blob_bytes(b) for b in _input_tops(net)) * iter_size
+        if replicas:
+            per_group += 3 * sum(_blob_bytes(b) for b in net.learnable_params)
+        what = "its batches (and an SMA learner's replica) in the driver"
+    else:
+        per_group = 2 * (sum(_blob_bytes(b) for b in net.blobs_list)
+                         + sum(_blob_bytes(b) for b in net.learnable_params))
+        what = "a replica of the train net (params, blobs, diffs)"
+        if engine == "processes":
+            per_group += _PROCESS_BYTES
+            what += " and a process"
+            cores = len(available_cores())
+            if groups > _PROCESSES_PER_CORE * cores:
+                raise CCTError(f"--groups={groups} with --engine=processes: at most "
+                               f"{_PROCESSES_PER_CORE * cores} group processes "
+                               f"({_PROCESSES_PER_CORE} per core, {cores} core(s) here; more "
+                               f"only take turns on the cores): lower --groups")
+    memory = available_memory()
+    if groups * per_group > memory:
+        raise CCTError(f"--groups={groups} with --engine={engine}: each group needs about "
+                       f"{per_group / 2**20:.3g} MiB ({what}), {groups * per_group / 2**30:.3g} "
+                       f"GiB in all, but {memory / 2**30:.3g} GiB of memory is available: "
+                       f"at most {max(memory // max(per_group, 1), 1)} group(s); lower --groups")
+
+
+def _input_tops(net) -> List:
+    """The data layers' tops: what a group's batch holds."""
+    from ..scheduler import source_layers
+    return [net.blobs_list[b] for i in source_layers(net) for b in net.top_id_vecs[i]]
+
+
 class Driver:
     """A parallel strategy over a solver (see the module doc). It is also the solver's gradient
     source between its own steps (the final display, tests and snapshots read group 0's
@@ -84,7 +158,8 @@ class Driver:
                  learners=None, sma_alpha: Optional[float] = None, sma_momentum: float = 0.0,
                  sync_period: int = 1, simulate_speeds: Optional[Sequence[float]] = None,
                  ray_address: Optional[str] = None, ps_shards="auto",
-                 ray_group_restarts: int = 3, ray_data: str = "ship"):
+                 ray_group_restarts: int = 3, ray_data: str = "ship",
+                 group_timeout: Optional[float] = None):
         if strategy not in STRATEGIES or strategy == "sync":
             raise CCTError(f"the driver runs strategies {', '.join(STRATEGIES[1:])}, not "
                            f"'{strategy}' (sync is the solver's own solve())")
@@ -133,6 +208,10 @@ class Driver:
             groups = count
         if groups < 1:
             raise CCTError(f"--groups must be at least 1, got {groups}")
+        check_group_count(groups, engine, solver.net, solver.param.iter_size,
+                          replicas=strategy == "sma")
+        # How long the processes and Ray engines wait for a group's answer (engines.py).
+        timeout = AnswerTimeout(group_timeout)
         if self.speeds is not None and strategy != "sma" and len(self.speeds) != groups:
             raise CCTError(f"--simulate-speeds gives {len(self.speeds)} speed(s) for {groups} "
                            f"group(s): give one per group")
@@ -152,7 +231,7 @@ class Driver:
             self.places = group_devices(groups, devices)
             self.blas_threads_before = configure_blas([d for p in self.places for d in p])
         elif engine == "processes":
-            self.engine = ProcessEngine()
+            self.engine = ProcessEngine(timeout)
             places = group_devices(groups, devices)
             if any(len(p) > 1 and not all(isinstance(d, CPUDevice) for d in p)
                    for p in places):
@@ -186,7 +265,8 @@ class Driver:
                                "adaptive-hogbatch needs --ray-data=ship")
             self.engine = RayEngine(solver, self.feeder, ray_address, ps_shards,
                                     ray_group_restarts, data=ray_data,
-                                    replicas=strategy == "sma", devices=ray_devices)
+                                    replicas=strategy == "sma", devices=ray_devices,
+                                    timeout=timeout)
         else:
             self.engine = SimulatedEngine(staleness, seed, trace, self.speeds)
             if devices is not None:  # the groups take turns, each on its own device

@@ -12,6 +12,10 @@ solver was asked to stop.
 
 A group whose computation raises (a device lost; not a user error, which stops the run) is
 dropped with an error line and the others go on; the store keeps every update already applied.
+The processes and Ray engines, whose groups can stop answering without failing (a stopped
+process, an unreachable node), wait for an answer no longer than :class:`AnswerTimeout` says
+and drop the group as a failed one (:class:`NoAnswer`). A thread cannot be stopped or taken
+away from its device, so the threads engine has no such limit.
 """
 from __future__ import annotations
 
@@ -29,6 +33,40 @@ from .staleness import schedule
 
 class AllGroupsLost(SourceLost):
     """Every group failed: the solver snapshots the last update before stopping."""
+
+
+class NoAnswer(RuntimeError):
+    """A group (a process, a Ray actor) did not answer within the answer timeout: it is
+    dropped as a dead one is (a stopped or hung process never says it is gone)."""
+
+
+class AnswerTimeout:
+    """How long the driver waits for one answer of a group, a store shard or a Ray call:
+    ``seconds`` when given (``Driver(group_timeout=)``), else the larger of ``FLOOR`` and
+    ``FACTOR`` times the slowest step seen so far. The rule rather than a fixed number: steps
+    range from milliseconds (a small net) to minutes (a large one on a shared core), and only
+    a multiple of what this run's own steps took tells a slow group from a hung one. The floor
+    covers the first steps, which also time the kernels' plans (or compile a GPU's kernels)
+    before any step has been seen."""
+
+    FLOOR = 300.0
+    FACTOR = 10.0
+
+    def __init__(self, seconds: Optional[float] = None):
+        if seconds is not None and not seconds > 0:
+            raise CCTError(f"the group timeout must be a positive number of seconds, got "
+                           f"{seconds}")
+        self.fixed = seconds
+        self.slowest = 0.0
+
+    def seen(self, seconds: float) -> None:
+        """A step (or call) that answered after ``seconds``."""
+        self.slowest = max(self.slowest, seconds)
+
+    def __call__(self) -> float:
+        if self.fixed is not None:
+            return self.fixed
+        return max(self.FLOOR, self.FACTOR * self.slowest)
 
 
 def _dropped(groups: List, group, e: BaseException) -> None:
@@ -128,6 +166,7 @@ class Engine:
     in-process store is the solver's own params: nothing to move."""
 
     round_seconds = 0.0      # the last compute_all's duration (virtual when simulated)
+    timeout = AnswerTimeout()   # engines whose groups can stop answering set their own
 
     def gather(self) -> None:
         """The solver's params are the store's."""

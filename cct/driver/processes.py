@@ -9,11 +9,21 @@ into the block and sends ``step`` on the group's pipe; the group copies them int
 runs forward and backward, writes its param diffs into the block and answers with its loss
 and output values. The driver waits for whichever group answers first, as the threads engine
 does. A pipe that closes (the process died) drops the group; the log names every group's pid.
+
+A group process ignores SIGINT and SIGHUP: a terminal sends them to the whole process group,
+and what they do is the driver's to decide (Caffe's -sigint_effect and -sighup_effect, through
+the solver's action_request); a group that died of them would be a lost group. A group that
+does not answer within the engine's :class:`~cct.driver.engines.AnswerTimeout` (a stopped or
+hung process) is dropped as a dead one is. Each shared block is named ``cct_<driver pid>_...``
+so that the next driver removes the blocks of one killed with SIGKILL (nothing of it ran to
+unlink them; cct/io/atomic.py :func:`remove_stale_shared_memory`).
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import secrets
+import signal
 import time
 from multiprocessing import shared_memory
 from multiprocessing.connection import wait
@@ -25,14 +35,18 @@ from .. import _C, glog
 from ..backend import copy as copy_array, get as get_backend, host, plans
 from ..devices import parse_devices
 from ..errors import CCTError
+from ..glog import warning
+from ..io.atomic import SHARED_MEMORY_PREFIX, hold_shared_memory, remove_stale_shared_memory
 from ..net import Net
 from ..params import ParamSet, StoreBlob, statistics_positions
 from ..proto import caffe_pb2
 from ..scheduler import replica_param
-from .engines import Engine, _dropped, _results, wait_any
+from .engines import AnswerTimeout, Engine, NoAnswer, _dropped, _results, wait_any
 from .groups import show_outputs
 
 _STARTUP_SECONDS = 300
+# The signals a terminal sends to its whole process group: the driver acts on them.
+_TERMINAL_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGHUP") if hasattr(signal, n))
 
 
 class _Layout:
@@ -68,6 +82,9 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
     the CPU cores ``cores``), then compute on request until told to stop. The block is host
     memory: a device group's net takes its weights and batches from it and leaves its
     gradients there through its backend's copies."""
+    for signum in _TERMINAL_SIGNALS:      # a pending one (blocked since the fork) is discarded
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _TERMINAL_SIGNALS)
     shm = shared_memory.SharedMemory(name=shm_name)
     weights = grads = batches = None
     try:
@@ -150,7 +167,33 @@ class ProcessGroup:
         layout = _Layout([b.shape for b in master.learnable_params],
                          [(self.max_batch,) + tuple(t.shape[1:]) for t in feeder.tops],
                          iter_size, master.dtype)
-        self.shm = shared_memory.SharedMemory(create=True, size=layout.nbytes)
+        # Blocked while the block is made and the process started (this thread's mask; a
+        # signal meant for the driver meanwhile reaches it once unblocked): a process started
+        # now keeps them blocked, the group process until it has set them to be ignored (a
+        # Ctrl-C while it imports cct, a second or more, would otherwise kill it), and
+        # multiprocessing's resource tracker (started by the first block) for good: it
+        # ignores SIGINT but would die of SIGHUP, and then complain of every block unlinked.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _TERMINAL_SIGNALS)
+        try:
+            try:
+                self.shm = shared_memory.SharedMemory(
+                    create=True, size=layout.nbytes,
+                    name=f"{SHARED_MEMORY_PREFIX}{os.getpid()}_{index}_{secrets.token_hex(4)}")
+            except OSError as e:
+                raise CCTError(f"group {index}: cannot make its shared block of {layout.nbytes} "
+                               f"bytes: {e.strerror or e} (containers often give /dev/shm 64 "
+                               f"MiB: enlarge it, e.g. docker --shm-size, or use "
+                               f"--engine=threads)") from None
+            self.held = hold_shared_memory(self.shm.name)   # in use: not swept
+            try:
+                self.process = self._start(index, feeder, param, layout, seed, device)
+            except OSError as e:
+                self._release()
+                raise CCTError(f"group {index}: cannot start its process: {e.strerror or e} "
+                               f"(the system's limit on processes or memory; lower --groups "
+                               f"or use --engine=threads)") from None
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         self.weights, self.grads, self.batches = layout.arrays(self.shm.buf)
         self.statistics = statistics_positions(master)   # the process's own (BatchNorm's)
         for k in self.statistics:
@@ -159,24 +202,32 @@ class ProcessGroup:
         self.params = ParamSet([StoreBlob.pair(w, g) for w, g in zip(self.weights, self.grads)],
                                master.params_lr, master.params_weight_decay,
                                get_backend("cpu"))
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_group_main, daemon=True,
-                                   args=(child, param.SerializeToString(), master.dtype.str,
-                                         self.shm.name, layout, self.cores, seed, index,
-                                         device))
-        self.process.start()
-        child.close()
+        self.timeout = AnswerTimeout()   # the engine's, once it runs the group
         self.read_version = 0
         self.pid = None
         self.sent_plans = False
         self.outputs: List[np.ndarray] = []
 
+    def _start(self, index, feeder, param, layout, seed, device):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        process = ctx.Process(target=_group_main, daemon=True,
+                              args=(child, param.SerializeToString(), feeder.master.dtype.str,
+                                    self.shm.name, layout, self.cores, seed, index, device))
+        process.start()
+        child.close()
+        return process
+
     def wait_ready(self) -> None:
         if not self.conn.poll(_STARTUP_SECONDS):
             raise CCTError(f"{self.name}: the group process did not start within "
                            f"{_STARTUP_SECONDS} s")
-        kind, payload = self.conn.recv()
+        try:
+            kind, payload = self.conn.recv()
+        except (EOFError, OSError):
+            self.process.join(1)
+            raise CCTError(f"{self.name}: the group process ended while starting (exit code "
+                           f"{self.process.exitcode}); its error is above") from None
         if kind == "error":
             raise CCTError(payload)
         self.pid = payload
@@ -212,8 +263,17 @@ class ProcessGroup:
             raise RuntimeError(f"the process ended (exit code {self.process.exitcode}): "
                                f"{type(e).__name__}") from None
 
+    def due(self) -> float:
+        """When the step sent must have been answered (perf_counter seconds)."""
+        return self._started + self.timeout()
+
     def result(self) -> float:
-        """The loss of the step just finished; RuntimeError when the process died."""
+        """The loss of the step just finished, waited for up to the timeout from its start;
+        RuntimeError when the process died, NoAnswer when it did not answer in time."""
+        limit = self.timeout()
+        if not self.conn.poll(max(self.due() - time.perf_counter(), 0.0)):
+            raise NoAnswer(f"the process did not answer within {limit:g} s of its step's start "
+                           f"(stopped or hung; Driver(group_timeout=) sets the limit)")
         try:
             kind, *payload = self.conn.recv()
         except (EOFError, OSError) as e:
@@ -223,6 +283,7 @@ class ProcessGroup:
         if kind == "error":
             raise CCTError(payload[0])
         self.seconds = time.perf_counter() - self._started
+        self.timeout.seen(self.seconds)
         loss, self.outputs = payload
         self.steps_done += 1
         show_outputs(self.feeder.master, self.outputs)
@@ -258,22 +319,42 @@ class ProcessGroup:
             self.process.join()
         self.conn.close()
         del self.weights, self.grads, self.batches, self.params
+        self._release()
+
+    def _release(self) -> None:
         self.shm.close()
         self.shm.unlink()
+        if self.held is not None:
+            os.close(self.held)
 
 
 class ProcessEngine(Engine):
     name = "processes"
 
+    def __init__(self, timeout: Optional[AnswerTimeout] = None):
+        self.timeout = timeout or AnswerTimeout()
+        for name in remove_stale_shared_memory():
+            warning("driver.cpp:0", f"Removed shared block '{name}' of a driver that is gone "
+                    f"(killed before it could remove it)")
+
     def run(self, store, groups: List[ProcessGroup], updates: int, observer=None) -> None:
         self._ready(groups)
+        by_conn = {g.conn: g for g in groups}
 
         def start(group: ProcessGroup):
             group.start(store)
             return group.conn
 
-        # Nothing to drain: reading a pending group's answer afterwards waits for it.
-        wait_any(store, groups, updates, start=start, finished=wait,
+        def finished(conns):
+            """The answers in, or after the timeout the groups overdue (their result
+            raises NoAnswer and drops them)."""
+            first_due = min(by_conn[c].due() for c in conns)
+            ready = wait(conns, timeout=max(first_due - time.perf_counter(), 0.0))
+            return ready or [c for c in conns if by_conn[c].due() <= time.perf_counter()]
+
+        # Nothing to drain: reading a pending group's answer afterwards waits for it (up to
+        # the timeout).
+        wait_any(store, groups, updates, start=start, finished=finished,
                  result=lambda _, group: group.result(), drain=lambda pending: None,
                  observer=observer)
 
@@ -288,9 +369,9 @@ class ProcessEngine(Engine):
         self.round_seconds = time.perf_counter() - began
         return losses
 
-    @staticmethod
-    def _ready(groups) -> None:
+    def _ready(self, groups) -> None:
         for g in groups:
+            g.timeout = self.timeout
             if g.pid is None:
                 g.wait_ready()
 

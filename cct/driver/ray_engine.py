@@ -32,12 +32,23 @@ each an actor, so the same strategies run across machines (``--engine=ray``).
 The driver's solver keeps the loop (tests, display, lr policy, snapshots): before a test or a
 snapshot the shards' params and history are gathered into it, so snapshots are ordinary Caffe
 files; a restore sends them back to the shards. Ray is imported only here, only when asked.
+
+``--ray-address`` is checked for its form (host:port, or ``auto``) and the connection bounded
+(``_CONNECT_SECONDS``): Ray itself retries an address that does not answer for ever. Every
+wait for a group or a shard is bounded by the engine's answer timeout (engines.py): a group
+that does not answer is dropped as a dead one is; a shard that does not answer stops the run
+(its params are nowhere else). The actors ignore SIGINT and SIGHUP, which a terminal sends to
+its whole process group (a local Ray's workers are in the driver's): the driver acts on them.
 """
 from __future__ import annotations
 
 import logging
 import math
 import os
+import re
+import signal
+import socket
+import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -46,21 +57,84 @@ import numpy as np
 from ..backend import copy as copy_array, host
 from ..errors import CCTError
 from ..glog import info, warning
+from ..install import install_hint
 from ..params import ParamSet, statistics_positions
-from .engines import Engine, _results, wait_any
+from .engines import AnswerTimeout, Engine, NoAnswer, _results, wait_any
 from .groups import show_outputs, unlearned_params
 
 SRC = "driver.cpp:0"
 _RESTART_SECONDS = 300       # how long a group actor may take to come back after a failure
+# How long connecting to --ray-address may take: a cluster answers in seconds; Ray itself would
+# retry an address that does not answer (unroutable, firewalled) for ever.
+_CONNECT_SECONDS = 60
+_ADDRESS = re.compile(r"^(ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):(\d{1,5})$")
 
 
 def import_ray():
     try:
         import ray
     except ImportError:
-        raise CCTError("--engine=ray needs Ray, which is not installed: pip install 'cct[ray]' "
-                       "(or pip install ray)") from None
+        raise CCTError(f"--engine=ray needs Ray, which is not installed: {install_hint('ray')} "
+                       f"(or pip install ray)") from None
     return ray
+
+
+def _ignore_terminal_signals() -> None:
+    """An actor's process: the driver acts on a terminal's SIGINT and SIGHUP (see the module
+    doc), Ray's workers would die of them."""
+    for name in ("SIGINT", "SIGHUP"):
+        if hasattr(signal, name) and threading.current_thread() is threading.main_thread():
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
+def check_address(address: str) -> None:
+    """``--ray-address``'s form: 'auto' or host:port (ray://host:port for Ray Client)."""
+    m = _ADDRESS.match(address)
+    if address != "auto" and not (m and 0 < int(m.group(3)) < 65536):
+        raise CCTError(f"--ray-address must be host:port (the head node's GCS address, e.g. "
+                       f"10.0.0.1:6379, as 'ray start --head' prints it) or 'auto' (the cluster "
+                       f"started on this machine), got '{address}'")
+
+
+def connect(ray, address: Optional[str], **kw) -> None:
+    """``ray.init``, every failure one CCTError naming the flag and the address, and no more
+    than ``_CONNECT_SECONDS``: a host:port is probed first (a refused or unroutable address
+    fails here, without Ray's retries), then Ray is given the rest of the time."""
+    if address is None:
+        ray.init(**kw)
+        return
+    check_address(address)
+    deadline = time.monotonic() + _CONNECT_SECONDS
+    fix = ("start the cluster ('ray start --head' on the head node) or give its address; "
+           "without --ray-address a local Ray is started")
+    m = _ADDRESS.match(address)
+    if m:
+        host = m.group(2).strip("[]")
+        try:
+            socket.create_connection((host, int(m.group(3))), timeout=_CONNECT_SECONDS).close()
+        except OSError as e:
+            raise CCTError(f"--ray-address={address}: cannot connect "
+                           f"({e.strerror or type(e).__name__}); {fix}") from None
+    outcome: Dict = {}
+
+    def init():
+        try:
+            ray.init(address=address, **kw)
+        except BaseException as e:      # reported in the driver's thread
+            outcome["error"] = e
+        outcome["done"] = True
+
+    thread = threading.Thread(target=init, name="cct-ray-connect", daemon=True)
+    thread.start()
+    thread.join(max(deadline - time.monotonic(), 0.0))
+    if "done" not in outcome:
+        raise CCTError(f"--ray-address={address}: no Ray cluster answered within "
+                       f"{_CONNECT_SECONDS} s; {fix}")
+    if "error" in outcome:
+        e = outcome["error"]
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CCTError(f"--ray-address={address}: Ray could not connect ({first}); "
+                       f"{fix}") from None
 
 
 def shard_bounds(nbytes: Sequence[int], shards: int) -> List[List[int]]:
@@ -97,18 +171,22 @@ class StoreShard:
     """A part of the parameter store: see the module doc."""
 
     def __init__(self, index: int, solver_bytes: bytes, solver_type: str,
-                 weights: List[np.ndarray], lr_mult: List[float], decay_mult: List[float],
-                 checkpoint: str, checkpoint_every: int):
+                 shapes: List[tuple], dtype: str, lr_mult: List[float],
+                 decay_mult: List[float], checkpoint: str, checkpoint_every: int):
         import ray
 
         from ..backend import get as get_backend
         from ..params import ParamSet, StoreBlob
+        _ignore_terminal_signals()
         from ..proto import caffe_pb2
         from ..solver_rules import UpdatePipeline, get_rule
         param = caffe_pb2.SolverParameter.FromString(solver_bytes)
         param.clip_gradients = -1            # the groups clip, knowing the whole gradient
         self.index = index
-        self.params = ParamSet([StoreBlob(np.array(w, copy=True)) for w in weights],
+        # Its weights come with :meth:`set_weights`, not as constructor arguments: Ray keeps
+        # those for a restart, in the object store when large, and says at error level that
+        # it may lose them; a restarted shard reloads its checkpoint instead.
+        self.params = ParamSet([StoreBlob(np.zeros(s, np.dtype(dtype))) for s in shapes],
                                lr_mult, decay_mult, get_backend("cpu"))
         self.pipeline = UpdatePipeline(get_rule(solver_type), param, self.params)
         self.dtype = self.params.blobs[0].data.dtype.type
@@ -120,6 +198,14 @@ class StoreShard:
         if (ray.get_runtime_context().was_current_actor_reconstructed
                 and os.path.exists(checkpoint)):
             self._load_checkpoint()
+
+    def set_weights(self, weights) -> None:
+        """The run's first weights, checkpointed at once: a shard restarted before its first
+        checkpoint would otherwise have none."""
+        for b, w in zip(self.params.blobs, weights):
+            b.data[...] = w
+        if self.every:
+            self._write_checkpoint()
 
     def push(self, group: int, seq: int, grads, rate: float, iter_: int,
              momentum: Optional[float]) -> int:
@@ -185,6 +271,7 @@ class GroupWorker:
         from ..devices import parse_devices
         from ..net import Net
         from ..proto import caffe_pb2
+        _ignore_terminal_signals()
         _C.set_num_threads(threads)
         backend = "cpu"
         if device is not None:      # a device group: Ray gave the actor its GPU as GPU 0
@@ -296,6 +383,7 @@ class RayGroup:
         self.seq = 0
         self.restarts_left = restarts
         self.grad_refs: List = []
+        self.head = None                # the step in flight's (loss, outputs) ref
         self.sent_plans = False
         self.started = 0.0
         self.net = engine.master        # whose output blobs the log reads back
@@ -304,7 +392,9 @@ class RayGroup:
         self.replica = ParamSet.copy_of(engine.solver.params) if engine.replicas else None
         self.params = self.replica if self.replica is not None else RemoteGradients(engine, self)
         self.actor = engine.new_group_actor(index, batch, cpus)
-        self.pid, self.node = engine.ray.get(self.actor.where.remote())
+        self.pid, self.node = engine.get(self.actor.where.remote(), f"group {index}'s actor",
+                                         "Ray did not place or start it: are the cluster's "
+                                         "CPUs (or GPUs) taken?")
         self.inputs = [[np.empty((batch,) + tuple(t.shape[1:]), t.dtype.type)
                         for t in engine.feeder.tops] for _ in range(engine.iter_size)]
 
@@ -346,8 +436,14 @@ class RayGroup:
         """The step's loss; None when the actor died and was restarted (start it again)."""
         e = self.engine
         errors = e.ray.exceptions
+        limit = e.timeout()
         try:
-            loss, outputs, where = e.ray.get(self.head)
+            loss, outputs, where = e.ray.get(
+                self.head, timeout=max(self.started + limit - time.perf_counter(), 0.0))
+        except errors.GetTimeoutError:
+            raise NoAnswer(f"the actor did not answer within {limit:g} s of its step's start "
+                           f"(hung, or its node unreachable; Driver(group_timeout=) sets the "
+                           f"limit)") from None
         except errors.RayTaskError as err:        # raised by the step's own code
             if isinstance(err.cause, CCTError):
                 raise err.cause from None        # the user's net or data: stop the run
@@ -369,9 +465,10 @@ class RayGroup:
             # It died between steps; Ray restarted it and the step ran there.
             self._restarted(where, "no batch was lost")
         self.seconds = time.perf_counter() - self.started
+        e.timeout.seen(self.seconds)
         self.grad_refs = list(self.pending_grads)
         if self.replica is not None:
-            self.replica.set_gradients(e.ray.get(self.grad_refs.pop()))
+            self.replica.set_gradients(e.get(self.grad_refs.pop(), f"{self.name}'s gradient"))
         self.steps_done += 1
         show_outputs(e.master, outputs)
         return loss
@@ -407,7 +504,8 @@ class RayGroup:
         train net, for tests and snapshots."""
         ours = unlearned_params(master)
         if ours:
-            arrays = self.engine.ray.get(self.actor.statistics.remote())
+            arrays = self.engine.get(self.actor.statistics.remote(),
+                                     f"{self.name}'s running statistics")
             for p, a in zip(ours, arrays):
                 p.data[...] = a
 
@@ -415,8 +513,8 @@ class RayGroup:
         """The train net's (restored) unlearned params into the actor's net."""
         ours = unlearned_params(master)
         if ours:
-            self.engine.ray.get(self.actor.load_statistics.remote(
-                [np.array(p.data) for p in ours]))
+            self.engine.get(self.actor.load_statistics.remote(
+                [np.array(p.data) for p in ours]), f"{self.name}'s restored statistics")
 
     def close(self) -> None:
         try:
@@ -433,12 +531,16 @@ class RayEngine(Engine):
     def __init__(self, solver, feeder, address: Optional[str] = None, shards="auto",
                  group_restarts: int = 3, checkpoint_every: int = 100,
                  cpus_per_group: float = 1.0, data: str = "ship", replicas: bool = False,
-                 devices: Optional[Sequence[Optional[str]]] = None):
+                 devices: Optional[Sequence[Optional[str]]] = None,
+                 timeout: Optional[AnswerTimeout] = None):
         if data not in ("ship", "local"):
             raise CCTError(f"--ray-data must be ship (the driver reads the database and ships "
                            f"batches) or local (each group reads its part where it runs), got "
                            f"'{data}'")
         self.local_data = data == "local"
+        if address:
+            check_address(address)
+        self.timeout = timeout or AnswerTimeout()
         self.ray = ray = import_ray()
         self.solver = solver
         self.feeder = feeder
@@ -449,7 +551,7 @@ class RayEngine(Engine):
             # Ray's own start-up lines would interleave with Caffe's log: errors only.
             kw = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
             if address:
-                ray.init(address=address, **kw)
+                connect(ray, address, **kw)
             else:
                 ray.init(object_store_memory=1 << 30, **kw)
             self.started_ray = True
@@ -468,7 +570,6 @@ class RayEngine(Engine):
         params = solver.params
         nbytes = [int(np.prod(b.shape)) * np.dtype(b.dtype).itemsize for b in params.blobs]
         self.model_bytes = sum(nbytes)
-        self._held: List = []
         if replicas:
             self.n_shards = 0
             self.bounds = [list(range(len(nbytes)))]    # a learner's gradient: one part
@@ -481,7 +582,8 @@ class RayEngine(Engine):
             self.bounds = shard_bounds(nbytes, self.n_shards)
         self.shards = [self._new_shard(k, pos) for k, pos in enumerate(self.bounds[
             :self.n_shards])]
-        self.places = [ray.get(s.where.remote())[:2] for s in self.shards]
+        self.places = [self.get(s.where.remote(), f"store shard {k}")[:2]
+                       for k, s in enumerate(self.shards)]
         for k, (pos, (pid, node)) in enumerate(zip(self.bounds, self.places)):
             info(SRC, f"Store shard {k} (pid {pid}, node {node}): params {pos[0]}-{pos[-1]}, "
                  f"{sum(nbytes[i] for i in pos)} bytes")
@@ -556,14 +658,16 @@ class RayEngine(Engine):
         p = self.solver.params
         actor = self.ray.remote(StoreShard).options(
             num_cpus=0, max_restarts=-1, max_task_retries=-1)
-        # The constructor's arguments are held here for the run: a restarted shard runs the
-        # constructor again with them (then loads its checkpoint over the weights).
-        weights = self.ray.put([np.asarray(p.blobs[i].data) for i in positions])
-        self._held.append(weights)
-        return actor.remote(k, self.solver.param.SerializeToString(), self.solver.type,
-                            weights, [p.lr_mult[i] for i in positions],
-                            [p.decay_mult[i] for i in positions],
-                            self._checkpoint_path(k), self.checkpoint_every)
+        # The weights follow as the shard's first call (see StoreShard.__init__); an actor
+        # runs its calls in order, so every later one sees them.
+        shard = actor.remote(k, self.solver.param.SerializeToString(), self.solver.type,
+                             [tuple(p.blobs[i].shape) for i in positions],
+                             np.dtype(p.blobs[positions[0]].dtype).str,
+                             [p.lr_mult[i] for i in positions],
+                             [p.decay_mult[i] for i in positions],
+                             self._checkpoint_path(k), self.checkpoint_every)
+        shard.set_weights.remote([np.asarray(p.blobs[i].data) for i in positions])
+        return shard
 
     def new_group_actor(self, index: int, batch: int, cpus: float):
         from ..backend import plans
@@ -599,6 +703,13 @@ class RayEngine(Engine):
         return self.devices[index % len(self.devices)] if self.devices else None
 
     def make_groups(self, batches: Sequence[Optional[int]]) -> List[RayGroup]:
+        cpus = self.ray.cluster_resources().get("CPU", 0)
+        if len(batches) * self.cpus > cpus:
+            # Ray would hold the actors that find no free CPU until one is: for ever on a
+            # cluster that does not grow.
+            raise CCTError(f"--groups={len(batches)} with --engine=ray: each group's actor "
+                           f"takes {self.cpus:g} CPU and the cluster has {cpus:g}: at most "
+                           f"{int(cpus // self.cpus)} group(s); lower --groups or add nodes")
         self._batches = list(batches)
         return [RayGroup(self, k, b or self.feeder.batch, self.group_restarts, self.cpus)
                 for k, b in enumerate(batches)]
@@ -619,8 +730,16 @@ class RayEngine(Engine):
         ray = self.ray
 
         def finished(heads):
-            done, _ = ray.wait(heads, num_returns=1)
-            return done
+            """The steps done, or after the timeout the groups overdue (their result raises
+            NoAnswer and drops them)."""
+            limit = self.timeout()
+            started = [g.started for g in groups if any(g.head is h for h in heads)]
+            first_due = min(started, default=time.perf_counter()) + limit
+            done, _ = ray.wait(heads, num_returns=1,
+                               timeout=max(first_due - time.perf_counter(), 0.0))
+            now = time.perf_counter()
+            return done or [g.head for g in groups if any(g.head is h for h in heads)
+                            and now - g.started >= limit]
 
         wait_any(store, groups, updates, start=lambda g: g.start(), finished=finished,
                  result=lambda _, g: g.result(), drain=lambda pending: None,
@@ -648,7 +767,7 @@ class RayEngine(Engine):
     def check_shards(self) -> None:
         """Log every shard that was restarted since the last check, and the updates lost."""
         for k, shard in enumerate(self.shards):
-            pid, node, version, restored = self.ray.get(shard.where.remote())
+            pid, node, version, restored = self.get(shard.where.remote(), f"store shard {k}")
             if pid != self.shard_pids[k]:
                 lost = "?" if restored is None else self.solver.iter - restored
                 warning(SRC, f"store shard {k} (pid {self.shard_pids[k]}) was lost; Ray "
@@ -663,7 +782,7 @@ class RayEngine(Engine):
         s = self.solver
         blobs = s.params.blobs
         n = len(blobs)
-        states = self.ray.get([shard.state.remote() for shard in self.shards])
+        states = self.get([shard.state.remote() for shard in self.shards], "the store shards")
         for positions, (weights, history, _) in zip(self.bounds, states):
             for i, w in zip(positions, weights):
                 blobs[i].data[...] = w
@@ -683,7 +802,17 @@ class RayEngine(Engine):
             weights = [np.asarray(blobs[i].data) for i in positions]
             history = [np.asarray(s.history[j * n + i]) for j in range(sets) for i in positions]
             done.append(shard.load.remote(weights, history, s.iter))
-        self.ray.get(done)
+        self.get(done, "the store shards")
+
+    def get(self, refs, what: str, why: str = "hung, or its node unreachable"):
+        """``ray.get`` bounded by the answer timeout: what did not answer stops the run with
+        one error naming it."""
+        limit = self.timeout()
+        try:
+            return self.ray.get(refs, timeout=limit)
+        except self.ray.exceptions.GetTimeoutError:
+            raise CCTError(f"{what} did not answer within {limit:g} s ({why}); the run "
+                           f"cannot go on without it") from None
 
     def close(self) -> None:
         for shard in self.shards:

@@ -5,13 +5,16 @@ renames it to ``path`` and flushes the folder, so that neither a crash, a full d
 cut leaves a half-written or renamed-but-empty file under ``path`` (a rename may reach the disk
 before the data it names unless that data was fsynced first). A process killed mid-write leaves
 its temporary file behind; :func:`remove_stale_temp_files` sweeps those whose writer is gone.
+The processes engine's shared-memory blocks, left in /dev/shm by a driver killed with SIGKILL,
+are swept the same way by :func:`remove_stale_shared_memory`.
 """
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import re
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -84,6 +87,60 @@ def remove_stale_temp_files(folder: str, name_prefix: str) -> List[str]:
         path = os.path.join(folder, name)
         if _remove(path):
             removed.append(path)
+    return removed
+
+
+SHARED_MEMORY_PREFIX = "cct_"   # a block is named cct_<pid of the driver that made it>_...
+_SHARED_MEMORY_NAME = re.compile(re.escape(SHARED_MEMORY_PREFIX) + r"(\d+)_")
+SHARED_MEMORY_FOLDER = "/dev/shm"   # where Linux keeps POSIX shared memory, by name
+
+
+def hold_shared_memory(name: str, folder: str = SHARED_MEMORY_FOLDER) -> Optional[int]:
+    """A shared lock on block ``name`` for as long as the returned descriptor is open (the
+    kernel drops it with the process, however it ends): the block is in use. The pid in its
+    name alone is not enough where drivers in other pid namespaces share /dev/shm (containers
+    with a shared IPC namespace): there a live driver's pid may not exist. None where the
+    system keeps no such folder."""
+    try:
+        fd = os.open(os.path.join(folder, name.lstrip("/")), os.O_RDONLY)
+    except OSError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def remove_stale_shared_memory(folder: str = SHARED_MEMORY_FOLDER) -> List[str]:
+    """Unlink the shared-memory blocks whose driver is gone (killed before it could unlink
+    them: SIGKILL, the OOM killer): named by a pid that is not running, and held by no one
+    (:func:`hold_shared_memory`). A running driver's blocks, this process's included, stay.
+    Returns the names removed (none where the system keeps no such folder)."""
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        m = _SHARED_MEMORY_NAME.match(name)
+        if not m:
+            continue
+        pid = int(m.group(1))
+        if pid == os.getpid() or _running(pid):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue            # gone meanwhile, or not ours to read
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue            # held: a live driver's, in another pid namespace
+        try:
+            if _remove(path):
+                removed.append(name)
+        finally:
+            os.close(fd)
     return removed
 
 
