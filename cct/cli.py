@@ -6,6 +6,7 @@ never a traceback.
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Callable, Dict, List, Optional
@@ -13,7 +14,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from . import glog as log
-from .errors import CCTError
+from .errors import CCTError, close_matches
 from .flags import Flags, ShowAndExit, version_line
 from .tools import TOOLS, command as tool_command
 
@@ -32,8 +33,9 @@ commands:
                   -momentum=auto|X -allow-negative-momentum -sync-fc -batch-sizes=16,256
                   -threshold=T -learners=K|auto -sma-alpha=A -sma-momentum=M
                   -sync-period=P -simulate-speeds=1,8 -engine=ray -ray-address=A|auto
-                  -ps-shards=N|auto -ray-group-restarts=R -ray-data=ship|local: the
-                  driver's strategies, cct/driver; -optimize -target-accuracy=A
+                  -ps-shards=N|auto -ray-group-restarts=R -ray-data=ship|local
+                  -group-timeout=S: the driver's strategies, cct/driver; -optimize
+                  -target-accuracy=A
                   -target-loss=L -budget=S -probe-share=P -retune-every=K: the optimizer
                   chooses them, cct/optimizer)
   plan            the optimizer's plan for a solver, without training (-solver, -devices,
@@ -215,33 +217,263 @@ def _train_devices(flags: Flags, param):
     return devices
 
 
-def _momentum_value(text: str) -> float:
+#: Flags of the driver's strategies (every strategy but sync, the solver's own solve()): SMA's,
+#: the Ray engine's, all of them; and the optimizer's.
+_SMA_FLAGS = ("learners", "sma-alpha", "sma-momentum", "sync-period")
+_RAY_FLAGS = ("ray-address", "ps-shards", "ray-group-restarts", "ray-data")
+_DRIVER_FLAGS = ("engine", "groups", "batch-sizes", "staleness", "seed", "simulate-speeds",
+                 "threshold", "sync-fc", "group-timeout") + _SMA_FLAGS + _RAY_FLAGS
+_OPTIMIZER_FLAGS = ("target-accuracy", "target-loss", "budget", "probe-share", "retune-every")
+#: What each flag that only some settings use is for: the second half of the error when it is
+#: given where it does nothing.
+_PURPOSE = {
+    "strategy": "-optimize chooses the strategy and groups itself",
+    "engine": "-engine runs the groups of the driver's strategies",
+    "groups": "-groups needs -strategy=async, hogbatch, adaptive-hogbatch or sma",
+    "batch-sizes": "-batch-sizes gives each group its batch",
+    "staleness": "-staleness orders the updates of the simulated engine's groups",
+    "seed": "-seed seeds the simulated engine's -staleness=exponential",
+    "simulate-speeds": "-simulate-speeds sets the simulated engine's device speeds",
+    "threshold": "-threshold is adaptive-hogbatch's tolerated imbalance of the updates",
+    "sync-fc": "-sync-fc is for the parameter store's strategies: async, hogbatch, "
+               "adaptive-hogbatch",
+    "allow-negative-momentum": "-allow-negative-momentum lets -momentum go below 0",
+    "group-timeout": "-group-timeout bounds the wait for a group process or actor (a thread "
+                     "cannot be stopped)",
+    "momentum": "-momentum sets the solver's or the parameter store's momentum; sma's learners "
+                "use the solver's and the central model -sma-momentum",
+    **{name: f"-{name} is for -strategy=sma" for name in _SMA_FLAGS},
+    **{name: f"-{name} is for -engine=ray" for name in _RAY_FLAGS},
+    **{name: f"-{name} is a setting of -optimize" for name in _OPTIMIZER_FLAGS},
+}
+
+
+def _refuse_unused(flags: Flags, names, context: str, give: str = "",
+                   purpose: Optional[Dict[str, str]] = None) -> None:
+    """The one rule for flags the chosen settings do not use: a flag given on the command line
+    that does nothing ``context`` (e.g. "with -strategy=sync") is an error naming both, never
+    silently ignored. ``give``: the setting that would use it; ``purpose``: what the flags
+    are for, where :data:`_PURPOSE` does not say it for this command."""
+    for name in names:
+        if name in flags.given:
+            fix = f"give {give} or leave -{name} out" if give else f"leave -{name} out"
+            why = (purpose or {}).get(name) or _PURPOSE[name]
+            raise CCTError(f"{flags.command}: -{name}={flags.get(name)} does nothing {context}: "
+                           f"{why}; {fix}")
+
+
+def _check_train_flags_apply(flags: Flags, strategy: str, optimize: bool) -> None:
+    """Refuse every train flag the strategy, engine or -optimize does not use (see
+    :func:`_refuse_unused`)."""
+    engine, staleness = flags.get("engine"), flags.get("staleness")
+    if "allow-negative-momentum" in flags.given and "momentum" not in flags.given:
+        _refuse_unused(flags, ("allow-negative-momentum",), "without -momentum",
+                       "-momentum=auto")
+    if optimize:
+        # The optimizer runs its own strategies on -engine, from the solver's momentum (or
+        # -momentum's); none of the driver's other settings reaches it.
+        context = "with -optimize (it chooses strategy, groups, lr and momentum)"
+        _refuse_unused(flags, ("strategy",), context)
+        _refuse_unused(flags, [n for n in _DRIVER_FLAGS if n != "engine"], context)
+        return
+    _refuse_unused(flags, _OPTIMIZER_FLAGS, "without -optimize", "-optimize")
+    if strategy == "sync":
+        _refuse_unused(flags, _DRIVER_FLAGS, "with -strategy=sync (one update stream, no "
+                       "groups)", "-strategy=async (or hogbatch, adaptive-hogbatch, sma)")
+        return
+    here = f"with -strategy={strategy}"
+    if strategy == "sma":
+        _refuse_unused(flags, ("momentum", "allow-negative-momentum", "sync-fc", "threshold"),
+                       here)
+        if "learners" in flags.given:
+            _refuse_unused(flags, ("groups",), "with -learners (the learner count)")
+    else:
+        _refuse_unused(flags, _SMA_FLAGS, here, "-strategy=sma")
+        if strategy != "adaptive-hogbatch":
+            _refuse_unused(flags, ("threshold",), here, "-strategy=adaptive-hogbatch")
+    if engine != "simulated":
+        _refuse_unused(flags, ("staleness", "seed", "simulate-speeds"),
+                       f"with -engine={engine}", "-engine=simulated")
+    elif "simulate-speeds" in flags.given:
+        _refuse_unused(flags, ("staleness", "seed"), "with -simulate-speeds (the speeds order "
+                       "the groups)")
+    elif staleness != "exponential":
+        _refuse_unused(flags, ("seed",), f"with -staleness={staleness}",
+                       "-staleness=exponential")
+    if engine != "ray":
+        _refuse_unused(flags, _RAY_FLAGS, f"with -engine={engine}", "-engine=ray")
+    if engine not in ("processes", "ray"):
+        _refuse_unused(flags, ("group-timeout",), f"with -engine={engine}",
+                       "-engine=processes (or ray)")
+
+
+def _momentum(flags: Flags, strategy: str) -> Optional[str]:
+    """-momentum: a finite number, at least 0 unless -allow-negative-momentum (a negative or
+    non-finite momentum otherwise ends in a NaN loss blamed on base_lr), or 'auto' with the
+    parameter store's strategies; None when not given."""
+    text = flags.get("momentum")
+    if not text or (text == "auto" and strategy != "sync"):
+        return text or None
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise CCTError(f"train: -momentum must be a number (or 'auto' with -strategy=async), "
-                       f"got '{text}'") from None
+        if strategy == "sync":
+            raise CCTError(f"train: -momentum must be a number (or 'auto' with "
+                           f"-strategy=async), got '{text}'") from None
+        return text         # the driver's error names it: 'auto' or a number
+    allow = flags.bool("allow-negative-momentum")
+    if not math.isfinite(value) or (value < 0 and not allow):
+        floor = "" if allow else " of at least 0 (below: add -allow-negative-momentum)"
+        raise CCTError(f"train: -momentum must be a finite number{floor}, got '{text}'")
+    return text
 
 
-def _learners(text: str):
+def _learners(flags: Flags):
     """-learners: a count or 'auto' (None: -groups)."""
+    text = flags.get("learners")
     if not text or text == "auto":
         return text or None
     try:
-        return int(text)
+        int(text)
     except ValueError:
         raise CCTError(f"train: -learners must be a count or 'auto', got '{text}'") from None
+    return flags.int("learners", "[1, inf)", "the number of SMA learners")
 
 
-def _speeds(text: str) -> Optional[List[float]]:
+def _ps_shards(flags: Flags) -> str:
+    """-ps-shards: a count of at least 1, or auto."""
+    text = flags.get("ps-shards")
+    if text != "auto" and not (text.isdigit() and int(text) >= 1):
+        raise CCTError(f"train: -ps-shards must be a count of at least 1 or 'auto', got "
+                       f"'{text}'")
+    return text
+
+
+def _speeds(flags: Flags) -> Optional[List[float]]:
     """-simulate-speeds: records per virtual second of each simulated device (1,8)."""
+    text = flags.get("simulate-speeds")
     if not text:
         return None
     try:
-        return [float(v) for v in text.split(",")]
+        speeds = [float(v) for v in text.split(",")]
     except ValueError:
         raise CCTError(f"train: -simulate-speeds takes speeds separated by commas (1,8), got "
                        f"'{text}'") from None
+    if not all(math.isfinite(v) and v > 0 for v in speeds):
+        raise CCTError(f"train: -simulate-speeds must be positive finite speeds (records per "
+                       f"virtual second, e.g. 1,8), got '{text}'")
+    return speeds
+
+
+def _driver_args(flags: Flags, strategy: str, groups: Optional[int]) -> dict:
+    """The driver's settings from the command line, each flag checked where it is parsed (the
+    driver checks them again for Python callers, without the flag's spelling)."""
+    return dict(
+        groups=groups, engine=flags.get("engine"), staleness=flags.get("staleness"),
+        momentum=_momentum(flags, strategy),
+        allow_negative_momentum=flags.bool("allow-negative-momentum"),
+        seed=flags.int("seed", "[0, inf)", "NumPy's generators take no negative seed"),
+        sync_fc=flags.bool("sync-fc"), strategy=strategy,
+        batch_sizes=flags.get("batch-sizes") or None,
+        threshold=flags.float("threshold", "(0, 1)", "the tolerated gap between a group's "
+                              "share of the updates and 1/groups"),
+        learners=_learners(flags),
+        sma_alpha=(flags.float("sma-alpha", "[0, 1]", "the share of its gap to the central "
+                               "model a learner closes") if flags.get("sma-alpha") else None),
+        sma_momentum=flags.float("sma-momentum", "[0, 1)", "the central model's momentum"),
+        sync_period=flags.int("sync-period", "[1, inf)", "local steps between "
+                              "synchronisations"),
+        simulate_speeds=_speeds(flags), ray_address=flags.get("ray-address") or None,
+        ps_shards=_ps_shards(flags),
+        ray_group_restarts=flags.int("ray-group-restarts", "[0, inf)", "Ray's -1, restart "
+                                     "forever, is not taken: a group that keeps dying is "
+                                     "dropped after these"),
+        ray_data=_ray_data(flags),
+        group_timeout=(flags.float("group-timeout", "(0, inf)", "seconds a group may take to "
+                                   "answer") if flags.get("group-timeout") else None))
+
+
+def _ray_data(flags: Flags) -> str:
+    """-ray-data: ship or local, checked before Ray is imported (a machine without Ray would
+    answer a misspelt value with the missing Ray)."""
+    text = flags.get("ray-data")
+    if text not in ("ship", "local"):
+        raise CCTError(f"train: -ray-data must be ship (the driver reads and ships batches) or "
+                       f"local (each group reads its part of the LMDB), got '{text}'."
+                       + close_matches(text, ("ship", "local")))
+    return text
+
+
+class RunSummary:
+    """The end of a training run in two lines after the solver's own "Optimization Done.":
+    iterations and wall time (in the display line's form, which log tools already read and
+    pass over), each test output's last and best score, and the snapshots written. Tests and
+    snapshots are seen through the solver's on_start callback (each comes between two
+    iterations' callbacks) and once more at the end."""
+
+    #: outputs listed per test net; a vector output's values beyond them are counted
+    SHOWN = 6
+
+    def __init__(self, solver):
+        self.solver = solver
+        self.began = time.perf_counter()
+        self.first_iter = solver.iter
+        self._seen_scores: Dict[int, object] = dict(solver.test_scores)
+        self._last_state = solver.last_snapshot      # a resumed state is not written here
+        # (test net, output position) -> [name, last, best, lower is better]
+        self.scores: Dict[tuple, list] = {}
+        self.snapshots: List[str] = []
+        solver.add_callback(self.look, lambda: None)
+
+    def look(self) -> None:
+        s = self.solver
+        for net_id, scores in s.test_scores.items():
+            if self._seen_scores.get(net_id) is scores:   # each test stores a new list
+                continue
+            self._seen_scores[net_id] = scores
+            net = s.test_nets[net_id]
+            for k, (name, value) in enumerate(scores):
+                row = self.scores.get((net_id, k))
+                if row is None:
+                    # A loss (an output with a loss weight) is best lowest, any other output
+                    # (accuracy) highest.
+                    lower = bool(net.blob_loss_weights[net.blob_names.index(name)])
+                    self.scores[(net_id, k)] = [name, value, value, lower]
+                else:
+                    row[1] = value
+                    row[2] = min(row[2], value) if row[3] else max(row[2], value)
+        if s.last_snapshot and s.last_snapshot != self._last_state:
+            self._last_state = s.last_snapshot
+            self.snapshots.append(s.last_snapshot)
+
+    def log(self) -> None:
+        self.look()
+        s = self.solver
+        n = s.iter - self.first_iter
+        seconds = time.perf_counter() - self.began
+        line = (f"Trained {n} iterations ({_g(n / seconds if seconds > 0 else 0)} iter/s, "
+                f"{_g(seconds)}s/{n} iters)")
+        for net_id in sorted({k[0] for k in self.scores}):
+            rows = [self.scores[k] for k in sorted(self.scores) if k[0] == net_id]
+            parts = [f"{name} {_g(last)} (best {_g(best)})"
+                     for name, last, best, _ in rows[:self.SHOWN]]
+            more = f", {len(rows) - self.SHOWN} more" if len(rows) > self.SHOWN else ""
+            line += f"; test net #{net_id}: " + ", ".join(parts) + more
+        log.info("caffe.cpp:249", line)
+        if self.snapshots:
+            state = self.snapshots[-1]
+            log.info("caffe.cpp:249", f"Snapshots written: {len(self.snapshots)}, the last "
+                     f"{_model_of(state)} and {state}")
+        else:
+            log.info("caffe.cpp:249", "Snapshots written: none")
+
+
+def _model_of(state: str) -> str:
+    """The model file a snapshot wrote beside its solver state (Solver.snapshot's names)."""
+    for ext, model in ((".solverstate.h5", ".caffemodel.h5"), (".solverstate", ".caffemodel")):
+        if state.endswith(ext):
+            return state[:-len(ext)] + model
+    return state
 
 
 def cmd_train(argv: List[str]) -> int:
@@ -262,17 +494,31 @@ def cmd_train(argv: List[str]) -> int:
                                   "target-loss": "", "budget": "", "probe-share": "0.1",
                                   "retune-every": "0",
                                   "threshold": "0.05", "learners": "", "sma-alpha": "",
-                                  "sma-momentum": "0", "sync-period": "1",
+                                  "sma-momentum": 0.0, "sync-period": "1",
                                   "simulate-speeds": "", "ray-address": "",
                                   "ps-shards": "auto", "ray-group-restarts": "3",
+                                  "group-timeout": "",
                                   "ray-data": "ship", "precision": ""},
                   booleans=("deterministic", "allow-negative-momentum", "sync-fc", "optimize"))
     solver_path = _require(flags, "solver", "Need a solver definition to train.")
     if flags.get("snapshot") and flags.get("weights"):
         raise CCTError("train: give a snapshot to resume training (-snapshot) or weights to "
                        "finetune (-weights), but not both.")
+    strategy = flags.get("strategy")
+    if strategy not in STRATEGIES:
+        raise CCTError(f"train: unknown -strategy '{strategy}'; known: {', '.join(STRATEGIES)}."
+                       + close_matches(strategy, STRATEGIES))
+    optimize = flags.bool("optimize")
+    # Every flag checked before a net is built: which apply, then their values.
+    _check_train_flags_apply(flags, strategy, optimize)
+    level = flags.int("level", "[-2147483648, 2147483647]", "NetState's level is an int32")
+    groups = flags.int("groups") if flags.get("groups") else None  # None: one per device
+    momentum = _momentum(flags, strategy)
+    driver_args = (_driver_args(flags, strategy, groups) if strategy != "sync" and not optimize
+                   else None)
+    optimize_args = _optimize_args(flags) if optimize else None
     param = read_solver_text(solver_path)
-    param.train_state.level = flags.int("level")
+    param.train_state.level = level
     # Caffe splits the -stage flag even when empty, so its train_state holds stage "".
     param.train_state.stage.extend(flags.get("stage").split(","))
     del param.weights[:]
@@ -286,19 +532,8 @@ def cmd_train(argv: List[str]) -> int:
         plans.set_deterministic(True)
     show_progress = wants_bar(flags.get("progress"))
     actions = SignalActions(flags.get("sigint_effect"), flags.get("sighup_effect"))
-    strategy = flags.get("strategy")
-    if strategy not in STRATEGIES:
-        raise CCTError(f"train: unknown -strategy '{strategy}'; known: {', '.join(STRATEGIES)}")
-    groups = flags.int("groups") if flags.get("groups") else None  # None: one per device
-    if strategy == "sync" and groups not in (None, 1):
-        raise CCTError("train: -groups needs -strategy=async (sync is one group)")
-    if strategy != "sma" and flags.get("learners"):
-        raise CCTError("train: -learners is for -strategy=sma (use -groups for the others)")
-    if strategy == "sync" and flags.get("batch-sizes"):
-        raise CCTError("train: -batch-sizes gives each group its batch: use it with "
-                       "-strategy=hogbatch, adaptive-hogbatch or sma")
-    if strategy == "sync" and flags.get("momentum"):
-        param.momentum = _momentum_value(flags.get("momentum"))
+    if strategy == "sync" and momentum is not None:
+        param.momentum = float(momentum)
     if strategy == "sync":
         devices, backend = single_gpu(devices, "cpu")
     else:
@@ -306,42 +541,23 @@ def cmd_train(argv: List[str]) -> int:
     # Blob diffs can share memory where no code but the backward pass reads them: one net,
     # trained by the solver alone.
     solver = Solver(param, solver_path, action_request=actions, backend=backend,
-                    share_blob_diffs=(strategy == "sync" and devices is None
-                                      and not flags.bool("optimize")))
+                    share_blob_diffs=(strategy == "sync" and devices is None and not optimize))
     driver = None
     progress = None
     try:
-        if strategy != "sync":
-            driver = Driver(solver, groups=groups, engine=flags.get("engine"),
-                            devices=devices, staleness=flags.get("staleness"),
-                            momentum=flags.get("momentum") or None,
-                            allow_negative_momentum=flags.bool("allow-negative-momentum"),
-                            seed=flags.int("seed"), sync_fc=flags.bool("sync-fc"),
-                            strategy=strategy, batch_sizes=flags.get("batch-sizes") or None,
-                            threshold=flags.float("threshold"),
-                            learners=_learners(flags.get("learners")),
-                            sma_alpha=(flags.float("sma-alpha") if flags.get("sma-alpha")
-                                       else None),
-                            sma_momentum=flags.float("sma-momentum"),
-                            sync_period=flags.int("sync-period"),
-                            simulate_speeds=_speeds(flags.get("simulate-speeds")),
-                            ray_address=flags.get("ray-address") or None,
-                            ps_shards=flags.get("ps-shards"),
-                            ray_group_restarts=flags.int("ray-group-restarts"),
-                            ray_data=flags.get("ray-data"))
+        if driver_args is not None:
+            driver = Driver(solver, devices=devices, **driver_args)
         elif devices is not None:
             solver.set_gradient_source(gradient_source(solver.net, devices))
         if flags.get("snapshot"):
             solver.restore(flags.get("snapshot"))  # logs caffe.cpp's "Resuming from ..."
         if show_progress:  # the solver's callbacks run under the driver's strategies too
             progress = TrainingProgress(solver).attach()
+        summary = RunSummary(solver)
         log.info("caffe.cpp:239", "Starting Optimization")
-        if flags.bool("optimize"):
-            if strategy != "sync":
-                raise CCTError("train: -optimize chooses the strategy and groups itself; give "
-                               "no -strategy")
+        if optimize:
             from .optimizer import Optimizer
-            optimizer = Optimizer(solver, **_optimize_args(flags), engine=flags.get("engine"),
+            optimizer = Optimizer(solver, **optimize_args, engine=flags.get("engine"),
                                   devices=devices)
             try:
                 optimizer.solve()
@@ -349,6 +565,7 @@ def cmd_train(argv: List[str]) -> int:
                 optimizer.close()
         else:
             (driver.solve if driver else solver.solve)()
+        summary.log()
     finally:
         if progress is not None:
             progress.close()
@@ -359,15 +576,21 @@ def cmd_train(argv: List[str]) -> int:
 
 def _optimize_args(flags: Flags) -> dict:
     """The optimizer's settings from -target-accuracy, -target-loss, -budget, -probe-share and
-    -retune-every (cct/optimizer)."""
-    def number(name):
-        return flags.float(name) if flags.get(name) else None
+    -retune-every (cct/optimizer), each checked where it is parsed."""
     if flags.get("target-accuracy") and flags.get("target-loss"):
         raise CCTError(f"{flags.command}: give -target-accuracy or -target-loss, not both")
-    return {"target_accuracy": number("target-accuracy"), "target_loss": number("target-loss"),
-            "budget": number("budget"), "probe_share": flags.float("probe-share"),
-            "retune_every": (flags.int("retune-every") or None) if "retune-every" in flags.values
-            else None}
+    checks = {"target-accuracy": ("(0, 1]", "the first test net's accuracy to stop at"),
+              "target-loss": ("(0, inf)", "the smoothed training loss to stop at"),
+              "budget": ("(0, inf)", "the seconds the run may take")}
+    args = {name.replace("-", "_"): flags.float(name, *checks[name]) if flags.get(name)
+            else None for name in checks}
+    args["probe_share"] = flags.float("probe-share", "(0, 1)",
+                                      "the share of the run's time its probes may take")
+    if "retune-every" in flags.values:
+        # 0 (the default): the optimizer's interval, an epoch or a tenth of max_iter.
+        args["retune_every"] = flags.int("retune-every", "[0, inf)",
+                                         "iterations between re-tunes") or None
+    return args
 
 
 def cmd_plan(argv: List[str]) -> int:
@@ -388,8 +611,21 @@ def cmd_plan(argv: List[str]) -> int:
     solver_path = _require(flags, "solver", "Need a solver definition to plan.")
     cluster = None
     if flags.get("cluster"):
+        # A cluster's plan runs the simulated engine on the cluster's own link.
+        _refuse_unused(flags, ("engine", "bandwidth"), "with -cluster",
+                       purpose={"engine": "-cluster plans on the simulated engine, a group a "
+                                          "node",
+                                "bandwidth": "-cluster=...,bandwidth=X gives the links' "
+                                             "bandwidth"})
         from .optimizer.cluster import parse_cluster
         cluster = parse_cluster(flags.get("cluster"))
+    else:
+        _refuse_unused(flags, ("staleness",), "without -cluster", "-cluster",
+                       purpose={"staleness": "-staleness orders the simulated groups of a "
+                                             "-cluster plan"})
+    bandwidth = (cluster.bandwidth if cluster is not None else
+                 flags.float("bandwidth", "(0, inf)", "the link's bytes per second"))
+    optimize_args = _optimize_args(flags)
     param = read_solver_text(solver_path)
     param.snapshot = 0
     param.snapshot_after_train = False
@@ -406,13 +642,12 @@ def cmd_plan(argv: List[str]) -> int:
                                  apply_seconds(solver))
             kw = {"engine": "simulated", "groups": cluster.groups(), "he_model": model,
                   "staleness": flags.get("staleness")}
-        optimizer = Optimizer(solver, **_optimize_args(flags), **kw)
+        optimizer = Optimizer(solver, **optimize_args, **kw)
         plan = optimizer.make_plan()
         if cluster is not None:
             for line in model.lines():
                 log.info("optimizer.py:0", line)
         optimizer.log_plan(plan)
-        bandwidth = cluster.bandwidth if cluster is not None else flags.float("bandwidth")
         advise(solver, devices, step_seconds=plan.winner.he, bandwidth=bandwidth)
     finally:
         if optimizer is not None:
@@ -604,8 +839,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"cct: error: unknown command '{command}'.\n{USAGE}", file=sys.stderr)
+        # One line: the closest commands, not the whole usage (cct --help prints it).
+        print(f"cct: error: unknown command '{command}'.{close_matches(command, COMMANDS)} "
+              f"(cct --help lists the commands)", file=sys.stderr)
         return 1
+    # caffe.cpp sets FLAGS_alsologtostderr: the tools put the whole log on stderr, whatever
+    # GLOG_log_dir asks for besides (GLOG_minloglevel still applies).
+    log.init_log(alsologtostderr=True)
     try:
         return COMMANDS[command](rest)
     except ShowAndExit as shown:

@@ -10,11 +10,12 @@ raise :class:`ShowAndExit`, which ``cct``'s main prints to stdout before exiting
 """
 from __future__ import annotations
 
+import math
 import re
 import textwrap
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set, Union
 
-from .errors import CCTError
+from .errors import CCTError, close_matches
 
 _TRUE = {"true", "1", "yes", "t", "y"}
 _FALSE = {"false", "0", "no", "f", "n"}
@@ -58,7 +59,7 @@ DESCRIPTIONS: Dict[str, str] = {
     "learners": "cct: -strategy=sma's learner count, or auto (add while throughput gains 10%).",
     "sma-alpha": "cct: the share of its gap to the central model a learner closes at each "
                  "synchronisation (default 1/learners).",
-    "sma-momentum": "cct: the central model's momentum with -strategy=sma.",
+    "sma-momentum": "cct: the central model's momentum with -strategy=sma, in [0, 1).",
     "sync-period": "cct: -strategy=sma's local steps between synchronisations.",
     "simulate-speeds": "cct: the simulated engine's device speeds in records per virtual "
                        "second, one per group (1,8).",
@@ -67,26 +68,34 @@ DESCRIPTIONS: Dict[str, str] = {
     "ps-shards": "cct: the parameter store's shards with -engine=ray, a count or auto (Zou "
                  "et al.'s rule from the model's bytes, the bandwidth and a step's time).",
     "ray-group-restarts": "cct: how often Ray restarts a group actor that died before it is "
-                          "dropped.",
+                          "dropped (at least 0; Ray's -1, forever, is not taken).",
+    "group-timeout": "cct: seconds a group of -engine=processes or ray may take to answer "
+                     "before it is dropped as dead (default: the larger of 300 and 10x the "
+                     "slowest step seen).",
     "ray-data": "cct: -engine=ray's data: ship (the driver reads and ships batches) or local "
                 "(each group reads its part of the LMDB where it runs).",
     "staleness": "cct: round-robin or exponential, the staleness model of a simulated run.",
     "optimize": "cct: let the optimizer choose strategy, groups, lr and momentum from "
                 "in-run probes, print its plan, and re-tune while training (cct/optimizer).",
     "target-accuracy": "cct: with -optimize, stop when the first test net's accuracy reaches "
-                       "this.",
-    "target-loss": "cct: with -optimize, stop when the smoothed training loss reaches this.",
+                       "this, in (0, 1].",
+    "target-loss": "cct: with -optimize, stop when the smoothed training loss reaches this "
+                   "(positive).",
     "budget": "cct: with -optimize, the seconds the run may take (sizes the probes).",
-    "probe-share": "cct: with -optimize, the share of the run's time its probes may take.",
+    "probe-share": "cct: with -optimize, the share of the run's time its probes may take, in "
+                   "(0, 1).",
     "retune-every": "cct: with -optimize, iterations between re-tunes (0: one epoch when "
                     "known, else max_iter/10).",
     "bandwidth": "cct: plan's link bandwidth in bytes/s for the store-shard advice "
                  "(assumed, 10 Gbit/s by default).",
     "cluster": "cct: plan for a cluster: nodes=N,bandwidth=BYTES_PER_S[,shards=S]"
                "[,overhead=SECONDS]; HE from the scale-out model, SE from the simulated engine.",
-    "momentum": "cct: the momentum to use instead of the solver's (auto with async).",
-    "seed": "cct: the seed of a simulated run's exponential staleness.",
-    "allow-negative-momentum": "cct: let -momentum=auto go below zero.",
+    "momentum": "cct: the momentum to use instead of the solver's, at least 0 (auto with "
+                "async).",
+    "seed": "cct: the seed of a simulated run's exponential staleness (at least 0: unlike "
+            "Caffe's random_seed, -1 is no random seed).",
+    "allow-negative-momentum": "cct: let -momentum go below zero (auto, or a negative "
+                               "value).",
     "sync-fc": "cct: run the InnerProduct layers serially on the store's weights, never stale.",
     "backend": "The backend {lmdb, leveldb} for storing the result.",
     "gray": "When this option is on, treat images as grayscale ones.",
@@ -129,17 +138,30 @@ def version_line(program: str = "cct") -> str:
     return f"{program} version {__version__} (Caffe {CAFFE_VERSION} compatible)"
 
 
-class Flags:
-    """Parse ``argv`` against ``known`` ({name: default string}); ``booleans`` name the flags
-    that take no value. Unknown flags are errors naming the command and the known flags."""
+#: gflags' type names, by the Python type of a flag's default
+_KINDS = {bool: "bool", int: "int32", float: "double", str: "string"}
 
-    def __init__(self, command: str, argv: Sequence[str], known: Dict[str, str],
+
+class Flags:
+    """Parse ``argv`` against ``known`` ({name: default}); ``booleans`` name the flags that take
+    no value. A default's Python type is the flag's type in -help (gflags' ``DEFINE_double``
+    and ``DEFINE_int32``): ``0.0`` is a double whose default prints as 0; a string default
+    that reads as an integer or a number is an int32 or a double. Unknown flags are errors
+    naming the command and the closest known flags. :attr:`given` holds the flags the command
+    line named (whatever their value), for the rule that a flag the chosen settings do not
+    use is an error rather than silently ignored."""
+
+    def __init__(self, command: str, argv: Sequence[str],
+                 known: Dict[str, Union[str, int, float, bool]],
                  booleans: Sequence[str] = (), positional: Sequence[str] = ()):
         self.command = command
-        self.values: Dict[str, str] = dict(known)
+        self.kinds: Dict[str, str] = {k: _kind(v) for k, v in known.items()}
+        self.values: Dict[str, str] = {k: _text(v) for k, v in known.items()}
         self.booleans = set(booleans)
         for b in self.booleans:
             self.values.setdefault(b, "false")
+            self.kinds[b] = "bool"
+        self.given: Set[str] = set()
         self.positional: List[str] = []
         argv = list(argv)
         # As gflags: a reporting flag wins over every other flag, and over their errors.
@@ -168,8 +190,10 @@ class Flags:
                 i += 1  # -help=false: gflags accepts it and does nothing
                 continue
             if name not in self.values:
-                raise CCTError(f"{command}: unknown flag -{name}; known flags: "
-                               + ", ".join(f"-{k}" for k in sorted(self.values)))
+                # One line: the closest names, not the whole list (-help has that).
+                hint = close_matches(f"-{name}", [f"-{k}" for k in self.values])
+                raise CCTError(f"{command}: unknown flag -{name}.{hint} (cct {command} --help "
+                               f"lists its flags)")
             if value is None:
                 if name in self.booleans:
                     value = "true"
@@ -179,6 +203,7 @@ class Flags:
                 else:
                     raise CCTError(f"{command}: flag -{name} needs a value")
             self.values[name] = value
+            self.given.add(name)
             i += 1
         if positional and len(self.positional) != len(positional):
             raise CCTError(f"{command}: expected {len(positional)} argument(s) "
@@ -195,9 +220,7 @@ class Flags:
                                                     + list(positional))),
                  "", f"  Flags from cct {self.command}:"]
         for name in sorted(self.values):
-            default = self.values[name]
-            kind = ("bool" if name in self.booleans else "int32" if re.fullmatch(r"-?\d+", default)
-                    else "string")
+            default, kind = self.values[name], self.kinds[name]
             shown = f'"{default}"' if kind == "string" else default
             lines.append(textwrap.fill(f"    --{name} ({DESCRIPTIONS.get(name, '')}) type: "
                                        f"{kind} default: {shown}", width=79,
@@ -209,19 +232,35 @@ class Flags:
     def get(self, name: str) -> str:
         return self.values[name]
 
-    def int(self, name: str) -> int:
+    def int(self, name: str, within: Optional[str] = None, why: str = "") -> int:
+        """The flag as an integer, in the interval ``within`` (``"[1, inf)"``) when given;
+        ``why`` (what the flag means) ends the error's line."""
         try:
-            return int(self.values[name])
+            value = int(self.values[name])
         except ValueError:
             raise CCTError(f"{self.command}: -{name} must be an integer, got "
                            f"'{self.values[name]}'") from None
+        return self._check(name, value, within, why)
 
-    def float(self, name: str) -> float:
+    def float(self, name: str, within: Optional[str] = None, why: str = "") -> float:
+        """The flag as a finite number (NaN and inf are refused: no flag means either), in
+        the interval ``within`` (``"(0, 1]"``) when given."""
         try:
-            return float(self.values[name])
+            value = float(self.values[name])
         except ValueError:
             raise CCTError(f"{self.command}: -{name} must be a number, got "
                            f"'{self.values[name]}'") from None
+        if not math.isfinite(value):
+            raise CCTError(f"{self.command}: -{name} must be a finite number"
+                           + (f" {_phrase(within)}" if within else "")
+                           + f", got '{self.values[name]}'" + (f" ({why})" if why else ""))
+        return self._check(name, value, within, why)
+
+    def _check(self, name: str, value, within: Optional[str], why: str):
+        if within is None or _inside(value, within):
+            return value
+        raise CCTError(f"{self.command}: -{name} must be {_phrase(within)}, got "
+                       f"'{self.values[name]}'" + (f" ({why})" if why else ""))
 
     def bool(self, name: str) -> bool:
         v = self.values[name].lower()
@@ -258,6 +297,45 @@ def _summary(command: str):
             return joined.split(" (", 1)[0], ""
         return "", f"{command} {joined}"
     return "", ""
+
+
+def _kind(default) -> str:
+    """gflags' type name of a flag with this default."""
+    if isinstance(default, str):
+        if re.fullmatch(r"-?\d+", default):
+            return "int32"
+        return "double" if default and _is_number(default) else "string"
+    return _KINDS[type(default)]
+
+
+def _text(default) -> str:
+    """A default as the flag's text: ``0.0`` shows as 0, as gflags prints a double."""
+    if isinstance(default, bool):
+        return "true" if default else "false"
+    if isinstance(default, float):
+        return f"{default:g}"
+    return str(default)
+
+
+def _bounds(within: str):
+    """``"(0, 1]"`` -> (0.0, 1.0, lower included, upper included); ``inf`` is unbounded."""
+    lo, hi = (float(x) for x in within[1:-1].split(","))
+    return lo, hi, within[0] == "[", within[-1] == "]"
+
+
+def _inside(value, within: str) -> bool:
+    lo, hi, lo_in, hi_in = _bounds(within)
+    return (lo <= value if lo_in else lo < value) and (value <= hi if hi_in else value < hi)
+
+
+def _phrase(within: str) -> str:
+    """The interval in words where they are shorter: at least 0, positive, in (0, 1]."""
+    lo, hi, lo_in, _ = _bounds(within)
+    if math.isinf(hi):
+        if lo == 0 and not lo_in:
+            return "positive"
+        return f"{'at least' if lo_in else 'above'} {lo:g}"
+    return f"in {within}"
 
 
 def _is_number(arg: str) -> bool:

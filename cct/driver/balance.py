@@ -19,6 +19,8 @@ from ..errors import CCTError
 from ..glog import info
 
 SRC = "driver.cpp:0"
+#: The largest batch: Caffe's Blob::Reshape checks every dimension and count against INT_MAX.
+MAX_BATCH = 2 ** 31 - 1
 
 
 def parse_batch_sizes(text: str, groups: Sequence[Sequence[str]]) -> List[Optional[int]]:
@@ -54,6 +56,9 @@ def parse_batch_sizes(text: str, groups: Sequence[Sequence[str]]) -> List[Option
                        f"(cpu:16,gpu0:256), got '{text}'") from None
     if any(b is not None and b < 1 for b in out):
         raise CCTError(f"--batch-sizes must be at least 1, got '{text}'")
+    if any(b is not None and b > MAX_BATCH for b in out):
+        raise CCTError(f"--batch-sizes={text}: a batch above {MAX_BATCH} (INT_MAX) is no Caffe "
+                       f"blob's dimension; give batches that fit the devices' memory")
     return out
 
 

@@ -135,6 +135,10 @@ class Exponential:
     """Each group's work times drawn from Exp(1); the group whose work ends first is next."""
 
     def __init__(self, groups: int, seed: int):
+        if not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise CCTError(f"the exponential staleness model's seed (--seed) must be an "
+                           f"integer of at least 0 (NumPy's generators take no negative "
+                           f"seed), got {seed!r}")
         self.rng = np.random.default_rng(seed)
         self.events = [(float(self.rng.exponential()), k) for k in range(groups)]
         heapq.heapify(self.events)
