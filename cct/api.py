@@ -67,9 +67,10 @@ def current_backend() -> str:
     return _backend
 
 
-def init_log(level: int = 0, *_args) -> None:
-    """pycaffe's init_log: level 0 logs INFO, higher levels only warnings and errors."""
-    _log.set_quiet(level > 0)
+def init_log(level: Optional[int] = None, stderr: Optional[bool] = None) -> None:
+    """pycaffe's init_log(), init_log(level), init_log(level, stderr): the GLOG_* variables
+    read again; ``level`` (0 INFO .. 3 FATAL) and ``stderr`` (glog's logtostderr) over them."""
+    _log.init_log(level, stderr)
 
 
 def log(message: str) -> None:

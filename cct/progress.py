@@ -7,13 +7,15 @@ every iteration whoever runs the loop, the solver's ``step`` or a driver's strat
 (cct/driver): both call the solver's ``begin_iteration`` and ``record_loss``, which call the
 callbacks. The line shows::
 
-    Iteration:  12%|##        | 1200/10000 [00:31<03:50, 38.2it/s, 2445 img/s, loss 0.0912, accuracy 0.9836]
+    Iteration:  12%|##        | 1200/10000 [00:31<03:50, 38.2it/s, 2445 img/s, loss 0.0912, accuracy 0.9836 @1000]
 
 the iteration of ``max_iter``, the iteration rate and the images per second (the train net's
 batch times ``iter_size`` per iteration; a driver whose groups take other batches gets the
 train net's), the time left, the smoothed loss of Caffe's ``Iteration N, loss = ...`` line, and
 the first test net's last scores (the solver's ``test_scores``: the accuracy-like ones, or the
-first when none is).
+first when none is) with the iteration of the test that gave them (``accuracy 0.9836 @1000``):
+a test runs every ``test_interval`` iterations, and without its iteration the initial weights'
+accuracy (``test_initialization``) would read as the current one until the next test.
 
 The log is untouched: each glog line is written with the bar taken off the terminal's last
 line and put back after (cct/glog.py's ``set_live_display``), so on a terminal the log lines
@@ -24,13 +26,12 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from . import glog
 from .errors import CCTError
 
 MODES = ("auto", "bar", "none")
-
 
 
 def wants_bar(mode: str, stream=None) -> bool:
@@ -87,6 +88,11 @@ class TrainingProgress:
         self.images = images_per_iteration(solver)
         self.bar = None
         self._attached = False
+        # The first test net's scores last seen (the solver's list, replaced by each test) and
+        # the iteration they were first seen at: the test's, as the solver tests at the start
+        # of an iteration, before the callbacks, and after the last one.
+        self._scores: Optional[List[Tuple[str, float]]] = None
+        self._tested_at = 0
 
     # -- wiring ------------------------------------------------------------------------------
     def attach(self) -> "TrainingProgress":
@@ -110,6 +116,7 @@ class TrainingProgress:
 
     # -- the solver's callbacks --------------------------------------------------------------
     def _on_start(self) -> None:
+        self._test_scores()
         if self.bar is None and self._attached:
             max_iter = self.solver.param.max_iter
             # A terminal that reports no size (a bare pseudo-terminal) gets 100x24, else
@@ -141,10 +148,17 @@ class TrainingProgress:
         if rate and self.images:
             parts.append(f"{rate * self.images:.0f} img/s")
         parts.append(f"loss {float(self.solver.smoothed_loss):.4g}")
-        parts += [f"{name} {value:.4g}" for name, value in self._shown_scores()]
+        parts += [f"{name} {value:.4g} @{self._tested_at}" for name, value in
+                  self._shown_scores()]
         return ", ".join(parts)
 
+    def _test_scores(self) -> List[Tuple[str, float]]:
+        scores = self.solver.test_scores.get(0)
+        if scores is not self._scores:
+            self._scores, self._tested_at = scores, self.solver.iter
+        return scores or []
+
     def _shown_scores(self) -> List[Tuple[str, float]]:
-        first = self.solver.test_scores.get(0, [])
+        first = self._test_scores()
         accuracy = [(name, v) for name, v in first if "acc" in name.lower()]
         return accuracy or first[:1]

@@ -32,7 +32,7 @@ random_seed: 1701
 
 PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ (\S+:\d+)\] ")
 BAR = re.compile(r"Iteration: +\d+%\|.*\| (\d+)/20 \[.*it/s, (\d+) img/s, loss [\d.e+-]+, "
-                 r"accuracy [\d.]+\]")
+                 r"accuracy [\d.]+ @\d+\]")
 
 
 @pytest.fixture
@@ -143,3 +143,70 @@ def test_bad_progress_value(workdir):
     assert run.returncode == 1
     assert "-progress must be auto, bar or none; got 'sometimes'" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+class _Solver:
+    """What the bar reads of a solver, run by hand: tests at the start of an iteration, then
+    the callbacks, as Solver.begin_iteration does."""
+
+    def __init__(self, max_iter=30, test_interval=10, test_initialization=True):
+        import types
+        self.param = types.SimpleNamespace(max_iter=max_iter, iter_size=1)
+        self.net = types.SimpleNamespace(bottom_vecs=[], top_vecs=[])
+        self.iter, self.smoothed_loss, self.test_scores = 0, 2.3, {}
+        self.test_interval, self.test_initialization = test_interval, test_initialization
+        self.callbacks = []
+
+    def add_callback(self, on_start, on_gradients_ready):
+        self.callbacks.append((on_start, on_gradients_ready))
+
+    def test(self):
+        # a new list per test, as Solver.test makes
+        self.test_scores[0] = [("loss", 1.5), ("accuracy", 0.11 + self.iter / 100)]
+
+    def run(self, iters, postfix):
+        """``iters`` iterations; the bar's scores at each."""
+        shown = {}
+        for _ in range(iters):
+            if self.iter % self.test_interval == 0 and (self.iter or self.test_initialization):
+                self.test()
+            for on_start, on_gradients_ready in self.callbacks:
+                on_start()
+                on_gradients_ready()
+            shown[self.iter] = postfix()
+            self.iter += 1
+        return shown
+
+
+def _bar(solver):
+    import io
+
+    from cct.progress import TrainingProgress
+    return TrainingProgress(solver, stream=io.StringIO()).attach()
+
+
+def test_the_bar_says_which_iterations_test_its_accuracy_is():
+    """Iteration 0's test (the initial weights) is not shown as the current accuracy until the
+    next test: every score carries its test's iteration."""
+    solver = _Solver()
+    progress = _bar(solver)
+    try:
+        shown = solver.run(25, progress._postfix)
+        solver.test()               # the solve's last test, after the loop
+    finally:
+        progress.close()
+    assert shown[0] == shown[9] == "loss 2.3, accuracy 0.11 @0"
+    assert shown[10] == shown[19] == "loss 2.3, accuracy 0.21 @10"
+    assert shown[24] == "loss 2.3, accuracy 0.31 @20"
+    assert progress._postfix() == "loss 2.3, accuracy 0.36 @25"
+
+
+def test_no_score_before_the_first_test():
+    solver = _Solver(test_initialization=False)
+    progress = _bar(solver)
+    try:
+        shown = solver.run(12, progress._postfix)
+    finally:
+        progress.close()
+    assert shown[0] == shown[9] == "loss 2.3"
+    assert shown[10] == "loss 2.3, accuracy 0.21 @10"

@@ -185,6 +185,17 @@ class Optimizer:
             raise CCTError("give --target-loss or --target-accuracy, not both")
         if not 0 < probe_share < 1:
             raise CCTError(f"--probe-share must be between 0 and 1, got {probe_share}")
+        # NaN fails every comparison: each check is written so that it is refused.
+        if target_accuracy is not None and not 0 < target_accuracy <= 1:
+            raise CCTError(f"--target-accuracy must be in (0, 1] (the first test net's "
+                           f"accuracy to stop at), got {target_accuracy}")
+        if target_loss is not None and not 0 < target_loss < math.inf:
+            raise CCTError(f"--target-loss must be a positive finite loss, got {target_loss}")
+        if budget is not None and not 0 < budget < math.inf:
+            raise CCTError(f"--budget must be a positive finite number of seconds, got {budget}")
+        if retune_every is not None and not retune_every >= 0:
+            raise CCTError(f"--retune-every must be at least 0 iterations (0: the default "
+                           f"interval), got {retune_every}")
         self.solver = solver
         self.target_loss = target_loss
         self.target_accuracy = target_accuracy
@@ -249,8 +260,11 @@ class Optimizer:
                         f"(smoothed loss {float(s.smoothed_loss):.4g})")
 
     def _reach(self, what: str) -> None:
+        """Stop the run: at the end of this iteration, as Caffe's stop request does (the
+        update done, the iteration counted), so the run stops at the next iteration number,
+        which the snapshot after training is named by; :meth:`solve` says which."""
         self.reached = what
-        info(SRC, f"Optimizer: {what}; stopping.")
+        info(SRC, f"Optimizer: {what}; stopping when this iteration ends.")
 
     # -- configurations ----------------------------------------------------------------------
     def configure(self, cand: Candidate) -> None:
@@ -621,8 +635,11 @@ class Optimizer:
             ref = self.target_loss
         else:
             # The models' own values at the probes' ends: a reference below them all is one
-            # every model still has to reach, whatever the lag of the smoothed losses.
-            ref = 0.9 * min(c.fit.loss_at(c.fit.t_last) for c in everything)
+            # every model still has to reach, whatever the lag of the smoothed losses; and
+            # below the smoothed losses too, which iterations_to takes as reached when at or
+            # under it: a noisy one under 0.9 x its model had the winner "there in 0
+            # iterations", and every other candidate infinitely slower.
+            ref = 0.9 * min(min(c.fit.loss_at(c.fit.t_last), c.fit.last) for c in everything)
         plan.reference_loss = ref
         flat = FLAT * max(1, int(self.solver.param.max_iter))
         for c in kept:
@@ -640,16 +657,29 @@ class Optimizer:
         ref = (f"target loss {self.target_loss:g}" if self.target_loss is not None
                else f"reference loss {plan.reference_loss:.4g} (0.9 x the lowest fitted loss "
                     f"at a probe's end)")
-        line = (f"{w.describe()} wins: predicted {_num(w.seconds, '.3g')} s to the {ref} "
-                f"({_num(w.he, '.3g')} s/iter x {_num(w.iters, '.0f')} iterations)")
+        # The iterations are counted from the winner's probe's end (what the ranking
+        # compares); the line gives the iteration of the run they lead to, which a reader can
+        # hold against the log, not a bare count ("x 2 iterations", for a run of hundreds).
+        end = w.fit.t_last
+        if w.iters is None or not math.isfinite(w.iters):
+            line = (f"{w.describe()} wins: no probe is predicted to reach the {ref} in this "
+                    f"run (flat loss curves); it ranks first by its smoothed loss "
+                    f"{w.fit.last:.4g} at its probe's end, iteration {end}")
+        elif w.iters == 0:
+            line = (f"{w.describe()} wins: predicted at the {ref} already: its probe reached "
+                    f"it (smoothed loss {w.fit.last:.4g} at iteration {end})")
+        else:
+            at = math.ceil(end + w.iters)
+            line = (f"{w.describe()} wins: predicted to reach the {ref} at iteration {at}, "
+                    f"{at - end} iterations after its probe's end at iteration {end} "
+                    f"({_num(w.seconds, '.3g')} s at {_num(w.he, '.3g')} s/iter)")
         others = sorted((c for c in plan.candidates if c.status == "kept"),
                         key=lambda c: c.seconds)
         if others:
             o = others[0]
-            ratio = (o.seconds / w.seconds if w.seconds and math.isfinite(o.seconds)
-                     else math.inf)
-            line += (f"; next best {o.describe()} at {_num(o.seconds, '.3g')} s "
-                     f"({_num(ratio, '.2f')}x)")
+            line += f"; next best {o.describe()} at {_num(o.seconds, '.3g')} s"
+            if w.seconds and math.isfinite(w.seconds) and math.isfinite(o.seconds):
+                line += f" ({o.seconds / w.seconds:.2f}x)"
         return line
 
     def log_plan(self, plan: Plan) -> None:
@@ -698,7 +728,7 @@ class Optimizer:
                 s.set_gradient_source(NetSource(s.net))
                 self.driver = None
         if self.reached:
-            info(SRC, f"Optimizer: stopped early: {self.reached}")
+            info(SRC, f"Optimizer: stopped early at iteration {s.iter}: {self.reached}")
 
     def _retune_every(self) -> int:
         """--retune-every, else an epoch (or a tenth of max_iter), but never so often that a
