@@ -11,18 +11,22 @@ operators that compute exactly what Caffe computes, with Caffe's blob names as t
   ``<blob>/<layer>``.
 - Caffe's quirks are kept: pooling's ceil rounding and dropped last window become explicit end
   pads; average pooling's divisor follows Caffe's (padding inside ``pad`` counted, beyond it
-  not); BatchNorm's statistics are divided by its scale-factor blob; Scale/Bias broadcast from
-  ``axis`` over ``num_axes``; InnerProduct flattens from ``axis``; ArgMax's indices are floats.
-- A layer with no exact ONNX equivalent (a Python layer, LRN within a channel, an average
-  pooling whose last window reaches past the padding...) is refused by name with the reason;
-  nothing is approximated.
+  not, even where the last window reaches past the padding); BatchNorm's statistics are
+  divided by its scale-factor blob; Scale/Bias broadcast from ``axis`` over ``num_axes``;
+  InnerProduct flattens from ``axis``; ArgMax's indices are floats.
+- A layer with no exact ONNX equivalent (a Python layer, stochastic pooling, ArgMax with
+  top_k > 1...) is refused by name with the reason; nothing is approximated.
 
 The batch is the first axis of every graph input: fixed (``batch=N``, or the net's own) or
-symbolic (``batch="dynamic"``); shapes that mention it are written relative to it.
+symbolic (``batch="dynamic"``); shapes that mention it are written relative to it. The opset
+is any from :data:`MIN_OPSET` to the newest that both the installed onnx and onnxruntime know
+(:func:`opset_range`).
 """
 from __future__ import annotations
 
+import functools
 import os
+import re
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -30,10 +34,16 @@ import numpy as np
 from . import __version__
 from .errors import CCTError
 from .glog import info
+from .install import install_hint
 from .io.atomic import atomic_write
 from .proto import caffe_pb2
 
-DEFAULT_OPSET = 13
+#: The oldest opset that has every operator as written here (ReduceSum's axes, Split's sizes
+#: and Clip's bounds as inputs came in 13).
+MIN_OPSET = 13
+DEFAULT_OPSET = MIN_OPSET
+#: The opset from which ReduceMean, ReduceL1 and ReduceSumSquare take their axes as an input.
+_REDUCE_AXES_INPUT = 18
 _PP = caffe_pb2.PoolingParameter
 _DATA_TYPES = {"Data", "ImageData", "HDF5Data", "MemoryData", "WindowData", "DummyData",
                "Input"}
@@ -44,13 +54,18 @@ class ExportError(CCTError):
     """A net that cannot be written as ONNX exactly (the message names the layer and why)."""
 
 
+class CheckError(CCTError):
+    """ONNX Runtime could not load or run an exported model (the message names the node and
+    the layer it was written for)."""
+
+
 def _onnx():
     try:
         import onnx
         from onnx import helper, numpy_helper
     except ImportError:
-        raise CCTError("export_onnx needs the onnx package: pip install 'cct[onnx]' (or pip "
-                       "install onnx)") from None
+        raise CCTError(f"export_onnx needs the onnx package: {install_hint('onnx')} (or pip "
+                       f"install onnx)") from None
     return onnx, helper, numpy_helper
 
 
@@ -58,10 +73,11 @@ class _Graph:
     """The ONNX graph being written: nodes, initializers, and each Caffe blob's current tensor
     name."""
 
-    def __init__(self, net, batch):
+    def __init__(self, net, batch, opset: int = DEFAULT_OPSET):
         self.onnx, self.helper, self.numpy_helper = _onnx()
         self.net = net
         self.batch = batch
+        self.opset = opset
         self.nodes: List = []
         self.initializers: List = []
         self.current: Dict[str, str] = {}
@@ -84,6 +100,16 @@ class _Graph:
     def node(self, op: str, inputs: Sequence[str], outputs: Sequence[str], name: str, **attrs):
         self.nodes.append(self.helper.make_node(op, list(inputs), list(outputs), name=name,
                                                 **attrs))
+
+    def reduce(self, op: str, x: str, axes: Sequence[int], outs: Sequence[str], name: str,
+               keepdims: int):
+        """A Reduce* node: its axes an input where the opset wants one (ReduceSum from 13, the
+        others from 18), an attribute before."""
+        if op == "ReduceSum" or self.opset >= _REDUCE_AXES_INPUT:
+            self.node(op, [x, self.const(f"{name}/axes", np.array(list(axes), np.int64))],
+                      outs, name, keepdims=keepdims)
+        else:
+            self.node(op, [x], outs, name, axes=list(axes), keepdims=keepdims)
 
     def io_shape(self, shape: Sequence[int]) -> list:
         """A graph input's or output's shape: the batch (a leading axis of the net's batch)
@@ -162,25 +188,43 @@ def _pool(g, L, ins, outs, ctx):
         return
     if len(outs) > 1:
         raise ctx.refuse("the max pooling mask top has no ONNX output")
-    (_, _, h, w), (_, _, oh, ow) = ctx.bottom_shapes[0], ctx.top_shapes[0]
+    (_, c, h, w), (_, _, oh, ow) = ctx.bottom_shapes[0], ctx.top_shapes[0]
     ends = []
     for size, o, k, s, pad in zip((h, w), (oh, ow), layer.kernel, layer.stride, layer.pad):
         # Caffe's size as floor rounding over [pad, size, end pad]: the end pad that reaches
         # exactly the last window Caffe keeps.
-        end = (o - 1) * s + k - size - pad
-        if not mx and pad and end > pad:
-            raise ctx.refuse(f"the last average window reaches {end - pad} past the padding, "
-                             f"where Caffe's divisor stops and ONNX's does not")
-        ends.append(max(end, 0))
+        ends.append(max((o - 1) * s + k - size - pad, 0))
     attrs = dict(kernel_shape=list(layer.kernel), strides=list(layer.stride),
                  pads=[layer.pad[0], layer.pad[1], ends[0], ends[1]])
     if mx:
         g.node("MaxPool", ins[:1], outs[:1], ctx.name, **attrs)
-    else:
+        return
+    if not max(layer.pad) or all(end <= pad for end, pad in zip(ends, layer.pad)):
         # Caffe divides by the window clipped to the padded bottom: with pad 0, the valid
-        # cells (ONNX without pads counted); with pad, the full window (ONNX with pads).
+        # cells (ONNX without pads counted); with pad and no window past it, the full window
+        # (ONNX with pads counted).
         g.node("AveragePool", ins[:1], outs[:1], ctx.name,
                count_include_pad=1 if max(layer.pad) else 0, **attrs)
+        return
+    # A last window past the padding (ceil rounding, e.g. SqueezeNet's kernel 3 stride 2 pad 1
+    # on an even plane): ONNX counts all of it or only the bottom's cells, Caffe the part inside
+    # [-pad, size + pad). The sum over the window as a depthwise Conv of ones (the padding adds
+    # zeros), divided by Caffe's divisors computed here from the shapes: Caffe's own arithmetic.
+    kh, kw = layer.kernel
+    window = g.unique(f"{ctx.name}/window_sum")
+    g.node("Conv", [ins[0], g.const(f"{ctx.name}/ones", np.ones((c, 1, kh, kw), np.float32))],
+           [window], f"{ctx.name}/window_sum", group=int(c), **attrs)
+    counts = [_ave_counts(o, size, k, s, pad) for o, size, k, s, pad in
+              zip((oh, ow), (h, w), layer.kernel, layer.stride, layer.pad)]
+    divisor = np.outer(counts[0], counts[1]).astype(np.float32).reshape(1, 1, oh, ow)
+    g.node("Div", [window, g.const(f"{ctx.name}/divisor", divisor)], outs[:1], ctx.name)
+
+
+def _ave_counts(pooled: int, size: int, kernel: int, stride: int, pad: int) -> np.ndarray:
+    """Caffe's AVE divisor along one axis, per output position: the window
+    [start, start + kernel) with start = i stride - pad, clipped at size + pad."""
+    start = np.arange(pooled) * stride - pad
+    return np.minimum(start + kernel, size + pad) - start
 
 
 @_writes("InnerProduct")
@@ -490,11 +534,7 @@ def _reduction(g, L, ins, outs, ctx):
     reduced = g.unique(f"{ctx.name}/reduced")
     op = {R.SUM: "ReduceSum", R.MEAN: "ReduceSum", R.ASUM: "ReduceL1",
           R.SUMSQ: "ReduceSumSquare"}[p.operation]
-    if op == "ReduceSum":       # opset 13: its axes are an input, the others' an attribute
-        g.node(op, [ins[0], g.const(f"{ctx.name}/axes", np.array(axes, np.int64))], [reduced],
-               ctx.name, keepdims=0)
-    else:
-        g.node(op, ins[:1], [reduced], ctx.name, axes=axes, keepdims=0)
+    g.reduce(op, ins[0], axes, [reduced], ctx.name, keepdims=0)
     if coeff == 1.0:
         g.node("Identity", [reduced], outs, f"{ctx.name}/coeff")
     else:
@@ -508,14 +548,14 @@ def _mvn(g, L, ins, outs, ctx):
     shape = ctx.bottom_shapes[0]
     axes = list(range(1 if layer.across_channels else 2, len(shape)))
     mean, centred = g.unique(f"{ctx.name}/mean"), g.unique(f"{ctx.name}/centred")
-    g.node("ReduceMean", ins[:1], [mean], f"{ctx.name}/mean", axes=axes, keepdims=1)
+    g.reduce("ReduceMean", ins[0], axes, [mean], f"{ctx.name}/mean", keepdims=1)
     g.node("Sub", [ins[0], mean], [centred if layer.normalize_variance else outs[0]],
            f"{ctx.name}/centre")
     if not layer.normalize_variance:
         return
     sq, var, std, std_eps = (g.unique(f"{ctx.name}/{t}") for t in ("sq", "var", "std", "eps"))
     g.node("Mul", [centred, centred], [sq], f"{ctx.name}/sq")
-    g.node("ReduceMean", [sq], [var], f"{ctx.name}/var", axes=axes, keepdims=1)
+    g.reduce("ReduceMean", sq, axes, [var], f"{ctx.name}/var", keepdims=1)
     g.node("Sqrt", [var], [std], f"{ctx.name}/std")
     # Caffe divides by sqrt(var) + eps (not sqrt(var + eps)).
     g.node("Add", [std, g.const(f"{ctx.name}/eps", np.float32(layer.eps))], [std_eps],
@@ -590,9 +630,11 @@ def export_onnx(net, path: str, opset: int = DEFAULT_OPSET,
                 batch: Union[int, str, None] = None, sources: Sequence[str] = ()) -> "object":
     """Write ``net`` (a cct Net with its weights) to ``path`` as ONNX; returns the ModelProto.
     ``batch``: ``"dynamic"``, a number, or None (the net's own). ``sources`` name the files
-    it came from (the model's doc string)."""
+    it came from (the model's doc string). ``opset``: from :data:`MIN_OPSET` to the newest
+    that the installed onnx and onnxruntime know (:func:`opset_range`)."""
     onnx = _onnx()[0]
-    g = _Graph(net, batch)
+    check_opset(opset)
+    g = _Graph(net, batch, opset)
     kept, dropped, inputs = _deploy_view(net)
     if dropped:
         info("onnx_export.py:0", f"Deploy view: dropped {', '.join(dropped)} (loss and "
@@ -652,7 +694,7 @@ def export_onnx(net, path: str, opset: int = DEFAULT_OPSET,
     model = onnx.helper.make_model(graph, producer_name="cct", producer_version=__version__,
                                    doc_string=doc,
                                    opset_imports=[onnx.helper.make_opsetid("", opset)])
-    model.ir_version = min(model.ir_version, 8)
+    model.ir_version = _ir_version(opset)
     onnx.checker.check_model(model)
     data = model.SerializeToString()
 
@@ -663,20 +705,124 @@ def export_onnx(net, path: str, opset: int = DEFAULT_OPSET,
     return model
 
 
-def run_check(net, model, batch: int = 1, seed: int = 0,
-              given: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, float]:
-    """ONNX Runtime and cct on the same input at ``batch`` (standard normal, or ``given``
-    arrays by input name, e.g. Embed's indices): the largest absolute difference, relative to
-    the largest magnitude, per output."""
+def _ir_version(opset: int) -> int:
+    """The model's IR version: 8 (what runtimes of opset 13's time read) unless the opset came
+    later than IR 8, then the first IR version that knows it."""
+    helper = _onnx()[1]
+    return max(8, helper.find_min_ir_version_for([helper.make_opsetid("", opset)]))
+
+
+@functools.lru_cache(maxsize=None)
+def opset_range() -> Tuple[int, int, str]:
+    """(lowest, highest, what sets the highest): the opsets this exporter writes, from
+    :data:`MIN_OPSET` to the newest that the installed onnx knows and, where onnxruntime is
+    installed, that it loads (found by loading a one-node model, newest first)."""
+    onnx = _onnx()[0]
+    high = onnx.defs.onnx_opset_version()
     try:
         import onnxruntime as ort
     except ImportError:
-        raise CCTError("--check needs onnxruntime: pip install 'cct[onnx]'") from None
+        return MIN_OPSET, high, f"onnx {onnx.__version__} knows"
+    helper = onnx.helper
+    options = ort.SessionOptions()
+    options.log_severity_level = 3        # no warning for an opset newer than ort's release
+    for opset in range(high, MIN_OPSET - 1, -1):
+        x, y = (helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1]) for n in "xy")
+        probe = helper.make_model(
+            helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y]),
+            opset_imports=[helper.make_opsetid("", opset)])
+        probe.ir_version = _ir_version(opset)
+        try:
+            ort.InferenceSession(probe.SerializeToString(), options,
+                                 providers=["CPUExecutionProvider"])
+        except _ort_errors():     # too new an opset, or the IR version it needs
+            continue
+        if opset < high:
+            return MIN_OPSET, opset, f"onnxruntime {ort.__version__} loads"
+        return MIN_OPSET, high, f"onnx {onnx.__version__} and onnxruntime {ort.__version__} know"
+    return MIN_OPSET, MIN_OPSET - 1, f"onnxruntime {ort.__version__} loads"
+
+
+def check_opset(opset: int) -> None:
+    """Refuse an opset outside :func:`opset_range`: a model stamped with it would be refused
+    by ONNX Runtime, or not say what its nodes mean."""
+    low, high, by = opset_range()
+    if not low <= opset <= high:
+        raise ExportError(f"export_onnx: -opset {opset} is outside {low}..{high}: {low} is the "
+                          f"oldest opset with every operator as this exporter writes it, {high} "
+                          f"the newest that {by}; give -opset in {low}..{high} (default "
+                          f"{DEFAULT_OPSET})")
+
+
+def check_batches(model) -> List[int]:
+    """The batches ``--check`` feeds: the model's own where its batch is fixed, 1 and 8 where
+    it is symbolic.
+
+    The export keeps the net's batch unless asked (``-batch``): a Caffe deploy net declares its
+    input's num (CaffeNet's 10 crops) and a deployed model should accept what its prototxt
+    says; a symbolic batch is not always possible (a Reduction over axis 0). So the check
+    feeds the model what it declares, never a batch it would refuse."""
+    dim = model.graph.input[0].type.tensor_type.shape.dim
+    if dim and dim[0].HasField("dim_value"):
+        return [int(dim[0].dim_value)]
+    return [1, 8]
+
+
+def _ort_errors() -> tuple:
+    """ONNX Runtime's exception classes (they derive from Exception directly)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    return tuple(getattr(state, n) for n in
+                 ("Fail", "InvalidArgument", "NoSuchFile", "NoModel", "EngineError",
+                  "RuntimeException", "InvalidProtobuf", "ModelLoaded", "NotImplemented",
+                  "InvalidGraph", "EPFail") if hasattr(state, n))
+
+
+def _runtime_error(net, e: Exception, batch: int) -> CheckError:
+    """ONNX Runtime's exception as one line naming the node and the Caffe layer it was
+    written for (a node is named after its layer, or ``<layer>/<step>``)."""
+    text = " ".join(str(e).split())
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    where = ""
+    # A node that failed while running ("... node. Name:'x' Status Message: ...") or that
+    # has no kernel ("... for Op(22) node with name 'x'").
+    found = re.search(r"Name:'([^']*)'|node with name '([^']*)'", text)
+    if found:
+        node = found.group(1) if found.group(1) is not None else found.group(2)
+        layers = [l.layer_param.name for l in net.layers
+                  if node == l.layer_param.name or node.startswith(l.layer_param.name + "/")]
+        where = f" at node '{node}'" + (f" (layer '{max(layers, key=len)}')" if layers else "")
+        text = text.split("Status Message:", 1)[-1].strip()
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return CheckError(f"export_onnx --check: ONNX Runtime failed{where} at batch {batch}: "
+                      f"{text}")
+
+
+def run_check(net, model, batch: Optional[int] = None, seed: int = 0,
+              given: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, float]:
+    """ONNX Runtime and cct on the same input at ``batch`` (standard normal, or ``given``
+    arrays by input name, e.g. Embed's indices): the largest absolute difference, relative to
+    the largest magnitude, per output. ``batch`` None: the model's own where it is fixed, else
+    1. An ONNX Runtime failure is a :class:`CheckError` naming the node and its layer."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise CCTError(f"--check needs onnxruntime: {install_hint('onnx')}") from None
+    own = check_batches(model)
+    if batch is None:
+        batch = own[0]
+    elif len(own) == 1 and batch != own[0]:
+        raise CheckError(f"export_onnx --check: the model's batch is fixed at {own[0]}, got "
+                         f"batch {batch}; check it at {own[0]} or export with -batch=dynamic")
     rng = np.random.default_rng(seed)
     feeds = {}
     for inp in model.graph.input:
         blob = net.blobs[inp.name]
-        shape = (batch,) + tuple(blob.data.shape[1:])
+        # The model's own shape, its symbolic batch set: an input whose first axis is not the
+        # batch keeps its size.
+        shape = tuple(batch if d.HasField("dim_param") else int(d.dim_value)
+                      for d in inp.type.tensor_type.shape.dim)
         feeds[inp.name] = (np.asarray(given[inp.name], np.float32) if given and inp.name in given
                            else rng.standard_normal(shape).astype(np.float32))
         blob.reshape(*shape)
@@ -685,10 +831,13 @@ def run_check(net, model, batch: int = 1, seed: int = 0,
     for i in kept:    # the exported layers only: data layers would overwrite the input
         net.layers[i].reshape(net.bottom_vecs[i], net.top_vecs[i])
         net.layers[i].forward(net.bottom_vecs[i], net.top_vecs[i])
-    session = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
     names = [o.name for o in model.graph.output]
-    results = session.run(names, feeds)
+    try:
+        session = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+        results = session.run(names, feeds)
+    except _ort_errors() as e:
+        raise _runtime_error(net, e, batch) from None
     diffs = {}
     for name, got in zip(names, results):
         # An output that is an input blob rewritten in place is named "<blob>/<layer>".

@@ -1,12 +1,13 @@
 """``cct export_onnx --model=deploy.prototxt --weights=w.caffemodel --output=m.onnx
 [--opset N] [--batch dynamic|N] [--check]``: a Caffe net and its weights as an ONNX model
-(cct/export_onnx.py), optionally checked against cct's own forward in ONNX Runtime."""
+(cct/onnx_export.py), optionally checked against cct's own forward in ONNX Runtime: at the
+model's own batch where it is fixed (the net's, or -batch N), at 1 and 8 where it is dynamic."""
 from __future__ import annotations
 
 from typing import List
 
 from ..errors import CCTError
-from ..onnx_export import DEFAULT_OPSET, export_onnx, run_check
+from ..onnx_export import DEFAULT_OPSET, check_batches, check_opset, export_onnx, run_check
 from ..flags import Flags
 from ..glog import info
 from ..api import TEST, Net
@@ -27,9 +28,7 @@ def main(argv: List[str]) -> int:
             raise CCTError(f"export_onnx: -batch must be 'dynamic' or a positive number, got "
                            f"{batch}")
     opset = flags.int("opset")
-    if opset < DEFAULT_OPSET:
-        raise CCTError(f"export_onnx: -opset {opset} is below {DEFAULT_OPSET}, the oldest "
-                       f"that has every operator as written here")
+    check_opset(opset)        # before reading the net and its weights
     weights = flags.get("weights") or None
     net = Net(flags.get("model"), TEST, level=flags.int("level"), stages=flags.list("stage"),
               weights=weights)
@@ -39,8 +38,7 @@ def main(argv: List[str]) -> int:
          f"inputs {', '.join(i.name for i in model.graph.input)}, outputs "
          f"{', '.join(o.name for o in model.graph.output)}")
     if flags.bool("check"):
-        sizes = [batch] if isinstance(batch, int) else [1, 8]
-        for n in sizes:
+        for n in check_batches(model):
             for name, diff in run_check(net, model, n).items():
                 print(f"check batch {n}: output {name}: largest difference {diff:.3g} "
                       f"(relative to its largest magnitude)")
