@@ -8,6 +8,7 @@ wheel. ``CCT_BLAS=system pip install .`` links the system's BLAS instead (CMake'
 """
 import os
 import pathlib
+import runpy
 import shutil
 import subprocess
 import sys
@@ -85,8 +86,45 @@ class CMakeBuild(build_ext):
 
 MKL = "mkl>=2021; platform_machine == 'x86_64' and sys_platform == 'linux'"
 
+# The distribution name, kept in cct/install.py with the install hints that name it; read
+# without importing cct, whose dependencies are not installed yet.
+DIST = runpy.run_path(str(ROOT / "cct" / "install.py"))["DIST"]
+
+EXTRAS = {
+    # cct train -precision=bf16: Intel MKL's bf16 GEMM, loaded at run time
+    # (cct/backend/precision.py). x86-64 Linux only, as the wheel is.
+    "bf16": [MKL],
+    # cct train --engine=ray: groups and the parameter store's shards as Ray actors.
+    "ray": ["ray>=2.60"],
+    # caffe.io.resize_image calls what Caffe's io.py calls (scikit-image, SciPy's zoom)
+    # when they are there; without them orders 0 and 1 agree to 2e-6, 2 to 5 are refused.
+    "io": ["scikit-image>=0.19", "scipy>=1.6"],
+    # cct export_onnx writes ONNX through the onnx package; --check runs ONNX Runtime.
+    "onnx": ["onnx>=1.16", "onnxruntime>=1.18"],
+    # cct plot_log needs matplotlib; cct draw_net uses Graphviz through pydot when both
+    # are there (`dot` comes from the system's graphviz package) and Pillow otherwise.
+    "plot": ["matplotlib>=3.5", "pydot>=1.4"],
+    # Data layers with `backend: LEVELDB` (Caffe's default backend) read through plyvel.
+    "leveldb": ["plyvel>=1.3"],
+    # bench/bench_train.py compares with PyTorch (CPU) when it is installed.
+    "bench": ["torch==2.13.0"],
+    # The GPU backend (cct/backend/gpu.py) runs on CuPy: one wheel per CUDA major version,
+    # to match the NVIDIA driver. Without it cct runs on the CPU and says so once.
+    "gpu": ["cupy-cuda12x>=13.3,<15"],
+    "gpu-cuda13": ["cupy-cuda13x>=13.6,<15"],
+    # The quick start's test run: what every test needs (hypothesis drives tests/fuzz). The
+    # tests of the optional parts skip, saying why, without their packages.
+    "test": ["pytest>=7", "hypothesis>=6.100"],
+}
+# CI's run (.ci/run): the light extra plus the optional parts whose tests skip without them,
+# about 1.9 GB (MKL, Ray, ONNX Runtime). grpcio-tools is pinned to the protoc that generated the
+# committed caffe_pb2.py, for tests/test_proto.py's freshness check; it requires protobuf 6,
+# so this extra downgrades a protobuf 7 and the light one must never hold it.
+EXTRAS["test-full"] = (EXTRAS["test"] + EXTRAS["onnx"] + EXTRAS["io"] + EXTRAS["ray"]
+                       + EXTRAS["bf16"] + ["matplotlib>=3.5", "grpcio-tools==1.75.1"])
+
 setup(
-    name="cct",
+    name=DIST,
     version="0.1.0",
     description="Caffe-compatible CNN training engine (Caffe con Troll lineage)",
     long_description=(ROOT / "README.md").read_text(),
@@ -109,33 +147,7 @@ setup(
         # The solver rules other than SGD as fused CPU kernels (cct/backend/jit.py).
         "numba>=0.59",
     ],
-    extras_require={
-        # hypothesis drives the fuzzing harness (tests/fuzz).
-        "test": ["pytest>=7", "grpcio-tools==1.75.1", "matplotlib>=3.5", "hypothesis>=6.100",
-                 "onnx>=1.16", "onnxruntime>=1.18", "scikit-image>=0.19", "scipy>=1.6",
-                 "ray>=2.60", MKL],
-        # cct train -precision=bf16: Intel MKL's bf16 GEMM, loaded at run time
-        # (cct/backend/precision.py). x86-64 Linux only, as the wheel is.
-        "bf16": [MKL],
-        # cct train --engine=ray: groups and the parameter store's shards as Ray actors.
-        "ray": ["ray>=2.60"],
-        # caffe.io.resize_image calls what Caffe's io.py calls (scikit-image, SciPy's zoom)
-        # when they are there; without them orders 0 and 1 agree to 2e-6, 2 to 5 are refused.
-        "io": ["scikit-image>=0.19", "scipy>=1.6"],
-        # cct export_onnx writes ONNX through the onnx package; --check runs ONNX Runtime.
-        "onnx": ["onnx>=1.16", "onnxruntime>=1.18"],
-        # cct plot_log needs matplotlib; cct draw_net uses Graphviz through pydot when both
-        # are there (`dot` comes from the system's graphviz package) and Pillow otherwise.
-        "plot": ["matplotlib>=3.5", "pydot>=1.4"],
-        # Data layers with `backend: LEVELDB` (Caffe's default backend) read through plyvel.
-        "leveldb": ["plyvel>=1.3"],
-        # bench/bench_train.py compares with PyTorch (CPU) when it is installed.
-        "bench": ["torch==2.13.0"],
-        # The GPU backend (cct/backend/gpu.py) runs on CuPy: one wheel per CUDA major version,
-        # to match the NVIDIA driver. Without it cct runs on the CPU and says so once.
-        "gpu": ["cupy-cuda12x>=13.3,<15"],
-        "gpu-cuda13": ["cupy-cuda13x>=13.6,<15"],
-    },
+    extras_require=EXTRAS,
     entry_points={"console_scripts": ["cct=cct.cli:main"]},
     zip_safe=False,
 )

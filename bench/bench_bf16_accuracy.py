@@ -31,6 +31,7 @@ from bench.bench_momentum import solver_param as lenet_solver  # noqa: E402
 from bench.bench_strategies import cifar_h5, cifar_solver, evaluate  # noqa: E402
 from bench.bench_train import default_zoo  # noqa: E402
 from bench.worker import cpu_model, run_worker  # noqa: E402
+from cct.install import install_hint  # noqa: E402
 
 WORKS = ("lenet", "cifar10_quick")
 PRECISIONS = ("float32", "bf16")
@@ -87,7 +88,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     from cct.backend import precision
     if not precision.has_engine():
-        ap.error("no bf16 GEMM engine: pip install 'cct[bf16]' (Intel MKL), or a CPU with "
+        ap.error(f"no bf16 GEMM engine: {install_hint('bf16')} (Intel MKL), or a CPU with "
                  "AVX512-BF16 for cct's own")
     iters = args.iters or (QUICK if args.quick else FULL)
     works = [w.strip() for w in args.work.split(",") if w.strip()]

@@ -33,9 +33,18 @@ __version__ = "0.1.0"   # before the imports below: cct.backend.plans keys its c
 # cct._C, which always comes after this package's __init__.
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
-from .api import (TEST, TRAIN, Net, get_solver_mode, layer_type_list,  # noqa: F401
-                  set_device, set_mode_cpu, set_mode_gpu, set_precision, set_random_seed,
-                  init_log, log)
+# The first import of cct._C. After `pip install .`, `python` in the checkout's root finds the
+# source tree first, which has no compiled _C (it was built into site-packages), and Python's
+# own words for that blame a circular import.
+try:
+    from .api import (TEST, TRAIN, Net, get_solver_mode, layer_type_list,  # noqa: F401
+                      set_device, set_mode_cpu, set_mode_gpu, set_precision, set_random_seed,
+                      init_log, log)
+except ImportError:
+    from .install import has_extension, missing_extension_message
+    if not has_extension():
+        raise ImportError(missing_extension_message()) from None
+    raise
 from .api import (Solver, SGDSolver, NesterovSolver, AdaGradSolver,  # noqa: F401
                   RMSPropSolver, AdaDeltaSolver, AdamSolver, get_solver)
 from .errors import CCTError  # noqa: F401

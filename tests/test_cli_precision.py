@@ -9,12 +9,13 @@ import pytest
 
 from cct import _C
 from cct.backend import precision
+from cct.install import install_hint
 from cct.proto import caffe_pb2
 
 from .test_cli_train import SOLVER, cct, workdir  # noqa: F401  (fixture)
 
 needs_engine = pytest.mark.skipif(not precision.has_engine(),
-                                  reason="no bf16 GEMM engine: pip install 'cct[bf16]' (MKL)")
+                                  reason=f"no bf16 GEMM engine: {install_hint('bf16')} (MKL)")
 
 
 def env(**extra):

@@ -11,6 +11,7 @@ import pytest
 
 from cct.api import Solver
 from cct.backend import precision
+from cct.install import install_hint
 from cct.io.prototxt import read_solver_text
 from cct.proto import caffe_pb2
 
@@ -71,7 +72,7 @@ def test_lenet_split_across_two_devices_reaches_caffes_accuracy(lenet_dir, capfd
 
 
 @pytest.mark.skipif(not precision.has_engine(),
-                    reason="no bf16 GEMM engine: pip install 'cct[bf16]' (MKL)")
+                    reason=f"no bf16 GEMM engine: {install_hint('bf16')} (MKL)")
 def test_lenet_in_bf16_reaches_float32_accuracy(lenet_dir, capfd, monkeypatch):
     """bf16 GEMMs (emulated where the CPU has no bf16 units: the same numerics) train LeNet to
     within 0.3 point of float32's accuracy (Caffe's, which cct's float32 reaches above)."""

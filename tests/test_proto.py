@@ -81,7 +81,7 @@ def test_every_enum_value_matches_caffes_schema():
 
 
 def test_committed_generated_modules_are_fresh(tmp_path):
-    pytest.importorskip("grpc_tools", reason="the test extra installs grpcio-tools")
+    pytest.importorskip("grpc_tools", reason="the test-full extra installs grpcio-tools")
     from importlib.metadata import version
     if version("grpcio-tools") != GENERATOR:
         pytest.skip(f"grpcio-tools {version('grpcio-tools')} installed, the pinned generator "

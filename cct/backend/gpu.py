@@ -1,8 +1,8 @@
 """The GPU backend: the kernels of :mod:`cct.backend.array_kernels` on CuPy (cuBLAS GEMMs,
 CuPy's gather and elementwise kernels), float32 like Caffe.
 
-CuPy is an optional extra (``pip install '.[gpu]'`` for CUDA 12, ``'.[gpu-cuda13]'`` for CUDA
-13). Importing this module never fails: without CuPy or without a usable device,
+CuPy is an optional extra (``gpu`` for CUDA 12, ``gpu-cuda13`` for CUDA 13; the pip command is
+:func:`cct.install.install_hint`'s). Importing this module never fails: without CuPy or without a usable device,
 :func:`available` says why, and ``cct.backend.get("gpu")`` raises
 :class:`cct.backend.BackendUnavailable` with that reason; ``cct.backend.resolve`` falls back to
 the CPU with one warning.
@@ -19,10 +19,11 @@ from typing import Optional, Tuple
 import numpy as np
 
 from . import allocation_bytes, cupy_movement, register_device
+from ..install import install_hint
 from .array_kernels import ArrayKernels
 
 name = "gpu"
-INSTALL_HINT = ("pip install '.[gpu]' (CuPy for CUDA 12) or pip install '.[gpu-cuda13]' "
+INSTALL_HINT = (f"{install_hint('gpu')} (CuPy for CUDA 12) or {install_hint('gpu-cuda13')} "
                 "(CUDA 13), matching the NVIDIA driver")
 
 try:

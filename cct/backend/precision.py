@@ -9,7 +9,7 @@ emulates it more slowly than cct's float32, so cct says so and stays in float32,
 checks on any machine).
 
 Two engines: cct's own kernel on AVX512-BF16 (no library; any CPU with the instruction), and
-Intel MKL's ``cblas_gemm_bf16bf16f32``, from the ``mkl`` wheel (``pip install "cct[bf16]"``)
+Intel MKL's ``cblas_gemm_bf16bf16f32``, from the ``mkl`` wheel (the ``bf16`` extra)
 or the library ``$CCT_BF16_LIBRARY`` names (AMX on Intel's CPUs). Where both run, the first
 bf16 request times each on a convolution-sized GEMM and keeps the faster, and says so. The
 engines round differently, so the choice is a kernel plan (cct/backend/plans.py): kept in the
@@ -30,6 +30,7 @@ from .. import _C
 from . import plans
 from ..errors import CCTError
 from ..glog import info, warning
+from ..install import install_hint
 
 PRECISIONS = ("float32", "bf16")
 LIBRARY_ENV = "CCT_BF16_LIBRARY"
@@ -74,7 +75,7 @@ def _load_mkl() -> Optional[str]:
         return None
     path = engine_path()
     if path is None:
-        return (f"no bf16 GEMM engine: pip install 'cct[bf16]' (Intel MKL), or set "
+        return (f"no bf16 GEMM engine: {install_hint('bf16')} (Intel MKL), or set "
                 f"${LIBRARY_ENV} to a libmkl_rt")
     failure = _C.load_bf16_engine(path)
     return f"the bf16 GEMM engine '{path}' did not load: {failure}" if failure else None

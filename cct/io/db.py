@@ -2,7 +2,7 @@
 
 A cursor walks the keys in byte order, as Caffe's ``db::Cursor`` does: ``seek_to_first``,
 ``next``, ``valid``, ``key``, ``value``, plus ``seek`` to a key (used to resume exactly). LMDB
-comes from py-lmdb; LevelDB from plyvel, an optional extra (``pip install cct[leveldb]``).
+comes from py-lmdb; LevelDB from plyvel, an optional extra (the ``leveldb`` extra).
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import threading
 
 from ..errors import CCTError
 from ..glog import info
+from ..install import install_hint
 from ..proto import caffe_pb2
 
 
@@ -138,7 +139,7 @@ class LevelDBCursor:
             import plyvel  # noqa: F401  (imported here to report its absence early)
         except ImportError:
             raise CCTError(f"'{path}' is a LevelDB source, and reading LevelDB needs the plyvel "
-                           f"package: pip install cct[leveldb] (or convert the database to LMDB "
+                           f"package: {install_hint('leveldb')} (or convert the database to LMDB "
                            f"and set `backend: LMDB`)") from None
         if not os.path.exists(path):
             raise CCTError(f"LevelDB '{path}' does not exist")

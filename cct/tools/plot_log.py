@@ -31,6 +31,7 @@ from typing import Callable, List, Optional, Tuple
 
 from ..errors import CCTError
 from ..flags import Flags
+from ..install import install_hint
 from .parse_log import Row, log_created_year, parse_lines, parse_log
 
 TOOL = "plot_log"
@@ -49,7 +50,7 @@ def _figure(width: float, height: float):
         from matplotlib.figure import Figure
     except ImportError:
         raise CCTError(f"{TOOL} needs matplotlib, which is not installed: pip install "
-                       f"matplotlib (or install cct with its 'plot' extra)") from None
+                       f"matplotlib (or {install_hint('plot')})") from None
     figure = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(figure)
     return figure

@@ -4,7 +4,7 @@ operands rounded to bf16 (so the check is exactly "bf16 operands, float32 accumu
 the kernels' gradients against the exact float64 ones at bf16's tolerance.
 
 Each runs on both engines where they run: cct's own kernel needs a CPU with AVX512-BF16; MKL
-needs its wheel (``pip install "cct[bf16]"``) and, on a CPU without bf16 units, emulates them
+needs its wheel (the ``bf16`` extra) and, on a CPU without bf16 units, emulates them
 (the same numerics, more slowly). An engine that cannot run here skips, saying why."""
 import numpy as np
 import pytest
@@ -12,10 +12,11 @@ import pytest
 from cct import _C
 from cct.backend import cpu, plans, precision, reference
 from cct.errors import CCTError
+from cct.install import install_hint
 
 from .kernel_cases import CONV_CASES, close, conv_arrays, rand, random_conv_cases
 
-NO_MKL = "no MKL bf16 engine: pip install 'cct[bf16]'"
+NO_MKL = f"no MKL bf16 engine: {install_hint('bf16')}"
 NO_KERNEL = "this CPU has no AVX512-BF16 for cct's own bf16 kernel"
 
 
