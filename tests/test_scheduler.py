@@ -1,6 +1,7 @@
 """The hybrid scheduler on CPU devices: a batch split across devices gives the update of the
 whole batch on one device; the split follows measured throughput; a lost device is survived,
 or ends in a clear error and a usable snapshot."""
+import re
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ from google.protobuf import text_format
 
 from cct.devices import CPUDevice, DeviceError, available_cores, parse_devices
 from cct.errors import CCTError
+from cct.install import install_hint
 from cct.proto import caffe_pb2
 from cct.api import Solver
 from cct.scheduler import HybridScheduler, batch_seconds, choose_devices, proportional_split
@@ -285,7 +287,7 @@ def test_gpu_device_without_cupy_says_what_to_install():
         pytest.skip("CuPy is installed here")
     except ImportError:
         pass
-    with pytest.raises(DeviceError, match=r"CuPy is not installed.*pip install '\.\[gpu\]'"):
+    with pytest.raises(DeviceError, match="CuPy is not installed.*" + re.escape(install_hint("gpu"))):
         parse_devices("cpu,gpu0")
 
 

@@ -1,5 +1,6 @@
 """The Data layer on Caffe's own LMDBs: records in key order, wrap-around, transforms."""
 import gzip
+import re
 import shutil
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from cct.errors import CCTError
+from cct.install import install_hint
 from tests.gradient_check import build_layer
 from cct.proto import caffe_pb2
 
@@ -355,7 +357,7 @@ def test_backend_mismatches_are_explained(tmp_path):
 def test_leveldb_without_plyvel_says_how_to_install_it(tmp_path, monkeypatch):
     import sys
     monkeypatch.setitem(sys.modules, "plyvel", None)
-    with pytest.raises(CCTError, match=r"pip install cct\[leveldb\]"):
+    with pytest.raises(CCTError, match=re.escape(install_hint("leveldb"))):
         layer_of(tmp_path / "some_leveldb", backend="LEVELDB")
 
 
