@@ -273,7 +273,7 @@ class ProcessGroup:
         limit = self.timeout()
         if not self.conn.poll(max(self.due() - time.perf_counter(), 0.0)):
             raise NoAnswer(f"the process did not answer within {limit:g} s of its step's start "
-                           f"(stopped or hung; Driver(group_timeout=) sets the limit)")
+                           f"(stopped or hung; -group-timeout sets the limit)")
         try:
             kind, *payload = self.conn.recv()
         except (EOFError, OSError) as e:

@@ -442,8 +442,8 @@ class RayGroup:
                 self.head, timeout=max(self.started + limit - time.perf_counter(), 0.0))
         except errors.GetTimeoutError:
             raise NoAnswer(f"the actor did not answer within {limit:g} s of its step's start "
-                           f"(hung, or its node unreachable; Driver(group_timeout=) sets the "
-                           f"limit)") from None
+                           f"(hung, or its node unreachable; -group-timeout sets the limit)"
+                           ) from None
         except errors.RayTaskError as err:        # raised by the step's own code
             if isinstance(err.cause, CCTError):
                 raise err.cause from None        # the user's net or data: stop the run
