@@ -182,3 +182,19 @@ def test_a_device_group_on_the_simulated_engine(data_list, tmp_path, capfd, stra
                                  devices=[CPUDevice(cores[:1]), StandInDevice()])
     np.testing.assert_allclose(got_losses, want_losses, rtol=1e-4)
     assert_same_params(want, got, rtol=1e-3)
+
+
+def test_a_device_given_no_images_makes_no_copies(data_list, tmp_path):  # noqa: F811
+    """The hybrid split with the device's share 0 (a slow device left out): it costs no
+    host<->device copy at all, its weights are not even sent."""
+    from cct.scheduler import HybridScheduler
+    solver = Solver(solver_param(data_list, tmp_path, display=0))
+    try:
+        solver.set_gradient_source(HybridScheduler(
+            solver.net, [CPUDevice(available_cores()[:1]), StandInDevice()], split=[16, 0]))
+        solver.step(1)
+        with npdevice.copies.counting() as copies:
+            solver.step(2)
+        assert copies.sizes == []
+    finally:
+        solver.close()
