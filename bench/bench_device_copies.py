@@ -8,9 +8,10 @@ their cost there is bytes / the bus's bandwidth (PCIe 5 x16: ~50 GB/s).
     python bench/bench_device_copies.py --iters 50
 
 Configurations: ``-gpu 0`` (the solver's nets on the device), the hybrid split
-``--devices=cpu:1,standin`` (as measured: the scheduler may leave a slow device out; and with
-the batch split fixed: all on the device, half on it), and ``--strategy=async`` with its one
-group on the device (the parameter store on the host). (Hogbatch's device group copies as the
+``--devices=cpu:1,standin`` (as ``cct train`` runs it: the master on the device, the split
+measured, which may leave a slow device out; and with the split fixed, the master on the host
+as before, or on the device), and ``--strategy=async`` with its one group on the device (the
+parameter store on the host). (Hogbatch's device group copies as the
 async group does, per update of its own; how many updates are its depends on timing.)
 """
 from __future__ import annotations
@@ -101,21 +102,28 @@ def main() -> None:
     runs = [
         ("-gpu 0 (nets on the device)", dict(backend="numpy")),
         ("hybrid cpu:1,standin, measured", dict(devices=[CPUDevice(core), StandInDevice()])),
-        ("hybrid, all on the device", dict(devices=[CPUDevice(core), StandInDevice()],
-                                           split=[0, args.batch])),
-        ("hybrid, half on the device", dict(devices=[CPUDevice(core), StandInDevice()],
-                                            split=[args.batch // 2, args.batch // 2])),
+        ("hybrid, master on the host, all on the device",
+         dict(devices=[CPUDevice(core), StandInDevice()], split=[0, args.batch])),
+        ("hybrid, master on the host, half on the device",
+         dict(devices=[CPUDevice(core), StandInDevice()],
+              split=[args.batch // 2, args.batch // 2])),
+        ("hybrid, master on the device, all on it",
+         dict(backend="numpy", devices=[CPUDevice(core), StandInDevice()],
+              split=[0, args.batch])),
+        ("hybrid, master on the device, half on it",
+         dict(backend="numpy", devices=[CPUDevice(core), StandInDevice()],
+              split=[args.batch // 2, args.batch // 2])),
         ("async, 1 group on the device", dict(strategy="async", groups=None,
                                               devices=[StandInDevice()])),
     ]
     print(f"LeNet b{args.batch}: model {model:,} bytes; per iteration (update), "
           f"{args.iters} iterations, counted by the stand-in")
-    print(f"{'configuration':32s} {'to device':>12s} {'x model':>8s} {'to host':>12s} "
+    print(f"{'configuration':46s} {'to device':>12s} {'x model':>8s} {'to host':>12s} "
           f"{'x model':>8s} {'copies':>7s}")
     for label, kw in runs:
         c = count(param, args.iters, **kw)
         down, up = c.bytes_to_device / args.iters, c.bytes_to_host / args.iters
-        print(f"{label:32s} {down:12,.0f} {down / model:8.2f} {up:12,.0f} {up / model:8.2f} "
+        print(f"{label:46s} {down:12,.0f} {down / model:8.2f} {up:12,.0f} {up / model:8.2f} "
               f"{(c.to_device + c.to_host) / args.iters:7.1f}")
 
 

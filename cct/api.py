@@ -17,7 +17,7 @@ from .net import TEST, TRAIN
 from .net import Net as _CoreNet
 from .proto import caffe_pb2
 from .rng import set_random_seed  # noqa: F401
-from .scheduler import gradient_source, single_gpu
+from .scheduler import gradient_source, master_place
 from .solver import Solver as _CoreSolver
 from .solver_rules import learning_rate
 
@@ -131,7 +131,7 @@ class Solver(_CoreSolver):
             source = os.fsdecode(solver_file)
             param = read_solver_text(source)
         kw.setdefault("solver_type", self.TYPE)
-        devices, kw["backend"] = single_gpu(devices, kw.get("backend", _backend))
+        devices, kw["backend"] = master_place(devices, kw.get("backend", _backend))
         super().__init__(param, source, **kw)
         if devices is not None:
             self.use_devices(devices)

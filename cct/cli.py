@@ -482,7 +482,7 @@ def cmd_train(argv: List[str]) -> int:
     from .driver import STRATEGIES, Driver
     from .io.prototxt import read_solver_text
     from .progress import TrainingProgress, wants_bar
-    from .scheduler import gradient_source, single_gpu
+    from .scheduler import gradient_source, master_place
     from .solver import Solver
 
     flags = Flags("train", argv, {"solver": "", "weights": "", "snapshot": "", "gpu": "",
@@ -535,7 +535,7 @@ def cmd_train(argv: List[str]) -> int:
     if strategy == "sync" and momentum is not None:
         param.momentum = float(momentum)
     if strategy == "sync":
-        devices, backend = single_gpu(devices, "cpu")
+        devices, backend = master_place(devices, "cpu")
     else:
         backend = "cpu"
     # Blob diffs can share memory where no code but the backward pass reads them: one net,

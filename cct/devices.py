@@ -65,6 +65,9 @@ class Device:
     backend = "cpu"
     #: whether the replica's arrays live in host memory (so it may share the master's)
     host_memory = True
+    #: the device of its backend the arrays live on (the backend's ``device()``): None for the
+    #: host
+    device_id = None
 
     def __init__(self, name: str):
         self.name = name
@@ -163,6 +166,7 @@ class GPUDevice(Device):
     def __init__(self, index: int):
         super().__init__(f"gpu{index}")
         self.index = index
+        self.device_id = index
 
     def activate(self) -> None:
         from .backend import gpu
@@ -180,6 +184,7 @@ class StandInDevice(Device):
 
     backend = "numpy"
     host_memory = False
+    device_id = 0            # the stand-in's one device
 
     def __init__(self):
         super().__init__("standin")

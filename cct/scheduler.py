@@ -41,6 +41,7 @@ import numpy as np
 from . import glog
 from .devices import (CPUDevice, Device, DeviceError, available_cores,
                       configure_blas, parse_devices, restore_blas)
+from .backend import alongside, copy as copy_array, host
 from .errors import CCTError, is_bug
 from .params import GradientSource, NetSource
 from .proto import caffe_pb2
@@ -117,16 +118,21 @@ def gradient_source(net, devices) -> GradientSource:
     return HybridScheduler(net, devices)
 
 
-def single_gpu(devices, backend: str):
-    """One device with memory of its own (a GPU, the stand-in) is the plain single-net path on
-    its backend (no scheduler): (devices left for the scheduler, backend of the solver's
-    nets)."""
+def master_place(devices, backend: str):
+    """Where the solver's nets live: (devices left for the scheduler, their backend). One
+    device with memory of its own (a GPU, the stand-in) is the plain single-net path on its
+    backend (no scheduler). Among several devices, the first with memory of its own holds the
+    master (the weights, the update, the gradients' sum): its replica then shares the master's
+    weights, so a split that gives it every image copies no weight and no gradient, and only
+    the others' slices cross the bus (a GPU is the fast device of a CPU+GPU machine; the CPU
+    slices are the small ones)."""
     if isinstance(devices, str):
         devices = parse_devices(devices)
-    if devices is not None and len(devices) == 1 and not devices[0].host_memory:
-        devices[0].activate()     # a GPU made current on this thread, where the nets run
-        return None, devices[0].backend
-    return devices, backend
+    own = [d for d in devices or () if not d.host_memory]
+    if not own:
+        return devices, backend
+    own[0].activate()             # a GPU made current on this thread, where the nets run
+    return (None if len(devices) == 1 else devices), own[0].backend
 
 
 def source_layers(master) -> List[int]:
@@ -187,6 +193,8 @@ class HybridScheduler:
         if not devices:
             raise DeviceError("the hybrid scheduler needs at least one device")
         self.master = master
+        # The memory the master's arrays are in: its backend and device (on this thread).
+        self.master_memory = (master.backend.name, master.backend.device())
         self.devices = list(devices)
         # Each device's probe, (device, net digest, slice shape) -> images/s: this scheduler's
         # own, or a dict shared on purpose by whoever builds several (a driver, an optimizer).
@@ -252,7 +260,7 @@ class HybridScheduler:
         outputs = [self.master.blob_names[b] for b in self.master.output_blob_indices]
         replica = _Replica(device, net, loss_tops, outputs)
         replica.n = n
-        if device.host_memory:
+        if self._shares(replica):
             # Params the solver updates are the master's arrays; the others (lr_mult 0,
             # BatchNorm's running statistics) are the replica's own, copied from the master.
             for j in self.updated_ids:
@@ -271,7 +279,7 @@ class HybridScheduler:
         updated = set(self.updated_ids)
         for j, (rp, mp) in enumerate(zip(replica.net.params_list, self.master.params_list)):
             if j not in updated and self.master.param_owners[j] < 0:
-                replica.device.to_device(mp.data, like=rp.data)
+                copy_array(rp.data, mp.data)
 
     def _free_master_activations(self) -> None:
         """The master never runs the layers below its data layers while the scheduler trains:
@@ -408,24 +416,30 @@ class HybridScheduler:
         if ideal != self.split and better < now * (1.0 - self.rebalance_margin):
             self._resplit(f"rebalanced: predicted {better:.3g} s/batch instead of {now:.3g} s")
 
+    def _shares(self, replica: _Replica) -> bool:
+        """Whether the replica's updated params are the master's arrays: its device's memory
+        is the master's (host memory for both, or the master's own GPU), so that nothing is
+        copied for it."""
+        return (replica.device.backend, replica.device.device_id) == self.master_memory
+
     # -- one iteration -----------------------------------------------------------------------
     def _sync_params(self, replica: _Replica) -> None:
-        if replica.device.host_memory:
+        if self._shares(replica):
             return
         for j in self.updated_ids:
             rp = replica.net.params_list[j]
-            replica.device.to_device(self.master.params_list[j].data, like=rp.data)
+            copy_array(rp.data, self.master.params_list[j].data)
 
     def _gather(self, replica: _Replica, into: Sequence[np.ndarray]) -> None:
         """Adds the replica's param gradients into ``into`` (the master's diffs)."""
         for k, rp in enumerate(replica.net.learnable_params):
             if self.master.params_lr[k] != 0:
-                into[k] += replica.device.to_host(rp.diff)
+                into[k] += alongside(into[k], rp.diff)
 
     def _fill_inputs(self, replica: _Replica, offset: int) -> None:
         n = replica.n
         for (_, src), dst in zip(self.source_tops, replica.inputs):
-            replica.device.to_device(src.data[offset:offset + n], like=dst.data)
+            copy_array(dst.data, src.data[offset:offset + n])
 
     def _fill_inputs_all(self) -> None:
         offset = 0
@@ -522,18 +536,19 @@ class HybridScheduler:
         """The master's output blobs (what the solver displays) from the replicas': slices put
         back together where a blob is per item, else a mean weighted by slice size."""
         for name in self.replicas[0].outputs:
-            parts = [(r, r.device.to_host(_blob(r.net, name).data)) for r, _, _ in results]
+            parts = [(r, host(_blob(r.net, name).data)) for r, _, _ in results]
             dst = _blob(self.master, name)
             per_item = all(a.ndim and a.shape[0] == r.n for r, a in parts)
             if per_item:
                 whole = np.concatenate([a for _, a in parts])
                 if dst.shape != whole.shape:
                     dst.reshape(whole.shape)
-                dst.data[...] = whole
+                copy_array(dst.data, whole)
             else:
                 if dst.shape != parts[0][1].shape:
                     dst.reshape(parts[0][1].shape)
-                dst.data[...] = sum(a * (r.n / self.batch) for r, a in parts)
+                copy_array(dst.data, np.asarray(sum(a * (r.n / self.batch) for r, a in parts),
+                                                dst.dtype))
 
     # -- the end -------------------------------------------------------------------------------
     def pull_statistics(self) -> None:
@@ -545,7 +560,7 @@ class HybridScheduler:
         updated = set(self.updated_ids)
         for j, (rp, mp) in enumerate(zip(first.net.params_list, self.master.params_list)):
             if j not in updated and self.master.param_owners[j] < 0:
-                mp.data[...] = first.device.to_host(rp.data)
+                copy_array(mp.data, rp.data)
 
     def close(self) -> None:
         for r in self.replicas:

@@ -198,3 +198,37 @@ def test_a_device_given_no_images_makes_no_copies(data_list, tmp_path):  # noqa:
         assert copies.sizes == []
     finally:
         solver.close()
+
+
+@pytest.mark.parametrize("split,weights_cross", [([0, 16], False), ([8, 8], True)])
+def test_the_master_on_the_device_copies_only_the_cpus_share(data_list, tmp_path, split,  # noqa: F811
+                                                            weights_cross):
+    """With a device of its own memory among the devices, the master (weights, update, the
+    gradients' sum) lives on it and its replica shares the master's weights: a split that
+    gives it every image copies no weight and no gradient (the batch comes from the host);
+    one that gives the CPU a share sends the CPU replica the weights and takes its gradient
+    back, once each."""
+    from cct.scheduler import HybridScheduler, master_place
+    devices = [CPUDevice(available_cores()[:1]), StandInDevice()]
+    devices, backend = master_place(devices, "cpu")
+    assert backend == "numpy" and len(devices) == 2
+    solver = Solver(solver_param(data_list, tmp_path, display=0), backend=backend)
+    try:
+        solver.set_gradient_source(HybridScheduler(solver.net, devices, split=split))
+        solver.step(1)
+        model = sum(int(np.prod(p.shape)) * 4 for p in solver.net.learnable_params)
+        with npdevice.copies.counting() as copies:
+            solver.step(1)
+        params = {int(np.prod(p.shape)) * 4 for p in solver.net.learnable_params}
+        crossed = [n for _, n in copies.sizes if n in params]
+        if weights_cross:
+            assert copies.bytes_to_host >= model and sum(crossed) >= 2 * model
+        else:
+            assert crossed == [], copies.sizes
+            # Out: the loss and output scalars only; in: the batch (and a few scalars).
+            assert all(n <= 64 for d, n in copies.sizes if d == "to_host"), copies.sizes
+            batch = sum(int(np.prod(solver.net.blobs[n].shape)) * 4
+                        for n in ("data", "label", "target"))
+            assert batch <= copies.bytes_to_device <= batch + 64, copies.sizes
+    finally:
+        solver.close()
