@@ -10,9 +10,10 @@ their cost there is bytes / the bus's bandwidth (PCIe 5 x16: ~50 GB/s).
 Configurations: ``-gpu 0`` (the solver's nets on the device), the hybrid split
 ``--devices=cpu:1,standin`` (as ``cct train`` runs it: the master on the device, the split
 measured, which may leave a slow device out; and with the split fixed, the master on the host
-as before, or on the device), and ``--strategy=async`` with its one group on the device (the
-parameter store on the host). (Hogbatch's device group copies as the
-async group does, per update of its own; how many updates are its depends on timing.)
+as before, or on the device), and ``--strategy=async`` with its one group on the device, the
+parameter store on the host or (as ``cct train`` places it now) on the device. (Hogbatch's
+device group copies as the async group does, per update of its own; how many updates are its
+depends on timing.)
 """
 from __future__ import annotations
 
@@ -115,6 +116,8 @@ def main() -> None:
               split=[args.batch // 2, args.batch // 2])),
         ("async, 1 group on the device", dict(strategy="async", groups=None,
                                               devices=[StandInDevice()])),
+        ("async, store and its group on the device",
+         dict(backend="numpy", strategy="async", groups=None, devices=[StandInDevice()])),
     ]
     print(f"LeNet b{args.batch}: model {model:,} bytes; per iteration (update), "
           f"{args.iters} iterations, counted by the stand-in")

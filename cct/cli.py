@@ -536,6 +536,12 @@ def cmd_train(argv: List[str]) -> int:
         param.momentum = float(momentum)
     if strategy == "sync":
         devices, backend = master_place(devices, "cpu")
+    elif devices is not None and flags.get("engine") != "ray" and not optimize:
+        # The parameter store lives where the solver's nets do: on a device with memory of its
+        # own when one is among the groups' (CPU+GPU Hogbatch's store, where the GPU group
+        # reaches it without a copy; the CPU groups' pulls and pushes cross the bus). Ray's
+        # store is its shards, in host memory.
+        _, backend = master_place(devices, "cpu")
     else:
         backend = "cpu"
     # Blob diffs can share memory where no code but the backward pass reads them: one net,

@@ -232,3 +232,38 @@ def test_the_master_on_the_device_copies_only_the_cpus_share(data_list, tmp_path
             assert batch <= copies.bytes_to_device <= batch + 64, copies.sizes
     finally:
         solver.close()
+
+
+def test_a_store_on_the_device_gives_its_device_group_no_copies(data_list, tmp_path):  # noqa: F811
+    """The parameter store where the solver's nets are: on the device, its group pulls and
+    pushes without a copy (the batch still comes from the data layers' host records)."""
+    solver = Solver(solver_param(data_list, tmp_path, display=0), backend="numpy")
+    driver = AsyncDriver(solver, groups=None, devices=[StandInDevice()])
+    try:
+        driver.step(1)
+        params = {int(np.prod(p.shape)) * 4 for p in solver.net.learnable_params}
+        with npdevice.copies.counting() as copies:
+            driver.step(2)
+        assert not params & {n for _, n in copies.sizes}, copies.sizes
+    finally:
+        driver.close()
+        solver.close()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_cct_train_puts_the_store_on_the_device(data_list, tmp_path, strategy):  # noqa: F811
+    """``cct train --strategy=... --devices=cpu:1,standin``: the store on the stand-in, a CPU
+    group and a device group training together, the CPU's losses at the first iteration."""
+    import subprocess
+    import sys
+    param = solver_param(data_list, tmp_path, display=1, max_iter=4)
+    (tmp_path / "solver.prototxt").write_text(str(param))
+    sizes = [] if strategy == "async" else ["--batch-sizes=cpu:8,standin:16"]
+    run = subprocess.run([sys.executable, "-m", "cct.cli", "train", "--solver=solver.prototxt",
+                          f"--strategy={strategy}", "--devices=cpu:1,standin", *sizes],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "One compute group per device" in run.stderr and "Traceback" not in run.stderr
+    assert "failed and is dropped" not in run.stderr
+    got = losses(run.stderr)
+    assert got and all(np.isfinite(got))
