@@ -5,7 +5,7 @@ backward, timing) happens on that thread, so that per-thread settings stay put: 
 the thread to its cores and gives cct's loops its own thread count (``cct._C``'s per-thread
 count); a GPU device makes its GPU current. The scheduler (cct/scheduler.py) talks to devices
 only through :class:`Device`: ``build`` a replica, ``run`` a function on the device's thread,
-``to_device``/``to_host`` for arrays.
+``synchronize``; arrays move through the device's backend (cct.backend ``copy``/``host``).
 
 Spelling of a device list (``cct train --devices=...``, ``Solver(devices=...)``):
 ``cpu`` (every core the process may use), ``cpu:N`` (a group of N cores; several such groups
@@ -20,10 +20,8 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, List, Optional, Sequence
 
-import numpy as np
-
 from . import _C, backend as backends, glog
-from .errors import CCTError, SourceLost
+from .errors import SourceLost
 from .net import Net
 
 
@@ -106,14 +104,6 @@ class Device:
     def memory(self):
         """The backend module whose arrays this device's replica holds."""
         return backends.get(self.backend)
-
-    def to_device(self, host: np.ndarray, like=None):
-        """``host`` on this device: copied into ``like`` (an array of this device of the
-        same shape) when given."""
-        return self.memory.to_device(host, out=like)
-
-    def to_host(self, arr) -> np.ndarray:
-        return self.memory.to_host(arr)
 
     def synchronize(self) -> None:
         """Waits for work queued on the device (GPUs run asynchronously); call it on the

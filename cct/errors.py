@@ -45,6 +45,13 @@ def is_bug(e: BaseException) -> bool:
     return isinstance(e, PROGRAMMING_ERRORS) and not isinstance(e, CCTError)
 
 
+def bug_report(who: str, e: BaseException) -> str:
+    """The line a scheduler or driver logs before it stops on a programming error in ``who``
+    (a device, a group) instead of dropping it."""
+    return (f"{who} raised {type(e).__name__}: {e}. This is a bug (in cct or a Python layer), "
+            f"not a lost device: stopping the run")
+
+
 def close_matches(word: str, choices, n: int = 3) -> str:
     """Phrase like "did you mean 'ReLU', 'PReLU'?" for an unknown name, or ''."""
     import difflib

@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 
 from . import backend
-
 from .errors import LayerError
 from .proto import caffe_pb2
 from .rng import get_rng

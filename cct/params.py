@@ -162,4 +162,3 @@ class StoreBlob:
     @property
     def dtype(self):
         return self.data.dtype
-

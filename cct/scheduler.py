@@ -42,7 +42,7 @@ from . import glog
 from .devices import (CPUDevice, Device, DeviceError, available_cores,
                       configure_blas, parse_devices, restore_blas)
 from .backend import alongside, copy as copy_array, host
-from .errors import CCTError, is_bug
+from .errors import CCTError, bug_report, is_bug
 from .params import GradientSource, NetSource
 from .proto import caffe_pb2
 
@@ -353,9 +353,8 @@ class HybridScheduler:
         when none is left). A programming error is not a lost device: it stops the run."""
         for r, e in failed:
             if is_bug(e):
-                glog.logger.error(f"Device {r.device} raised {type(e).__name__}: {e}. This is a "
-                                  f"bug (in cct or a Python layer), not a lost device: stopping "
-                                  f"the run", extra={"caffe_src": "scheduler.py:0"})
+                glog.logger.error(bug_report(f"Device {r.device}", e),
+                                  extra={"caffe_src": "scheduler.py:0"})
                 raise e
         for r, e in failed:
             glog.logger.error(f"Device {r.device} failed: {type(e).__name__}: {e}",

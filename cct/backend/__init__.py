@@ -22,6 +22,7 @@ CUDA events on the GPU, whose kernels run after their launch returns), and
 ``out_of_memory(exc)`` gives the bytes an allocation asked for when ``exc`` is its device
 running out of memory, else None, so the net can name the layer that asked.
 """
+import functools
 import re
 import time
 from importlib import import_module
@@ -110,6 +111,12 @@ def owner(array) -> ModuleType:
     for module in _DEVICES:
         if module.is_device(array):
             return module
+    return _cpu()
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu() -> ModuleType:
+    # owner() runs for every param a scheduler or driver step moves: the module, looked up once.
     return get("cpu")
 
 

@@ -24,7 +24,7 @@ from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..backend import copy as copy_array, host
-from ..errors import CCTError, SourceLost, is_bug
+from ..errors import CCTError, SourceLost, bug_report, is_bug
 from ..glog import error, info
 from ..io.atomic import load_arrays, save_arrays
 from .groups import Group
@@ -71,8 +71,7 @@ class AnswerTimeout:
 
 def _dropped(groups: List, group, e: BaseException) -> None:
     if is_bug(e):
-        error("driver.cpp:0", f"{group.name} raised {type(e).__name__}: {e}. This is a bug "
-              f"(in cct or a Python layer), not a lost device: stopping the run")
+        error("driver.cpp:0", bug_report(group.name, e))
         raise e
     groups.remove(group)
     group.close()
