@@ -1,10 +1,12 @@
 """Asynchrony begets momentum (arXiv 1605.09774, Fig. 3/4/8) on LeNet / mnist10k, with the
 simulated engine of cct/driver: iterations to a target test accuracy by number of groups g,
-staleness model, explicit momentum and learning rate.
+staleness model, explicit momentum and learning rate; or (``--loss-after N``) the test loss
+after exactly N updates.
 
     python bench/bench_momentum.py --quick
     python bench/bench_momentum.py --staleness round-robin,exponential --lr 0.01 \\
-        --groups 1,2,4,8,16 --mu=-0.225,0,0.45,0.675,0.9,auto --cap 3000
+        --groups 1,2,4,8,16 --mu=-0.225,0,0.45,0.675,0.9,auto,rule --cap 3000
+    python bench/bench_momentum.py --issue33      # issue 33's target, about 2 minutes
 
 Each run is a fresh solver from examples/mnist/lenet_solver.prototxt (random_seed 1701,
 "inv" policy, weight decay 5e-4) with base_lr set, in a process of its own (one cct thread,
@@ -15,8 +17,16 @@ every g sees the same number of digits per iteration. Every ``--every`` iteratio
 runs over the 2,000 held-out digits (test_iter 20 x batch 100); the metric is the first checked
 iteration whose accuracy reaches ``--target``, or ">cap" when none does within ``--cap``
 ("div" when the loss or the weights went non-finite). ``--also-target`` accuracies below
-it are read off the same runs' curves. ``auto`` is the solver's momentum 0.9 minus the implicit
-momentum E[tau]/(1+E[tau]) of the measured staleness, negative values allowed.
+it are read off the same runs' curves. ``auto`` is ``cct train --momentum=auto``'s measured
+choice (cct/optimizer/momentum.choose_momentum, negative values allowed): its probes run
+first, from the run's start, and are thrown away; their updates are reported apart
+(``probe_updates``), never among the run's iterations. ``rule`` is the driver's own
+``momentum="auto"``: per update, the solver's momentum 0.9 minus the implicit momentum
+E[tau]/(1+E[tau]) of the measured staleness, negative values allowed.
+
+``--issue33`` is issue 33's target: 8 groups, round-robin, base_lr 0.01, the test loss after
+500 updates for mu 0, 0.15, ..., 0.9, auto and rule; auto passes when its loss is within 5% of
+the best explicit momentum's (a table; every run to ``bench/momentum_loss.json``).
 
 The LMDBs are the ones examples/mnist/create_mnist.sh writes when they exist; otherwise the
 bench converts the bundled digits (examples/mnist/data) into ``--data-dir`` once.
@@ -58,6 +68,9 @@ MOMENTA = ("-0.45", "-0.225", "0", "0.225", "0.45", "0.675", "0.9", "auto")
 # (0.1 at mu 0.9, 0.01 at mu 0), so low and negative momenta get a fair chance only at a
 # larger lr; 0.1 would make mu 0.9's long-run step 1.0, where LeNet diverges.
 LRS = (0.01, 0.03)
+# Issue 33's target: test loss after 500 updates at 8 groups, auto within 5% of the best of
+# these explicit momenta; "rule" is the driver's per-update formula (momentum="auto").
+ISSUE33_MU = ("0", "0.15", "0.3", "0.45", "0.6", "0.75", "0.9", "auto", "rule")
 QUICK = {"groups": (1, 4, 16), "mu": ("0", "0.45", "0.9", "auto"),
          "staleness": ("round-robin",), "lr": (0.01,), "cap": 2000}
 PAPER_CIFAR = {1: 0.7, 2: 0.6, 4: 0.2, 8: 0.1}           # Fig. 3, best mu on cifar10_quick
@@ -205,11 +218,26 @@ def run_one(job: dict) -> dict:
     plans.set_deterministic(True)
     start = time.perf_counter()
     solver = Solver(solver_param(job["train_db"], job["test_db"], job["lr"], job["cap"]))
+    probe: dict = {}
+    mu = job["mu"]
+    if mu == "auto":
+        from cct.optimizer.momentum import choose_momentum
+        chosen = choose_momentum(solver, groups=job["g"], engine="simulated",
+                                 staleness=job["staleness"], allow_negative=True, log=False)
+        mu = repr(chosen.momentum)
+        probe = {"probe_updates": chosen.probe_updates, "probe_s": time.perf_counter() - start,
+                 "probe_table": chosen.table(), "probe_reason": chosen.reason,
+                 "probe_rounds": chosen.rounds}
+    elif mu == "rule":
+        mu = "auto"          # the driver's per-update rule: solver's momentum - E[tau]/(1+E[tau])
     driver = AsyncDriver(solver, groups=job["g"], engine="simulated", staleness=job["staleness"],
-                         momentum=job["mu"], allow_negative_momentum=True, seed=job["seed"])
+                         momentum=mu, allow_negative_momentum=True, seed=job["seed"])
     curve: List[Tuple[int, float]] = []
     status = "capped"
     try:
+        if job.get("loss_after"):
+            return {**_loss_after(job, solver, driver), **probe,
+                    "wall_s": time.perf_counter() - start}
         while solver.iter < job["cap"]:
             try:
                 driver.step(min(job["every"], job["cap"] - solver.iter))
@@ -227,7 +255,7 @@ def run_one(job: dict) -> dict:
                 status = "reached"
                 break
         stats = driver.store.stats
-        explicit, implicit = driver.store.last_momentum
+        explicit, implicit = driver.store.momentum(driver.store.stats)
         return {**{k: job[k] for k in ("staleness", "lr", "g", "mu", "seed", "cap", "every",
                                         "target")},
                 "status": status, "iterations": iterations_to_target(curve, job["target"]),
@@ -235,10 +263,65 @@ def run_one(job: dict) -> dict:
                 "staleness_mean": stats.mean(),
                 "staleness_max": max(stats.histogram) if stats.histogram else 0,
                 "explicit_momentum": float(explicit), "implicit_momentum": float(implicit),
-                "wall_s": time.perf_counter() - start}
+                **probe, "wall_s": time.perf_counter() - start}
     finally:
         driver.close()
         solver.close()
+
+
+def _loss_after(job: dict, solver, driver) -> dict:
+    """Issue 33's measure: exactly ``loss_after`` updates (the auto arm's probes not among
+    them), then the test net's loss and accuracy over the 2,000 held-out digits."""
+    from cct.errors import CCTError
+    status = "done"
+    try:
+        driver.step(job["loss_after"])
+    except CCTError as e:              # the solver's NaN/inf loss check; nothing else
+        if "loss is" not in str(e):
+            raise
+        status = "diverged"
+    accuracy, loss = (math.nan, math.inf) if status == "diverged" else evaluate(solver, driver)
+    if not math.isfinite(loss):
+        status, loss = "diverged", math.inf
+    explicit, implicit = driver.store.momentum(driver.store.stats)
+    stats = driver.store.stats
+    return {**{k: job[k] for k in ("staleness", "lr", "g", "mu", "seed", "loss_after", "cap",
+                                    "every", "target")},
+            "status": status, "updates": solver.iter, "test_loss": loss,
+            "test_accuracy": accuracy, "staleness_mean": stats.mean(),
+            "explicit_momentum": float(explicit), "implicit_momentum": float(implicit)}
+
+
+def loss_table(runs: List[dict]) -> str:
+    """Issue 33's table: test loss after N updates per momentum, the best explicit one, and
+    auto's choice and whether its loss is within 5% of the best."""
+    out = []
+    for (staleness, lr, g, n) in sorted({(r["staleness"], r["lr"], r["g"], r["loss_after"])
+                                         for r in runs}):
+        these = [r for r in runs if (r["staleness"], r["lr"], r["g"], r["loss_after"])
+                 == (staleness, lr, g, n)]
+        fixed = sorted((r for r in these if r["mu"] not in ("auto", "rule")),
+                       key=lambda r: float(r["mu"]))
+        best = min(fixed, key=lambda r: r["test_loss"]) if fixed else None
+        out += [f"#### staleness {staleness}, base_lr {lr:g}, {g} groups: test loss after {n} "
+                f"updates", "", "| momentum | test loss | test accuracy | note |",
+                "|---|---|---|---|"]
+        for r in fixed + [r for r in these if r["mu"] == "rule"] + \
+                [r for r in these if r["mu"] == "auto"]:
+            loss = "div" if r["status"] == "diverged" else f"{r['test_loss']:.4f}"
+            acc = "-" if r["status"] == "diverged" else f"{r['test_accuracy']:.4f}"
+            note = "best explicit" if r is best else ""
+            if r["mu"] == "rule":
+                note = f"the driver's per-update rule, ended at {r['explicit_momentum']:.3f}"
+            if r["mu"] == "auto":
+                gap = r["test_loss"] / best["test_loss"] - 1 if best else math.nan
+                note = (f"chose {r['explicit_momentum']:.4g} after {r['probe_updates']} probe "
+                        f"updates ({r['probe_s']:.0f} s; rounds {', '.join(r['probe_rounds'])});"
+                        f" {gap:+.1%} vs the best explicit: "
+                        f"{'within' if gap <= 0.05 else 'NOT within'} 5%")
+            out.append(f"| {r['mu']} | {loss} | {acc} | {note} |")
+        out.append("")
+    return "\n".join(out)
 
 
 def key(r: dict) -> Tuple:
@@ -372,10 +455,24 @@ def main(argv: Optional[List[str]] = None) -> int:
                          "are absent")
     ap.add_argument("--json", default=str(REPO / "bench" / "momentum.json"))
     ap.add_argument("--png", default=str(REPO / "bench" / "momentum.png"))
+    ap.add_argument("--loss-after", type=int, metavar="N",
+                    help="issue 33's measure instead: the test loss after exactly N updates "
+                         "per momentum (auto's probes not counted among them)")
+    ap.add_argument("--issue33", action="store_true",
+                    help="issue 33's target: --loss-after 500 --groups 8 --staleness "
+                         "round-robin --lr 0.01 --mu 0,0.15,...,0.9,auto,rule")
     ap.add_argument("--resume", action="store_true",
                     help="keep the runs --json already holds and run only the others")
     args = ap.parse_args(argv)
 
+    if args.issue33:
+        args.loss_after = args.loss_after or 500
+        args.groups, args.staleness, args.lr = (args.groups or "8",
+                                                args.staleness or "round-robin",
+                                                args.lr or "0.01")
+        args.mu = args.mu or ",".join(ISSUE33_MU)
+    if args.loss_after and args.json == ap.get_default("json"):
+        args.json = str(REPO / "bench" / "momentum_loss.json")
     quick = QUICK if args.quick else {}
     groups = ([int(x) for x in args.groups.split(",")] if args.groups
               else list(quick.get("groups", GROUPS)))
@@ -383,9 +480,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                  else list(quick.get("staleness", STALENESS)))
     momenta = args.mu.split(",") if args.mu else list(quick.get("mu", MOMENTA))
     lrs = [float(x) for x in args.lr.split(",")] if args.lr else list(quick.get("lr", LRS))
-    cap = args.cap or quick.get("cap", 4000)
+    cap = args.loss_after or args.cap or quick.get("cap", 4000)
     for m in momenta:
-        if m != "auto":
+        if m not in ("auto", "rule"):
             float(m)
     if any(float(t) > args.target for t in args.also_target.split(",") if t):
         ap.error("--also-target values must not exceed --target: runs stop at --target")
@@ -393,7 +490,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     train_db, test_db = mnist_lmdbs(pathlib.Path(args.data_dir))
     jobs = [{"staleness": s, "lr": lr, "g": g, "mu": m, "seed": args.seed, "cap": cap,
              "every": args.every, "target": args.target, "train_db": train_db,
-             "test_db": test_db}
+             "test_db": test_db, "loss_after": args.loss_after}
             for s in staleness for lr in lrs for g in groups for m in momenta]
     runs: List[dict] = []
     earlier: List[dict] = []
@@ -405,7 +502,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         runs = [held[key(j)] for j in jobs if key(j) in held]
         jobs = [j for j in jobs if key(j) not in held]
     # The slow runs first (many groups, small momenta), so the last ones to finish are short.
-    jobs.sort(key=lambda j: (-j["g"], j["mu"] != "auto" and float(j["mu"]) > 0.5))
+    jobs.sort(key=lambda j: (-j["g"], j["mu"] not in ("auto", "rule")
+                             and float(j["mu"]) > 0.5))
     meta = {"command": " ".join([os.path.basename(sys.executable), "bench/bench_momentum.py"]
                                 + (sys.argv[1:] if argv is None else list(argv))),
             "cpu": cpu_model(), "cores": os.cpu_count(), "workers": args.workers,
@@ -421,6 +519,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         for k, r in enumerate(pool.imap_unordered(run_one, jobs), 1):
             runs.append(r)
             write_json(args.json, {**meta, "wall_s": time.perf_counter() - start}, runs)
+            if args.loss_after:
+                print(f"[{k}/{len(jobs)}] {r['staleness']} lr {r['lr']:g} g {r['g']} "
+                      f"mu {r['mu']}: test loss {r['test_loss']:.4f} (explicit mu "
+                      f"{r['explicit_momentum']:.3f}; {r['wall_s']:.0f} s)",
+                      file=sys.stderr, flush=True)
+                continue
             print(f"[{k}/{len(jobs)}] {r['staleness']} lr {r['lr']:g} g {r['g']} "
                   f"mu {r['mu']}: {cell(r, cap)} (tau mean {r['staleness_mean']:.2f}, "
                   f"explicit mu {r['explicit_momentum']:.3f}; {r['wall_s']:.0f} s)",
@@ -433,6 +537,10 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"single-thread runs at a time; {meta['date']}; wall {wall / 60:.1f} min\n"
           f"target test accuracy {args.target} on the 2,000 test digits, checked every "
           f"{args.every} iterations, cap {cap}\n")
+    if args.loss_after:
+        print(loss_table(runs))
+        print(f"wrote {args.json}")
+        return 0
     targets = [args.target] + [float(t) for t in args.also_target.split(",") if t]
     for target in targets:
         for s in staleness:

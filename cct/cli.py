@@ -37,11 +37,12 @@ commands:
                   -group-timeout=S: the driver's strategies, cct/driver; -optimize
                   -target-accuracy=A
                   -target-loss=L -budget=S -probe-share=P -retune-every=K: the optimizer
-                  chooses them, cct/optimizer)
+                  chooses them, cct/optimizer; -plot=PATH: a PNG of its plan's probes)
   plan            the optimizer's plan for a solver, without training (-solver, -devices,
                   -engine, -target-accuracy, -target-loss, -budget, -probe-share,
-                  -bandwidth: each candidate's measured HE, probe and predicted time, the
-                  choice and why, and the advisor's batch, devices and shards;
+                  -bandwidth: each candidate's measured HE, probe, loss slope and predicted
+                  time with its range, the choice and why, and the advisor's batch, devices
+                  and shards; -plot=PATH: a PNG of the probes' loss curves;
                   -cluster=nodes=N,bandwidth=X[,shards=S][,overhead=C] -staleness=...:
                   the plan for that cluster, HE from the scale-out model, SE simulated)
   test            score a model (-model, -weights, -iterations, -level, -stage, -gpu,
@@ -223,7 +224,8 @@ _SMA_FLAGS = ("learners", "sma-alpha", "sma-momentum", "sync-period")
 _RAY_FLAGS = ("ray-address", "ps-shards", "ray-group-restarts", "ray-data")
 _DRIVER_FLAGS = ("engine", "groups", "batch-sizes", "staleness", "seed", "simulate-speeds",
                  "threshold", "sync-fc", "group-timeout") + _SMA_FLAGS + _RAY_FLAGS
-_OPTIMIZER_FLAGS = ("target-accuracy", "target-loss", "budget", "probe-share", "retune-every")
+_OPTIMIZER_FLAGS = ("target-accuracy", "target-loss", "budget", "probe-share", "retune-every",
+                    "plot")
 #: What each flag that only some settings use is for: the second half of the error when it is
 #: given where it does nothing.
 _PURPOSE = {
@@ -492,7 +494,7 @@ def cmd_train(argv: List[str]) -> int:
                                   "momentum": "", "seed": "0", "batch-sizes": "",
                                   "progress": "auto", "target-accuracy": "",
                                   "target-loss": "", "budget": "", "probe-share": "0.1",
-                                  "retune-every": "0",
+                                  "retune-every": "0", "plot": "",
                                   "threshold": "0.05", "learners": "", "sma-alpha": "",
                                   "sma-momentum": 0.0, "sync-period": "1",
                                   "simulate-speeds": "", "ray-address": "",
@@ -551,11 +553,18 @@ def cmd_train(argv: List[str]) -> int:
     driver = None
     progress = None
     try:
+        measured = driver_args is not None and driver_args["momentum"] == "auto"
+        if measured:
+            # The probes run drivers of their own on the solver, from where the run starts:
+            # a resumed one first (the driver, built after them, pulls afresh).
+            if flags.get("snapshot"):
+                solver.restore(flags.get("snapshot"))
+            driver_args = _measured_momentum(solver, driver_args, devices)
         if driver_args is not None:
             driver = Driver(solver, devices=devices, **driver_args)
         elif devices is not None:
             solver.set_gradient_source(gradient_source(solver.net, devices))
-        if flags.get("snapshot"):
+        if flags.get("snapshot") and not measured:
             solver.restore(flags.get("snapshot"))  # logs caffe.cpp's "Resuming from ..."
         if show_progress:  # the solver's callbacks run under the driver's strategies too
             progress = TrainingProgress(solver).attach()
@@ -580,9 +589,27 @@ def cmd_train(argv: List[str]) -> int:
     return 0
 
 
+def _measured_momentum(solver, driver_args: dict, devices) -> dict:
+    """-momentum=auto with the parameter store's strategies: short probes at the run's group
+    count choose the explicit momentum (cct/optimizer/momentum.py, logged); they are thrown
+    away and the driver trains with the choice. The probes take the data layers' batch."""
+    from .devices import parse_devices
+    from .optimizer.momentum import choose_momentum
+    groups = driver_args["groups"]
+    if groups is None:          # the driver's rule: one group per device
+        groups = len(parse_devices(devices) if isinstance(devices, str) else devices) \
+            if devices else 1
+    choice = choose_momentum(solver, groups=groups, engine=driver_args["engine"],
+                             devices=devices, staleness=driver_args["staleness"],
+                             allow_negative=driver_args["allow_negative_momentum"])
+    return dict(driver_args, momentum=repr(choice.momentum),
+                allow_negative_momentum=driver_args["allow_negative_momentum"]
+                or choice.momentum < 0)
+
+
 def _optimize_args(flags: Flags) -> dict:
-    """The optimizer's settings from -target-accuracy, -target-loss, -budget, -probe-share and
-    -retune-every (cct/optimizer), each checked where it is parsed."""
+    """The optimizer's settings from -target-accuracy, -target-loss, -budget, -probe-share,
+    -retune-every and -plot (cct/optimizer), each checked where it is parsed."""
     if flags.get("target-accuracy") and flags.get("target-loss"):
         raise CCTError(f"{flags.command}: give -target-accuracy or -target-loss, not both")
     checks = {"target-accuracy": ("(0, 1]", "the first test net's accuracy to stop at"),
@@ -596,13 +623,18 @@ def _optimize_args(flags: Flags) -> dict:
         # 0 (the default): the optimizer's interval, an epoch or a tenth of max_iter.
         args["retune_every"] = flags.int("retune-every", "[0, inf)",
                                          "iterations between re-tunes") or None
+    if flags.values.get("plot"):
+        # Refused here, before a net is built, not after the probes.
+        from .optimizer.report import check_plot_path
+        args["plot"] = check_plot_path(flags.get("plot"), flags.command)
     return args
 
 
 def cmd_plan(argv: List[str]) -> int:
     """``cct plan``: the optimizer's plan for a solver (every candidate with its measured HE,
     probe and predicted time, the choice and why) and the advisor's batch, devices and
-    shards, without training. Writes nothing: no snapshot, and the kernel plan cache is off."""
+    shards, without training. Writes nothing but -plot's picture: no snapshot, and the kernel
+    plan cache is off."""
     import os
 
     os.environ["CCT_PLAN_CACHE"] = "off"
@@ -613,7 +645,7 @@ def cmd_plan(argv: List[str]) -> int:
     flags = Flags("plan", argv, {"solver": "", "devices": "", "engine": "threads",
                                  "target-accuracy": "", "target-loss": "", "budget": "",
                                  "probe-share": "0.1", "bandwidth": "1.25e9", "cluster": "",
-                                 "staleness": "round-robin"})
+                                 "staleness": "round-robin", "plot": ""})
     solver_path = _require(flags, "solver", "Need a solver definition to plan.")
     cluster = None
     if flags.get("cluster"):
@@ -654,6 +686,11 @@ def cmd_plan(argv: List[str]) -> int:
             for line in model.lines():
                 log.info("optimizer.py:0", line)
         optimizer.log_plan(plan)
+        if optimizer.plot:
+            from .optimizer.report import plot as plot_probes
+            plot_probes(plan, optimizer.plot)
+            log.info("optimizer.py:0", f"Optimizer: the probes' loss curves are in "
+                     f"{optimizer.plot}")
         advise(solver, devices, step_seconds=plan.winner.he, bandwidth=bandwidth)
     finally:
         if optimizer is not None:

@@ -86,16 +86,19 @@ DESCRIPTIONS: Dict[str, str] = {
                    "(0, 1).",
     "retune-every": "cct: with -optimize, iterations between re-tunes (0: one epoch when "
                     "known, else max_iter/10).",
+    "plot": "cct: with -optimize (and plan), a PNG of the plan's probes: raw and smoothed "
+            "losses, fitted power laws, the reference loss (needs matplotlib).",
     "bandwidth": "cct: plan's link bandwidth in bytes/s for the store-shard advice "
                  "(assumed, 10 Gbit/s by default).",
     "cluster": "cct: plan for a cluster: nodes=N,bandwidth=BYTES_PER_S[,shards=S]"
                "[,overhead=SECONDS]; HE from the scale-out model, SE from the simulated engine.",
-    "momentum": "cct: the momentum to use instead of the solver's, at least 0 (auto with "
-                "async).",
+    "momentum": "cct: the momentum to use instead of the solver's, at least 0; auto (async, "
+                "hogbatch): chosen by short probes at the group count, from the grid "
+                "0..0.9 pruned by the measured staleness.",
     "seed": "cct: the seed of a simulated run's exponential staleness (at least 0: unlike "
             "Caffe's random_seed, -1 is no random seed).",
-    "allow-negative-momentum": "cct: let -momentum go below zero (auto, or a negative "
-                               "value).",
+    "allow-negative-momentum": "cct: let -momentum go below zero (auto probes negative "
+                               "values too, or a negative value).",
     "sync-fc": "cct: run the InnerProduct layers serially on the store's weights, never stale.",
     "backend": "The backend {lmdb, leveldb} for storing the result.",
     "gray": "When this option is on, treat images as grayscale ones.",

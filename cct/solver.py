@@ -658,15 +658,17 @@ class Solver:
     def capture(self) -> dict:
         """An in-memory snapshot for a branch that will be thrown away: copies of every train
         net param (learnable or not, BatchNorm's statistics too), the history, ``iter``,
-        ``current_step``, the random generator, the data layers' positions and the smoothed
-        loss. Nothing is written to disk; :meth:`restore_capture` puts it all back."""
+        ``current_step``, the random generator, the data layers' positions, the smoothed
+        loss and the iteration of the last display line (whose rate the next one gives).
+        Nothing is written to disk; :meth:`restore_capture` puts it all back."""
         self._pull_statistics()
         return {"params": [np.array(_host(p.data), copy=True) for p in self.net.params_list],
                 "history": [np.array(_host(h), copy=True) for h in self.history],
                 "iter": self.iter, "current_step": self.current_step,
                 "rng": rng.get_rng().bit_generator.state,
                 "data": {(k, n): layer.data_state() for k, n, layer in self._data_layers()},
-                "losses": (list(self._losses), self.smoothed_loss, self._start_iter)}
+                "losses": (list(self._losses), self.smoothed_loss, self._start_iter),
+                "displayed": self._iterations_last}
 
     def restore_capture(self, captured: dict) -> None:
         """Return to a :meth:`capture`: params and history bit for bit, the iteration, the
@@ -684,6 +686,7 @@ class Solver:
                 layer.load_data_state(state)
         losses, self.smoothed_loss, self._start_iter = captured["losses"]
         self._losses = list(losses)
+        self._iterations_last = captured["displayed"]
         self.requested_early_exit = False
         self.gradient_source.refresh()
 

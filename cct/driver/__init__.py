@@ -16,8 +16,11 @@ Engines (cct/driver/engines.py): ``threads`` (default), ``processes`` (a group i
 process with shared memory; killing it costs only its batch; processes.py), ``simulated``
 (deterministic staleness: round-robin, seeded exponential, replayed, or devices of given
 speeds on a virtual clock) and ``ray`` (groups and a sharded store as Ray actors;
-ray_engine.py, imported only then). ``--momentum=auto`` sets the explicit momentum from the
-measured staleness (staleness.py). ``--groups`` is checked against the memory (and, for
+ray_engine.py, imported only then). ``momentum="auto"`` sets the explicit momentum of each
+update by the rule: the solver's momentum minus the implicit momentum of the measured
+staleness (store.py MomentumPolicy), the prior that ``cct train --momentum=auto`` starts from:
+the command line measures the choice by probes (cct/optimizer/momentum.py) and passes the
+number it chose. ``--groups`` is checked against the memory (and, for
 processes, the cores) before anything is built; the processes and Ray engines wait for a
 group's answer no longer than ``group_timeout`` seconds (by default a multiple of the slowest
 step seen, engines.py AnswerTimeout) and drop one that does not answer as a dead one. From

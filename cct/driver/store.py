@@ -22,9 +22,12 @@ from .staleness import StalenessStats, implicit_momentum
 
 
 class MomentumPolicy:
-    """The explicit momentum of each update: a literal value, or ``auto``: the solver's
-    momentum minus the implicit momentum of the staleness measured so far (a window of recent
-    updates), floored at 0 unless negative values are allowed."""
+    """The explicit momentum of each update: a literal value, or ``auto``: the rule, the
+    solver's momentum minus the implicit momentum of the staleness measured so far (a window
+    of recent updates), floored at 0 unless negative values are allowed. The rule is a prior
+    and a lower bound, not the optimum (measured optima sit above it): ``cct train
+    --momentum=auto`` probes the momenta from one step below it up to the solver's and gives
+    the driver the one it measured best (cct/optimizer/momentum.py)."""
 
     def __init__(self, setting: str, solver_momentum: float, allow_negative: bool = False):
         self.auto = setting == "auto"

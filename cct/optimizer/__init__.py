@@ -12,9 +12,10 @@ From Python::
 from .advisor import Advice, advise
 from .cluster import Cluster, ClusterModel, parse_cluster, updates_per_second
 from .curve import CurveFit, fit_power_law, smooth
+from .momentum import MomentumChoice, choose_momentum
 from .omnivore import OmnivoreSearch
 from .plan import Candidate, Optimizer, Plan
 
 __all__ = ["Optimizer", "Candidate", "Plan", "CurveFit", "fit_power_law", "smooth", "Advice",
            "advise", "Cluster", "ClusterModel", "parse_cluster", "updates_per_second",
-           "OmnivoreSearch"]
+           "OmnivoreSearch", "choose_momentum", "MomentumChoice"]

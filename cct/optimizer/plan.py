@@ -40,6 +40,22 @@ Time to target = HE x iterations to target (Omnivore's hardware and statistical 
   centre; nothing at or above a diverged (lr, momentum); for more groups nothing above the
   previous optimum's lr and nothing lower in both lr and momentum. Unlike Omnivore, nothing
   restarts and candidates are compared by a predicted time, not by equal-time losses.
+* **No evidence, no spending** (issue 33). A plateau (the solver's own first probe does not
+  fall: :func:`.curve.leaving`, a drop of its last fifth below its first beyond 2% and three
+  standard errors) makes probes of any length rank by noise: CIFAR10-quick sits at 2.303 for
+  100-150 iterations at lr 0.001-0.009. Leaving it takes fewer iterations the larger the step,
+  up to the step that diverges, so the lr search becomes an escape: the ladder x LR_STEP
+  upward to the first lr that diverges, then the largest lr still alive goes on, its probe
+  doubling from where it ended, until it falls (it wins; its probe is training), diverges
+  (the next lower goes on) or the probe share is spent; nothing fell: the solver's own
+  settings, from the end of their probe. The momenta are left to the re-tunes then, which
+  start past the plateau. Ties elsewhere (flat curves, losses within LOSS_TIE) go to the
+  solver's lr as before. The probes not kept cost at most the probe share of the horizon.
+* **Multi-group candidates** whose 20-iteration probes predict "never" (staleness g - 1 from
+  the first update: their curves bend later) borrow the prediction of their one-group twin at
+  momentum + the implicit momentum measured for them (:meth:`Optimizer._extrapolate`); that
+  keeps them in the halving, whose longer probes then speak for themselves, but a borrowed
+  prediction never wins on its own (:meth:`Optimizer._halve`).
 * **Re-tuning** every ``retune_every`` iterations (default an epoch or a tenth of max_iter,
   but never so often that a re-tune's first round costs more than the probe share of the
   interval), or when the measured seconds per iteration drift by more than 25% from the
@@ -67,10 +83,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+
 from ..errors import CCTError
 from ..glog import held, info, quiet, release
 from ..params import NetSource
-from .curve import DIVERGENCE_RATIO, CurveFit, fit_power_law
+from . import report
+from .curve import DIVERGENCE_RATIO, CurveFit, fit_power_law, leaving
 
 SRC = "optimizer.py:0"
 LR_STEP = 3.0           # the cold start's lr search: x3 up (or /3 down) while it pays,
@@ -85,6 +103,7 @@ CONTENDER = 3.0          # a candidate predicted over this multiple of the leade
 MIN_PROBE = 20           # iterations: shorter probes rank candidates by noise
 MAX_RECOVERIES = 3       # divergences in training the optimizer steps back from
 BRANCH_MEMORY = 1 << 30  # bytes of probe ends (weights and history) kept to go on from
+TWIN_MU = 0.15           # the farthest a one-group twin's momentum may be (_extrapolate)
 
 
 @dataclass
@@ -107,6 +126,7 @@ class Candidate:
     losses: List[float] = field(default_factory=list, repr=False)
     state: Optional[dict] = field(default=None, repr=False)
     lines: list = field(default_factory=list, repr=False)
+    basis: str = ""            # where ``iters`` comes from when not its own probe's fit
 
     @property
     def config(self) -> Tuple[str, int, int]:
@@ -139,18 +159,11 @@ class Plan:
     probe_seconds: float = 0.0
     rounds: List[str] = field(default_factory=list)    # "12 x 20", "6 x 40", ...
     stopped: str = ""          # why the halving stopped before one candidate was left
+    plateau: str = ""          # what the plateau search did (module doc), when it ran
 
     def table(self) -> List[str]:
-        head = (f"{'#':>3} {'strategy':<9} {'groups':>6} {'batch':>5} {'lr':>9} {'momentum':>8} "
-                f"{'HE s/iter':>10} {'probe it':>8} {'probe loss':>10} {'pred iters':>10} "
-                f"{'pred s':>9}  status")
-        rows = [head]
-        for i, c in enumerate(self.candidates):
-            rows.append(f"{i:>3} {c.strategy:<9} {c.groups:>6} {c.batch:>5} {c.lr:>9.4g} "
-                        f"{c.momentum:>8.4g} {_num(c.he, '.4g'):>10} {c.probed or '-':>8} "
-                        f"{_num(c.fit.last if c.fit else None, '.4g'):>10} "
-                        f"{_num(c.iters, '.4g'):>10} {_num(c.seconds, '.3g'):>9}  {c.status}")
-        return rows
+        """The log's rows: each candidate with its evidence (:func:`.report.table`)."""
+        return report.table(self)
 
 
 def _num(x, fmt: str) -> str:
@@ -161,8 +174,15 @@ def _num(x, fmt: str) -> str:
     return format(x, fmt)
 
 
-def _clip_mu(mu: float) -> float:
-    return round(min(MU_RANGE[1], max(MU_RANGE[0], mu)), 4)
+#: what "momentum" may be, by solver type: SGD's and Nesterov's a velocity's decay (negative
+#: values for asynchrony's sake); AdaDelta's a moving average's decay and Adam's beta1, in
+#: [0, 1); AdaGrad and RMSProp take none (Caffe refuses any but 0)
+MU_RANGES = {"SGD": MU_RANGE, "Nesterov": MU_RANGE, "AdaDelta": (0.0, 0.99), "Adam": (0.0, 0.99),
+             "AdaGrad": (0.0, 0.0), "RMSProp": (0.0, 0.0)}
+
+
+def _clip_mu(mu: float, bounds: Tuple[float, float] = MU_RANGE) -> float:
+    return round(min(bounds[1], max(bounds[0], mu)), 4)
 
 
 class Optimizer:
@@ -180,7 +200,8 @@ class Optimizer:
                  momentum_offsets: Sequence[float] = MOMENTUM_OFFSETS,
                  probe_iters: Optional[int] = None, retune_every: Optional[int] = None,
                  he_iters: int = 6, staleness: str = "round-robin",
-                 he_model: Optional[Callable[[Candidate, float], float]] = None):
+                 he_model: Optional[Callable[[Candidate, float], float]] = None,
+                 plot: Optional[str] = None):
         if target_loss is not None and target_accuracy is not None:
             raise CCTError("give --target-loss or --target-accuracy, not both")
         if not 0 < probe_share < 1:
@@ -215,6 +236,8 @@ class Optimizer:
         self.he_iters = max(2, he_iters)
         self.staleness = staleness
         self.he_model = he_model
+        # where start() draws its plan's probes (report.plot), refused now, before any probe
+        self.plot = report.check_plot_path(plot) if plot else None
         self.he: Dict[Tuple[str, int, int], float] = {}
         self.implicit: Dict[Tuple[str, int, int], float] = {}
         self.current: Optional[Candidate] = None
@@ -293,7 +316,8 @@ class Optimizer:
     def _candidate(self, groups: int, batch: int, lr: float, mu: float) -> Candidate:
         strategy = ("sync" if groups == 1 and batch == self.data_batch else
                     "async" if batch == self.data_batch else "hogbatch")
-        return Candidate(strategy, groups, batch, lr, _clip_mu(mu))
+        return Candidate(strategy, groups, batch, lr,
+                         _clip_mu(mu, MU_RANGES.get(self.solver.type, MU_RANGE)))
 
     def _step(self, iters: int) -> None:
         if self.driver is not None:
@@ -462,6 +486,7 @@ class Optimizer:
         n_probes = (len(self.lr_multiples or (1, 1, 1)) + 2 * (len(self.momentum_offsets) - 1)) * \
             len(self.batches) + 5 * (len(self.groups) - 1)
         plan.probe_iters = self._probe_iters(n_probes, self._horizon(he1), he1)
+        spend = self.probe_share * self._horizon(he1)
 
         def probe_all(grid, he, prev, centre, diverged_at):
             for c in grid:
@@ -490,17 +515,26 @@ class Optimizer:
                     else:
                         sweep = self._lr_search(plan, g, batch, start_lr, centre,
                                                 lambda c: probe_all([c], he, None, centre,
-                                                                    diverged_at))
+                                                                    diverged_at),
+                                                began, spend, limit)
                     self._score(plan, [c for c in sweep if c.status == "kept"])
                     ranked = sorted((c for c in sweep if c.status == "kept"),
                                     key=self._rank)
-                    grid = _unique([self._candidate(g, batch, c.lr, centre + o)
-                                    for c in ranked[:2] for o in self.momentum_offsets
-                                    if o != 0.0])
+                    # On a plateau the momenta would have to leave it too, each probe as long
+                    # as the escape: they are left to the re-tunes, which start past it.
+                    grid = [] if plan.plateau else \
+                        _unique([self._candidate(g, batch, c.lr, centre + o)
+                                 for c in ranked[:2] for o in self.momentum_offsets
+                                 if o != 0.0])
                     probe_all(grid, he, None, centre, diverged_at)
                     grid = sweep + grid
                 else:
-                    centre = prev.momentum - self.implicit.get(centre_c.config, 0.0)
+                    # The same total momentum (explicit + implicit) as the optimum with fewer
+                    # groups: that one's own implicit momentum goes back in before this
+                    # count's comes off (subtracting only this count's counted the fewer
+                    # groups' staleness twice: eight groups centred near -0.8).
+                    centre = (prev.momentum + self.implicit.get(prev.config, 0.0)
+                              - self.implicit.get(centre_c.config, 0.0))
                     grid = _unique([self._candidate(g, batch, lr, centre + o)
                                     for lr in (prev.lr / 3.0, prev.lr)
                                     for o in self.momentum_offsets])
@@ -522,7 +556,6 @@ class Optimizer:
         if not kept:
             raise CCTError("optimizer: every probe diverged or was pruned; lower base_lr in "
                            "the solver or give a target the probes can reach")
-        spend = self.probe_share * self._horizon(he1)
         plan.winner = self._halve(plan, kept, began, spend, limit)
         plan.winner.status = "chosen"
         for c in plan.candidates:
@@ -534,12 +567,17 @@ class Optimizer:
         return plan
 
     def _lr_search(self, plan: Plan, g: int, batch: int, lr: float, mu: float,
-                   probe: Callable[[Candidate], None]) -> List[Candidate]:
+                   probe: Callable[[Candidate], None], began: float = 0.0,
+                   spend: float = math.inf, limit: Optional[int] = None) -> List[Candidate]:
         """The lr at momentum ``mu``: from ``lr``, up by LR_STEP while each step ranks better
         than the best so far (at most LR_STEPS steps), else down the same way: a grid of four
-        decades in three to five probes, and no ceiling at 3x the solver's lr."""
+        decades in three to five probes, and no ceiling at 3x the solver's lr. When the first
+        probe shows no fall (:func:`leaving`), the run is on a plateau: :meth:`_escape`."""
         first = self._candidate(g, batch, lr, mu)
         probe(first)
+        if first.status == "kept" and not leaving(first.losses):
+            return self._escape(plan, first, probe, began, spend,
+                                self._limit() if limit is None else limit)
         tried, best = [first], first
         for step in (LR_STEP, 1.0 / LR_STEP):
             at = lr
@@ -558,21 +596,91 @@ class Optimizer:
                 break
         return sorted(tried, key=lambda c: c.lr)
 
+    def _escape(self, plan: Plan, first: Candidate, probe: Callable[[Candidate], None],
+                began: float, spend: float, limit: int) -> List[Candidate]:
+        """A plateau (the solver's own probe does not fall): probes of any length rank by
+        noise there, and every candidate must leave the plateau before its curve says
+        anything. Leaving takes fewer iterations the larger the step, up to the step that
+        diverges; so: the lr ladder upward from the solver's (x LR_STEP, at most LR_STEPS
+        steps, ending at the first that diverges), then the largest lr that has not diverged
+        goes on, doubling its probe from where it ended, until it falls (it then ranks first
+        and its probe is training), diverges (the next lower goes on), or the probes have
+        cost the probe share (``spend`` seconds since ``began``) or would pass ``limit``.
+        What is left without a fall keeps the solver's lr, the tie rule of :func:`_rank`:
+        no evidence, no change."""
+        g, batch, mu = first.groups, first.batch, first.momentum
+        ladder, at = [first], first.lr
+        for _ in range(LR_STEPS):
+            at *= LR_STEP
+            c = self._candidate(g, batch, at, mu)
+            probe(c)
+            ladder.append(c)
+            if c.status != "kept":
+                break
+            if leaving(c.losses):
+                break
+        home = self.solver.iter
+        alive = sorted((c for c in ladder if c.status == "kept"), key=lambda c: -c.lr)
+        log = []
+        while alive and not leaving(alive[0].losses):
+            top = alive[0]
+            more = min(top.probed, limit - home - top.probed)
+            # wall time, or the iterations' worth at the measured HE where that is more (a
+            # probe's own clock can miss what its branch cost around it)
+            spent = max(time.perf_counter() - began,
+                        sum(c.probed * (c.he or 0.0) for c in ladder))
+            if spent >= spend or more < 1:
+                log.append(f"stopped at lr {top.lr:.4g} after {top.probed} iterations ("
+                           + ("the probes' share spent" if more >= 1 else
+                              f"a longer probe would pass iteration {limit}") + ")")
+                break
+            self.probe(top, more, keep=self._fit_in_memory(2))
+            if top.status != "kept":
+                log.append(f"lr {top.lr:.4g} diverged at {top.probed} iterations")
+                alive.pop(0)
+        if alive and leaving(alive[0].losses):
+            w = alive[0]
+            for c in ladder:
+                if c is not w and c.status == "kept":
+                    c.status = (f"pruned: on the plateau after {c.probed} iterations; lr "
+                                f"{w.lr:.4g} left it after {w.probed}")
+                    c.drop_branch()
+            plan.plateau = (f"plateau at lr {first.lr:.4g}: lr {w.lr:.4g} left it within "
+                            f"{w.probed} iterations" + ("; " + "; ".join(log) if log else ""))
+        else:
+            plan.plateau = (f"plateau at lr {first.lr:.4g}: no lr up to "
+                            f"{ladder[-1].lr:.4g} left it" + ("; " + "; ".join(log) if log
+                                                              else "")
+                            + "; training with the solver's settings")
+            for c in ladder:
+                if c is not first and c.status == "kept":
+                    c.status = f"pruned: on the plateau after {c.probed} iterations"
+                    c.drop_branch()
+        return sorted(ladder, key=lambda c: c.lr)
+
     def _halve(self, plan: Plan, live: List[Candidate], began: float, spend: float,
                limit: int) -> Candidate:
         """Successive halving: rank the candidates by predicted seconds; the better half, less
         those predicted over CONTENDER x the leader's time, goes on for as many iterations
         again as it has had (from where its probe ended), until one is left, the probes have
         cost ``spend`` seconds beyond the leader's own probe (which training keeps), or a kept
-        probe would pass ``limit``. The leader wins."""
+        probe would pass ``limit``. The leader wins.
+
+        A prediction borrowed from a one-group twin (:meth:`_extrapolate`) keeps a candidate
+        in the halving, so that its probe grows long enough to speak for itself, but wins
+        nothing on its own: the bar for pruning is the best candidate predicted from its own
+        probe, which always goes on, and the winner is the best of those (asynchrony is not
+        exactly momentum: at LeNet's edge of stability, four groups at lr 0.09 diverged where
+        their twin, one group at lr 0.09 momentum 0.675, was the fastest run of the grid)."""
         home = self.solver.iter
         while True:
             plan.rounds.append(f"{len(live)} x {live[0].probed}")
             self._score(plan, live)
             live.sort(key=self._rank)
+            own = [c for c in live if not c.basis]
+            leader = own[0] if own else live[0]
             if len(live) == 1:
-                return live[0]
-            leader = live[0]
+                return leader
             spent = time.perf_counter() - began - leader.probe_seconds
             more = min(leader.probed, limit - home - leader.probed)
             if spent >= spend:
@@ -585,18 +693,23 @@ class Optimizer:
                 return leader
             better = [c for c in live[:(len(live) + 1) // 2]
                       if c.seconds <= CONTENDER * leader.seconds]
-            for c in live[len(better):]:
-                c.status = (f"pruned: behind after {c.probed} iterations (predicted "
-                            f"{_num(c.seconds, '.3g')} s, the leader "
-                            f"{_num(leader.seconds, '.3g')})")
-                c.drop_branch()
+            if leader not in better:
+                better.append(leader)
+            for c in live:
+                if c not in better:
+                    c.status = (f"pruned: behind after {c.probed} iterations (predicted "
+                                f"{_num(c.seconds, '.3g')} s, the leader "
+                                f"{_num(leader.seconds, '.3g')})")
+                    c.drop_branch()
             if len(better) == 1:
                 plan.stopped = (f"no other candidate predicted within {CONTENDER:g}x the "
                                 f"leader's time after {leader.probed} iterations")
                 return leader
             keep = self._fit_in_memory(len(better))
             for c in better:
-                self.probe(c, more, keep=keep)
+                n = min(c.probed, limit - home - c.probed)      # as many again
+                if n >= 1:
+                    self.probe(c, n, keep=keep)
             live = [c for c in better if c.status == "kept"]
             if not live:
                 raise CCTError("optimizer: every probe diverged when it went on; lower base_lr "
@@ -639,15 +752,46 @@ class Optimizer:
             # below the smoothed losses too, which iterations_to takes as reached when at or
             # under it: a noisy one under 0.9 x its model had the winner "there in 0
             # iterations", and every other candidate infinitely slower.
-            ref = 0.9 * min(min(c.fit.loss_at(c.fit.t_last), c.fit.last) for c in everything)
+            # (A model value that underflowed to 0 is no reference: the smoothed loss is.)
+            ref = 0.9 * min(min(v for v in (c.fit.loss_at(c.fit.t_last), c.fit.last)
+                                if v > 0) if c.fit.last > 0 else c.fit.last
+                            for c in everything)
         plan.reference_loss = ref
         flat = FLAT * max(1, int(self.solver.param.max_iter))
         for c in kept:
             c.iters = c.fit.iterations_to(ref)
             if c.iters > flat:          # a curve this flat says "not in this run"; its digits
                 c.iters = math.inf      # are noise, not a ranking
+            c.basis = ""
+            if c.groups > 1 and math.isinf(c.iters):
+                self._extrapolate(plan, c, ref, flat)
             c.seconds = c.iters * c.he if math.isfinite(c.iters) else math.inf
         return min(kept, key=self._rank)
+
+    def _extrapolate(self, plan: Plan, c: Candidate, ref: float, flat: float) -> None:
+        """A driven candidate whose own short probe predicts "never" (a 20-iteration probe of
+        4 or 8 groups rarely leaves the staleness' first transient, while the runs behind it
+        take 400-1,260 iterations) is predicted from the synchronous probe it stands for:
+        asynchrony acts as implicit momentum (Mitliagkas et al.), so g groups at (lr, mu) go as
+        one group at (lr, mu + the implicit momentum measured for them). The twin is the
+        probed one-group candidate at the same lr and batch with the nearest momentum, within
+        TWIN_MU; its iterations to the reference from the plan's start, less what ``c`` has
+        already run, are ``c``'s, and ``basis`` says so."""
+        mu = c.momentum + self.implicit.get(c.config, 0.0)
+        twins = [t for t in plan.candidates
+                 if t.groups == 1 and t.batch == c.batch and t.fit is not None
+                 and not t.fit.diverged and abs(math.log(t.lr / c.lr)) < 1e-6
+                 and abs(t.momentum - mu) <= TWIN_MU]
+        if not twins:
+            return
+        t = min(twins, key=lambda t: abs(t.momentum - mu))
+        iters = t.fit.iterations_to(ref)
+        if not iters <= flat:
+            return
+        c.iters = max(0.0, t.probed + iters - c.probed)
+        c.basis = (f"extrapolated from one group at lr {t.lr:.4g} momentum {t.momentum:.4g} "
+                   f"(momentum {c.momentum:.4g} + implicit "
+                   f"{self.implicit.get(c.config, 0.0):.3g})")
 
     def _rank(self, c: Candidate):
         return _rank(c, self.base_lr)
@@ -673,6 +817,8 @@ class Optimizer:
             line = (f"{w.describe()} wins: predicted to reach the {ref} at iteration {at}, "
                     f"{at - end} iterations after its probe's end at iteration {end} "
                     f"({_num(w.seconds, '.3g')} s at {_num(w.he, '.3g')} s/iter)")
+        if w.basis:
+            line += f", {w.basis}"
         others = sorted((c for c in plan.candidates if c.status == "kept"),
                         key=lambda c: c.seconds)
         if others:
@@ -692,6 +838,8 @@ class Optimizer:
              f"{ref}; planning took {plan.probe_seconds:.3g} s")
         for row in plan.table():
             info(SRC, "  " + row)
+        if plan.plateau:
+            info(SRC, f"Optimizer: {plan.plateau}")
         info(SRC, f"Optimizer: {plan.reason}")
 
     # -- training ----------------------------------------------------------------------------
@@ -700,6 +848,9 @@ class Optimizer:
         as the winner says from here on (from the end of its probe when that was kept)."""
         plan = self.make_plan(limit)
         self.log_plan(plan)
+        if self.plot:
+            report.plot(plan, self.plot)
+            info(SRC, f"Optimizer: the probes' loss curves are in {self.plot}")
         self._apply(plan.winner)
         plan.winner.drop_branch()
         return plan

@@ -246,3 +246,21 @@ def test_a_divergence_in_training_steps_back_with_a_smaller_lr(data_list, tmp_pa
     finally:
         opt.close()
         solver.close()
+
+
+@pytest.mark.parametrize("kind,momentum,low,high", [("AdaGrad", 0.0, 0.0, 0.0),
+                                                    ("Adam", 0.9, 0.0, 0.99)])
+def test_momenta_stay_in_what_the_solver_type_allows(data_list, tmp_path, kind,  # noqa: F811
+                                                     momentum, low, high):
+    """AdaGrad and RMSProp refuse any momentum but 0 (Caffe's check), Adam's momentum is beta1
+    in [0, 1): the search's offsets and the groups' staleness correction stay inside."""
+    solver = _solver(data_list, tmp_path, max_iter=200, type=kind, momentum=momentum,
+                     base_lr=0.01)
+    opt = Optimizer(solver, engine="simulated", groups=[1, 2], probe_iters=5)
+    try:
+        plan = opt.make_plan()
+    finally:
+        opt.close()
+        solver.close()
+    assert plan.winner is not None
+    assert all(low <= c.momentum <= high for c in plan.candidates)

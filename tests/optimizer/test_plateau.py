@@ -1,0 +1,153 @@
+"""Issue 33, items 1 and 3: no evidence, no spending. The evidence test (`leaving`), the
+plateau escape (the lr ladder upward, then the largest lr that has not diverged going on
+until it falls), the fallback to the solver's settings when nothing falls within the probe
+share, and multi-group candidates predicted from their one-group twin when their own short
+probes say "never". The search logic runs on synthetic probe curves (a fake `probe` that
+writes what a plateau of known length would give), so each rule is checked on its own; one
+run on the tiny net checks the fallback on real probes."""
+import math
+
+import numpy as np
+import pytest
+
+from cct.api import Solver
+from cct.optimizer import Optimizer
+from cct.optimizer.curve import fit_power_law
+from cct.optimizer.curve import leaving
+
+from ..test_scheduler import data_list, solver_param  # noqa: F401  (fixture)
+
+
+def test_leaving_needs_a_drop_beyond_the_noise_and_two_percent():
+    rng = np.random.default_rng(0)
+    flat = 2.3026 + 0.003 * rng.standard_normal(200)
+    assert not leaving(flat)
+    drift = np.linspace(2.303, 2.293, 200) + 0.003 * rng.standard_normal(200)  # 0.4%
+    assert not leaving(drift)
+    falling = np.linspace(2.3, 1.0, 20) + 0.05 * rng.standard_normal(20)
+    assert leaving(falling)
+    assert not leaving(falling[:5])                      # too short to say
+    assert not leaving(list(falling[:19]) + [math.nan])  # a NaN is no evidence
+    noisy = np.concatenate([np.full(10, 2.3), np.full(10, 2.2)]) + 0.5 * rng.standard_normal(20)
+    assert not leaving(noisy)                            # 4% down, within the noise
+
+
+class Plateau:
+    """Fake probes: the loss sits at 2.3 until iteration ``escape(lr)`` (fewer for larger
+    lr), then falls as a power law; lr at or above ``diverge`` blows up after 30 iterations.
+    Records the iterations each lr was probed for."""
+
+    def __init__(self, opt, escape, diverge):
+        self.opt, self.escape, self.diverge = opt, escape, diverge
+        self.iters = {}
+
+    def losses(self, lr, n):
+        rng = np.random.default_rng(int(lr * 1e6) % 1000)
+        e = self.escape(lr)
+        out = []
+        for t in range(1, n + 1):
+            if lr >= self.diverge and t > 30:
+                v = 2.3 * 1.2 ** (t - 30)
+            elif t <= e:
+                v = 2.3
+            else:
+                v = 2.3 * ((t - e + 10) / 10.0) ** -0.8
+            out.append(v + 0.002 * rng.standard_normal())
+        return out
+
+    def __call__(self, cand, iters, keep=False):
+        cand.probed += iters
+        self.iters[(cand.groups, cand.lr)] = cand.probed
+        cand.losses = self.losses(cand.lr, cand.probed)
+        cand.state = {"fake": cand.probed} if keep else None
+        cand.fit = fit_power_law(cand.losses, self.opt.solver.iter)
+        if cand.fit.diverged:
+            cand.status = "pruned: diverged"
+            cand.drop_branch()
+        else:
+            cand.status = "kept"
+        return cand
+
+
+@pytest.fixture
+def opt(data_list, tmp_path):  # noqa: F811
+    solver = Solver(solver_param(data_list, tmp_path, max_iter=100000, base_lr=0.001,
+                                 display=0))
+    o = Optimizer(solver, engine="simulated", groups=[1], momentum_offsets=(0.0,),
+                  probe_iters=20)
+    o.measure_he = lambda c: setattr(c, "he", 0.01) or 0.01
+    yield o
+    o.close()
+    solver.close()
+
+
+def test_a_plateau_climbs_the_ladder_and_keeps_the_largest_lr_that_leaves_it(opt):
+    fake = Plateau(opt, escape=lambda lr: 2.7 / lr, diverge=0.05)   # 0.027: 100 iterations
+    opt.probe = fake
+    plan = opt.make_plan(limit=10 ** 6)
+    assert plan.winner.lr == pytest.approx(0.027)
+    assert leaving(plan.winner.losses)
+    # the ladder went up from the solver's lr to the first that diverged (0.081), which went
+    # on until it did; 0.027 then doubled until it fell; the lower rungs stayed at 20
+    probed = {round(lr, 6): n for (_, lr), n in fake.iters.items()}
+    assert probed[0.001] == probed[0.003] == probed[0.009] == 20
+    assert probed[0.081] >= 40 and probed[0.027] >= 100
+    assert "plateau at lr 0.001: lr 0.027 left it" in plan.plateau
+    assert "lr 0.081 diverged" in plan.plateau
+    # no momentum probes on a plateau: they would each have to leave it too
+    assert all(c.momentum == pytest.approx(0.9) for c in plan.candidates)
+    others = [c for c in plan.candidates if c is not plan.winner and c.lr < 0.027]
+    assert all(c.status.startswith("pruned: on the plateau") for c in others)
+
+
+def test_no_fall_within_the_probe_share_trains_with_the_solver_settings(opt):
+    fake = Plateau(opt, escape=lambda lr: 1e9, diverge=1e9)          # nothing ever leaves
+    opt.probe = fake
+    opt.probe_share = 0.001          # 0.001 x 100,000 x 0.01 s = 1 s of probes
+    plan = opt.make_plan(limit=10 ** 6)
+    assert plan.winner.lr == pytest.approx(0.001)
+    assert plan.winner.momentum == pytest.approx(0.9)
+    assert "training with the solver's settings" in plan.plateau
+    # and the spending stopped: the top rung doubled a bounded number of times
+    assert max(fake.iters.values()) <= 40
+
+
+def test_limit_stops_the_escape_before_a_test_or_snapshot(opt):
+    fake = Plateau(opt, escape=lambda lr: 2.7 / lr, diverge=0.05)
+    opt.probe = fake
+    plan = opt.make_plan(limit=60)
+    assert all(n <= 60 for n in fake.iters.values())
+    assert "a longer probe would pass iteration 60" in plan.plateau
+
+
+def test_a_real_plateau_on_the_tiny_net_keeps_the_solver_settings(data_list, tmp_path):  # noqa: F811
+    solver = Solver(solver_param(data_list, tmp_path, max_iter=400, base_lr=1e-9, display=0))
+    o = Optimizer(solver, engine="simulated", groups=[1], momentum_offsets=(0.0,),
+                  probe_iters=10, probe_share=0.05)
+    try:
+        plan = o.make_plan()
+    finally:
+        o.close()
+        solver.close()
+    assert plan.winner.lr == pytest.approx(1e-9)
+    assert "no lr up to" in plan.plateau and "solver's settings" in plan.plateau
+
+
+def test_multi_group_candidates_are_predicted_from_their_one_group_twin(opt):
+    """Four groups at (lr, mu) go as one group at (lr, mu + implicit): when their own short
+    probes predict never, the twin's prediction stands in, and the table says so."""
+    from cct.optimizer import Candidate, Plan
+    ref_fit = fit_power_law([2.3 * (t / 10.0) ** -0.5 for t in range(1, 41)])
+    twin = Candidate("sync", 1, 16, 0.03, 0.675, he=0.01, fit=ref_fit, probed=40,
+                     status="kept")
+    flat = fit_power_law([2.3] * 20)
+    four = Candidate("async", 4, 16, 0.03, -0.05, he=0.003, fit=flat, probed=20, status="kept")
+    far = Candidate("async", 4, 16, 0.03, -0.5, he=0.003, fit=flat, probed=20, status="kept")
+    opt.target_loss = 0.5
+    opt.implicit[four.config] = 0.73
+    plan = Plan(candidates=[twin, four, far])
+    opt._score(plan, [twin, four, far])
+    assert math.isfinite(twin.iters)
+    assert four.iters == pytest.approx(twin.probed + twin.iters - four.probed)
+    assert "extrapolated from one group at lr 0.03 momentum 0.675" in four.basis
+    assert math.isinf(far.iters) and far.basis == ""    # -0.5 + 0.73 is not near 0.675
