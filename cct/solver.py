@@ -296,6 +296,13 @@ class Solver:
         after its backward pass (before the update)."""
         self._callbacks.append((on_start, on_gradients_ready))
 
+    def remove_callback(self, on_start: Callable[[], None],
+                        on_gradients_ready: Callable[[], None]) -> None:
+        """Take back a pair :meth:`add_callback` added (a tool that planned a run and leaves
+        it, as the optimizer's momentum probes do); a pair not there is no error."""
+        pair = (on_start, on_gradients_ready)
+        self._callbacks = [c for c in self._callbacks if c != pair]
+
     # -- the loop ----------------------------------------------------------------------------
     def _requested_action(self) -> str:
         if self.action_request is None:

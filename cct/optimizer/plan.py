@@ -1017,6 +1017,7 @@ class Optimizer:
             self.solver.set_gradient_source(NetSource(self.solver.net))
             self.driver = None
         self.solver.action_request = self._user_action
+        self.solver.remove_callback(self._on_start, self._on_gradients_ready)
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -264,3 +264,18 @@ def test_momenta_stay_in_what_the_solver_type_allows(data_list, tmp_path, kind, 
         solver.close()
     assert plan.winner is not None
     assert all(low <= c.momentum <= high for c in plan.candidates)
+
+
+def test_close_leaves_the_solver_as_it_found_it(data_list, tmp_path):  # noqa: F811
+    solver = _solver(data_list, tmp_path, max_iter=40)
+    before = solver.action_request
+    opt = Optimizer(solver, engine="simulated", groups=[1])
+    assert len(solver._callbacks) == 1
+    opt.close()
+    assert solver.action_request is before
+    assert solver._callbacks == []          # its hooks are gone, not merely idle
+    calls = []
+    solver.add_callback(lambda: calls.append("start"), lambda: calls.append("ready"))
+    solver.step(1)
+    solver.close()
+    assert calls == ["start", "ready"]      # only the pair added after the optimizer left
