@@ -38,7 +38,7 @@ from typing import List, Optional, Sequence, Tuple
 from ..glog import info
 from .plan import Candidate, Optimizer
 
-SRC = "momentum.cpp:0"
+SRC = "momentum.py:0"
 GRID = (0.0, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9)   # the grid, the paper's 0.15 steps
 STEP = 0.15
 MU_MIN = -0.9               # the optimizer's floor (plan.MU_RANGE)

@@ -83,7 +83,8 @@ def table(plan: "Plan") -> List[str]:
                     f"{c.momentum:>8.4g} {_num(c.he, '.4g'):>10} {c.probed or '-':>8} "
                     f"{_num(c.fit.last if c.fit else None, '.4g'):>10} {slope(c):>20} "
                     f"{prediction(c, plan.reference_loss):>22} "
-                    f"{_num(c.seconds, '.3g'):>9}  {c.status}")
+                    f"{_num(c.seconds, '.3g'):>9}  {c.status}"
+                    + (f"; predicted {c.basis}" if c.basis else ""))
     rows.append(f"    (slope: c of L ~ t^-c on the probe ± its standard error, falling when "
                 f"c - {SE_MULTIPLE:g} se > 0; [range]: the iterations at c ± {SE_MULTIPLE:g} "
                 f"se, a ranking device's spread, not a promise)")

@@ -151,3 +151,27 @@ def test_multi_group_candidates_are_predicted_from_their_one_group_twin(opt):
     assert four.iters == pytest.approx(twin.probed + twin.iters - four.probed)
     assert "extrapolated from one group at lr 0.03 momentum 0.675" in four.basis
     assert math.isinf(far.iters) and far.basis == ""    # -0.5 + 0.73 is not near 0.675
+    row = next(r for r in plan.table() if r.split()[0] == "1")
+    assert "predicted extrapolated from one group" in row
+
+
+def test_a_prediction_without_evidence_ties_and_the_paired_loss_decides(opt):
+    """Late in a run 20-iteration curves are flat: a slope of 33 +- 110 predicts a finite time
+    by chance; it counts as no prediction, and the lower paired loss at the probe's end wins."""
+    from cct.optimizer import Candidate, CurveFit, Plan
+    noisy = Candidate("sync", 1, 16, 0.001, 0.99, he=0.01, probed=20, status="kept",
+                      fit=CurveFit(1e40, 33.0, 1220, 0.0725, c_se=110.0))
+    calm = Candidate("sync", 1, 16, 0.001, 0.9, he=0.01, probed=20, status="kept",
+                     fit=CurveFit(0.03, 0.0, 1220, 0.0254, c_se=math.inf))
+    assert math.isfinite(noisy.fit.iterations_to(0.02)) and not noisy.fit.falling
+    plan = Plan(candidates=[noisy, calm])
+    assert opt._score(plan, [noisy, calm]) is calm
+    assert math.isinf(noisy.iters)
+
+
+def test_one_group_retunes_probe_the_lr_and_a_third_of_it_only(opt):
+    from cct.optimizer import Candidate
+    opt.momentum_offsets = [-0.225, 0.0, 0.225]
+    assert list(opt._retune_offsets(Candidate("sync", 1, 16, 0.01, 0.9))) == [0.0]
+    assert list(opt._retune_offsets(Candidate("async", 4, 16, 0.01, 0.2))) == [-0.225, 0.0,
+                                                                                0.225]
