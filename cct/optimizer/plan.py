@@ -231,6 +231,7 @@ class Optimizer:
         self.devices = devices
         self.base_lr = float(solver.param.base_lr)
         self.base_momentum = float(solver.param.momentum)
+        self.lr_floor = self.base_lr      # re-tunes go no lower (:meth:`retune`)
         self.data_batch = _data_batch(solver.net)
         self.groups = sorted(set(groups or _default_groups(engine, devices)))
         self.batches = list(batches or [self.data_batch])
@@ -540,6 +541,11 @@ class Optimizer:
                     # groups' staleness twice: eight groups centred near -0.8).
                     centre = (prev.momentum + self.implicit.get(prev.config, 0.0)
                               - self.implicit.get(centre_c.config, 0.0))
+                    if self.solver.type not in ("SGD", "Nesterov"):
+                        # Asynchrony as implicit momentum is a result about a velocity
+                        # (SGD's); Adam's beta1 or AdaDelta's decay are not one, and nobody
+                        # has measured the equivalence there: the momenta stay the optimum's.
+                        centre = prev.momentum
                     grid = _unique([self._candidate(g, batch, lr, centre + o)
                                     for lr in (prev.lr / 3.0, prev.lr)
                                     for o in self.momentum_offsets])
@@ -787,6 +793,8 @@ class Optimizer:
         probed one-group candidate at the same lr and batch with the nearest momentum, within
         TWIN_MU; its iterations to the reference from the plan's start, less what ``c`` has
         already run, are ``c``'s, and ``basis`` says so."""
+        if self.solver.type not in ("SGD", "Nesterov"):
+            return          # the equivalence is SGD momentum's (see make_plan)
         mu = c.momentum + self.implicit.get(c.config, 0.0)
         twins = [t for t in plan.candidates
                  if t.groups == 1 and t.batch == c.batch and t.fit is not None
@@ -857,6 +865,7 @@ class Optimizer:
         """Plan (a kept probe ending at iteration ``limit`` at most), log the plan, and train
         as the winner says from here on (from the end of its probe when that was kept)."""
         plan = self.make_plan(limit)
+        self.lr_floor = min(self.lr_floor, plan.winner.lr)
         self.log_plan(plan)
         if self.plot:
             report.plot(plan, self.plot)
@@ -971,6 +980,7 @@ class Optimizer:
         calmer = self._candidate(cur.groups, cur.batch, cur.lr / LR_STEP,
                                  min(cur.momentum, self.base_momentum))
         calmer.he = cur.he
+        self.lr_floor = min(self.lr_floor, calmer.lr)
         info(SRC, f"Optimizer: the loss diverged at iteration {at} with {cur.describe()}; back "
              f"to iteration {s.iter} with lr {calmer.lr:.4g}, momentum {calmer.momentum:.4g} "
              f"(recovery {self.recoveries} of at most {MAX_RECOVERIES})")
@@ -988,8 +998,20 @@ class Optimizer:
         cur = self.current
         plan = Plan()
         he = self.measure_he(cur)
+        # Not below the lr floor: 20-iteration probes late in a run favour the smaller step
+        # (its noise is lower at once; its slower progress shows only later: the short-horizon
+        # bias), and a re-tune every few hundred iterations ratcheted LeNet-Adam's lr from
+        # 0.003 to 1e-7 in nine steps, stuck at 96%. The floor is the solver's own lr (or the
+        # plan's, or a recovery's, when lower): the user's setting is the safe one.
+        lrs = [cur.lr] if cur.lr / 3.0 < self.lr_floor * (1 - 1e-9) else [cur.lr / 3.0, cur.lr]
         grid = _unique([self._candidate(cur.groups, cur.batch, lr, cur.momentum + o)
-                        for lr in (cur.lr / 3.0, cur.lr) for o in self._retune_offsets(cur)])
+                        for lr in lrs for o in self._retune_offsets(cur)])
+        if len(grid) == 1:
+            self.retunes += 1
+            info(SRC, f"Optimizer re-tune at iteration {s.iter} ({why}): nothing to probe: lr "
+                 f"{cur.lr:.4g} is at the floor {self.lr_floor:.4g} (the solver's, the plan's "
+                 f"or a recovery's lr, whichever is lowest); keeping {cur.describe()}")
+            return cur
         interval = self._retune_every() * he
         plan.probe_iters = self._probe_iters(len(grid), interval, he)
         keep = s.iter + plan.probe_iters <= limit and \

@@ -175,3 +175,21 @@ def test_one_group_retunes_probe_the_lr_and_a_third_of_it_only(opt):
     assert list(opt._retune_offsets(Candidate("sync", 1, 16, 0.01, 0.9))) == [0.0]
     assert list(opt._retune_offsets(Candidate("async", 4, 16, 0.01, 0.2))) == [-0.225, 0.0,
                                                                                 0.225]
+
+
+def test_retunes_do_not_take_the_lr_below_the_solvers(data_list, tmp_path):  # noqa: F811
+    """The short-horizon bias: late probes favour the smaller lr every time, and re-tunes
+    ratcheted an Adam run's lr down to 1e-7. At the solver's own lr a one-group re-tune has
+    nothing left to probe and keeps it."""
+    solver = Solver(solver_param(data_list, tmp_path, max_iter=400, base_lr=0.05, display=0))
+    o = Optimizer(solver, engine="simulated", groups=[1], probe_iters=5, retune_every=1000)
+    try:
+        o.configure(o._candidate(1, o.data_batch, 0.05, 0.9))
+        kept = o.retune("a test")
+        assert kept.lr == pytest.approx(0.05) and o.current.lr == pytest.approx(0.05)
+        o.configure(o._candidate(1, o.data_batch, 0.45, 0.9))
+        moved = o.retune("a test")
+        assert moved.lr >= 0.05 * (1 - 1e-6)
+    finally:
+        o.close()
+        solver.close()
