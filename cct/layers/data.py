@@ -359,6 +359,15 @@ class DataLayer(BasePrefetchingDataLayer):
         except CCTError as e:
             raise self.error(str(e)) from None
 
+    @property
+    def num_records(self):
+        """The records in the database (LMDB counts them; LevelDB would need a scan: None),
+        an epoch's worth for the optimizer's re-tunes."""
+        try:
+            return len(self.cursor)
+        except TypeError:
+            return None
+
     def make_reader(self, top):
         try:
             return self._make_reader(top)

@@ -37,6 +37,7 @@ def test_reads_caffes_lmdb_in_key_order_and_wraps(caffe_fixtures):
     layer.forward(bottom, top)  # records 1500..1999, then 0..999 again
     np.testing.assert_array_equal(top[0].data[:500, 0], digits[1500:] / np.float32(256))
     np.testing.assert_array_equal(top[0].data[500:, 0], digits[:1000] / np.float32(256))
+    assert layer.num_records == 2000        # an epoch, for the optimizer's re-tunes
 
 
 def test_center_crop_in_test_and_mean_value(caffe_fixtures):
