@@ -93,6 +93,7 @@ from ..errors import CCTError
 from ..glog import held, info, quiet, release
 from ..params import NetSource
 from . import report
+from .report import num_text
 from .curve import DIVERGENCE_RATIO, CurveFit, fit_power_law, leaving
 
 SRC = "optimizer.py:0"
@@ -169,14 +170,6 @@ class Plan:
     def table(self) -> List[str]:
         """The log's rows: each candidate with its evidence (:func:`.report.table`)."""
         return report.table(self)
-
-
-def _num(x, fmt: str) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf"
-    return format(x, fmt)
 
 
 #: what "momentum" may be, by solver type: SGD's and Nesterov's a velocity's decay (negative
@@ -709,8 +702,8 @@ class Optimizer:
             for c in live:
                 if c not in better:
                     c.status = (f"pruned: behind after {c.probed} iterations (predicted "
-                                f"{_num(c.seconds, '.3g')} s, the leader "
-                                f"{_num(leader.seconds, '.3g')})")
+                                f"{num_text(c.seconds, '.3g')} s, the leader "
+                                f"{num_text(leader.seconds, '.3g')})")
                     c.drop_branch()
             if len(better) == 1:
                 plan.stopped = (f"no other candidate predicted within {CONTENDER:g}x the "
@@ -834,21 +827,21 @@ class Optimizer:
             at = math.ceil(end + w.iters)
             line = (f"{w.describe()} wins: predicted to reach the {ref} at iteration {at}, "
                     f"{at - end} iterations after its probe's end at iteration {end} "
-                    f"({_num(w.seconds, '.3g')} s at {_num(w.he, '.3g')} s/iter)")
+                    f"({num_text(w.seconds, '.3g')} s at {num_text(w.he, '.3g')} s/iter)")
         if w.basis:
             line += f", {w.basis}"
         others = sorted((c for c in plan.candidates if c.status == "kept"),
                         key=lambda c: c.seconds)
         if others:
             o = others[0]
-            line += f"; next best {o.describe()} at {_num(o.seconds, '.3g')} s"
+            line += f"; next best {o.describe()} at {num_text(o.seconds, '.3g')} s"
             if w.seconds and math.isfinite(w.seconds) and math.isfinite(o.seconds):
                 line += f" ({o.seconds / w.seconds:.2f}x)"
         return line
 
     def log_plan(self, plan: Plan) -> None:
         ref = (f"target loss {self.target_loss:g}" if self.target_loss is not None else
-               f"reference loss {_num(plan.reference_loss, '.4g')}")
+               f"reference loss {num_text(plan.reference_loss, '.4g')}")
         info(SRC, f"Optimizer plan at iteration {self.solver.iter}: {len(plan.candidates)} "
              f"candidates, probes of {plan.probe_iters} iterations, the better half going on "
              f"for as many again each round ({', '.join(plan.rounds)}"

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, List, Optional
 import numpy as np
 
 from ..errors import CCTError
-from ..install import install_hint
+from ..io.figure import agg_figure
 from .curve import SE_MULTIPLE, smooth
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 FLAG = "-plot"
 
 
-def _num(x, fmt: str) -> str:
+def num_text(x, fmt: str) -> str:
     if x is None:
         return "-"
     if isinstance(x, float) and math.isinf(x):
@@ -55,14 +55,14 @@ def slope(c: "Candidate") -> str:
     if f is None or not math.isfinite(f.c):
         return "-"
     verdict = "diverged" if f.diverged else "falling" if f.falling else "flat?"
-    return f"{f.c:.3g}±{_num(f.c_se, '.2g')} {verdict}"
+    return f"{f.c:.3g}±{num_text(f.c_se, '.2g')} {verdict}"
 
 
 def prediction(c: "Candidate", reference: Optional[float]) -> str:
     """The predicted iterations with their range at c ± 2 se, e.g. ``820 [510-1.9e3]``."""
     if c.iters is None:
         return "-"
-    shown = _num(c.iters, ".4g")
+    shown = num_text(c.iters, ".4g")
     if c.fit is None or reference is None or c.fit.diverged:
         return shown
     lo, hi = c.fit.iterations_interval(reference)
@@ -80,10 +80,10 @@ def table(plan: "Plan") -> List[str]:
     rows = [head]
     for i, c in enumerate(plan.candidates):
         rows.append(f"{i:>3} {c.strategy:<9} {c.groups:>6} {c.batch:>5} {c.lr:>9.4g} "
-                    f"{c.momentum:>8.4g} {_num(c.he, '.4g'):>10} {c.probed or '-':>8} "
-                    f"{_num(c.fit.last if c.fit else None, '.4g'):>10} {slope(c):>20} "
+                    f"{c.momentum:>8.4g} {num_text(c.he, '.4g'):>10} {c.probed or '-':>8} "
+                    f"{num_text(c.fit.last if c.fit else None, '.4g'):>10} {slope(c):>20} "
                     f"{prediction(c, plan.reference_loss):>22} "
-                    f"{_num(c.seconds, '.3g'):>9}  {c.status}"
+                    f"{num_text(c.seconds, '.3g'):>9}  {c.status}"
                     + (f"; predicted {c.basis}" if c.basis else ""))
     rows.append(f"    (slope: c of L ~ t^-c on the probe ± its standard error, falling when "
                 f"c - {SE_MULTIPLE:g} se > 0; [range]: the iterations at c ± {SE_MULTIPLE:g} "
@@ -93,15 +93,7 @@ def table(plan: "Plan") -> List[str]:
 
 # -- the picture -------------------------------------------------------------------------------
 def _figure(width: float, height: float):
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise CCTError(f"{FLAG} needs matplotlib, which is not installed: pip install "
-                       f"matplotlib (or {install_hint('plot')})") from None
-    figure = Figure(figsize=(width, height), dpi=100)
-    FigureCanvasAgg(figure)
-    return figure
+    return agg_figure(width, height, FLAG)
 
 
 def check_plot_path(path: str, command: str = "") -> str:

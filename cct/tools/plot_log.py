@@ -31,7 +31,7 @@ from typing import Callable, List, Optional, Tuple
 
 from ..errors import CCTError
 from ..flags import Flags
-from ..install import install_hint
+from ..io.figure import agg_figure
 from .parse_log import Row, log_created_year, parse_lines, parse_log
 
 TOOL = "plot_log"
@@ -45,15 +45,7 @@ _X_COLUMN = {"Iters": "NumIters", "Seconds": "Seconds"}
 
 
 def _figure(width: float, height: float):
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise CCTError(f"{TOOL} needs matplotlib, which is not installed: pip install "
-                       f"matplotlib (or {install_hint('plot')})") from None
-    figure = Figure(figsize=(width, height), dpi=100)
-    FigureCanvasAgg(figure)
-    return figure
+    return agg_figure(width, height, TOOL)
 
 
 def _columns(rows: List[Row], want) -> List[str]:
