@@ -16,6 +16,7 @@ import textwrap
 from typing import Dict, List, Optional, Sequence, Set, Union
 
 from .errors import CCTError, close_matches
+from .usage import USAGE
 
 _TRUE = {"true", "1", "yes", "t", "y"}
 _FALSE = {"false", "0", "no", "f", "n"}
@@ -279,10 +280,8 @@ class Flags:
 
 
 def _summary(command: str):
-    """(summary, usage) of ``command`` from ``cct.cli.USAGE``: a command's description, or a
+    """(summary, usage) of ``command`` from ``cct.usage.USAGE``: a command's description, or a
     tool's argument synopsis; either may be empty."""
-    from .cli import USAGE
-
     text = USAGE.splitlines()
     for i, line in enumerate(text):
         m = re.match(r"  (\S+)( +)(.*)$", line)

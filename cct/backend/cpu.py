@@ -32,6 +32,7 @@ import numpy as np
 
 from .. import _C  # OPENBLAS_THREAD_TIMEOUT is set by cct/__init__.py first
 from . import HostTimer
+from .shapes import conv_out_size, deconv_out_size, pool_out_size  # noqa: F401  (the backend's)
 
 xp = np
 name = "cpu"
@@ -103,19 +104,6 @@ def _shape4(shape: Sequence[int]) -> Tuple[int, int, int, int]:
 # --------------------------------------------------------------------------------------------
 # Convolution geometry helpers
 # --------------------------------------------------------------------------------------------
-def conv_out_size(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
-    """Caffe's ``(in + 2 pad - (dilation (k - 1) + 1)) / stride + 1`` (floor)."""
-    extent = dilation * (kernel - 1) + 1
-    return (size + 2 * pad - extent) // stride + 1
-
-
-def deconv_out_size(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
-    """Deconvolution's ``stride (in - 1) + dilation (k - 1) + 1 - 2 pad``: the input size of
-    the convolution whose output size is ``size``."""
-    extent = dilation * (kernel - 1) + 1
-    return stride * (size - 1) + extent - 2 * pad
-
-
 # --------------------------------------------------------------------------------------------
 # Outputs. Every kernel writes into ``out`` when given (a blob's array: no copy) and returns it,
 # else into a new array. An ``out`` the C++ side cannot write directly (another dtype, not
@@ -248,16 +236,6 @@ def bias_backward(dy, out=None, accumulate: bool = False) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 # Pooling (csrc/pooling.cpp)
 # --------------------------------------------------------------------------------------------
-def pool_out_size(size: int, kernel: int, stride: int, pad: int, ceil_mode: bool) -> int:
-    """Caffe's pooled size: ceil (or floor) rounding, then drop a last window that would start
-    inside the bottom/right padding."""
-    span = size + 2 * pad - kernel
-    out = (-(-span // stride) if ceil_mode else span // stride) + 1
-    if pad and (out - 1) * stride >= size + pad:
-        out -= 1
-    return out
-
-
 def max_pool_forward(x, kernel, stride, pad, pooled, out=None,
                      mask=None) -> Tuple[np.ndarray, np.ndarray]:
     """Max over each window of the unpadded bottom, scanned in row-major window order with a

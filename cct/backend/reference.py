@@ -9,18 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cpu import conv_out_size
-
-
-def _store(y, out, accumulate=False):
-    """y written (or, with accumulate, added) into ``out`` when given; the result."""
-    if out is None:
-        return y
-    if accumulate:
-        out += y.reshape(out.shape)
-    else:
-        out[...] = y.reshape(out.shape)
-    return out
+from .shapes import conv_out_size, store as _store
 
 
 # --------------------------------------------------------------------------------------------
