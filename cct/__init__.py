@@ -4,7 +4,6 @@ The names here follow pycaffe: ``Net``, ``TRAIN``/``TEST``, ``set_mode_cpu``, ``
 (NetSpec), ``io``, ``proto.caffe_pb2``, ``Classifier``/``Detector``; ``import cct.draw`` and
 ``import cct.coord_map`` as in pycaffe. docs/PYCAFFE.md lists every name and its status.
 """
-import os as _os
 import sys as _sys
 
 # Ctrl-C while this package loads (a third of a second or more, before the ``cct`` command can
@@ -23,20 +22,13 @@ def _interrupted_while_loading(kind, value, traceback) -> None:
 
 _sys.excepthook = _interrupted_while_loading
 
-__version__ = "0.1.0"   # before the imports below: cct.backend.plans keys its cache by it
 
-# OpenBLAS's idle threads spin for 2^28 cycles (about 0.1 s) after each threaded call before they
-# sleep; meanwhile they take the cores from cct's own threads, which run the next kernel (a
-# partitioned convolution, pooling, ReLU) right after. Spinning 2^4 cycles instead made the
-# bench's nets train 1.3x (CaffeNet b32) to 1.8x (CIFAR10-quick) faster on 2 cores
-# (bench/RESULTS.md). OpenBLAS reads the variable when its library loads, at the first import of
-# cct._C, which always comes after this package's __init__.
-_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-
-# The first import of cct._C. After `pip install .`, `python` in the checkout's root finds the
-# source tree first, which has no compiled _C (it was built into site-packages), and Python's
-# own words for that blame a circular import.
+# The first import of cct._C (cct/native.py, which sets OpenBLAS's environment first). After
+# `pip install .`, `python` in the checkout's root finds the source tree first, which has no
+# compiled _C (it was built into site-packages), and Python's own words for that blame a
+# circular import.
 try:
+    from .native import __version__  # noqa: F401
     from .api import (TEST, TRAIN, Net, get_solver_mode, layer_type_list,  # noqa: F401
                       set_device, set_mode_cpu, set_mode_gpu, set_precision, set_random_seed,
                       init_log, log)

@@ -654,7 +654,7 @@ def cmd_device_query(argv: List[str]) -> int:
     import os
     import platform
 
-    from . import _C
+    from .native import _C
 
     flags = Flags("device_query", argv, {"gpu": ""})
     gpu = flags.get("gpu")
@@ -688,7 +688,7 @@ def cmd_device_query(argv: List[str]) -> int:
 
 
 def _cpu_sgemm_gflops(n: int = 1536, repeats: int = 3) -> float:
-    from . import _C
+    from .native import _C
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)

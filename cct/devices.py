@@ -20,7 +20,8 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, List, Optional, Sequence
 
-from . import _C, backend as backends, glog
+from . import backend as backends, glog
+from .native import _C
 from .errors import SourceLost
 from .net import Net
 

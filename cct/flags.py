@@ -138,7 +138,7 @@ class ShowAndExit(Exception):
 
 def version_line(program: str = "cct") -> str:
     """gflags' ``ShowVersion`` line (``caffe version 1.0.0``), with cct's own version."""
-    from . import __version__
+    from .native import __version__
     return f"{program} version {__version__} (Caffe {CAFFE_VERSION} compatible)"
 
 

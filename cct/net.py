@@ -3,7 +3,7 @@ shared params, the backward-need analysis, and forward/backward over a range of 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -142,6 +142,15 @@ def insert_splits(param: caffe_pb2.NetParameter) -> caffe_pb2.NetParameter:
 # ------------------------------------------------------------------------------------------------
 # The net
 # ------------------------------------------------------------------------------------------------
+class LearnableParam(NamedTuple):
+    """One row of :meth:`Net.param_table`: a learnable param (Caffe's ``learnable_params_[k]``)
+    as the update and the net's replicas see it."""
+    net_id: int         # its position in ``params_list``
+    lr_mult: float      # Caffe's params_lr_[k]
+    decay_mult: float   # Caffe's params_weight_decay_[k]
+    sharers: Tuple[int, ...] = ()   # the positions of the params that share its data
+
+
 class Net:
     """A net built from a NetParameter for one NetState (phase, level, stages).
 
@@ -506,6 +515,54 @@ class Net:
                                    f"net but {d.shape} in the test net.")
                 d.share_data(s)
                 d.share_diff(s)
+
+    # -- what the solver's helpers use: the data layers and the learnable params ---------------
+    # The hybrid scheduler, the driver's groups and the optimizer feed replicas of the train net
+    # from its data layers and sum or update their params; they ask for these rather than read
+    # the bottom/top vectors and param bookkeeping, which stay the net's own.
+    def source_layers(self) -> List[int]:
+        """The ids of the layers that produce the batch: no bottoms, no params (Data,
+        ImageData, HDF5Data, DummyData, MemoryData, Input, Python data layers)."""
+        return [i for i, layer in enumerate(self.layers)
+                if not self.bottom_vecs[i] and not layer.blobs]
+
+    def source_tops(self) -> "OrderedDict[str, Blob]":
+        """The source layers' tops in layer order, by name: the net's own blobs (the layers'
+        arrays, not pycaffe's host views)."""
+        return OrderedDict((self.blob_names[b], self.blobs_list[b])
+                           for i in self.source_layers() for b in self.top_id_vecs[i])
+
+    def next_batch(self) -> None:
+        """Run the source layers alone: their tops hold the next batch, and the layers above
+        them are left as they are (a replica computes on it instead)."""
+        for i in self.source_layers():
+            self.layers[i].reshape(self.bottom_vecs[i], self.top_vecs[i])
+            self.layers[i].forward(self.bottom_vecs[i], self.top_vecs[i])
+
+    def replica_param(self, batch: int) -> caffe_pb2.NetParameter:
+        """This net's (filtered, split-inserted) NetParameter with every source layer turned
+        into an Input layer of batch ``batch``: a net that computes on batches it is given,
+        with the same params in the same order (the source layers have none)."""
+        param = caffe_pb2.NetParameter()
+        param.CopyFrom(self.param)
+        for i in self.source_layers():
+            old = param.layer[i]
+            new = caffe_pb2.LayerParameter(name=old.name, type="Input", top=list(old.top))
+            for b in self.top_id_vecs[i]:
+                shape = (batch,) + tuple(self.blobs_list[b].shape[1:])
+                new.input_param.shape.add().dim.extend(shape)
+            param.layer[i].CopyFrom(new)
+        return param
+
+    def param_table(self) -> List[LearnableParam]:
+        """One row per learnable param, in ``learnable_params``' order. The learnable params
+        are exactly the params that own their data (Caffe's ``param_owners_[i] < 0``), in the
+        same order; a param sharing another's data has no row: its owner's row stands for it."""
+        owners = [j for j, owner in enumerate(self.param_owners) if owner < 0]
+        sharers = {j: tuple(i for i, owner in enumerate(self.param_owners) if owner == j)
+                   for j in owners}
+        return [LearnableParam(j, lr, decay, sharers[j])
+                for j, lr, decay in zip(owners, self.params_lr, self.params_weight_decay)]
 
     # -- weights -----------------------------------------------------------------------------
     def copy_trained_layers_from(self, source) -> None:

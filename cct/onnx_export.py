@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import __version__
+from .native import __version__
 from .errors import CCTError
 from .glog import info
 from .install import install_hint

@@ -44,7 +44,6 @@ from .devices import (CPUDevice, Device, DeviceError, available_cores,
 from .backend import alongside, copy as copy_array, host
 from .errors import CCTError, bug_report, is_bug
 from .params import GradientSource, NetSource
-from .proto import caffe_pb2
 
 
 
@@ -135,35 +134,6 @@ def master_place(devices, backend: str):
     return (None if len(devices) == 1 else devices), own[0].backend
 
 
-def source_layers(master) -> List[int]:
-    """The layers that produce the batch: no bottoms, no params (Data, ImageData, HDF5Data,
-    DummyData, MemoryData, Input, Python data layers)."""
-    return [i for i, layer in enumerate(master.layers)
-            if not master.bottom_vecs[i] and not layer.blobs]
-
-
-def next_batch(master, sources: Sequence[int]) -> None:
-    """Run the master's source layers alone: their tops hold the next batch."""
-    for i in sources:
-        master.layers[i].reshape(master.bottom_vecs[i], master.top_vecs[i])
-        master.layers[i].forward(master.bottom_vecs[i], master.top_vecs[i])
-
-
-def replica_param(master, sources: Sequence[int], n: int) -> caffe_pb2.NetParameter:
-    """The master's (filtered, split-inserted) NetParameter with every source layer turned
-    into an Input layer of batch ``n``: a net that computes on batches it is given."""
-    param = caffe_pb2.NetParameter()
-    param.CopyFrom(master.param)
-    for i in sources:
-        old = param.layer[i]
-        new = caffe_pb2.LayerParameter(name=old.name, type="Input", top=list(old.top))
-        for b in master.top_id_vecs[i]:
-            shape = (n,) + tuple(master.blobs_list[b].shape[1:])
-            new.input_param.shape.add().dim.extend(shape)
-        param.layer[i].CopyFrom(new)
-    return param
-
-
 def _blob(net, name: str):
     """The net's own Blob (the layers' arrays, not pycaffe's host view)."""
     return net.blobs_list[net.blob_names_index[name]]
@@ -203,18 +173,18 @@ class HybridScheduler:
         self.rebalance_every = rebalance_every
         self.probe_iters = probe_iters
         self.smoothing = smoothing
-        self.sources = source_layers(master)
-        if len(self.sources) == len(master.layers):
+        if len(master.source_layers()) == len(master.layers):
             raise DeviceError(f"net '{master.name}' has nothing to split across devices: every "
                               f"layer is a data layer.")
-        self.source_tops = [(master.blob_names[b], master.blobs_list[b])
-                            for i in self.sources for b in master.top_id_vecs[i]]
+        self.source_tops = list(master.source_tops().items())
         self.batch = self._batch_size()
         self.digest = self._digest()
-        # The params the solver updates: shared with (host) or sent to the replicas each batch.
-        m = master
-        self.updated_ids = [m.learnable_param_ids[k] for k in range(len(m.learnable_params))
-                            if m.params_lr[k] != 0]
+        # Each learnable param's multipliers and place among the master's params.
+        self.param_table = master.param_table()
+        # The params the solver updates (positions among the master's params): shared with
+        # (host) or sent to the replicas each batch. Counted in that numbering, not the
+        # learnable params' one, which differs once a layer shares a weight but owns its bias.
+        self.updated_ids = [row.net_id for row in self.param_table if row.lr_mult != 0]
         self.blas_threads_before = configure_blas(self.devices)
         self.replicas: List[_Replica] = [self._make_replica(d) for d in self.devices]
         self._free_master_activations()
@@ -242,7 +212,7 @@ class HybridScheduler:
     def _make_replica(self, device: Device) -> _Replica:
         n = max(1, self.batch // len(self.devices))
         try:
-            net = device.build(replica_param(self.master, self.sources, n), self.master.dtype)
+            net = device.build(self.master.replica_param(n), self.master.dtype)
         except CCTError as e:
             raise DeviceError(f"net '{self.master.name}' cannot be split across devices: its "
                               f"replica for {n} of the batch's {self.batch} items on {device} "
@@ -263,8 +233,13 @@ class HybridScheduler:
         if self._shares(replica):
             # Params the solver updates are the master's arrays; the others (lr_mult 0,
             # BatchNorm's running statistics) are the replica's own, copied from the master.
-            for j in self.updated_ids:
-                net.params_list[j].share_data(self.master.params_list[j])
+            # A param that shares an updated one's data (a weight tied across layers) takes
+            # the master's array too: it was bound to the replica's own copy when the
+            # replica was built, and would go on reading that stale copy.
+            for row in self.param_table:
+                if row.lr_mult != 0:
+                    for j in (row.net_id,) + row.sharers:
+                        net.params_list[j].share_data(self.master.params_list[j])
         self._push_frozen_params(replica)
         return replica
 
@@ -277,9 +252,9 @@ class HybridScheduler:
 
     def _push_frozen_params(self, replica: _Replica) -> None:
         updated = set(self.updated_ids)
-        for j, (rp, mp) in enumerate(zip(replica.net.params_list, self.master.params_list)):
-            if j not in updated and self.master.param_owners[j] < 0:
-                copy_array(rp.data, mp.data)
+        for j in (row.net_id for row in self.param_table):
+            if j not in updated:
+                copy_array(replica.net.params_list[j].data, self.master.params_list[j].data)
 
     def _free_master_activations(self) -> None:
         """The master never runs the layers below its data layers while the scheduler trains:
@@ -431,8 +406,8 @@ class HybridScheduler:
 
     def _gather(self, replica: _Replica, into: Sequence[np.ndarray]) -> None:
         """Adds the replica's param gradients into ``into`` (the master's diffs)."""
-        for k, rp in enumerate(replica.net.learnable_params):
-            if self.master.params_lr[k] != 0:
+        for k, (row, rp) in enumerate(zip(self.param_table, replica.net.learnable_params)):
+            if row.lr_mult != 0:
                 into[k] += alongside(into[k], rp.diff)
 
     def _fill_inputs(self, replica: _Replica, offset: int) -> None:
@@ -494,7 +469,7 @@ class HybridScheduler:
         """The whole batch's loss; with ``backward``, the master's param diffs gain the whole
         batch's gradient (Caffe's Net::ForwardBackward, spread over the devices)."""
         m = self.master
-        next_batch(m, self.sources)
+        m.next_batch()
         if self.source_tops[0][1].shape[0] != self.batch:
             # The master's Input was given another batch (a driver group's batch re-sized):
             # check the tops agree, and split it by the speeds known.
@@ -557,9 +532,9 @@ class HybridScheduler:
             return
         first = self.replicas[0]
         updated = set(self.updated_ids)
-        for j, (rp, mp) in enumerate(zip(first.net.params_list, self.master.params_list)):
-            if j not in updated and self.master.param_owners[j] < 0:
-                copy_array(mp.data, rp.data)
+        for j in (row.net_id for row in self.param_table):
+            if j not in updated:
+                copy_array(self.master.params_list[j].data, first.net.params_list[j].data)
 
     def close(self) -> None:
         for r in self.replicas:

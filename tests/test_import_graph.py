@@ -24,6 +24,7 @@ def _modules():
         parts = path.relative_to(REPO).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         out[name] = path
+    out["cct._C"] = None            # the compiled extension: a module, with no source to read
     return out
 
 
@@ -59,6 +60,8 @@ def import_graph():
     modules = _modules()
     edges = defaultdict(set)
     for module, path in modules.items():
+        if path is None:
+            continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         skip = _typing_only(tree)
         for node in ast.walk(tree):
@@ -133,6 +136,16 @@ def _upward(edges):
 def test_the_floors_only_call_downward():
     _, edges = import_graph()
     assert _upward(edges) == []
+
+
+def test_the_extension_and_the_version_come_from_the_lowest_floor():
+    """cct/native.py loads _C (after OpenBLAS's environment) and holds __version__; nothing
+    else imports _C, and nothing imports the package itself, whose __init__ is the pycaffe
+    surface at the top."""
+    _, edges = import_graph()
+    assert sorted(m for m, targets in edges.items() if "cct._C" in targets) == ["cct.native"]
+    assert sorted(m for m, targets in edges.items() if "cct" in targets) == []
+    assert {t for t in edges["cct.native"]} == {"cct._C"}
 
 
 def test_the_architecture_page_names_these_floors_in_this_order():

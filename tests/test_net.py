@@ -259,3 +259,60 @@ def test_building_a_net_needs_little_more_than_its_parameter_bytes():
     param_bytes = sum(b.data.nbytes for blobs in net.params.values() for b in blobs)
     assert param_bytes == (2048 * 4096 + 2048) * 4
     assert peak < 2.5 * param_bytes, f"peak {peak / param_bytes:.2f}x the parameter bytes"
+
+
+# -- what the scheduler, the driver and the optimizer ask of a net -------------------------------
+SOURCES = '''
+layer { name: "d" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 4 dim: 3 } shape { dim: 4 dim: 1 }
+                     data_filler { type: "gaussian" } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  param { lr_mult: 1 } param { lr_mult: 2 decay_mult: 0 }
+  inner_product_param { num_output: 1 weight_filler { type: "gaussian" } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "label" top: "loss" }
+'''
+
+
+def test_source_layers_and_their_tops():
+    net = make(SOURCES)
+    assert net.source_layers() == [0]
+    tops = net.source_tops()
+    assert list(tops) == ["data", "label"]
+    # The net's own blobs, not pycaffe's host views.
+    assert tops["data"] is net.blobs_list[net.blob_names_index["data"]]
+
+
+def test_next_batch_runs_the_data_layers_alone():
+    net = make(SOURCES)
+    net.forward_prefilled()
+    ip = net.blobs["ip"].data.copy()
+    before = net.source_tops()["data"].data.copy()
+    net.blobs["ip"].data[...] = 7
+    net.next_batch()
+    assert not np.array_equal(net.source_tops()["data"].data, before)  # a gaussian refill
+    np.testing.assert_array_equal(net.blobs["ip"].data, np.full_like(ip, 7))
+
+
+def test_replica_param_turns_the_data_layers_into_inputs_of_another_batch():
+    net = make(SOURCES)
+    param = net.replica_param(2)
+    assert param.layer[0].type == "Input" and list(param.layer[0].top) == ["data", "label"]
+    assert [list(s.dim) for s in param.layer[0].input_param.shape] == [[2, 3], [2, 1]]
+    assert net.param.layer[0].type == "DummyData"        # the net's own is left alone
+    replica = Net(param, dtype=np.float64)
+    assert replica.inputs == ["data", "label"] and replica.blobs["data"].shape == (2, 3)
+    assert [b.shape for b in replica.learnable_params] == [b.shape for b in net.learnable_params]
+
+
+def test_param_table_has_one_row_per_learnable_param():
+    net = make(SOURCES)
+    assert [tuple(r) for r in net.param_table()] == [(0, 1.0, 1.0, ()), (1, 2.0, 0.0, ())]
+    shared = make(SHARED)
+    # "a" owns w and b (params 0, 1); "b" shares them (params 2, 3): two rows.
+    assert [tuple(r) for r in shared.param_table()] == [(0, 2.0, 1.0, (2,)), (1, 1.0, 0.0, (3,))]
+    # "b" shares w alone: its own bias (param 3) is the third learnable param.
+    own_bias = make(SHARED.replace('param { name: "w" } param { name: "b" }',
+                                   'param { name: "w" } param { lr_mult: 3 }'))
+    assert [r.net_id for r in own_bias.param_table()] == [0, 1, 3]
+    assert [r.lr_mult for r in own_bias.param_table()] == [2.0, 1.0, 3.0]
+    assert [r.sharers for r in own_bias.param_table()] == [(2,), (), ()]

@@ -392,3 +392,27 @@ def test_a_device_lost_while_probing_is_left_out(data_list, tmp_path, capsys):
     assert_same_params(whole, split)
     assert [r.n for r in scheduler.replicas] == [BATCH]
     assert "Device cpu:0 failed: RuntimeError: no such device" in capsys.readouterr().err
+
+
+def test_a_shared_weight_with_its_own_bias_gives_the_same_update(data_list, tmp_path):
+    """ip3 shares ip's weight but learns its own bias (lr_mult 3): the params the solver
+    updates are positions 0-7 and 9 of the net's params, not the learnable numbering (which
+    once made the replicas treat ip3's bias as frozen and copy their stale one back)."""
+    param = solver_param(data_list, tmp_path, iter_size=2)
+    net = param.net_param
+    ip = next(lp for lp in net.layer if lp.name == "ip")
+    ip.param.add().name = "w"
+    ip.param.add()
+    extra = text_format.Parse(
+        'layer { name: "ip3" type: "InnerProduct" bottom: "pool" top: "ip3" '
+        'param { name: "w" } param { lr_mult: 3 } '
+        'inner_product_param { num_output: 5 bias_filler { type: "constant" value: 0.5 } } } '
+        'layer { name: "loss3" type: "SoftmaxWithLoss" bottom: "ip3" bottom: "label" '
+        'top: "loss3" }', caffe_pb2.NetParameter())
+    net.layer.extend(extra.layer)
+    whole, whole_history, _ = train(param)
+    cores = available_cores()
+    devices = [CPUDevice([cores[0]]), SeparateMemoryDevice([cores[-1]])]
+    split, split_history, _ = train(param, devices, split=[6, 10])
+    assert_same_params(whole, split)
+    assert_same_params(whole_history, split_history)

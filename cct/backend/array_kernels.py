@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Callable, Dict, Hashable, Sequence, Tuple
+from typing import Callable, Dict, Hashable, Tuple
 
 import numpy as np
 
 from .shapes import conv_out_size, deconv_out_size, pool_out_size, store as _store
+from .shapes import (accumulating as _accumulating, disjoint as _disjoint, float_dtype as _dtype,
+                     pair as _pair, result as _result, target as _target)
 
 #: the public kernels, the same names and signatures as in cct.backend.cpu
 KERNELS = ("conv_out_size", "deconv_out_size", "matmul", "conv_forward", "conv_backward_data",
@@ -43,19 +45,10 @@ KERNELS = ("conv_out_size", "deconv_out_size", "matmul", "conv_forward", "conv_b
            "adam_update", "batch_norm_statistics", "batch_norm_normalize", "batch_norm_backward",
            "eltwise_sum", "eltwise_prod", "eltwise_max", "eltwise_max_backward")
 
-_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _FLT_MIN = float(np.finfo(np.float32).tiny)
-
-
-def _pair(v: Sequence[int]) -> Tuple[int, int]:
-    return int(v[0]), int(v[1])
-
-
-def _dtype(a) -> np.dtype:
-    dt = np.dtype(a.dtype)
-    if dt not in _DTYPES:
-        raise TypeError(f"array kernels take float32 or float64 arrays, not {dt}")
-    return dt
+# The out= convention and the dtype check are cct/backend/shapes.py's, shared with the CPU
+# kernels; a refused dtype names this family.
+_FAMILY = "array kernels"
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,53 +207,20 @@ class ArrayKernels:
         t[rows] = fill
         return t
 
-    def _target(self, out, shape, dtype):
-        """(array the kernel returns, array to copy it into afterwards or None). The kernel
-        writes through ``buf.reshape(shape)``, a view: the array is ``out`` itself when ``out``
-        is C-contiguous of the dtype, else a new one."""
-        if out is None:
-            return self.xp.empty(shape, dtype), None
-        if (out.dtype == dtype and out.flags.c_contiguous
-                and getattr(out.flags, "writeable", True)):
-            return out, None
-        return self.xp.empty(shape, dtype), out
-
-    @staticmethod
-    def _result(buf, dest):
-        if dest is None:
-            return buf
-        dest[...] = buf.reshape(dest.shape)
-        return dest
-
-    # -- outputs ---------------------------------------------------------------------------
-    # As in cct.backend.cpu: a kernel writes into ``out`` when given and returns it, else a new
-    # array; ``accumulate`` adds into ``out``; an ``out`` overlapping an input is refused.
-    def _disjoint(self, kernel: str, out, **inputs) -> None:
-        if out is None:
-            return
-        for what, a in inputs.items():
-            if a is not None and self.xp.may_share_memory(out, a):
-                raise ValueError(f"{kernel}: out overlaps {what}; give a separate output array")
-
-    @staticmethod
-    def _accumulating(kernel: str, out, accumulate: bool) -> None:
-        if accumulate and out is None:
-            raise ValueError(f"{kernel}: accumulate=True adds into out, so out must be given")
-
     # -- GEMM --------------------------------------------------------------------------------
     def matmul(self, a, b, out=None, accumulate=False):
         """``a @ b`` for 2-D arrays (cuBLAS on CuPy); ``out += a @ b`` with ``accumulate``."""
-        _dtype(a)
-        self._accumulating("matmul", out, accumulate)
-        self._disjoint("matmul", out, a=a, b=b)
+        _dtype(a, _FAMILY)
+        _accumulating("matmul", out, accumulate)
+        _disjoint(self.xp, "matmul", out, a=a, b=b)
         return _store(self.xp.matmul(a, b), out, accumulate)
 
     def bias_backward(self, dy, out=None, accumulate=False):
         """Sum of dy over every axis but 1: the bias gradient of Convolution-like layers
         (N, C, ...) and InnerProduct (M, N); added into ``out`` with ``accumulate``."""
-        dt = _dtype(dy)
-        self._accumulating("bias_backward", out, accumulate)
-        self._disjoint("bias_backward", out, dy=dy)
+        dt = _dtype(dy, _FAMILY)
+        _accumulating("bias_backward", out, accumulate)
+        _disjoint(self.xp, "bias_backward", out, dy=dy)
         axes = (0,) + tuple(range(2, dy.ndim))
         return _store(dy.sum(axis=axes, dtype=dt), out, accumulate)
 
@@ -285,8 +245,8 @@ class ArrayKernels:
         or None; y (N, O, Ho, Wo), written into ``out`` when given. Every ``engine`` is
         Caffe's here: these kernels only lower (im2col and one GEMM per group)."""
         xp = self.xp
-        dt = _dtype(x)
-        self._disjoint("conv_forward", out, x=x, weight=weight, bias=bias)
+        dt = _dtype(x, _FAMILY)
+        _disjoint(self.xp, "conv_forward", out, x=x, weight=weight, bias=bias)
         n, c, h, w = x.shape
         o = weight.shape[0]
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (_pair(kernel), _pair(stride), _pair(pad),
@@ -295,13 +255,13 @@ class ArrayKernels:
         cols = self._columns(x, kernel, stride, pad, dilation, group)
         ymat = xp.matmul(weight.reshape(group, o // group, -1).astype(dt, copy=False), cols)
         yt = ymat.reshape(o, ho * wo, n).transpose(2, 0, 1)
-        buf, dest = self._target(out, (n, o, ho, wo), dt)
+        buf, dest = _target(self.xp, out, (n, o, ho, wo), dt)
         if bias is None:
             buf.reshape(n, o, ho * wo)[...] = yt
         else:
             xp.add(yt, bias.reshape(1, o, 1).astype(dt, copy=False),
                    out=buf.reshape(n, o, ho * wo))
-        return self._result(buf, dest)
+        return _result(buf, dest)
 
     def conv_backward_data(self, dy, weight, x_shape, kernel, stride, pad, dilation, group,
                            out=None, engine="DEFAULT"):
@@ -309,8 +269,8 @@ class ArrayKernels:
         col2im), of shape ``x_shape`` (N, C, H, W), written into ``out`` when given.
         Deconvolution's forward pass is this function."""
         xp = self.xp
-        dt = _dtype(dy)
-        self._disjoint("conv_backward_data", out, dy=dy, weight=weight)
+        dt = _dtype(dy, _FAMILY)
+        _disjoint(self.xp, "conv_backward_data", out, dy=dy, weight=weight)
         n, c, h, w = (int(s) for s in x_shape)
         o = dy.shape[1]
         geom = (c, h, w, _pair(kernel), _pair(stride), _pair(pad), _pair(dilation), int(group))
@@ -325,18 +285,18 @@ class ArrayKernels:
         inv = self._index(("col2im",) + geom, lambda: inverse_index(
             conv_columns_index(*geom), c * h * w, exclude=c * h * w))
         dxt = xp.take(dcols, inv, axis=0).sum(axis=1)                     # (C*H*W, N)
-        buf, dest = self._target(out, (n, c, h, w), dt)
+        buf, dest = _target(self.xp, out, (n, c, h, w), dt)
         buf.reshape(n, c * h * w)[...] = dxt.T
-        return self._result(buf, dest)
+        return _result(buf, dest)
 
     def conv_backward_weight(self, x, dy, kernel, stride, pad, dilation, group, out=None,
                              accumulate=False, engine="DEFAULT"):
         """Gradient of :func:`conv_forward` with respect to the weight, shape
         (O, C/group, kh, kw) (Caffe's weight_cpu_gemm, summed over the batch); added into
         ``out`` with ``accumulate`` (a param diff: Caffe accumulates them)."""
-        _dtype(x)
-        self._accumulating("conv_backward_weight", out, accumulate)
-        self._disjoint("conv_backward_weight", out, x=x, dy=dy)
+        _dtype(x, _FAMILY)
+        _accumulating("conv_backward_weight", out, accumulate)
+        _disjoint(self.xp, "conv_backward_weight", out, x=x, dy=dy)
         o = dy.shape[1]
         cols = self._columns(x, kernel, stride, pad, dilation, group)
         dw = self.xp.matmul(self._top_batch_last(dy, group), cols.transpose(0, 2, 1))
@@ -359,9 +319,9 @@ class ArrayKernels:
 
     def _planes_first(self, t, shape, out):
         """(P, N*C) -> (N, C, Ho, Wo) of ``shape``, written into ``out`` when given."""
-        buf, dest = self._target(out, shape, t.dtype)
+        buf, dest = _target(self.xp, out, shape, t.dtype)
         buf.reshape(shape[0] * shape[1], t.shape[0])[...] = t.T
-        return self._result(buf, dest)
+        return _result(buf, dest)
 
     def max_pool_forward(self, x, kernel, stride, pad, pooled, out=None, mask=None):
         """Max over each window of the unpadded bottom, in row-major window order with a
@@ -370,8 +330,8 @@ class ArrayKernels:
         h * W + w in the bottom's plane, int32), written into ``out`` and ``mask`` when given;
         a window with nothing above -FLT_MAX gives -FLT_MAX and index -1, as in Caffe."""
         xp = self.xp
-        dt = _dtype(x)
-        self._disjoint("max_pool_forward", out, x=x)
+        dt = _dtype(x, _FAMILY)
+        _disjoint(self.xp, "max_pool_forward", out, x=x)
         n, c, h, w = x.shape
         kernel, stride, pad, pooled = _pair(kernel), _pair(stride), _pair(pad), _pair(pooled)
         key = (h, w) + pooled
@@ -397,8 +357,8 @@ class ArrayKernels:
         those of the max_pool_forward calls made on this backend for the same bottom and top
         sizes."""
         xp = self.xp
-        dt = _dtype(dy)
-        self._disjoint("max_pool_backward", out, dy=dy)
+        dt = _dtype(dy, _FAMILY)
+        _disjoint(self.xp, "max_pool_backward", out, dy=dy)
         n, c, h, w = (int(s) for s in x_shape)
         pooled = (int(dy.shape[2]), int(dy.shape[3]))
         p = pooled[0] * pooled[1]
@@ -427,8 +387,8 @@ class ArrayKernels:
     def ave_pool_forward(self, x, kernel, stride, pad, pooled, out=None):
         """Mean over each window; the divisor counts padding but not what lies beyond it
         (Caffe). ``pooled`` is the top's (height, width)."""
-        dt = _dtype(x)
-        self._disjoint("ave_pool_forward", out, x=x)
+        dt = _dtype(x, _FAMILY)
+        _disjoint(self.xp, "ave_pool_forward", out, x=x)
         n, c, h, w = x.shape
         kernel, stride, pad, pooled = _pair(kernel), _pair(stride), _pair(pad), _pair(pooled)
         win, _ = self._windows(x, kernel, stride, pad, pooled, for_max=False)
@@ -439,8 +399,8 @@ class ArrayKernels:
         """Each top diff, divided by its window's divisor, added to every bottom element of
         the window; dx of shape ``x_shape``. ``pooled`` is dy's (height, width)."""
         xp = self.xp
-        dt = _dtype(dy)
-        self._disjoint("ave_pool_backward", out, dy=dy)
+        dt = _dtype(dy, _FAMILY)
+        _disjoint(self.xp, "ave_pool_backward", out, dy=dy)
         n, c, h, w = (int(s) for s in x_shape)
         kernel, stride, pad, pooled = _pair(kernel), _pair(stride), _pair(pad), _pair(pooled)
         p = pooled[0] * pooled[1]
@@ -456,26 +416,26 @@ class ArrayKernels:
     def relu_forward(self, x, negative_slope, out=None):
         """y = max(x, 0) + negative_slope * min(x, 0); ``out`` may be ``x`` (in place)."""
         xp = self.xp
-        dt = _dtype(x)
+        dt = _dtype(x, _FAMILY)
         # Caffe's formula as written, also for slope 0: it decides -0, inf and NaN.
         low = xp.minimum(x, dt.type(0))
         low *= dt.type(negative_slope)
-        buf, dest = self._target(out, x.shape, dt)
+        buf, dest = _target(self.xp, out, x.shape, dt)
         y = buf.reshape(x.shape)
         xp.maximum(x, dt.type(0), out=y)
         y += low
-        return self._result(buf, dest)
+        return _result(buf, dest)
 
     def relu_backward(self, src, dy, negative_slope, out=None):
         """dx = dy * ([src > 0] + negative_slope [src <= 0]); ``out`` may be ``dy``."""
         xp = self.xp
-        dt = _dtype(dy)
+        dt = _dtype(dy, _FAMILY)
         factor = (src > 0).astype(dt)
         if negative_slope != 0:
             factor += (src <= 0).astype(dt) * dt.type(negative_slope)
-        buf, dest = self._target(out, dy.shape, dt)
+        buf, dest = _target(self.xp, out, dy.shape, dt)
         xp.multiply(dy, factor.reshape(dy.shape), out=buf.reshape(dy.shape))
-        return self._result(buf, dest)
+        return _result(buf, dest)
 
     # -- LRN across channels -----------------------------------------------------------------
     def _channel_window_sum(self, a, size):
@@ -495,27 +455,27 @@ class ArrayKernels:
         """y = x * scale^-beta, scale = k + alpha/size * sum of x^2 over ``size`` neighbouring
         channels. Returns (y, scale); ``out`` must not be ``x``."""
         xp = self.xp
-        dt = _dtype(x)
+        dt = _dtype(x, _FAMILY)
         if out is not None and xp.may_share_memory(out, x):
             raise ValueError("lrn_across_forward: out must not be x (the scale is computed "
                              "from x while y is written)")
         size = int(size)
-        sbuf, sdest = self._target(scale, x.shape, dt)
+        sbuf, sdest = _target(self.xp, scale, x.shape, dt)
         s = sbuf.reshape(x.shape)
         acc = self._channel_window_sum(x * x, size)
         acc *= dt.type(alpha / size)
         xp.add(acc, dt.type(k), out=s)
-        buf, dest = self._target(out, x.shape, dt)
+        buf, dest = _target(self.xp, out, x.shape, dt)
         y = buf.reshape(x.shape)
         xp.power(s, dt.type(-beta), out=y)
         y *= x
-        return self._result(buf, dest), self._result(sbuf, sdest)
+        return _result(buf, dest), _result(sbuf, sdest)
 
     def lrn_across_backward(self, x, y, scale, dy, size, alpha, beta, out=None):
         """dx = dy scale^-beta - 2 alpha beta / size * x * (window sum of dy y / scale);
         ``out`` may be ``dy``."""
         xp = self.xp
-        dt = _dtype(x)
+        dt = _dtype(x, _FAMILY)
         ratio = self._channel_window_sum(dy * y / scale, int(size))
         ratio *= x
         ratio *= dt.type(2.0 * alpha * beta / size)
@@ -529,14 +489,14 @@ class ArrayKernels:
         """Softmax over axis 1 of an (outer, channels, inner) array, shifted by the channel
         max as in Caffe so that exp never overflows. ``out`` may be ``x``."""
         xp = self.xp
-        dt = _dtype(x)
+        dt = _dtype(x, _FAMILY)
         top = x.max(axis=1, keepdims=True)
-        buf, dest = self._target(out, x.shape, dt)
+        buf, dest = _target(self.xp, out, x.shape, dt)
         y = buf.reshape(x.shape)
         xp.subtract(x, top, out=y)
         xp.exp(y, out=y)
         y /= y.sum(axis=1, keepdims=True)
-        return self._result(buf, dest)
+        return _result(buf, dest)
 
     def batch_norm_statistics(self, x):
         """Per channel of an N x C x S array: the mean and the biased variance over N x S."""
@@ -546,16 +506,16 @@ class ArrayKernels:
 
     def batch_norm_normalize(self, x, mean, std, out=None):
         """(x - mean_c) / std_c for an N x C x S array and per-channel mean and std."""
-        buf, dest = self._target(out, x.shape, _dtype(x))
+        buf, dest = _target(self.xp, out, x.shape, _dtype(x, _FAMILY))
         y = buf.reshape(x.shape)
         self.xp.subtract(x, mean[:, None], out=y)
         y /= std[:, None]
-        return self._result(buf, dest)
+        return _result(buf, dest)
 
     def batch_norm_backward(self, dy, y, std, global_stats, out=None):
         """BatchNorm's bottom diff from the top diff dy and the normalized top y (N x C x S):
         (dy - mean(dy) - mean(dy y) y) / std per channel, or dy / std with global statistics."""
-        buf, dest = self._target(out, dy.shape, _dtype(dy))
+        buf, dest = _target(self.xp, out, dy.shape, _dtype(dy, _FAMILY))
         dx = buf.reshape(dy.shape)
         if global_stats:
             self.xp.divide(dy, std[:, None], out=dx)
@@ -565,7 +525,7 @@ class ArrayKernels:
             self.xp.subtract(dy, mean_dy, out=dx)
             dx -= mean_dy_y * y
             dx /= std[:, None]
-        return self._result(buf, dest)
+        return _result(buf, dest)
 
     # -- Eltwise: the whole-array expressions (a temporary per bottom), computed apart from
     # ``out`` (which may be one of the bottoms) and then stored in it.
@@ -573,7 +533,7 @@ class ArrayKernels:
     def _eltwise_bottoms(kernel: str, bottoms) -> np.dtype:
         if len(bottoms) < 2:
             raise ValueError(f"{kernel}: takes two or more bottoms, got {len(bottoms)}")
-        dt = _dtype(bottoms[0])
+        dt = _dtype(bottoms[0], _FAMILY)
         for i, b in enumerate(bottoms):
             if b.shape != bottoms[0].shape or b.dtype != dt:
                 raise ValueError(f"{kernel}: bottom {i} is {b.dtype.name} {b.shape}, bottom 0 "
@@ -621,7 +581,7 @@ class ArrayKernels:
 
     def eltwise_max_backward(self, top_diff, mask, index, out=None):
         """The top diff where bottom ``index`` won the maximum (``mask``), zero elsewhere."""
-        _dtype(top_diff)
+        _dtype(top_diff, _FAMILY)
         if mask.shape != top_diff.shape:
             raise ValueError(f"eltwise_max_backward: mask {mask.shape} for a top diff "
                              f"{top_diff.shape}")
@@ -631,13 +591,13 @@ class ArrayKernels:
     def softmax_backward(self, y, dy, out=None):
         """dx = (dy - sum over channels of dy y) y; ``out`` may be ``dy``."""
         xp = self.xp
-        dt = _dtype(y)
+        dt = _dtype(y, _FAMILY)
         dot = (dy * y).sum(axis=1, keepdims=True)
-        buf, dest = self._target(out, y.shape, dt)
+        buf, dest = _target(self.xp, out, y.shape, dt)
         dx = buf.reshape(y.shape)
         xp.subtract(dy, dot, out=dx)
         dx *= y
-        return self._result(buf, dest)
+        return _result(buf, dest)
 
     # -- SoftmaxWithLoss ---------------------------------------------------------------------
     @staticmethod
@@ -656,7 +616,7 @@ class ArrayKernels:
         outside [0, channels) that is not ignored (None when all are fine; the loss skips it).
         The three host values come back in one device-to-host copy."""
         xp = self.xp
-        dt = _dtype(x)
+        dt = _dtype(x, _FAMILY)
         p = self.softmax_forward(x, prob)
         pv = p.reshape(x.shape)
         lab, keep, use = self._labels(label.reshape(x.shape[0], -1), x.shape[1], ignore_label)
@@ -675,10 +635,10 @@ class ArrayKernels:
     def softmax_loss_backward(self, prob, label, ignore_label, scale, out=None):
         """dx = (prob - onehot(label)) * scale, 0 at positions labelled ``ignore_label``."""
         xp = self.xp
-        dt = _dtype(prob)
+        dt = _dtype(prob, _FAMILY)
         outer, channels = prob.shape[:2]
         lab, keep, _ = self._labels(label.reshape(outer, -1), channels, ignore_label)
-        buf, dest = self._target(out, prob.shape, dt)
+        buf, dest = _target(self.xp, out, prob.shape, dt)
         dx = buf.reshape(prob.shape)
         onehot = xp.arange(channels)[None, :, None] == lab[:, None, :]
         xp.subtract(prob, onehot.reshape(prob.shape).astype(dt), out=dx)
@@ -689,7 +649,7 @@ class ArrayKernels:
             dx *= (keep.astype(dt) * factor).reshape((outer, 1) + prob.shape[2:])
         else:
             dx *= factor
-        return self._result(buf, dest)
+        return _result(buf, dest)
 
     # -- solver ------------------------------------------------------------------------------
     # Caffe's update rules (cct/solver_rules.py's table), in place, each as Caffe's steps one
@@ -698,7 +658,7 @@ class ArrayKernels:
     # the same steps fused (C++ for SGD, numba for the others), to the bit.
     @staticmethod
     def _update_dtype(kernel: str, *arrays):
-        dtype = _dtype(arrays[0])
+        dtype = _dtype(arrays[0], _FAMILY)
         if any(a.dtype != dtype for a in arrays):
             raise TypeError(f"{kernel}: data, diff and history must share one dtype, got "
                             f"{', '.join(str(a.dtype) for a in arrays)}")

@@ -30,9 +30,11 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import _C  # OPENBLAS_THREAD_TIMEOUT is set by cct/__init__.py first
+from ..native import _C  # after OpenBLAS's environment (cct/native.py)
 from . import HostTimer
 from .shapes import conv_out_size, deconv_out_size, pool_out_size  # noqa: F401  (the backend's)
+from .shapes import (accumulating as _accumulating, disjoint as _disjoint, float_dtype as _dtype,
+                     pair as _pair, result as _result, target as _target)
 
 xp = np
 name = "cpu"
@@ -80,66 +82,19 @@ def out_of_memory(exc: BaseException) -> Optional[int]:
 set_num_threads = _C.set_num_threads
 get_num_threads = _C.get_num_threads
 
-_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _dtype(a) -> np.dtype:
-    if a.dtype not in _DTYPES:
-        raise TypeError(f"cpu kernels take float32 or float64 arrays, not {a.dtype}")
-    return a.dtype
+# The out= convention and the dtype check are cct/backend/shapes.py's, shared with the array
+# kernels: an ``out`` the C++ side cannot write directly (another dtype, not C-contiguous,
+# read-only) is computed into a temporary and copied in, which starts as a copy of ``out`` for
+# the kernels that add into it (``keep``). A refused dtype names this family.
+_FAMILY = "cpu kernels"
 
 
 def _arr(a, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=dtype)
 
 
-def _pair(v: Sequence[int]) -> Tuple[int, int]:
-    return int(v[0]), int(v[1])
-
-
 def _shape4(shape: Sequence[int]) -> Tuple[int, int, int, int]:
     return tuple(int(d) for d in shape)
-
-
-# --------------------------------------------------------------------------------------------
-# Convolution geometry helpers
-# --------------------------------------------------------------------------------------------
-# --------------------------------------------------------------------------------------------
-# Outputs. Every kernel writes into ``out`` when given (a blob's array: no copy) and returns it,
-# else into a new array. An ``out`` the C++ side cannot write directly (another dtype, not
-# C-contiguous, read-only) is computed into a temporary and copied in. An ``out`` that shares
-# memory with an input is refused: the kernels read their inputs while they write.
-# --------------------------------------------------------------------------------------------
-def _target(out, shape, dtype: np.dtype, keep: bool = False):
-    """(array the kernel writes, array to copy it into afterwards or None). ``keep``: the
-    kernel adds into its output, so a temporary starts as a copy of ``out``."""
-    if out is None:
-        return np.empty(shape, dtype), None
-    if out.dtype == dtype and out.flags.c_contiguous and out.flags.writeable:
-        return out, None
-    if keep:
-        return np.ascontiguousarray(out, dtype).reshape(shape), out
-    return np.empty(shape, dtype), out
-
-
-def _result(buf, dest):
-    if dest is None:
-        return buf
-    dest[...] = buf.reshape(dest.shape)
-    return dest
-
-
-def _disjoint(kernel: str, out, **inputs) -> None:
-    if out is None:
-        return
-    for what, a in inputs.items():
-        if a is not None and np.may_share_memory(out, a):
-            raise ValueError(f"{kernel}: out overlaps {what}; give a separate output array")
-
-
-def _accumulating(kernel: str, out, accumulate: bool) -> None:
-    if accumulate and out is None:
-        raise ValueError(f"{kernel}: accumulate=True adds into out, so out must be given")
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,14 +116,14 @@ def matmul(a, b, out=None, accumulate: bool = False) -> np.ndarray:
     Layers use this rather than NumPy's ``@``: NumPy's OpenBLAS is a second library with its own
     thread pool, whose threads keep spinning for a while after each call and would compete with
     cct's for the same cores (LeNet trained 5x slower so)."""
-    dt = _dtype(a)
+    dt = _dtype(a, _FAMILY)
     _accumulating("matmul", out, accumulate)
-    _disjoint("matmul", out, a=a, b=b)
+    _disjoint(np, "matmul", out, a=a, b=b)
     a2, ta = _gemm_operand(a, dt)
     b2, tb = _gemm_operand(b, dt)
     if out is None:
         return _C.gemm(a2, b2, ta, tb, measured=True)
-    buf, dest = _target(out, (a.shape[0], b.shape[1]), dt, keep=accumulate)
+    buf, dest = _target(np, out, (a.shape[0], b.shape[1]), dt, keep=accumulate)
     _C.gemm(a2, b2, ta, tb, measured=True, out=buf, accumulate=accumulate)
     return _result(buf, dest)
 
@@ -182,13 +137,13 @@ def conv_forward(x, weight, bias: Optional[np.ndarray], kernel, stride, pad, dil
     None; y (N, O, Ho, Wo), written into ``out`` when given. ``engine`` is
     convolution_param.engine's name: "CAFFE" keeps to Caffe's own arithmetic (the lowered
     GEMM), the others let the measured plan take any layout (direct, Winograd)."""
-    dt = _dtype(x)
-    _disjoint("conv_forward", out, x=x, weight=weight, bias=bias)
+    dt = _dtype(x, _FAMILY)
+    _disjoint(np, "conv_forward", out, x=x, weight=weight, bias=bias)
     kernel, stride, pad, dilation = (_pair(v) for v in (kernel, stride, pad, dilation))
     shape = (x.shape[0], weight.shape[0]) + tuple(
         conv_out_size(x.shape[2 + i], kernel[i], stride[i], pad[i], dilation[i])
         for i in range(2))
-    buf, dest = _target(out, shape, dt)
+    buf, dest = _target(np, out, shape, dt)
     _C.conv_forward(_arr(x, dt), _arr(weight, dt), None if bias is None else _arr(bias, dt),
                     kernel, stride, pad, dilation, int(group), buf, engine == "CAFFE")
     return _result(buf, dest)
@@ -199,9 +154,9 @@ def conv_backward_data(dy, weight, x_shape, kernel, stride, pad, dilation, group
     """Gradient of :func:`conv_forward` with respect to x (Caffe's backward_cpu_gemm + col2im),
     of shape ``x_shape`` (N, C, H, W), written into ``out`` when given (overwritten, as Caffe
     overwrites a bottom diff). Deconvolution's forward pass is this function."""
-    dt = _dtype(dy)
-    _disjoint("conv_backward_data", out, dy=dy, weight=weight)
-    buf, dest = _target(out, _shape4(x_shape), dt)
+    dt = _dtype(dy, _FAMILY)
+    _disjoint(np, "conv_backward_data", out, dy=dy, weight=weight)
+    buf, dest = _target(np, out, _shape4(x_shape), dt)
     _C.conv_backward_data(_arr(dy, dt), _arr(weight, dt), _pair(kernel), _pair(stride),
                           _pair(pad), _pair(dilation), int(group), buf, engine == "CAFFE")
     return _result(buf, dest)
@@ -212,11 +167,11 @@ def conv_backward_weight(x, dy, kernel, stride, pad, dilation, group: int, out=N
     """Gradient of :func:`conv_forward` with respect to the weight, shape (O, C/group, kh, kw)
     (Caffe's weight_cpu_gemm, summed over the batch). With ``accumulate`` it is added into
     ``out`` (a param diff: Caffe accumulates them), by the GEMM itself (beta = 1)."""
-    dt = _dtype(x)
+    dt = _dtype(x, _FAMILY)
     _accumulating("conv_backward_weight", out, accumulate)
-    _disjoint("conv_backward_weight", out, x=x, dy=dy)
+    _disjoint(np, "conv_backward_weight", out, x=x, dy=dy)
     shape = (dy.shape[1], x.shape[1] // int(group), int(kernel[0]), int(kernel[1]))
-    buf, dest = _target(out, shape, dt, keep=accumulate)
+    buf, dest = _target(np, out, shape, dt, keep=accumulate)
     _C.conv_backward_weight(_arr(x, dt), _arr(dy, dt), _pair(kernel), _pair(stride), _pair(pad),
                             _pair(dilation), int(group), buf, accumulate, engine == "CAFFE")
     return _result(buf, dest)
@@ -225,10 +180,10 @@ def conv_backward_weight(x, dy, kernel, stride, pad, dilation, group: int, out=N
 def bias_backward(dy, out=None, accumulate: bool = False) -> np.ndarray:
     """Sum of dy over every axis but 1: the bias gradient of Convolution-like layers (N, C, ...)
     and InnerProduct (M, N); added into ``out`` with ``accumulate``."""
-    dt = _dtype(dy)
+    dt = _dtype(dy, _FAMILY)
     _accumulating("bias_backward", out, accumulate)
-    _disjoint("bias_backward", out, dy=dy)
-    buf, dest = _target(out, (dy.shape[1],), dt, keep=accumulate)
+    _disjoint(np, "bias_backward", out, dy=dy)
+    buf, dest = _target(np, out, (dy.shape[1],), dt, keep=accumulate)
     _C.bias_backward(_arr(dy, dt), buf, accumulate)
     return _result(buf, dest)
 
@@ -242,11 +197,11 @@ def max_pool_forward(x, kernel, stride, pad, pooled, out=None,
     strict ``>`` as Caffe does (ties go to the first element). ``pooled`` is the top's
     (height, width). Returns (top, argmax as the flat index h * W + w in the bottom's plane,
     int32), written into ``out`` and ``mask`` when given."""
-    dt = _dtype(x)
-    _disjoint("max_pool_forward", out, x=x)
+    dt = _dtype(x, _FAMILY)
+    _disjoint(np, "max_pool_forward", out, x=x)
     shape = tuple(x.shape[:2]) + _pair(pooled)
-    buf, dest = _target(out, shape, dt)
-    mbuf, mdest = _target(mask, shape, np.dtype(np.int32))
+    buf, dest = _target(np, out, shape, dt)
+    mbuf, mdest = _target(np, mask, shape, np.dtype(np.int32))
     _C.max_pool_forward(_arr(x, dt), _pair(kernel), _pair(stride), _pair(pad), _pair(pooled),
                         buf, mbuf)
     return _result(buf, dest), _result(mbuf, mdest)
@@ -255,9 +210,9 @@ def max_pool_forward(x, kernel, stride, pad, pooled, out=None,
 def max_pool_backward(dy, mask, x_shape, out=None) -> np.ndarray:
     """Route each top diff to the bottom element that won its window (sums where windows
     overlap); dx of shape ``x_shape``, written into ``out`` when given."""
-    dt = _dtype(dy)
-    _disjoint("max_pool_backward", out, dy=dy)
-    buf, dest = _target(out, _shape4(x_shape), dt)
+    dt = _dtype(dy, _FAMILY)
+    _disjoint(np, "max_pool_backward", out, dy=dy)
+    buf, dest = _target(np, out, _shape4(x_shape), dt)
     _C.max_pool_backward(_arr(dy, dt), np.ascontiguousarray(mask, np.int32), buf)
     return _result(buf, dest)
 
@@ -265,9 +220,9 @@ def max_pool_backward(dy, mask, x_shape, out=None) -> np.ndarray:
 def ave_pool_forward(x, kernel, stride, pad, pooled, out=None) -> np.ndarray:
     """Mean over each window; the divisor counts padding but not what lies beyond it (Caffe).
     Summed in row-major window order, as Caffe does. ``pooled`` is the top's (height, width)."""
-    dt = _dtype(x)
-    _disjoint("ave_pool_forward", out, x=x)
-    buf, dest = _target(out, tuple(x.shape[:2]) + _pair(pooled), dt)
+    dt = _dtype(x, _FAMILY)
+    _disjoint(np, "ave_pool_forward", out, x=x)
+    buf, dest = _target(np, out, tuple(x.shape[:2]) + _pair(pooled), dt)
     _C.ave_pool_forward(_arr(x, dt), _pair(kernel), _pair(stride), _pair(pad), _pair(pooled),
                         buf)
     return _result(buf, dest)
@@ -277,9 +232,9 @@ def ave_pool_backward(dy, x_shape, kernel, stride, pad, pooled, out=None) -> np.
     """Each top diff, divided by its window's divisor, added to every bottom element of the
     window; dx of shape ``x_shape``. ``pooled`` is dy's (height, width) (kept for the
     reference's signature)."""
-    dt = _dtype(dy)
-    _disjoint("ave_pool_backward", out, dy=dy)
-    buf, dest = _target(out, _shape4(x_shape), dt)
+    dt = _dtype(dy, _FAMILY)
+    _disjoint(np, "ave_pool_backward", out, dy=dy)
+    buf, dest = _target(np, out, _shape4(x_shape), dt)
     _C.ave_pool_backward(_arr(dy, dt), _pair(kernel), _pair(stride), _pair(pad), buf)
     return _result(buf, dest)
 
@@ -290,8 +245,8 @@ def ave_pool_backward(dy, x_shape, kernel, stride, pad, pooled, out=None) -> np.
 # --------------------------------------------------------------------------------------------
 def relu_forward(x, negative_slope: float, out=None) -> np.ndarray:
     """y = max(x, 0) + negative_slope * min(x, 0); ``out`` may be ``x`` (in place)."""
-    dt = _dtype(x)
-    buf, dest = _target(out, x.shape, dt)
+    dt = _dtype(x, _FAMILY)
+    buf, dest = _target(np, out, x.shape, dt)
     _C.relu_forward(_arr(x, dt), buf, float(negative_slope))
     return _result(buf, dest)
 
@@ -299,8 +254,8 @@ def relu_forward(x, negative_slope: float, out=None) -> np.ndarray:
 def relu_backward(src, dy, negative_slope: float, out=None) -> np.ndarray:
     """dx = dy * ([src > 0] + negative_slope [src <= 0]); src is the bottom data (or the top
     data, whose sign is the bottom's when negative_slope >= 0). ``out`` may be ``dy``."""
-    dt = _dtype(dy)
-    buf, dest = _target(out, dy.shape, dt)
+    dt = _dtype(dy, _FAMILY)
+    buf, dest = _target(np, out, dy.shape, dt)
     _C.relu_backward(_arr(src, dt), _arr(dy, dt), buf, float(negative_slope))
     return _result(buf, dest)
 
@@ -309,10 +264,10 @@ def lrn_across_forward(x, size, alpha, beta, k, out=None, scale=None):
     """y = x * scale^-beta, scale = k + alpha/size * sum of x^2 over ``size`` neighbouring
     channels (Caffe's running sum over the window). Returns (y, scale); scale is kept for the
     backward pass. ``out`` must not be ``x``."""
-    dt = _dtype(x)
+    dt = _dtype(x, _FAMILY)
     x = _arr(x, dt)
-    buf, dest = _target(out, x.shape, dt)
-    sbuf, sdest = _target(scale, x.shape, dt)
+    buf, dest = _target(np, out, x.shape, dt)
+    sbuf, sdest = _target(np, scale, x.shape, dt)
     _C.lrn_across_forward(x, buf, sbuf, int(size), float(alpha), float(beta), float(k))
     return _result(buf, dest), _result(sbuf, sdest)
 
@@ -320,8 +275,8 @@ def lrn_across_forward(x, size, alpha, beta, k, out=None, scale=None):
 def lrn_across_backward(x, y, scale, dy, size, alpha, beta, out=None):
     """dx = dy scale^-beta - 2 alpha beta / size * x * (window sum of dy y / scale);
     ``out`` may be ``dy``."""
-    dt = _dtype(x)
-    buf, dest = _target(out, x.shape, dt)
+    dt = _dtype(x, _FAMILY)
+    buf, dest = _target(np, out, x.shape, dt)
     _C.lrn_across_backward(_arr(x, dt), _arr(y, dt), _arr(scale, dt), _arr(dy, dt), buf,
                            int(size), float(alpha), float(beta))
     return _result(buf, dest)
@@ -330,8 +285,8 @@ def lrn_across_backward(x, y, scale, dy, size, alpha, beta, out=None):
 def softmax_forward(x, out=None) -> np.ndarray:
     """Softmax over axis 1 of an (outer, channels, inner) array, shifted by the channel max as
     in Caffe so that exp never overflows. ``out`` may be ``x``."""
-    dt = _dtype(x)
-    buf, dest = _target(out, x.shape, dt)
+    dt = _dtype(x, _FAMILY)
+    buf, dest = _target(np, out, x.shape, dt)
     _C.softmax_forward(_arr(x, dt), buf.reshape(x.shape))
     return _result(buf, dest)
 
@@ -339,8 +294,8 @@ def softmax_forward(x, out=None) -> np.ndarray:
 def softmax_backward(y, dy, out=None) -> np.ndarray:
     """dx = (dy - sum over channels of dy y) y on (outer, channels, inner) arrays; ``out`` may
     be ``dy``."""
-    dt = _dtype(y)
-    buf, dest = _target(out, y.shape, dt)
+    dt = _dtype(y, _FAMILY)
+    buf, dest = _target(np, out, y.shape, dt)
     _C.softmax_backward(_arr(y, dt), _arr(dy, dt), buf.reshape(y.shape))
     return _result(buf, dest)
 
@@ -351,9 +306,9 @@ def softmax_loss_forward(x, label, ignore_label: Optional[int], prob=None):
     of -log(max(p[label], FLT_MIN)) over the positions whose label is not ``ignore_label``
     (a dtype scalar, summed in memory order), count those positions, bad_label the first label
     outside [0, channels) that is not ignored (None when all are fine; the loss skips it)."""
-    dt = _dtype(x)
+    dt = _dtype(x, _FAMILY)
     x = _arr(x, dt)
-    buf, dest = _target(prob, x.shape, dt)
+    buf, dest = _target(np, prob, x.shape, dt)
     loss, count, bad = _C.softmax_loss_forward(x, _arr(label, dt), buf.reshape(x.shape),
                                                ignore_label)
     return _result(buf, dest), dt.type(loss), count, bad
@@ -361,8 +316,8 @@ def softmax_loss_forward(x, label, ignore_label: Optional[int], prob=None):
 
 def softmax_loss_backward(prob, label, ignore_label: Optional[int], scale, out=None):
     """dx = (prob - onehot(label)) * scale, 0 at positions labelled ``ignore_label``."""
-    dt = _dtype(prob)
-    buf, dest = _target(out, prob.shape, dt)
+    dt = _dtype(prob, _FAMILY)
+    buf, dest = _target(np, out, prob.shape, dt)
     _C.softmax_loss_backward(_arr(prob, dt), _arr(label, dt), buf.reshape(prob.shape),
                              ignore_label, float(scale))
     return _result(buf, dest)
@@ -380,7 +335,7 @@ def sgd_update(data, diff, history, local_rate, momentum, local_decay) -> None:
 # param's arrays, the rule's scalars (in its dtype, from cct/solver_rules.py's table), the decay.
 def _jit_update(rule: str, arrays, scalars, local_decay) -> None:
     from . import jit
-    dt = _dtype(arrays[0])
+    dt = _dtype(arrays[0], _FAMILY)
     for a in arrays:
         if a.dtype != dt or not a.flags.c_contiguous or a.size != arrays[0].size:
             raise ValueError(f"{rule}_update: the arrays must be C-contiguous, of one dtype and "
@@ -438,7 +393,7 @@ def _bn_numpy(x):
 
 
 def _bn_arrays(kernel: str, *arrays) -> np.dtype:
-    dt = _dtype(arrays[0])
+    dt = _dtype(arrays[0], _FAMILY)
     for a in arrays:
         if a.dtype != dt or a.ndim != 3:
             raise ValueError(f"{kernel}: the arrays must be N x C x S of one dtype; got "
@@ -465,7 +420,7 @@ def batch_norm_normalize(x, mean, std, out=None) -> np.ndarray:
     numpy_path = _bn_numpy(x)
     if numpy_path:
         return numpy_path.batch_norm_normalize(x, _arr(mean, dt), _arr(std, dt), out)
-    buf, dest = _target(out, x.shape, dt)
+    buf, dest = _target(np, out, x.shape, dt)
     jit.batch_norm_normalize(x, _arr(mean, dt), _arr(std, dt), buf.reshape(x.shape))
     return _result(buf, dest)
 
@@ -478,7 +433,7 @@ def batch_norm_backward(dy, y, std, global_stats: bool, out=None) -> np.ndarray:
     numpy_path = _bn_numpy(dy)
     if numpy_path:
         return numpy_path.batch_norm_backward(dy, y, _arr(std, dt), global_stats, out)
-    buf, dest = _target(out, dy.shape, dt)
+    buf, dest = _target(np, out, dy.shape, dt)
     jit.batch_norm_backward(dy, y, _arr(std, dt), bool(global_stats), buf.reshape(dy.shape))
     return _result(buf, dest)
 
@@ -493,7 +448,7 @@ def _eltwise(kernel: str, bottoms, out):
     """(flat contiguous bottoms, dtype, buffer to write, array to copy it into or None)."""
     if len(bottoms) < 2:
         raise ValueError(f"{kernel}: takes two or more bottoms, got {len(bottoms)}")
-    dt = _dtype(bottoms[0])
+    dt = _dtype(bottoms[0], _FAMILY)
     shape = bottoms[0].shape
     for i, b in enumerate(bottoms):
         if b.shape != shape or b.dtype != dt:
@@ -503,7 +458,7 @@ def _eltwise(kernel: str, bottoms, out):
     if out is not None and any(np.may_share_memory(out, b) for b in bottoms[2:]):
         buf, dest = np.empty(shape, dt), out
     else:
-        buf, dest = _target(out, shape, dt)
+        buf, dest = _target(np, out, shape, dt)
     return flat, dt, buf, dest
 
 
@@ -540,7 +495,7 @@ def eltwise_max(bottoms, out=None, mask=None) -> Tuple[np.ndarray, np.ndarray]:
     where strictly greater than the running maximum."""
     from . import jit
     flat, _, buf, dest = _eltwise("eltwise_max", bottoms, out)
-    m_buf, m_dest = _target(mask, bottoms[0].shape, np.dtype(np.int32))
+    m_buf, m_dest = _target(np, mask, bottoms[0].shape, np.dtype(np.int32))
     y, m_flat = buf.reshape(-1), m_buf.reshape(-1)
     jit.eltwise_max_first(flat[0], flat[1], y, m_flat)
     for index, b in enumerate(flat[2:], start=2):
@@ -551,11 +506,11 @@ def eltwise_max(bottoms, out=None, mask=None) -> Tuple[np.ndarray, np.ndarray]:
 def eltwise_max_backward(top_diff, mask, index: int, out=None) -> np.ndarray:
     """The top diff where bottom ``index`` won the maximum (``mask``), zero elsewhere."""
     from . import jit
-    dt = _dtype(top_diff)
+    dt = _dtype(top_diff, _FAMILY)
     if mask.shape != top_diff.shape:
         raise ValueError(f"eltwise_max_backward: mask {mask.shape} for a top diff "
                          f"{top_diff.shape}")
-    buf, dest = _target(out, top_diff.shape, dt)
+    buf, dest = _target(np, out, top_diff.shape, dt)
     jit.eltwise_max_backward(_arr(top_diff, dt).reshape(-1),
                              np.ascontiguousarray(mask, np.int32).reshape(-1), int(index),
                              buf.reshape(-1))

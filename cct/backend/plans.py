@@ -38,7 +38,7 @@ import os
 import platform
 from typing import Optional
 
-from .. import _C, __version__
+from ..native import _C, __version__
 from ..errors import CCTError
 from ..glog import info, warning
 from ..io.atomic import atomic_write

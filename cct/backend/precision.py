@@ -26,7 +26,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from .. import _C
+from ..native import _C
 from . import plans
 from ..errors import CCTError
 from ..glog import info, warning

@@ -1,9 +1,22 @@
-"""Caffe's output-size rules and the out= convention, shared by every backend and by the tests'
-NumPy oracle (cct/backend/reference.py): the lowest module of the backend floor, importing
-nothing of cct, so that the kernels, the array kernels and the oracle need not import each
-other for them.
+"""Caffe's output-size rules and the kernels' argument conventions (out=, the float dtypes, (h, w)
+pairs), shared by every backend and by the tests' NumPy oracle (cct/backend/reference.py): the
+lowest module of the backend floor, importing nothing of cct, so that the kernels, the array
+kernels and the oracle need not import each other for them.
+
+The out= convention: a kernel writes into ``out`` when given (a blob's array: no copy) and
+returns it, else into a new array; with ``accumulate`` it adds into ``out``, which must then be
+given; an ``out`` that shares memory with an input is refused, since the kernels read their
+inputs while they write. The helpers that take ``xp`` serve any array module (NumPy for the CPU
+kernels, CuPy or the stand-in for the array kernels). They run on every kernel call, so they
+allocate nothing but the output they are asked for.
 """
 from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import numpy as np
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def conv_out_size(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
@@ -27,6 +40,61 @@ def pool_out_size(size: int, kernel: int, stride: int, pad: int, ceil_mode: bool
     if pad and (out - 1) * stride >= size + pad:
         out -= 1
     return out
+
+
+def pair(v: Sequence[int]) -> Tuple[int, int]:
+    """A kernel's (h, w) geometry argument as two Python ints."""
+    return int(v[0]), int(v[1])
+
+
+def float_dtype(a, kernels: str) -> np.dtype:
+    """``a``'s dtype, refused unless float32 or float64; ``kernels`` names the refusing family
+    ("cpu kernels", "array kernels") in the message. NumPy's, CuPy's and the stand-in's arrays
+    all carry a NumPy dtype, returned as it is."""
+    dt = a.dtype
+    if dt not in FLOAT_DTYPES:
+        raise TypeError(f"{kernels} take float32 or float64 arrays, not {dt}")
+    return dt
+
+
+def accumulating(kernel: str, out, accumulate: bool) -> None:
+    """Refuses ``accumulate`` without an ``out`` to add into."""
+    if accumulate and out is None:
+        raise ValueError(f"{kernel}: accumulate=True adds into out, so out must be given")
+
+
+def disjoint(xp, kernel: str, out, **inputs) -> None:
+    """Refuses an ``out`` that shares memory with one of the named ``inputs`` (None skipped)."""
+    if out is None:
+        return
+    for what, a in inputs.items():
+        if a is not None and xp.may_share_memory(out, a):
+            raise ValueError(f"{kernel}: out overlaps {what}; give a separate output array")
+
+
+def target(xp, out, shape, dtype, keep: bool = False):
+    """(array the kernel writes, array to copy it into afterwards or None): ``out`` itself when
+    it is C-contiguous, writeable and of ``dtype`` (the kernel may write it through
+    ``reshape(shape)``, a view), else a new ``xp`` array of ``shape``. ``keep``: the kernel
+    adds into its output, so such a temporary starts as a copy of ``out``."""
+    if out is None:
+        return xp.empty(shape, dtype), None
+    flags = out.flags
+    # CuPy's flags have no ``writeable``: its arrays always are
+    if out.dtype == dtype and flags.c_contiguous and getattr(flags, "writeable", True):
+        return out, None
+    if keep:
+        return xp.ascontiguousarray(out, dtype).reshape(shape), out
+    return xp.empty(shape, dtype), out
+
+
+def result(buf, dest):
+    """What a kernel returns after writing ``buf`` from :func:`target`: ``buf``, or ``dest``
+    with ``buf`` copied in."""
+    if dest is None:
+        return buf
+    dest[...] = buf.reshape(dest.shape)
+    return dest
 
 
 def store(y, out, accumulate=False):

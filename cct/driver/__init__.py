@@ -144,8 +144,7 @@ def check_group_count(groups: int, engine: str, net, iter_size: int = 1,
 
 def _input_tops(net) -> List:
     """The data layers' tops: what a group's batch holds."""
-    from ..scheduler import source_layers
-    return [net.blobs_list[b] for i in source_layers(net) for b in net.top_id_vecs[i]]
+    return list(net.source_tops().values())
 
 
 class Driver:

@@ -21,7 +21,7 @@ from ..errors import CCTError
 from ..glog import quiet
 from ..net import Net
 from ..params import NetSource, ParamSet, statistics_positions
-from ..scheduler import HybridScheduler, next_batch, replica_param, source_layers
+from ..scheduler import HybridScheduler
 
 
 def unlearned_params(net) -> List:
@@ -51,8 +51,8 @@ class BatchFeeder:
 
     def __init__(self, master):
         self.master = master
-        self.sources = source_layers(master)
-        self.tops = [master.blobs_list[b] for i in self.sources for b in master.top_id_vecs[i]]
+        self.sources = master.source_layers()
+        self.tops = list(master.source_tops().values())
         self.batch = self.tops[0].shape[0] if self.tops else 0
         self.lock = threading.Lock()
         self.left = 0                      # records of the current batch not handed out yet
@@ -72,7 +72,7 @@ class BatchFeeder:
         pos = 0
         while pos < n:
             if self.left == 0:
-                next_batch(self.master, self.sources)
+                self.master.next_batch()
                 self.left = self.batch
             take = min(n - pos, self.left)
             start = self.batch - self.left
@@ -93,7 +93,7 @@ class BatchFeeder:
         with self.lock:
             if self.left == 0 and n == self.batch:
                 # The data layers' own batch, whatever shape its records have this time.
-                next_batch(self.master, self.sources)
+                self.master.next_batch()
                 for src, dst in zip(self.tops, inputs):
                     if dst.shape != src.shape:
                         dst.reshape(src.shape)
@@ -148,7 +148,7 @@ class Group:
         self.iter_size = iter_size
         self.batch = batch or feeder.batch     # records per pass (Hogbatch: per group)
         self.seconds = 0.0                     # the last step's pull and compute (engines)
-        param = replica_param(master, feeder.sources, self.batch)
+        param = master.replica_param(self.batch)
         # The group's own generator (Caffe's per-thread RNG): its fillers (whose values the
         # store's weights replace) and its Dropout masks, whichever thread runs it. Group 0
         # draws its masks from the process-wide generator, as plain training does, so that one

@@ -31,7 +31,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from .. import _C, glog
+from .. import glog
+from ..native import _C
 from ..backend import copy as copy_array, get as get_backend, host, plans
 from ..devices import parse_devices
 from ..errors import CCTError
@@ -40,7 +41,6 @@ from ..io.atomic import SHARED_MEMORY_PREFIX, hold_shared_memory, remove_stale_s
 from ..net import Net
 from ..params import ParamSet, StoreBlob, statistics_positions
 from ..proto import caffe_pb2
-from ..scheduler import replica_param
 from .engines import AnswerTimeout, Engine, NoAnswer, _dropped, _results, wait_any
 from .groups import show_outputs
 
@@ -163,7 +163,7 @@ class ProcessGroup:
         self._started = 0.0
         # The block holds the largest batch this group may be given (Adaptive Hogbatch).
         self.max_batch = max(max_batch or self.batch, self.batch)
-        param = replica_param(master, feeder.sources, self.batch)
+        param = master.replica_param(self.batch)
         layout = _Layout([b.shape for b in master.learnable_params],
                          [(self.max_batch,) + tuple(t.shape[1:]) for t in feeder.tops],
                          iter_size, master.dtype)
@@ -199,9 +199,10 @@ class ProcessGroup:
         for k in self.statistics:
             self.weights[k][...] = master.learnable_params[k].data
         # The weights are this group's own copy (an SMA learner updates it in place).
+        table = master.param_table()
         self.params = ParamSet([StoreBlob.pair(w, g) for w, g in zip(self.weights, self.grads)],
-                               master.params_lr, master.params_weight_decay,
-                               get_backend("cpu"))
+                               [row.lr_mult for row in table],
+                               [row.decay_mult for row in table], get_backend("cpu"))
         self.timeout = AnswerTimeout()   # the engine's, once it runs the group
         self.read_version = 0
         self.pid = None

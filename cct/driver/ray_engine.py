@@ -266,7 +266,8 @@ class GroupWorker:
     def __init__(self, index: int, net_bytes: bytes, dtype: str, seed: Optional[int],
                  bounds: List[List[int]], clip: float, threads: int, deterministic: bool,
                  part: Optional[float] = None, device: Optional[str] = None):
-        from .. import _C, glog
+        from .. import glog
+        from ..native import _C
         from ..backend import plans
         from ..devices import parse_devices
         from ..net import Net
@@ -672,7 +673,6 @@ class RayEngine(Engine):
     def new_group_actor(self, index: int, batch: int, cpus: float):
         from ..backend import plans
         from ..proto import caffe_pb2
-        from ..scheduler import replica_param
         part = None
         if self.local_data:
             param = caffe_pb2.NetParameter()
@@ -685,7 +685,7 @@ class RayEngine(Engine):
                 lp.data_param.batch_size = batch
             part = index % len(self._batches) / len(self._batches)
         else:
-            param = replica_param(self.master, self.feeder.sources, batch)
+            param = self.master.replica_param(batch)
         device = self.device_of(index)
         gpus = 1 if device is not None and device.startswith("gpu") else 0
         actor = self.ray.remote(GroupWorker).options(

@@ -65,16 +65,8 @@ class Advice:
 
 def memory_model(net) -> Tuple[int, int]:
     """(per-item bytes, fixed bytes) of a built train net (see the module doc)."""
-    from ..scheduler import source_layers
-    batch = None
-    for i in source_layers(net):
-        for b in net.top_id_vecs[i]:
-            if net.blobs_list[b].shape:
-                batch = int(net.blobs_list[b].shape[0])
-                break
-        if batch:
-            break
-    batch = batch or 1
+    batch = next((int(top.shape[0]) for top in net.source_tops().values()
+                  if top.shape and top.shape[0]), 1)
     params = {id(p) for p in net.params_list}
     per_item = 0
     for blob in net.blobs_list:
@@ -97,17 +89,15 @@ def throughput_curve(solver, batches: Sequence[int], iters: int = 3) -> List[Tup
     """Images/s of a replica of the train net at each batch size (see the module doc), on
     the next batch's records repeated; the data position is restored afterwards."""
     from ..net import Net
-    from ..scheduler import next_batch, replica_param, source_layers
     master = solver.net
-    sources = source_layers(master)
     captured = solver.capture()
     try:
-        next_batch(master, sources)
-        tops = [master.blobs_list[b] for i in sources for b in master.top_id_vecs[i]]
+        master.next_batch()
+        tops = list(master.source_tops().values())
         out = []
         for b in batches:
             with quiet():
-                net = Net(replica_param(master, sources, b), dtype=master.dtype)
+                net = Net(master.replica_param(b), dtype=master.dtype)
             for dst, src in zip([net.blobs_list[i] for i in net.input_blob_indices], tops):
                 reps = -(-b // src.shape[0])
                 copy_array(dst.data, np.concatenate([host(src.data)] * reps)[:b])

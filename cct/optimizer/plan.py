@@ -1078,19 +1078,12 @@ def _unique(cands: List[Candidate]) -> List[Candidate]:
 
 
 def _data_batch(net) -> int:
-    from ..scheduler import source_layers
-    for i in source_layers(net):
-        for b in net.top_id_vecs[i]:
-            shape = net.blobs_list[b].shape
-            if shape:
-                return int(shape[0])
-    return 1
+    return next((int(top.shape[0]) for top in net.source_tops().values() if top.shape), 1)
 
 
 def _epoch_iterations(net, batch: int) -> Optional[int]:
     """Iterations of one epoch when a data layer knows its record count, else None."""
-    from ..scheduler import source_layers
-    for i in source_layers(net):
+    for i in net.source_layers():
         layer = net.layers[i]
         n = getattr(layer, "num_records", None)
         if isinstance(n, int) and n > 0:
