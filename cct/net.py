@@ -557,7 +557,8 @@ class Net:
     def param_table(self) -> List[LearnableParam]:
         """One row per learnable param, in ``learnable_params``' order. The learnable params
         are exactly the params that own their data (Caffe's ``param_owners_[i] < 0``), in the
-        same order; a param sharing another's data has no row: its owner's row stands for it."""
+        same order; a param sharing another's data has no row: its owner's row stands for it
+        and names it among its ``sharers``."""
         owners = [j for j, owner in enumerate(self.param_owners) if owner < 0]
         sharers = {j: tuple(i for i, owner in enumerate(self.param_owners) if owner == j)
                    for j in owners}
