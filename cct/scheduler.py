@@ -46,7 +46,6 @@ from .errors import CCTError, bug_report, is_bug
 from .params import GradientSource, NetSource
 
 
-
 def proportional_split(total: int, speeds: Sequence[float]) -> List[int]:
     """``total`` items cut in proportion to ``speeds`` (largest remainders get the leftovers);
     every device with a positive speed gets at least one item while items last."""
