@@ -541,7 +541,8 @@ def cmd_train(argv: List[str]) -> int:
 def _measured_momentum(solver, driver_args: dict, devices) -> dict:
     """-momentum=auto with the parameter store's strategies: short probes at the run's group
     count choose the explicit momentum (cct/optimizer/momentum.py, logged); they are thrown
-    away and the driver trains with the choice. The probes take the data layers' batch."""
+    away and the driver trains with the choice. The probes take the run's -seed and -sync-fc,
+    and the data layers' batch."""
     from .devices import parse_devices
     from .optimizer.momentum import choose_momentum
     groups = driver_args["groups"]
@@ -550,7 +551,9 @@ def _measured_momentum(solver, driver_args: dict, devices) -> dict:
             if devices else 1
     choice = choose_momentum(solver, groups=groups, engine=driver_args["engine"],
                              devices=devices, staleness=driver_args["staleness"],
-                             allow_negative=driver_args["allow_negative_momentum"])
+                             allow_negative=driver_args["allow_negative_momentum"],
+                             driver_options={"seed": driver_args["seed"],
+                                             "sync_fc": driver_args["sync_fc"]})
     return dict(driver_args, momentum=repr(choice.momentum),
                 allow_negative_momentum=driver_args["allow_negative_momentum"]
                 or choice.momentum < 0)

@@ -199,7 +199,7 @@ class Optimizer:
                  probe_iters: Optional[int] = None, retune_every: Optional[int] = None,
                  he_iters: int = 6, staleness: str = "round-robin",
                  he_model: Optional[Callable[[Candidate, float], float]] = None,
-                 plot: Optional[str] = None):
+                 plot: Optional[str] = None, driver_options: Optional[dict] = None):
         if target_loss is not None and target_accuracy is not None:
             raise CCTError("give --target-loss or --target-accuracy, not both")
         if not 0 < probe_share < 1:
@@ -235,6 +235,9 @@ class Optimizer:
         self.he_iters = max(2, he_iters)
         self.staleness = staleness
         self.he_model = he_model
+        # The run's own driver settings its probes must share (--seed, --sync-fc): a probe of
+        # another configuration than the run's measures another staleness.
+        self.driver_options = dict(driver_options or {})
         # where start() draws its plan's probes (report.plot), refused now, before any probe
         self.plot = report.check_plot_path(plot) if plot else None
         self.he: Dict[Tuple[str, int, int], float] = {}
@@ -308,7 +311,8 @@ class Optimizer:
             self.driver = Driver(s, groups=cand.groups, engine=self.engine,
                                  devices=self.devices, staleness=self.staleness,
                                  momentum=repr(cand.momentum), allow_negative_momentum=True,
-                                 strategy=cand.strategy, batch_sizes=sizes)
+                                 strategy=cand.strategy, batch_sizes=sizes,
+                                 **self.driver_options)
         self.current = cand
         self._fresh = True      # its first chunk carries warm-up: no drift check on it
 
