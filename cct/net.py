@@ -209,6 +209,7 @@ class Net:
         self.param_names_index: Dict[str, int] = {}
         self.learnable_params: List[Blob] = []
         self.learnable_param_ids: List[int] = []
+        self._sources: Optional[Tuple[int, ...]] = None     # source_layers(), once known
         self.params_lr: List[float] = []
         self.params_weight_decay: List[float] = []
         self.has_params_lr: List[bool] = []
@@ -522,9 +523,13 @@ class Net:
     # the bottom/top vectors and param bookkeeping, which stay the net's own.
     def source_layers(self) -> List[int]:
         """The ids of the layers that produce the batch: no bottoms, no params (Data,
-        ImageData, HDF5Data, DummyData, MemoryData, Input, Python data layers)."""
-        return [i for i, layer in enumerate(self.layers)
-                if not self.bottom_vecs[i] and not layer.blobs]
+        ImageData, HDF5Data, DummyData, MemoryData, Input, Python data layers). Found once:
+        the layers and their params are fixed when the net is built, and next_batch asks for
+        them every batch."""
+        if self._sources is None:
+            self._sources = tuple(i for i, layer in enumerate(self.layers)
+                                  if not self.bottom_vecs[i] and not layer.blobs)
+        return list(self._sources)
 
     def source_tops(self) -> "OrderedDict[str, Blob]":
         """The source layers' tops in layer order, by name: the net's own blobs (the layers'
@@ -535,7 +540,8 @@ class Net:
     def next_batch(self) -> None:
         """Run the source layers alone: their tops hold the next batch, and the layers above
         them are left as they are (a replica computes on it instead)."""
-        for i in self.source_layers():
+        self.source_layers()
+        for i in self._sources:
             self.layers[i].reshape(self.bottom_vecs[i], self.top_vecs[i])
             self.layers[i].forward(self.bottom_vecs[i], self.top_vecs[i])
 

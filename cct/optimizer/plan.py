@@ -177,6 +177,9 @@ class Plan:
 #: [0, 1); AdaGrad and RMSProp take none (Caffe refuses any but 0)
 MU_RANGES = {"SGD": MU_RANGE, "Nesterov": MU_RANGE, "AdaDelta": (0.0, 0.99), "Adam": (0.0, 0.99),
              "AdaGrad": (0.0, 0.0), "RMSProp": (0.0, 0.0)}
+#: the types whose momentum is a velocity's decay: asynchrony's implicit momentum (Mitliagkas
+#: et al.) is a result about those; for the others nobody has measured it
+VELOCITY = ("SGD", "Nesterov")
 
 
 def _clip_mu(mu: float, bounds: Tuple[float, float] = MU_RANGE) -> float:
@@ -538,11 +541,8 @@ class Optimizer:
                     # groups' staleness twice: eight groups centred near -0.8).
                     centre = (prev.momentum + self.implicit.get(prev.config, 0.0)
                               - self.implicit.get(centre_c.config, 0.0))
-                    if self.solver.type not in ("SGD", "Nesterov"):
-                        # Asynchrony as implicit momentum is a result about a velocity
-                        # (SGD's); Adam's beta1 or AdaDelta's decay are not one, and nobody
-                        # has measured the equivalence there: the momenta stay the optimum's.
-                        centre = prev.momentum
+                    if self.solver.type not in VELOCITY:
+                        centre = prev.momentum      # Adam's beta1 is no velocity (VELOCITY)
                     grid = _unique([self._candidate(g, batch, lr, centre + o)
                                     for lr in (prev.lr / 3.0, prev.lr)
                                     for o in self.momentum_offsets])
@@ -760,10 +760,7 @@ class Optimizer:
             # below the smoothed losses too, which iterations_to takes as reached when at or
             # under it: a noisy one under 0.9 x its model had the winner "there in 0
             # iterations", and every other candidate infinitely slower.
-            # (A model value that underflowed to 0 is no reference: the smoothed loss is.)
-            ref = 0.9 * min(min(v for v in (c.fit.loss_at(c.fit.t_last), c.fit.last)
-                                if v > 0) if c.fit.last > 0 else c.fit.last
-                            for c in everything)
+            ref = 0.9 * min(_probe_end(c.fit) for c in everything)
         plan.reference_loss = ref
         flat = FLAT * max(1, int(self.solver.param.max_iter))
         for c in kept:
@@ -790,8 +787,8 @@ class Optimizer:
         probed one-group candidate at the same lr and batch with the nearest momentum, within
         TWIN_MU; its iterations to the reference from the plan's start, less what ``c`` has
         already run, are ``c``'s, and ``basis`` says so."""
-        if self.solver.type not in ("SGD", "Nesterov"):
-            return          # the equivalence is SGD momentum's (see make_plan)
+        if self.solver.type not in VELOCITY:
+            return
         mu = c.momentum + self.implicit.get(c.config, 0.0)
         twins = [t for t in plan.candidates
                  if t.groups == 1 and t.batch == c.batch and t.fit is not None
@@ -912,8 +909,8 @@ class Optimizer:
         by the plan; what changes late in a run is the lr's noise floor, and the two probes of
         lr and lr/3 alone let re-tunes come three times as often for the same share), with
         several the plan's, whose best momentum says whether to halve the groups."""
-        groups = (cur or self.current).groups if (cur or self.current) else 1
-        return self.momentum_offsets if groups > 1 else (0.0,)
+        cur = cur or self.current
+        return self.momentum_offsets if cur is not None and cur.groups > 1 else (0.0,)
 
     def step(self, iters: int) -> None:
         """Solver.step's contract: ``iters`` iterations in chunks, re-tuning between them."""
@@ -1068,6 +1065,13 @@ def _rank(c: Candidate, base_lr: float) -> Tuple[float, float, float, float]:
     bucket = (math.floor(math.log(last) / math.log1p(LOSS_TIE)) if math.isfinite(last)
               else math.inf)
     return (c.seconds, bucket, abs(math.log(c.lr / base_lr)), -c.lr)
+
+
+def _probe_end(fit: CurveFit) -> float:
+    """The lower of the model's value and the smoothed loss at a probe's end; a model value
+    that underflowed to 0 is no reference (the smoothed loss is)."""
+    model = fit.loss_at(fit.t_last)
+    return min(model, fit.last) if model > 0 and fit.last > 0 else fit.last
 
 
 def _unique(cands: List[Candidate]) -> List[Candidate]:
