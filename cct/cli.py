@@ -316,10 +316,12 @@ def _speeds(flags: Flags) -> Optional[List[float]]:
     return speeds
 
 
-def _driver_args(flags: Flags, strategy: str, groups: Optional[int]) -> dict:
-    """The driver's settings from the command line, each flag checked where it is parsed (the
-    driver checks them again for Python callers, without the flag's spelling)."""
-    return dict(
+def _driver_config(flags: Flags, strategy: str, groups: Optional[int]):
+    """The driver's settings (a DriverConfig) from the command line, each flag checked where
+    it is parsed (the driver checks them again for Python callers, without the flag's
+    spelling)."""
+    from .driver import DriverConfig
+    return DriverConfig(
         groups=groups, engine=flags.get("engine"), staleness=flags.get("staleness"),
         momentum=_momentum(flags, strategy),
         allow_negative_momentum=flags.bool("allow-negative-momentum"),
@@ -465,8 +467,8 @@ def cmd_train(argv: List[str]) -> int:
     level = flags.int("level", "[-2147483648, 2147483647]", "NetState's level is an int32")
     groups = flags.int("groups") if flags.get("groups") else None  # None: one per device
     momentum = _momentum(flags, strategy)
-    driver_args = (_driver_args(flags, strategy, groups) if strategy != "sync" and not optimize
-                   else None)
+    config = (_driver_config(flags, strategy, groups) if strategy != "sync" and not optimize
+              else None)
     optimize_args = _optimize_args(flags) if optimize else None
     param = read_solver_text(solver_path)
     param.train_state.level = level
@@ -502,15 +504,15 @@ def cmd_train(argv: List[str]) -> int:
     driver = None
     progress = None
     try:
-        measured = driver_args is not None and driver_args["momentum"] == "auto"
+        measured = config is not None and config.momentum == "auto"
         if measured:
             # The probes run drivers of their own on the solver, from where the run starts:
             # a resumed one first (the driver, built after them, pulls afresh).
             if flags.get("snapshot"):
                 solver.restore(flags.get("snapshot"))
-            driver_args = _measured_momentum(solver, driver_args, devices)
-        if driver_args is not None:
-            driver = Driver(solver, devices=devices, **driver_args)
+            config = _measured_momentum(solver, config.replace(devices=devices))
+        if config is not None:
+            driver = Driver(solver, config.replace(devices=devices))
         elif devices is not None:
             solver.set_gradient_source(gradient_source(solver.net, devices))
         if flags.get("snapshot") and not measured:
@@ -538,25 +540,23 @@ def cmd_train(argv: List[str]) -> int:
     return 0
 
 
-def _measured_momentum(solver, driver_args: dict, devices) -> dict:
+def _measured_momentum(solver, config):
     """-momentum=auto with the parameter store's strategies: short probes at the run's group
     count choose the explicit momentum (cct/optimizer/momentum.py, logged); they are thrown
     away and the driver trains with the choice. The probes take the run's -seed and -sync-fc,
     and the data layers' batch."""
-    from .devices import parse_devices
     from .optimizer.momentum import choose_momentum
-    groups = driver_args["groups"]
+    groups = config.groups
     if groups is None:          # the driver's rule: one group per device
-        groups = len(parse_devices(devices) if isinstance(devices, str) else devices) \
-            if devices else 1
-    choice = choose_momentum(solver, groups=groups, engine=driver_args["engine"],
-                             devices=devices, staleness=driver_args["staleness"],
-                             allow_negative=driver_args["allow_negative_momentum"],
-                             driver_options={"seed": driver_args["seed"],
-                                             "sync_fc": driver_args["sync_fc"]})
-    return dict(driver_args, momentum=repr(choice.momentum),
-                allow_negative_momentum=driver_args["allow_negative_momentum"]
-                or choice.momentum < 0)
+        devices = config.device_list()
+        groups = len(devices) if devices else 1
+    choice = choose_momentum(solver, groups=groups, engine=config.engine,
+                             devices=config.devices, staleness=config.staleness,
+                             allow_negative=config.allow_negative_momentum,
+                             driver_options={"seed": config.seed, "sync_fc": config.sync_fc})
+    return config.replace(momentum=repr(choice.momentum),
+                          allow_negative_momentum=config.allow_negative_momentum
+                          or choice.momentum < 0)
 
 
 def _optimize_args(flags: Flags) -> dict:

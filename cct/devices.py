@@ -26,23 +26,25 @@ from .errors import SourceLost
 from .net import Net
 
 
-def configure_blas(devices: Sequence["Device"]) -> int:
-    """Devices that run at once on CPU cores: the BLAS's thread count, one number for the
-    process, becomes the smallest group's, so that no device's GEMMs spread beyond its own
-    cores (OpenBLAS's worker threads are not pinned with the device's thread). Returns the
-    count it replaced: whoever called it gives that back when its devices close, because
-    OpenBLAS rounds differently with another thread count and a later run in the same process
-    must repeat to the bit."""
-    before = _C.blas_num_threads()
-    cpus = [d for d in devices if isinstance(d, CPUDevice)]
-    if cpus:
-        _C.set_blas_num_threads(min(d.threads for d in cpus))
-    return before
+class BlasThreads:
+    """The BLAS's thread count while devices run at once on CPU cores: one number for the
+    process, it becomes the smallest group's, so that no device's GEMMs spread beyond its own
+    cores (OpenBLAS's worker threads are not pinned with the device's thread). Whoever holds
+    the devices holds this and calls :meth:`release` when they close, giving back the count
+    it replaced, because OpenBLAS rounds differently with another thread count and a later
+    run in the same process must repeat to the bit."""
 
+    def __init__(self, devices: Sequence["Device"]):
+        self.before: Optional[int] = _C.blas_num_threads()
+        cpus = [d for d in devices if isinstance(d, CPUDevice)]
+        if cpus:
+            _C.set_blas_num_threads(min(d.threads for d in cpus))
 
-def restore_blas(before: int) -> None:
-    """Give back the BLAS thread count that :func:`configure_blas` replaced."""
-    _C.set_blas_num_threads(before)
+    def release(self) -> None:
+        """Give back the count this replaced (once; later calls do nothing)."""
+        if self.before is not None:
+            _C.set_blas_num_threads(self.before)
+            self.before = None
 
 
 class DeviceError(SourceLost):

@@ -39,8 +39,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import glog
-from .devices import (CPUDevice, Device, DeviceError, available_cores,
-                      configure_blas, parse_devices, restore_blas)
+from .devices import (BlasThreads, CPUDevice, Device, DeviceError, available_cores,
+                      parse_devices)
 from .backend import alongside, copy as copy_array, host
 from .errors import CCTError, bug_report, is_bug
 from .params import GradientSource, NetSource
@@ -184,7 +184,7 @@ class HybridScheduler:
         # (host) or sent to the replicas each batch. Counted in that numbering, not the
         # learnable params' one, which differs once a layer shares a weight but owns its bias.
         self.updated_ids = [row.net_id for row in self.param_table if row.lr_mult != 0]
-        self.blas_threads_before = configure_blas(self.devices)
+        self.blas_threads = BlasThreads(self.devices)
         self.replicas: List[_Replica] = [self._make_replica(d) for d in self.devices]
         self._free_master_activations()
         self.split: Optional[List[int]] = None
@@ -539,6 +539,4 @@ class HybridScheduler:
         for r in self.replicas:
             r.net.close()
             r.device.close()
-        if self.blas_threads_before is not None:
-            restore_blas(self.blas_threads_before)
-            self.blas_threads_before = None
+        self.blas_threads.release()

@@ -325,8 +325,6 @@ class SimulatedEngine(Engine):
         self._order = order
 
 
-ENGINES = ("threads", "processes", "simulated", "ray")
-
 
 def describe(engine, groups: Sequence) -> None:
     info("driver.cpp:0", f"Engine {engine.name}: {len(groups)} group(s): "

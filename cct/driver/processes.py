@@ -88,26 +88,8 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
     shm = shared_memory.SharedMemory(name=shm_name)
     weights = grads = batches = None
     try:
-        if cores and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, cores)
-        _C.set_num_threads(len(cores) or 0)
-        backend = "cpu"
-        if device is not None:
-            place = parse_devices(device)[0]
-            place.activate()              # a GPU made current in this process
-            backend = place.backend
-        plans.use_machine_cache()
-        param = caffe_pb2.NetParameter()
-        param.ParseFromString(net_bytes)
-        # The process's own generator (its Dropout masks), seeded from random_seed and the
-        # group's index as the threads engine's groups are.
-        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
-        with glog.quiet():
-            net = Net(param, backend=backend, dtype=np.dtype(dtype), source="<group process>",
-                      rng=rng)
+        net = _group_net(net_bytes, dtype, cores, seed, index, device)
         weights, grads, batches = layout.arrays(shm.buf)
-        inputs = [net.blobs_list[i] for i in net.input_blob_indices]
-        outputs = [net.blobs_list[b] for b in net.output_blob_indices]
         own = set(statistics_positions(net))       # its running statistics: not pulled
         conn.send(("ready", os.getpid()))
         while True:
@@ -120,29 +102,61 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
                 continue
             if table is not None:
                 plans.install(table)   # the driver's plans (a resumed run's side file's)
-            for k, (blob, w) in enumerate(zip(net.learnable_params, weights)):
-                if k not in own:
-                    copy_array(blob.data, w)
-            net.clear_param_diffs()
-            loss = 0.0
-            for batch in batches:
-                for blob, x in zip(inputs, batch):
-                    if blob.shape[0] != n:
-                        blob.reshape((n,) + tuple(blob.shape[1:]))
-                    copy_array(blob.data, x[:n])
-                loss += net.forward_backward()
-            for blob, g in zip(net.learnable_params, grads):
-                copy_array(g, blob.diff)
-            for k in own:      # its running statistics, where the driver reads them
-                copy_array(weights[k], net.learnable_params[k].data)
+            loss = _group_step(net, weights, grads, batches, own, n)
             plans.persist()
-            conn.send(("done", loss / len(batches),
-                       [np.array(host(o.data)) for o in outputs]))
+            conn.send(("done", loss, [np.array(host(net.blobs_list[b].data))
+                                      for b in net.output_blob_indices]))
     except CCTError as e:       # the user's net or data: the driver stops the run with it
         conn.send(("error", str(e)))
     finally:
         del weights, grads, batches   # views of the block, released before it is closed
         shm.close()
+
+
+def _group_net(net_bytes: bytes, dtype: str, cores: Sequence[int], seed: Optional[int],
+               index: int, device: Optional[str]) -> Net:
+    """The group process's net: on ``device`` when given, else on its cores (pinned, and the
+    kernels' threads one per core)."""
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+    _C.set_num_threads(len(cores) or 0)
+    backend = "cpu"
+    if device is not None:
+        place = parse_devices(device)[0]
+        place.activate()              # a GPU made current in this process
+        backend = place.backend
+    plans.use_machine_cache()
+    param = caffe_pb2.NetParameter()
+    param.ParseFromString(net_bytes)
+    # The process's own generator (its Dropout masks), seeded from random_seed and the
+    # group's index as the threads engine's groups are.
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
+    with glog.quiet():
+        return Net(param, backend=backend, dtype=np.dtype(dtype), source="<group process>",
+                   rng=rng)
+
+
+def _group_step(net: Net, weights, grads, batches, own, n: int) -> float:
+    """One step in the group process: the block's weights in (not its own statistics), the
+    ``iter_size`` batches of ``n`` records through forward and backward, the gradients (and
+    its statistics) out to the block; the mean loss."""
+    inputs = [net.blobs_list[i] for i in net.input_blob_indices]
+    for k, (blob, w) in enumerate(zip(net.learnable_params, weights)):
+        if k not in own:
+            copy_array(blob.data, w)
+    net.clear_param_diffs()
+    loss = 0.0
+    for batch in batches:
+        for blob, x in zip(inputs, batch):
+            if blob.shape[0] != n:
+                blob.reshape((n,) + tuple(blob.shape[1:]))
+            copy_array(blob.data, x[:n])
+        loss += net.forward_backward()
+    for blob, g in zip(net.learnable_params, grads):
+        copy_array(g, blob.diff)
+    for k in own:      # its running statistics, where the driver reads them
+        copy_array(weights[k], net.learnable_params[k].data)
+    return loss / len(batches)
 
 
 class ProcessGroup:

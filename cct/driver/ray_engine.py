@@ -542,25 +542,12 @@ class RayEngine(Engine):
         if address:
             check_address(address)
         self.timeout = timeout or AnswerTimeout()
-        self.ray = ray = import_ray()
+        self.ray = import_ray()
         self.solver = solver
         self.feeder = feeder
         self.master = solver.net
         self.iter_size = solver.param.iter_size
-        self.started_ray = False
-        if not ray.is_initialized():
-            # Ray's own start-up lines would interleave with Caffe's log: errors only.
-            kw = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-            if address:
-                connect(ray, address, **kw)
-            else:
-                ray.init(object_store_memory=1 << 30, **kw)
-            self.started_ray = True
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
-        where = (f"connected to {address}" if address else
-                 "a local Ray started" if self.started_ray else "the Ray already running")
-        info(SRC, f"Ray {ray.__version__}: {where}; {len(nodes)} node(s), "
-             f"{int(ray.cluster_resources().get('CPU', 0))} CPU(s)")
+        self.started_ray = self._start_ray(address)
         self.group_restarts = group_restarts
         self.cpus = cpus_per_group
         # Per group: None (CPUs, placed by Ray) or a device spelling (a GPU asked of Ray,
@@ -568,10 +555,41 @@ class RayEngine(Engine):
         self.devices = list(devices) if devices else None
         self.checkpoint_every = checkpoint_every
         self.replicas = replicas
-        params = solver.params
+        self._start_store(solver.params, shards)
+        if self.local_data:
+            info(SRC, "Data: each group's own data layers read its part of the database where "
+                 "it runs (group k of g starts k/g of the way in; every node must see the "
+                 "database path)")
+        else:
+            info(SRC, "Data: the driver's data layers read the database and ship each group "
+                 "its batch through the object store")
+        self._plans = None
+
+    def _start_ray(self, address: Optional[str]) -> bool:
+        """Connect to ``address``, or start a local Ray, unless one runs; whether this engine
+        started it (and so shuts it down)."""
+        ray, started = self.ray, False
+        if not ray.is_initialized():
+            # Ray's own start-up lines would interleave with Caffe's log: errors only.
+            kw = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+            if address:
+                connect(ray, address, **kw)
+            else:
+                ray.init(object_store_memory=1 << 30, **kw)
+            started = True
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        where = (f"connected to {address}" if address else
+                 "a local Ray started" if started else "the Ray already running")
+        info(SRC, f"Ray {ray.__version__}: {where}; {len(nodes)} node(s), "
+             f"{int(ray.cluster_resources().get('CPU', 0))} CPU(s)")
+        return started
+
+    def _start_store(self, params, shards) -> None:
+        """The store's shards as actors, each a contiguous run of params of about equal bytes
+        (SMA: none, its central model stays in the driver)."""
         nbytes = [int(np.prod(b.shape)) * np.dtype(b.dtype).itemsize for b in params.blobs]
         self.model_bytes = sum(nbytes)
-        if replicas:
+        if self.replicas:
             self.n_shards = 0
             self.bounds = [list(range(len(nbytes)))]    # a learner's gradient: one part
             info(SRC, "SMA on Ray: the learners' replicas, the central model and the averaging "
@@ -589,14 +607,6 @@ class RayEngine(Engine):
             info(SRC, f"Store shard {k} (pid {pid}, node {node}): params {pos[0]}-{pos[-1]}, "
                  f"{sum(nbytes[i] for i in pos)} bytes")
         self.shard_pids = [pid for pid, _ in self.places]
-        if self.local_data:
-            info(SRC, "Data: each group's own data layers read its part of the database where "
-                 "it runs (group k of g starts k/g of the way in; every node must see the "
-                 "database path)")
-        else:
-            info(SRC, "Data: the driver's data layers read the database and ship each group "
-                 "its batch through the object store")
-        self._plans = None
 
     # -- construction --------------------------------------------------------------------------
     def _shard_count(self, shards) -> int:
