@@ -34,6 +34,7 @@ import numpy as np
 from .. import glog
 from ..native import _C
 from ..backend import copy as copy_array, get as get_backend, host, plans
+from ..context import RunContext
 from ..devices import parse_devices
 from ..errors import CCTError
 from ..glog import warning
@@ -77,7 +78,7 @@ class _Layout:
 
 def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layout,
                 cores: Sequence[int], seed: Optional[int], index: int,
-                device: Optional[str] = None) -> None:
+                device: Optional[str] = None, context: Optional[RunContext] = None) -> None:
     """A group process: build the net (on ``device``, a device spelling, when given; else on
     the CPU cores ``cores``), then compute on request until told to stop. The block is host
     memory: a device group's net takes its weights and batches from it and leaves its
@@ -88,7 +89,8 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
     shm = shared_memory.SharedMemory(name=shm_name)
     weights = grads = batches = None
     try:
-        net = _group_net(net_bytes, dtype, cores, seed, index, device)
+        net = _group_net(net_bytes, dtype, cores, seed, index, device,
+                         context or RunContext())
         weights, grads, batches = layout.arrays(shm.buf)
         own = set(statistics_positions(net))       # its running statistics: not pulled
         conn.send(("ready", os.getpid()))
@@ -114,9 +116,11 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
 
 
 def _group_net(net_bytes: bytes, dtype: str, cores: Sequence[int], seed: Optional[int],
-               index: int, device: Optional[str]) -> Net:
+               index: int, device: Optional[str], context: RunContext) -> Net:
     """The group process's net: on ``device`` when given, else on its cores (pinned, and the
-    kernels' threads one per core)."""
+    kernels' threads one per core), under the driver's run context (a spawned process has
+    none of its settings: its plans would be timed under --deterministic, its GEMMs float32
+    under bf16)."""
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
     _C.set_num_threads(len(cores) or 0)
@@ -125,7 +129,7 @@ def _group_net(net_bytes: bytes, dtype: str, cores: Sequence[int], seed: Optiona
         place = parse_devices(device)[0]
         place.activate()              # a GPU made current in this process
         backend = place.backend
-    plans.use_machine_cache()
+    context.replace(backend=backend).apply()
     param = caffe_pb2.NetParameter()
     param.ParseFromString(net_bytes)
     # The process's own generator (its Dropout masks), seeded from random_seed and the
@@ -228,7 +232,8 @@ class ProcessGroup:
         self.conn, child = ctx.Pipe()
         process = ctx.Process(target=_group_main, daemon=True,
                               args=(child, param.SerializeToString(), feeder.master.dtype.str,
-                                    self.shm.name, layout, self.cores, seed, index, device))
+                                    self.shm.name, layout, self.cores, seed, index, device,
+                                    RunContext.current()))
         process.start()
         child.close()
         return process

@@ -264,11 +264,10 @@ class GroupWorker:
     """A compute group in its own process: see the module doc."""
 
     def __init__(self, index: int, net_bytes: bytes, dtype: str, seed: Optional[int],
-                 bounds: List[List[int]], clip: float, threads: int, deterministic: bool,
+                 bounds: List[List[int]], clip: float, threads: int, context,
                  part: Optional[float] = None, device: Optional[str] = None):
         from .. import glog
         from ..native import _C
-        from ..backend import plans
         from ..devices import parse_devices
         from ..net import Net
         from ..proto import caffe_pb2
@@ -279,8 +278,9 @@ class GroupWorker:
             place = parse_devices(device)[0]
             place.activate()
             backend = place.backend
-        plans.set_deterministic(deterministic)   # the driver's --deterministic
-        plans.use_machine_cache()
+        # The driver's run context (--deterministic, the precision): an actor's process
+        # starts with none of the driver's settings.
+        context.replace(backend=backend).apply()
         param = caffe_pb2.NetParameter.FromString(net_bytes)
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
         with glog.quiet():
@@ -681,7 +681,7 @@ class RayEngine(Engine):
         return shard
 
     def new_group_actor(self, index: int, batch: int, cpus: float):
-        from ..backend import plans
+        from ..context import RunContext
         from ..proto import caffe_pb2
         part = None
         if self.local_data:
@@ -704,7 +704,7 @@ class RayEngine(Engine):
                 else None)
         return actor.remote(index, param.SerializeToString(), self.master.dtype.str, seed,
                             self.bounds, float(self.solver.param.clip_gradients),
-                            max(1, int(self.cpus)), plans.deterministic(), part,
+                            max(1, int(self.cpus)), RunContext.current(), part,
                             "gpu0" if gpus else device)
 
     def device_of(self, index: int) -> Optional[str]:

@@ -1,0 +1,76 @@
+"""A run's context: the settings a training run holds for the whole process, in one value made
+once by whoever starts the run and handed down.
+
+Caffe keeps them in its ``Caffe::Get()`` singleton (the random generator ``random_seed``
+seeds, the mode and device); cct's are the process-wide random generator (cct/rng.py), the
+kernels' plan tables and their deterministic switch (cct/backend/plans.py), the GEMM
+precision (cct/backend/precision.py) and the backend the solver's nets live on. The plan
+tables and the precision live in the compiled extension, one per process: a context does not
+make them per-run, it makes one place that sets them (:meth:`RunContext.apply`) and one value
+that travels: ``cct train`` builds it from the solver file and the flags and gives it to the
+solver; a driver's group processes and Ray actors receive the driver's
+(:meth:`RunContext.current`) and apply it where they run, so their kernels plan and round as
+the driver's do (a spawned process starts with none of the parent's settings).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from . import rng
+from .backend import plans, precision as precisions
+from .glog import warning
+from .proto import caffe_pb2
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """``seed``: Caffe's random_seed (None: the generator is left as it is); ``precision``:
+    "float32" or "bf16" (None: as it is); ``deterministic``: plans fixed by rule, no timing
+    (None: as it is); ``backend``: where the solver's nets live ("cpu", "gpu"...);
+    ``source``: what the settings came from, for messages (the solver file)."""
+
+    seed: Optional[int] = None
+    precision: Optional[str] = None
+    deterministic: Optional[bool] = None
+    backend: str = "cpu"
+    source: str = "<solver>"
+
+    @classmethod
+    def of_solver(cls, param: caffe_pb2.SolverParameter, source: str = "<solver>",
+                  backend: str = "cpu", deterministic: Optional[bool] = None) -> "RunContext":
+        """What a SolverParameter says: its random_seed when set (>= 0) and its precision
+        when given (``cct train -precision`` writes the flag's value there)."""
+        name = None
+        if param.HasField("precision"):
+            name = caffe_pb2.SolverParameter.Precision.Name(param.precision).lower()
+        seed = param.random_seed if param.random_seed >= 0 else None
+        return cls(seed, name, deterministic, backend, source)
+
+    @classmethod
+    def current(cls, backend: str = "cpu") -> "RunContext":
+        """This process's settings now (no seed: a group draws from its own generator), to
+        hand to a group that runs in another process."""
+        return cls(None, precisions.precision(), plans.deterministic(), backend,
+                   "<the driver's>")
+
+    def replace(self, **changes) -> "RunContext":
+        return dataclasses.replace(self, **changes)
+
+    def apply(self) -> None:
+        """Set what this context says for the process, in this order: the deterministic
+        switch (it decides whether the machine's plan cache is read), the seed, the machine's
+        plan cache, the precision (after the cache, which may hold the bf16 engine's
+        choice)."""
+        if self.deterministic is not None:
+            plans.set_deterministic(self.deterministic)
+        if self.seed is not None:
+            rng.set_random_seed(self.seed)
+        plans.use_machine_cache()
+        if self.precision is None:
+            return
+        if self.backend != "cpu" and self.precision != "float32":
+            warning("solver.cpp:0", f"{self.source}: precision {self.precision} is the CPU "
+                    f"backend's; the {self.backend} backend trains in float32.")
+        precisions.set_precision(self.precision, source=f"{self.source}: precision")
