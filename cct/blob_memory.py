@@ -27,17 +27,18 @@ def _lifetimes(net) -> Dict[int, Tuple[int, int]]:
     """blob id -> (first, last) step of the backward pass that touches its diff, for the
     blobs whose diff every pass writes before it reads it."""
     n = len(net.layers)
-    produced = {b for tops in net.top_id_vecs for b in tops}
+    produced = {b for i in range(n) for b in net.top_ids(i)}
     loss = {b for b, w in enumerate(net.blob_loss_weights) if w}
-    inputs = set(net.input_blob_indices)
+    inputs = set(net.input_ids())
+    bottoms = [net.bottom_ids(i) for i in range(n)]
     spans: Dict[int, List[int]] = {}
     refused = set()
     for i in range(n):
         step = n - 1 - i  # backward runs the layers last to first
-        tops = set(net.top_id_vecs[i])
+        tops = set(net.top_ids(i))
         for b in tops:
             spans.setdefault(b, []).append(step)
-        for k, b in enumerate(net.bottom_id_vecs[i]):
+        for k, b in enumerate(bottoms[i]):
             spans.setdefault(b, []).append(step)
             in_place = b in tops
             if not in_place and not (net.layer_need_backward[i] and
@@ -45,7 +46,7 @@ def _lifetimes(net) -> Dict[int, Tuple[int, int]]:
                 refused.add(b)  # this consumer leaves the diff as it was
     out = {}
     for b, steps in spans.items():
-        consumed = any(b in bottoms for bottoms in net.bottom_id_vecs)
+        consumed = any(b in ids for ids in bottoms)
         blob = net.blobs_list[b]
         if (b in refused or b in loss or b in inputs or b not in produced or not consumed
                 or not net.blob_need_backward[b] or type(blob) is not Blob):

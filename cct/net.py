@@ -155,7 +155,9 @@ class Net:
     """A net built from a NetParameter for one NetState (phase, level, stages).
 
     The attributes mirror Caffe's Net (layers, blobs, bottom/top vectors, learnable params with
-    their lr_mult/decay_mult) and pycaffe's (``blobs``, ``params``, ``forward``, ``backward``).
+    their lr_mult/decay_mult); other rooms read them through the accessors below. pycaffe's
+    facade (``blobs``, ``params``, ``forward(**inputs)``, ``save`` ...) is cct/pycaffe.py's,
+    attached to this class there as pycaffe.py attaches it to _caffe's Net.
     """
 
     def __init__(self, param: caffe_pb2.NetParameter, phase: Optional[int] = None,
@@ -503,10 +505,11 @@ class Net:
         """Make this net's params the same arrays as ``other``'s layers of the same name (Caffe's
         ShareTrainedLayersWith, used by the solver's test nets)."""
         for layer_id, name in enumerate(other.layer_names):
-            if name not in self.layer_names_index:
+            mine = self.layer_id(name)
+            if mine is None:
                 continue
             src = other.layers[layer_id]
-            dst = self.layers[self.layer_names_index[name]]
+            dst = self.layers[mine]
             if len(src.blobs) != len(dst.blobs):
                 raise NetError(f"Layer '{name}': {len(src.blobs)} param blobs in the train net "
                                f"but {len(dst.blobs)} in the test net.")
@@ -541,9 +544,7 @@ class Net:
         """Run the source layers alone: their tops hold the next batch, and the layers above
         them are left as they are (a replica computes on it instead)."""
         self.source_layers()
-        for i in self._sources:
-            self.layers[i].reshape(self.bottom_vecs[i], self.top_vecs[i])
-            self.layers[i].forward(self.bottom_vecs[i], self.top_vecs[i])
+        self.forward_layers(self._sources)
 
     def replica_param(self, batch: int) -> caffe_pb2.NetParameter:
         """This net's (filtered, split-inserted) NetParameter with every source layer turned
@@ -571,7 +572,72 @@ class Net:
         return [LearnableParam(j, lr, decay, sharers[j])
                 for j, lr, decay in zip(owners, self.params_lr, self.params_weight_decay)]
 
-    # -- weights -----------------------------------------------------------------------------
+    # -- what other rooms read: the wiring, by layer and by name ------------------------------
+    # Caffe's public accessors (net.hpp's bottom_ids, top_ids, blob_by_name, input_blobs ...):
+    # the tools, the export, the diff sharing and pycaffe read the net through these rather
+    # than through its bookkeeping lists.
+    def bottom_blobs(self, layer_id: int) -> List[Blob]:
+        """Layer ``layer_id``'s bottoms (Caffe's ``bottom_vecs()[layer_id]``): the net's own
+        blobs, not pycaffe's host views."""
+        return list(self.bottom_vecs[layer_id])
+
+    def top_blobs(self, layer_id: int) -> List[Blob]:
+        """Layer ``layer_id``'s tops (Caffe's ``top_vecs()[layer_id]``)."""
+        return list(self.top_vecs[layer_id])
+
+    def bottom_ids(self, layer_id: int) -> List[int]:
+        """The blob ids of layer ``layer_id``'s bottoms (Caffe's Net::bottom_ids)."""
+        return list(self.bottom_id_vecs[layer_id])
+
+    def top_ids(self, layer_id: int) -> List[int]:
+        """The blob ids of layer ``layer_id``'s tops (Caffe's Net::top_ids)."""
+        return list(self.top_id_vecs[layer_id])
+
+    def input_ids(self) -> List[int]:
+        """The blob ids of the Input layers' tops (Caffe's Net::input_blob_indices)."""
+        return list(self.input_blob_indices)
+
+    def output_ids(self) -> List[int]:
+        """The blob ids of the blobs no layer consumes, by name (Caffe's
+        Net::output_blob_indices)."""
+        return list(self.output_blob_indices)
+
+    def input_blobs(self) -> List[Blob]:
+        """The Input layers' tops, in order (Caffe's Net::input_blobs)."""
+        return [self.blobs_list[i] for i in self.input_blob_indices]
+
+    def output_blobs(self) -> List[Blob]:
+        """The blobs no layer consumes, by name (Caffe's Net::output_blobs)."""
+        return [self.blobs_list[i] for i in self.output_blob_indices]
+
+    def has_blob(self, name: str) -> bool:
+        return name in self.blob_names_index
+
+    def blob_by_name(self, name: str) -> Blob:
+        """The net's own blob ``name`` (Caffe's Net::blob_by_name); a NetError names the net
+        when it has none."""
+        try:
+            return self.blobs_list[self.blob_names_index[name]]
+        except KeyError:
+            raise NetError(f"no blob named '{name}' in net '{self.name}'") from None
+
+    def layer_id(self, name: str) -> Optional[int]:
+        """The position of layer ``name``, or None when the net has no such layer (a filtered
+        phase or stage left it out)."""
+        return self.layer_names_index.get(name)
+
+    def forward_layers(self, layer_ids: Sequence[int]) -> None:
+        """Reshape and run these layers alone, in the order given, leaving the others as they
+        are: a caller that fills some blobs itself (the next batch into the source layers'
+        tops, an exported graph's inputs) runs only the layers it needs."""
+        for i in layer_ids:
+            self.layers[i].reshape(self.bottom_vecs[i], self.top_vecs[i])
+            self.layers[i].forward(self.bottom_vecs[i], self.top_vecs[i])
+
+    # -- weights (Caffe's Net::CopyTrainedLayersFrom and Net::ToProto) ---------------------------
+    # The solver copies -weights and a snapshot's model in through these; the files' formats are
+    # cct/io/weights.py's. pycaffe's spellings (copy_from, save, save_hdf5, load_hdf5) are
+    # cct/pycaffe.py's.
     def copy_trained_layers_from(self, source) -> None:
         """Copy params by layer name from a NetParameter or a weights file path (``.caffemodel``
         binary or ``.h5``). Unknown source layers are ignored, as in Caffe."""
@@ -580,140 +646,12 @@ class Net:
     def to_proto(self, write_diff: bool = False) -> caffe_pb2.NetParameter:
         return weights.net_to_proto(self, write_diff)
 
-    # -- pycaffe-compatible API -------------------------------------------------------------
-    # On a device backend, pycaffe code gets host views whose .data/.diff are NumPy arrays kept
-    # in step with the device lazily (cct/blob.py); layers keep using the device blobs.
-    @property
-    def blobs(self) -> "OrderedDict[str, Blob]":
-        return OrderedDict((n, b.host_view()) for n, b in zip(self.blob_names, self.blobs_list))
-
-    @property
-    def _blobs(self) -> List[Blob]:
-        return [b.host_view() for b in self.blobs_list]
-
-    @property
-    def _blob_names(self) -> List[str]:
-        return self.blob_names
-
-    @property
-    def _layer_names(self) -> List[str]:
-        return self.layer_names
-
-    @property
-    def layer_dict(self) -> "OrderedDict[str, Layer]":
-        return OrderedDict(zip(self.layer_names, self.layers))
-
-    @property
-    def params(self) -> "OrderedDict[str, List[Blob]]":
-        return OrderedDict((n, [b.host_view() for b in l.blobs])
-                           for n, l in zip(self.layer_names, self.layers) if l.blobs)
-
-    @property
-    def inputs(self) -> List[str]:
-        return [self.blob_names[i] for i in self.input_blob_indices]
-
-    @property
-    def outputs(self) -> List[str]:
-        return [self.blob_names[i] for i in self.output_blob_indices]
-
-    @property
-    def top_names(self) -> "OrderedDict[str, List[str]]":
-        return OrderedDict((n, [self.blob_names[i] for i in ids])
-                           for n, ids in zip(self.layer_names, self.top_id_vecs))
-
-    @property
-    def bottom_names(self) -> "OrderedDict[str, List[str]]":
-        return OrderedDict((n, [self.blob_names[i] for i in ids])
-                           for n, ids in zip(self.layer_names, self.bottom_id_vecs))
-
-    def _layer_index(self, name: str, what: str) -> int:
-        try:
-            return self.layer_names_index[name]
-        except KeyError:
-            raise NetError(f"{what}: no layer named '{name}' in net '{self.name}'") from None
-
-    def _set_blobs(self, arrays: dict, field: str, what: str) -> None:
-        for name, value in arrays.items():
-            if name not in self.blob_names_index:
-                raise NetError(f"{what}: no blob named '{name}' in net '{self.name}'")
-            blob = self.blobs_list[self.blob_names_index[name]]
-            value = np.asarray(value)
-            if value.shape != blob.shape and value.size != blob.count:
-                raise NetError(f"{what}: blob '{name}' has shape {blob.shape}, the given "
-                               f"array has shape {value.shape}")
-            setattr(blob.host_view(), field, value.reshape(blob.shape))
-
-    def forward(self, blobs: Optional[Sequence[str]] = None, start: Optional[str] = None,
-                end: Optional[str] = None, **kwargs) -> "Dict[str, np.ndarray]":
-        """pycaffe's Net.forward: set input blobs from keyword arrays, run from layer ``start``
-        to ``end`` (names), return {output blob name: data} (the tops of ``end`` if given)."""
-        self._set_blobs(kwargs, "data", "forward")
-        start_ind = self._layer_index(start, "forward start") if start is not None else 0
-        if end is not None:
-            end_ind = self._layer_index(end, "forward end")
-            outputs = set(self.top_names[end] + list(blobs or []))
-        else:
-            end_ind = len(self.layers) - 1
-            outputs = set(self.outputs + list(blobs or []))
-        self.forward_from_to(start_ind, end_ind)
-        return {name: self.blobs_list[self.blob_names_index[name]].host_view().data
-                for name in outputs}
-
-    def backward(self, diffs: Optional[Sequence[str]] = None, start: Optional[str] = None,
-                 end: Optional[str] = None, **kwargs) -> "Dict[str, np.ndarray]":
-        """pycaffe's Net.backward: set top diffs from keyword arrays, run backward from layer
-        ``start`` down to ``end``, return {input blob name: diff} (the bottoms of ``end``)."""
-        self._set_blobs(kwargs, "diff", "backward")
-        start_ind = (self._layer_index(start, "backward start") if start is not None
-                     else len(self.layers) - 1)
-        if end is not None:
-            end_ind = self._layer_index(end, "backward end")
-            outputs = set(self.bottom_names[end] + list(diffs or []))
-        else:
-            end_ind = 0
-            outputs = set(self.inputs + list(diffs or []))
-        self.backward_from_to(start_ind, end_ind)
-        return {name: self.blobs_list[self.blob_names_index[name]].host_view().diff
-                for name in outputs}
-
-    def set_input_arrays(self, data, labels, layer: Optional[str] = None) -> None:
-        """pycaffe's Net.set_input_arrays: serve ``data`` (N x C x H x W float32, C-contiguous)
-        and ``labels`` (N float32) through the net's first MemoryData layer, or the one named
-        ``layer``; N must be a multiple of its batch_size."""
-        if layer is not None:
-            idx = self._layer_index(layer, "set_input_arrays")
-            if self.layers[idx].type != "MemoryData":
-                raise NetError(f"set_input_arrays: layer '{layer}' is of type "
-                               f"{self.layers[idx].type}, not MemoryData")
-        else:
-            idx = next((i for i, l in enumerate(self.layers) if l.type == "MemoryData"), None)
-            if idx is None:
-                raise NetError(f"set_input_arrays needs a MemoryData layer, and net "
-                               f"'{self.name}' has none")
-        self.layers[idx].reset(data, labels)
-
     def close(self) -> None:
         """Stop the data layers' prefetch threads and close their databases (also done when
         the layers are garbage-collected)."""
         for layer in self.layers:
             if callable(getattr(type(layer), "close", None)):
                 layer.close()
-
-    def copy_from(self, weights_path: str) -> None:
-        self.copy_trained_layers_from(weights_path)
-
-    def save(self, path: str) -> None:
-        """Write the params as a binary ``.caffemodel`` (atomically)."""
-        weights.save_caffemodel(self, path)
-
-    def save_hdf5(self, path: str) -> None:
-        weights.save_hdf5(self, path)
-
-    def load_hdf5(self, path: str) -> None:
-        self.copy_trained_layers_from(path)
-
-    def share_with(self, other: "Net") -> None:
-        self.share_trained_layers_with(other)
 
 
 def _copy(param: caffe_pb2.NetParameter) -> caffe_pb2.NetParameter:

@@ -149,8 +149,8 @@ class _Layer:
         self.layer = net.layers[index]
         self.param = self.layer.layer_param
         self.name = self.param.name
-        self.bottom_shapes = [tuple(b.shape) for b in net.bottom_vecs[index]]
-        self.top_shapes = [tuple(t.shape) for t in net.top_vecs[index]]
+        self.bottom_shapes = [tuple(b.shape) for b in net.bottom_blobs(index)]
+        self.top_shapes = [tuple(t.shape) for t in net.top_blobs(index)]
 
     def blob(self, i: int) -> np.ndarray:
         return np.asarray(self.layer.blobs[i].cpu_data(), np.float32)
@@ -620,9 +620,9 @@ def _deploy_view(net) -> Tuple[List[int], List[str], List[int]]:
         else:
             kept.append(i)
     # The Splits inserted for the dropped layers' bottoms (the labels') feed nothing left.
-    read = {b for i in kept for b in net.bottom_id_vecs[i]}
+    read = {b for i in kept for b in net.bottom_ids(i)}
     kept = [i for i in kept if net.layers[i].layer_param.type != "Split"
-            or any(b in read for b in net.top_id_vecs[i])]
+            or any(b in read for b in net.top_ids(i))]
     return kept, dropped, inputs
 
 
@@ -639,10 +639,10 @@ def export_onnx(net, path: str, opset: int = DEFAULT_OPSET,
     if dropped:
         info("onnx_export.py:0", f"Deploy view: dropped {', '.join(dropped)} (loss and "
              f"accuracy layers)")
-    read = {net.blob_names[b] for i in kept for b in net.bottom_id_vecs[i]}
+    read = {net.blob_names[b] for i in kept for b in net.bottom_ids(i)}
     graph_inputs = []
     for i in inputs:
-        for b in net.top_id_vecs[i]:
+        for b in net.top_ids(i):
             name = net.blob_names[b]
             if name not in read:
                 continue
@@ -658,17 +658,17 @@ def export_onnx(net, path: str, opset: int = DEFAULT_OPSET,
                           f"layer whose top a kept layer reads)")
     last_writer: Dict[str, int] = {}
     for i in kept:
-        for b in net.top_id_vecs[i]:
+        for b in net.top_ids(i):
             last_writer[net.blob_names[b]] = i
     last_reader: Dict[str, int] = {}
     for i in kept:
-        for b in net.bottom_id_vecs[i]:
+        for b in net.bottom_ids(i):
             last_reader[net.blob_names[b]] = i
     for i in kept:
         layer = net.layers[i]
         ctx = _Layer(net, i)
-        ins = [g.current[net.blob_names[b]] for b in net.bottom_id_vecs[i]]
-        top_names = [net.blob_names[b] for b in net.top_id_vecs[i]]
+        ins = [g.current[net.blob_names[b]] for b in net.bottom_ids(i)]
+        top_names = [net.blob_names[b] for b in net.top_ids(i)]
         if ctx.param.type == "Split":
             for name in top_names:
                 g.current[name] = ins[0]
@@ -686,7 +686,7 @@ def export_onnx(net, path: str, opset: int = DEFAULT_OPSET,
             g.current[name] = out
     # The outputs: blobs no kept layer reads after their last write (Caffe's net outputs).
     outputs = [onnx.helper.make_tensor_value_info(g.current[name], onnx.TensorProto.FLOAT,
-                                                  g.io_shape(net.blobs[name].data.shape))
+                                                  g.io_shape(net.blob_by_name(name).shape))
                for name, i in last_writer.items() if last_reader.get(name, -1) <= i]
     graph = onnx.helper.make_graph(g.nodes, net.name or "net", graph_inputs, outputs,
                                    g.initializers)
@@ -818,7 +818,7 @@ def run_check(net, model, batch: Optional[int] = None, seed: int = 0,
     rng = np.random.default_rng(seed)
     feeds = {}
     for inp in model.graph.input:
-        blob = net.blobs[inp.name]
+        blob = net.blob_by_name(inp.name).host_view()
         # The model's own shape, its symbolic batch set: an input whose first axis is not the
         # batch keeps its size.
         shape = tuple(batch if d.HasField("dim_param") else int(d.dim_value)
@@ -827,10 +827,8 @@ def run_check(net, model, batch: Optional[int] = None, seed: int = 0,
                            else rng.standard_normal(shape).astype(np.float32))
         blob.reshape(*shape)
         blob.data[...] = feeds[inp.name]
-    kept = _deploy_view(net)[0]
-    for i in kept:    # the exported layers only: data layers would overwrite the input
-        net.layers[i].reshape(net.bottom_vecs[i], net.top_vecs[i])
-        net.layers[i].forward(net.bottom_vecs[i], net.top_vecs[i])
+    # the exported layers only: data layers would overwrite the input
+    net.forward_layers(_deploy_view(net)[0])
     names = [o.name for o in model.graph.output]
     try:
         session = ort.InferenceSession(model.SerializeToString(),
@@ -841,7 +839,8 @@ def run_check(net, model, batch: Optional[int] = None, seed: int = 0,
     diffs = {}
     for name, got in zip(names, results):
         # An output that is an input blob rewritten in place is named "<blob>/<layer>".
-        want = np.asarray(net.blobs[name if name in net.blobs else name.rsplit("/", 1)[0]].data)
+        blob = net.blob_by_name(name if net.has_blob(name) else name.rsplit("/", 1)[0])
+        want = np.asarray(blob.host_view().data)
         scale = max(float(np.abs(want).max()), 1e-30)
         diffs[name] = float(np.abs(got.reshape(want.shape) - want).max()) / scale
     return diffs

@@ -42,8 +42,11 @@ class ParamSet:
 
     @classmethod
     def of_net(cls, net) -> "ParamSet":
-        """The net's learnable params themselves (an update changes the net)."""
-        return cls(net.learnable_params, net.params_lr, net.params_weight_decay, net.backend)
+        """The net's learnable params themselves (an update changes the net), with the
+        multipliers of its :meth:`~cct.net.Net.param_table`."""
+        table = net.param_table()
+        return cls(net.learnable_params, [row.lr_mult for row in table],
+                   [row.decay_mult for row in table], net.backend)
 
     @classmethod
     def copy_of(cls, params: "ParamSet") -> "ParamSet":

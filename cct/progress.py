@@ -62,8 +62,9 @@ def images_per_iteration(solver) -> int:
     """The records one iteration consumes: the batch of the train net's first data layer (a
     layer without bottoms) times ``iter_size``; 0 when the net has no such layer."""
     net = solver.net
-    for bottoms, tops in zip(net.bottom_vecs, net.top_vecs):
-        if not bottoms and tops and tops[0].shape:
+    for i in range(len(net.layers)):
+        tops = net.top_blobs(i)
+        if not net.bottom_ids(i) and tops and tops[0].shape:
             return int(tops[0].shape[0]) * max(1, solver.param.iter_size)
     return 0
 

@@ -1,21 +1,160 @@
-"""The rest of pycaffe's surface (python/caffe/pycaffe.py and _caffe.cpp): batched
-``Net.forward_all`` / ``Net.forward_backward_all``, the multi-GPU names of a CPU build
-(``has_nccl``, ``NCCL``, solver count and rank), and ``Timer``.
+"""pycaffe's Net facade and the rest of its surface (python/caffe/pycaffe.py and _caffe.cpp):
+``net.blobs``/``net.params`` and the other views by name, ``forward``/``backward`` with keyword
+arrays, ``set_input_arrays``, the weight files under pycaffe's names (``copy_from``, ``save``,
+``save_hdf5``, ``load_hdf5``, ``share_with``), batched ``forward_all`` /
+``forward_backward_all``, the multi-GPU names of a CPU build (``has_nccl``, ``NCCL``, solver
+count and rank), and ``Timer``.
 
-As pycaffe.py does, the batched methods are attached to the net class itself, so that nets made
-by a solver (``solver.net``, ``solver.test_nets``) have them too.
+As pycaffe.py does with _caffe's Net, the facade is attached to the net class itself, so that
+nets made by a solver (``solver.net``, ``solver.test_nets``) have it too; cct/net.py keeps the
+net's own work (building, running layer ranges, Caffe's accessors) and knows nothing of it.
 """
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from itertools import zip_longest
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import glog
-from .errors import CCTError
+from .blob import Blob
+from .errors import CCTError, NetError
+from .io import weights
+from .layers.base import Layer
 from .net import Net
+
+# -- views by name (pycaffe's Net.blobs, Net.params ...) ---------------------------------------
+# On a device backend, pycaffe code gets host views whose .data/.diff are NumPy arrays kept in
+# step with the device lazily (cct/blob.py); the layers keep using the device blobs.
+
+
+def _Net_blobs(self: Net) -> "OrderedDict[str, Blob]":
+    """{blob name: blob}, in the net's order."""
+    return OrderedDict((n, b.host_view()) for n, b in zip(self.blob_names, self.blobs_list))
+
+
+def _Net_params(self: Net) -> "OrderedDict[str, List[Blob]]":
+    """{layer name: its param blobs}, for the layers that have params."""
+    return OrderedDict((n, [b.host_view() for b in l.blobs])
+                       for n, l in zip(self.layer_names, self.layers) if l.blobs)
+
+
+def _Net_layer_dict(self: Net) -> "OrderedDict[str, Layer]":
+    return OrderedDict(zip(self.layer_names, self.layers))
+
+
+def _Net_inputs(self: Net) -> List[str]:
+    return [self.blob_names[i] for i in self.input_ids()]
+
+
+def _Net_outputs(self: Net) -> List[str]:
+    return [self.blob_names[i] for i in self.output_ids()]
+
+
+def _Net_top_names(self: Net) -> "OrderedDict[str, List[str]]":
+    return OrderedDict((n, [self.blob_names[b] for b in self.top_ids(i)])
+                       for i, n in enumerate(self.layer_names))
+
+
+def _Net_bottom_names(self: Net) -> "OrderedDict[str, List[str]]":
+    return OrderedDict((n, [self.blob_names[b] for b in self.bottom_ids(i)])
+                       for i, n in enumerate(self.layer_names))
+
+
+# -- forward / backward by layer name, with keyword arrays ----------------------------------------
+
+
+def _layer_index(self: Net, name: str, what: str) -> int:
+    i = self.layer_id(name)
+    if i is None:
+        raise NetError(f"{what}: no layer named '{name}' in net '{self.name}'")
+    return i
+
+
+def _set_blobs(self: Net, arrays: dict, field: str, what: str) -> None:
+    for name, value in arrays.items():
+        if not self.has_blob(name):
+            raise NetError(f"{what}: no blob named '{name}' in net '{self.name}'")
+        blob = self.blob_by_name(name)
+        value = np.asarray(value)
+        if value.shape != blob.shape and value.size != blob.count:
+            raise NetError(f"{what}: blob '{name}' has shape {blob.shape}, the given "
+                           f"array has shape {value.shape}")
+        setattr(blob.host_view(), field, value.reshape(blob.shape))
+
+
+def _Net_forward(self: Net, blobs: Optional[Sequence[str]] = None, start: Optional[str] = None,
+                 end: Optional[str] = None, **kwargs) -> Dict[str, np.ndarray]:
+    """pycaffe's Net.forward: set input blobs from keyword arrays, run from layer ``start``
+    to ``end`` (names), return {output blob name: data} (the tops of ``end`` if given)."""
+    self._set_blobs(kwargs, "data", "forward")
+    start_ind = self._layer_index(start, "forward start") if start is not None else 0
+    if end is not None:
+        end_ind = self._layer_index(end, "forward end")
+        outputs = set(self.top_names[end] + list(blobs or []))
+    else:
+        end_ind = len(self.layers) - 1
+        outputs = set(self.outputs + list(blobs or []))
+    self.forward_from_to(start_ind, end_ind)
+    return {name: self.blob_by_name(name).host_view().data for name in outputs}
+
+
+def _Net_backward(self: Net, diffs: Optional[Sequence[str]] = None, start: Optional[str] = None,
+                  end: Optional[str] = None, **kwargs) -> Dict[str, np.ndarray]:
+    """pycaffe's Net.backward: set top diffs from keyword arrays, run backward from layer
+    ``start`` down to ``end``, return {input blob name: diff} (the bottoms of ``end``)."""
+    self._set_blobs(kwargs, "diff", "backward")
+    start_ind = (self._layer_index(start, "backward start") if start is not None
+                 else len(self.layers) - 1)
+    if end is not None:
+        end_ind = self._layer_index(end, "backward end")
+        outputs = set(self.bottom_names[end] + list(diffs or []))
+    else:
+        end_ind = 0
+        outputs = set(self.inputs + list(diffs or []))
+    self.backward_from_to(start_ind, end_ind)
+    return {name: self.blob_by_name(name).host_view().diff for name in outputs}
+
+
+def _Net_set_input_arrays(self: Net, data, labels, layer: Optional[str] = None) -> None:
+    """pycaffe's Net.set_input_arrays: serve ``data`` (N x C x H x W float32, C-contiguous)
+    and ``labels`` (N float32) through the net's first MemoryData layer, or the one named
+    ``layer``; N must be a multiple of its batch_size."""
+    if layer is not None:
+        idx = self._layer_index(layer, "set_input_arrays")
+        if self.layers[idx].type != "MemoryData":
+            raise NetError(f"set_input_arrays: layer '{layer}' is of type "
+                           f"{self.layers[idx].type}, not MemoryData")
+    else:
+        idx = next((i for i, l in enumerate(self.layers) if l.type == "MemoryData"), None)
+        if idx is None:
+            raise NetError(f"set_input_arrays needs a MemoryData layer, and net "
+                           f"'{self.name}' has none")
+    self.layers[idx].reset(data, labels)
+
+
+# -- weight files under pycaffe's names ------------------------------------------------------------
+
+
+def _Net_copy_from(self: Net, weights_path: str) -> None:
+    """Copy params by layer name from a ``.caffemodel`` or ``.h5`` file."""
+    self.copy_trained_layers_from(weights_path)
+
+
+def _Net_save(self: Net, path: str) -> None:
+    """Write the params as a binary ``.caffemodel`` (atomically)."""
+    weights.save_caffemodel(self, path)
+
+
+def _Net_save_hdf5(self: Net, path: str) -> None:
+    weights.save_hdf5(self, path)
+
+
+def _Net_share_with(self: Net, other: Net) -> None:
+    self.share_trained_layers_with(other)
+
 
 # -- batched forward / backward -----------------------------------------------------------------
 
@@ -87,16 +226,36 @@ def _no_layer_callbacks(self: Net, *_args) -> None:
                    "net.forward(start=..., end=...) and net.backward(start=..., end=...)")
 
 
+Net.blobs = property(_Net_blobs)
+Net.params = property(_Net_params)
+Net.layer_dict = property(_Net_layer_dict)
+Net.inputs = property(_Net_inputs)
+Net.outputs = property(_Net_outputs)
+Net.top_names = property(_Net_top_names)
+Net.bottom_names = property(_Net_bottom_names)
+Net._blobs = property(lambda self: [b.host_view() for b in self.blobs_list])
+Net._blob_names = property(lambda self: self.blob_names)
+Net._layer_names = property(lambda self: self.layer_names)
+Net._layer_index = _layer_index
+Net._set_blobs = _set_blobs
+Net.forward = _Net_forward
+Net.backward = _Net_backward
+Net.set_input_arrays = _Net_set_input_arrays
+Net.copy_from = _Net_copy_from
+Net.save = _Net_save
+Net.save_hdf5 = _Net_save_hdf5
+Net.load_hdf5 = _Net_copy_from     # pycaffe's load_hdf5 is CopyTrainedLayersFromHDF5
+Net.share_with = _Net_share_with
 Net._batch = _batch
 Net.forward_all = forward_all
 Net.forward_backward_all = forward_backward_all
 Net._forward = Net.forward_from_to
-Net._set_input_arrays = Net.set_input_arrays
+Net._set_input_arrays = _Net_set_input_arrays
 Net._backward = Net.backward_from_to
-Net._inputs = property(lambda self: list(self.input_blob_indices))
-Net._outputs = property(lambda self: list(self.output_blob_indices))
-Net._bottom_ids = lambda self, i: list(self.bottom_id_vecs[i])
-Net._top_ids = lambda self, i: list(self.top_id_vecs[i])
+Net._inputs = property(lambda self: self.input_ids())
+Net._outputs = property(lambda self: self.output_ids())
+Net._bottom_ids = Net.bottom_ids
+Net._top_ids = Net.top_ids
 Net._blob_loss_weights = property(lambda self: list(self.blob_loss_weights))
 for _name in ("before_forward", "after_forward", "before_backward", "after_backward"):
     setattr(Net, _name, _no_layer_callbacks)

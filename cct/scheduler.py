@@ -135,7 +135,7 @@ def master_place(devices, backend: str):
 
 def _blob(net, name: str):
     """The net's own Blob (the layers' arrays, not pycaffe's host view)."""
-    return net.blobs_list[net.blob_names_index[name]]
+    return net.blob_by_name(name)
 
 
 class _Replica:
@@ -146,7 +146,7 @@ class _Replica:
         self.net = net
         self.loss_tops = loss_tops      # [(layer, top blob, weight)]
         self.outputs = outputs          # blob names the master reports
-        self.inputs = [net.blobs_list[i] for i in net.input_blob_indices]
+        self.inputs = net.input_blobs()
         self.n = 0
         self.speed: Optional[float] = None     # images/s, moving average
         self.overhead = 0.0                    # host seconds to sync this replica per batch
@@ -222,11 +222,12 @@ class HybridScheduler:
                               f"{len(net.learnable_params)} learnable params, the net "
                               f"{len(self.master.learnable_params)}")
         loss_tops = []
-        for layer, tops in zip(net.layers, net.top_vecs):
+        for i, layer in enumerate(net.layers):
+            tops = net.top_blobs(i)
             for top, w in zip(tops, layer.loss_weights):
                 if w:
                     loss_tops.append((layer, top, w))
-        outputs = [self.master.blob_names[b] for b in self.master.output_blob_indices]
+        outputs = [self.master.blob_names[b] for b in self.master.output_ids()]
         replica = _Replica(device, net, loss_tops, outputs)
         replica.n = n
         if self._shares(replica):
@@ -259,7 +260,7 @@ class HybridScheduler:
         """The master never runs the layers below its data layers while the scheduler trains:
         drop their activations (pycaffe's ``net.forward()`` reshapes them back)."""
         keep = {id(b) for _, b in self.source_tops}
-        keep |= {id(self.master.blobs_list[b]) for b in self.master.output_blob_indices}
+        keep |= {id(b) for b in self.master.output_blobs()}
         keep |= {id(p) for p in self.master.params_list}
         for blob in self.master.blobs_list:
             if id(blob) not in keep:

@@ -12,10 +12,36 @@ import pytest
 from .conftest import REPO
 
 PACKAGE = REPO / "cct"
-#: the diagram's floors, bottom to top (docs/ARCHITECTURE.md "The layers, bottom to top");
-#: scheduler and solver share a floor and must not import each other.
-FLOORS = [("backend",), ("layers",), ("net",), ("params",), ("scheduler", "solver"),
-          ("driver",), ("optimizer",), ("cli",)]
+#: docs/ARCHITECTURE.md's floors, bottom to top ("The layers, bottom to top"), every top-level
+#: module and package of cct/ on one. An arrow may go down, or across one floor, but never up;
+#: the diagram's own floors (backend, layers, net, params, scheduler|solver, driver, optimizer,
+#: cli) are the spine, the other rooms sit on the lowest floor whose rooms use them.
+FLOORS = [
+    # the ground: imports nothing of cct but the ground (native loads _C; caffe_alias makes
+    # `import caffe` give cct, for Python layers and scripts)
+    ("_C", "native", "errors", "glog", "heap", "install", "proto", "rng", "usage",
+     "caffe_alias"),
+    ("io",),            # Caffe's files, below all that read them (the backend's plan cache too)
+    ("backend",),
+    ("blob", "filler", "data_transformer", "layers"),
+    ("net", "blob_memory"),
+    ("params", "devices", "solver_rules", "context"),
+    ("scheduler", "solver"),
+    ("driver",),
+    ("optimizer",),
+    # the pycaffe surface: what `import cct as caffe` gives
+    ("api", "pycaffe", "net_spec", "coord_map", "classifier", "detector", "draw", "onnx_export"),
+    ("cli", "flags", "progress", "tools", "__main__", "as_caffe"),
+]
+#: rooms of one floor that must not import each other: the solver knows nothing of schedulers.
+APART = {frozenset(("scheduler", "solver"))}
+#: modules that sit on another floor than their package: ``cct.io`` is also pycaffe's
+#: ``caffe.io`` (its __init__ re-exports pycaffe_io, whose Transformer uses the data
+#: transformer), as the package ``cct`` is pycaffe's ``caffe``.
+PLACED = {"cct.io": "pycaffe", "cct.io.pycaffe_io": "pycaffe"}
+#: back-arrows in code this change could not reach, each with the fix that removes it; the
+#: test fails when one is fixed and still listed, so the set only shrinks.
+KNOWN: set = set()     # none left: pycaffe's caffe.draw holds the drawing, the tool calls it
 
 
 def _modules():
@@ -115,8 +141,14 @@ def _cycles(nodes, edges):
     return found
 
 
+def _room(module):
+    if module in PLACED:
+        return PLACED[module]
+    return module.split(".")[1] if "." in module else None
+
+
 def _floor(module):
-    room = module.split(".")[1] if "." in module else None
+    room = _room(module)
     return next((i for i, rooms in enumerate(FLOORS) if room in rooms), None)
 
 
@@ -126,16 +158,27 @@ def test_no_import_cycle():
 
 
 def _upward(edges):
-    """Arrows to a higher floor, or across rooms of one floor."""
+    """Arrows to a higher floor, or between rooms kept apart on one floor."""
     return sorted((m, t) for m, targets in edges.items() for t in targets
                   if _floor(m) is not None and _floor(t) is not None
                   and (_floor(t) > _floor(m)
-                       or (_floor(t) == _floor(m) and m.split(".")[1] != t.split(".")[1])))
+                       or frozenset((_room(m), _room(t))) in APART))
+
+
+def test_every_room_has_a_floor():
+    modules, _ = import_graph()
+    assert sorted({m for m in modules if m != "cct" and _floor(m) is None}) == []
 
 
 def test_the_floors_only_call_downward():
     _, edges = import_graph()
-    assert _upward(edges) == []
+    assert set(_upward(edges)) - KNOWN == set()
+
+
+def test_the_known_back_arrows_are_still_there():
+    """A fixed back-arrow leaves KNOWN in the same change."""
+    _, edges = import_graph()
+    assert KNOWN - set(_upward(edges)) == set()
 
 
 def test_the_extension_and_the_version_come_from_the_lowest_floor():
@@ -149,27 +192,35 @@ def test_the_extension_and_the_version_come_from_the_lowest_floor():
 
 
 def test_the_architecture_page_names_these_floors_in_this_order():
-    """The diagram drawn in docs/ARCHITECTURE.md is the one checked above."""
+    """The diagram drawn in docs/ARCHITECTURE.md is the one checked above: read bottom to top,
+    each room is named once, a row names rooms of one floor, and no room sits below a room of
+    a lower floor."""
     text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
     diagram = text.split("## The layers, bottom to top", 1)[1].split("```")[1]
     rows = [line for line in diagram.splitlines() if line.strip()]
+    floor_of = {room: i for i, rooms in enumerate(FLOORS) for room in rooms}
     order = []
     for line in reversed(rows):          # bottom to top
-        for rooms in FLOORS:
-            for room in rooms:
-                # a floor's label: the word, then a gap, a "(" or the line's end
-                # ("the solver rules" in the backend's line is prose, not a label)
-                if re.search(rf"(^|\s){room}(\s{{2,}}|\s*\(|$)", line) and room not in order:
-                    order.append(room)
-    assert order == [room for rooms in FLOORS for room in rooms]
+        # a room's label: the word, then a gap, a "(" or the line's end ("the solver rules"
+        # in the backend's line is prose, not a label)
+        named = [room for room in floor_of
+                 if re.search(rf"(^|\s){re.escape(room)}(\s{{2,}}|\s*\(|$)", line)]
+        assert len({floor_of[room] for room in named}) <= 1, line
+        order += named
+    assert sorted(order) == sorted(floor_of)
+    assert [floor_of[room] for room in order] == sorted(floor_of[room] for room in order)
 
 
 def test_the_checker_sees_a_cycle_an_upward_arrow_and_a_lazy_import():
     edges = {"cct.a": {"cct.b"}, "cct.b": {"cct.c"}, "cct.c": {"cct.a"}, "cct.d": {"cct.a"}}
     assert _cycles(["cct.a", "cct.b", "cct.c", "cct.d"], edges) == [["cct.a", "cct.b", "cct.c"]]
     assert _upward({"cct.net": {"cct.layers.conv", "cct.solver"},
-                    "cct.scheduler": {"cct.solver"}, "cct.driver.store": {"cct.params"}}) == [
-        ("cct.net", "cct.solver"), ("cct.scheduler", "cct.solver")]
+                    "cct.scheduler": {"cct.solver"}, "cct.driver.store": {"cct.params"},
+                    "cct.io.weights": {"cct.blob"}, "cct.blob": {"cct.filler"},
+                    "cct.io.atomic": {"cct.io.pycaffe_io"}}) == [
+        ("cct.io.atomic", "cct.io.pycaffe_io"),
+        ("cct.io.weights", "cct.blob"), ("cct.net", "cct.solver"),
+        ("cct.scheduler", "cct.solver")]
     modules, graph = import_graph()
     # cct/backend/cpu.py imports the array kernels inside a function: still an arrow
     assert "cct.backend.array_kernels" in graph["cct.backend.cpu"]

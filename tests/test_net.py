@@ -316,3 +316,39 @@ def test_param_table_has_one_row_per_learnable_param():
     assert [r.net_id for r in own_bias.param_table()] == [0, 1, 3]
     assert [r.lr_mult for r in own_bias.param_table()] == [2.0, 1.0, 3.0]
     assert [r.sharers for r in own_bias.param_table()] == [(2,), (), ()]
+
+
+def test_the_wiring_by_layer_and_by_name():
+    """Caffe's accessors, which the tools, the export and the diff sharing read the net by."""
+    net = make(INPUT + '''
+layer { name: "relu" type: "ReLU" bottom: "data" top: "data" }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "data" bottom: "label" top: "loss" }''')
+    data, label, loss = (net.blob_by_name(n) for n in ("data", "label", "loss"))
+    assert net.layer_id("relu") == 1 and net.layer_id("absent") is None
+    assert net.bottom_blobs(1) == [data] and net.top_blobs(1) == [data]   # in place
+    assert net.bottom_ids(2) == [0, 1] and net.top_ids(2) == [2]
+    assert net.input_ids() == [0, 1] and net.input_blobs() == [data, label]
+    assert net.output_ids() == [2] and net.output_blobs() == [loss]
+    assert net.has_blob("label") and not net.has_blob("absent")
+    with pytest.raises(NetError, match="no blob named 'absent'"):
+        net.blob_by_name("absent")
+    net.top_ids(2).append(9)                   # the lists are copies: the wiring is the net's
+    assert net.top_ids(2) == [2]
+
+
+def test_pycaffes_facade_is_pycaffes():
+    """net.py defines none of pycaffe's facade (cct/pycaffe.py attaches it, as pycaffe.py does
+    to _caffe's Net), and a net a solver or a replica builds has it all the same."""
+    import ast
+    import inspect
+    import cct.net
+    import cct.pycaffe
+    tree = ast.parse(inspect.getsource(cct.net))
+    core = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Net")
+    defined = {n.name for n in core.body if isinstance(n, ast.FunctionDef)}
+    facade = {"blobs", "params", "layer_dict", "inputs", "outputs", "top_names",
+              "bottom_names", "forward", "backward", "set_input_arrays", "copy_from", "save",
+              "save_hdf5", "load_hdf5", "share_with", "forward_all", "forward_backward_all"}
+    assert defined & facade == set()
+    assert all(getattr(Net, name) is not None for name in facade)
+    assert Net.forward is cct.pycaffe._Net_forward

@@ -152,7 +152,7 @@ class _Solver:
     def __init__(self, max_iter=30, test_interval=10, test_initialization=True):
         import types
         self.param = types.SimpleNamespace(max_iter=max_iter, iter_size=1)
-        self.net = types.SimpleNamespace(bottom_vecs=[], top_vecs=[])
+        self.net = types.SimpleNamespace(layers=[])
         self.iter, self.smoothed_loss, self.test_scores = 0, 2.3, {}
         self.test_interval, self.test_initialization = test_interval, test_initialization
         self.callbacks = []

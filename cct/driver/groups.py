@@ -35,8 +35,7 @@ def unlearned_params(net) -> List:
 def show_outputs(master, values: Sequence[np.ndarray]) -> None:
     """A remote group's output values into the train net's output blobs, where the log reads
     them (the processes and Ray engines)."""
-    for b, value in zip(master.output_blob_indices, values):
-        blob = master.blobs_list[b]
+    for blob, value in zip(master.output_blobs(), values):
         if blob.shape != value.shape:
             blob.reshape(value.shape)
         copy_array(blob.data, value)
@@ -162,7 +161,7 @@ class Group:
                                source=f"<group {index}>", rng=rng)
         if index == 0:
             self.net.rng = None
-        self.inputs = [self.net.blobs_list[i] for i in self.net.input_blob_indices]
+        self.inputs = self.net.input_blobs()
         for mine, theirs in zip(self.net.params_list, master.params_list):
             copy_array(mine.data, theirs.data)     # lr_mult 0 params and statistics too
         self.params = ParamSet.of_net(self.net)

@@ -106,8 +106,7 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
                 plans.install(table)   # the driver's plans (a resumed run's side file's)
             loss = _group_step(net, weights, grads, batches, own, n)
             plans.persist()
-            conn.send(("done", loss, [np.array(host(net.blobs_list[b].data))
-                                      for b in net.output_blob_indices]))
+            conn.send(("done", loss, [np.array(host(b.data)) for b in net.output_blobs()]))
     except CCTError as e:       # the user's net or data: the driver stops the run with it
         conn.send(("error", str(e)))
     finally:
@@ -144,7 +143,7 @@ def _group_step(net: Net, weights, grads, batches, own, n: int) -> float:
     """One step in the group process: the block's weights in (not its own statistics), the
     ``iter_size`` batches of ``n`` records through forward and backward, the gradients (and
     its statistics) out to the block; the mean loss."""
-    inputs = [net.blobs_list[i] for i in net.input_blob_indices]
+    inputs = net.input_blobs()
     for k, (blob, w) in enumerate(zip(net.learnable_params, weights)):
         if k not in own:
             copy_array(blob.data, w)

@@ -12,12 +12,14 @@ from typing import List
 import numpy as np
 from google.protobuf import unknown_fields
 
-from ..blob import INT_MAX
 from ..errors import CCTError
 from ..proto import caffe_raw_pb2
 from .atomic import atomic_write
 from .blobproto import blob_shape_of
 from .weights import H5_ERRORS, HDF5_MAGIC, h5_array, h5_numbered
+
+#: SolverState's iter and current_step are int32 fields (C's INT_MAX, Caffe's blob limit too).
+INT_MAX = 2 ** 31 - 1
 
 
 def is_hdf5(path: str) -> bool:

@@ -189,10 +189,11 @@ def copy_trained_layers(net: "Net", source: Union[str, caffe_pb2.NetParameter]) 
         layers = load_weights(source)
         where = f"'{source}'"
     for name, arrays in layers.items():
-        if name not in net.layer_names_index:
+        layer_id = net.layer_id(name)
+        if layer_id is None:
             info("net.cpp:811", f"Ignoring source layer {name}")
             continue
-        target = net.layers[net.layer_names_index[name]].blobs
+        target = net.layers[layer_id].blobs
         if len(arrays) != len(target):
             raise WeightsError(f"Incompatible number of blobs for layer '{name}': {where} has "
                                f"{len(arrays)}, the net's layer has {len(target)}.")

@@ -98,7 +98,7 @@ def throughput_curve(solver, batches: Sequence[int], iters: int = 3) -> List[Tup
         for b in batches:
             with quiet():
                 net = Net(master.replica_param(b), dtype=master.dtype)
-            for dst, src in zip([net.blobs_list[i] for i in net.input_blob_indices], tops):
+            for dst, src in zip(net.input_blobs(), tops):
                 reps = -(-b // src.shape[0])
                 copy_array(dst.data, np.concatenate([host(src.data)] * reps)[:b])
             net.forward_backward()

@@ -102,12 +102,12 @@ def summarize_net(param: caffe_pb2.NetParameter, net=None, color: bool = False
     colors: Dict[str, str] = {}
     rows = []
     for lp in param.layer:
-        index = net.layer_names_index.get(lp.name) if net is not None else None
+        index = net.layer_id(lp.name) if net is not None else None
         tops = []
         for i, top in enumerate(lp.top):
             style = colors.setdefault(top, COLORS[len(colors) % len(COLORS)])
             if index is not None:
-                weight = net.blob_loss_weights[net.top_id_vecs[index][i]]
+                weight = net.blob_loss_weights[net.top_ids(index)[i]]
             else:
                 weight = lp.loss_weight[i] if i < len(lp.loss_weight) else 0
             name = _paint(top, OUTPUT_STYLE) if color and top in outputs else top
@@ -122,7 +122,7 @@ def summarize_net(param: caffe_pb2.NetParameter, net=None, color: bool = False
         shapes = count = ""
         if index is not None:
             shapes = ", ".join("x".join(map(str, t.shape)) or "scalar"
-                               for t in net.top_vecs[index][:len(lp.top)])
+                               for t in net.top_blobs(index)[:len(lp.top)])
             values = sum(b.count for b in net.layers[index].blobs)
             count = str(values) if net.layers[index].blobs else ""
         rows.append([lp.name, type_str, params, ", ".join(bottoms), "->", ", ".join(tops),
@@ -157,7 +157,7 @@ def format_table(rows: List[List[str]], max_width: int) -> List[str]:
 def totals(net) -> str:
     """The built net's totals: param values (a shared param counted once, as its owner's) and
     the values its tops hold."""
-    owned = sum(b.count for b, owner in zip(net.params_list, net.param_owners) if owner < 0)
+    owned = sum(net.params_list[row.net_id].count for row in net.param_table())
     learnable = sum(b.count for b in net.learnable_params)
     tops = sum(net.blobs_list[i].count for i in range(len(net.blobs_list)))
     return (f"Total: {owned} param values ({learnable} learnable) in {len(net.layers)} layers; "

@@ -9,7 +9,7 @@ from cct import cli
 from cct.errors import CCTError
 from cct.io.prototxt import read_net_text
 from cct.proto import caffe_pb2
-from cct.tools import draw_net
+from cct import draw as draw_net   # the drawing the tool calls (cct/draw.py)
 
 
 def lenet(caffe_fixtures):
