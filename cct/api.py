@@ -19,7 +19,6 @@ from .proto import caffe_pb2
 from .rng import set_random_seed  # noqa: F401
 from .scheduler import gradient_source, master_place
 from .solver import Solver as _CoreSolver
-from .solver_rules import learning_rate
 
 _mode = "cpu"
 _device = 0
@@ -144,7 +143,7 @@ class Solver(_CoreSolver):
     @property
     def lr(self) -> float:
         """pycaffe's SGDSolver.lr: the learning rate of the current iteration."""
-        return float(learning_rate(self.param, self.iter, self.current_step, self.dtype)[0])
+        return float(self.schedule(self.iter, self.current_step)[0])
 
     def use_devices(self, devices) -> None:
         """Train on these devices from the next iteration on: a spelling such as

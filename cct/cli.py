@@ -432,6 +432,7 @@ def _model_of(state: str) -> str:
 def cmd_train(argv: List[str]) -> int:
     """Caffe's ``caffe train``: solve from a solver prototxt, optionally resuming from a
     .solverstate (-snapshot) or starting from trained weights (-weights a,b)."""
+    from .context import RunContext
     from .driver import STRATEGIES, Driver
     from .io.prototxt import read_solver_text
     from .progress import TrainingProgress, wants_bar
@@ -480,9 +481,6 @@ def cmd_train(argv: List[str]) -> int:
     if flags.get("precision"):
         param.precision = _precision_value(flags.get("precision"))
     devices = _train_devices(flags, param)
-    if flags.bool("deterministic"):
-        from .backend import plans
-        plans.set_deterministic(True)
     show_progress = wants_bar(flags.get("progress"))
     actions = SignalActions(flags.get("sigint_effect"), flags.get("sighup_effect"))
     if strategy == "sync" and momentum is not None:
@@ -499,7 +497,12 @@ def cmd_train(argv: List[str]) -> int:
         backend = "cpu"
     # Blob diffs can share memory where no code but the backward pass reads them: one net,
     # trained by the solver alone.
+    # What the run sets for the process (the seed, deterministic plans, the precision), once.
+    context = RunContext.of_solver(param, solver_path, backend,
+                                   deterministic=flags.bool("deterministic") or None)
+    context.apply()
     solver = Solver(param, solver_path, action_request=actions, backend=backend,
+                    context=context,
                     share_blob_diffs=(strategy == "sync" and devices is None and not optimize))
     driver = None
     progress = None
@@ -720,10 +723,11 @@ def cmd_test(argv: List[str]) -> int:
     scores: List[float] = []
     owners: List[int] = []
     total_loss = 0.0
+    output_ids = net.output_ids()
     for i in range(iterations):
         total_loss += net.forward_prefilled()
         idx = 0
-        for j, blob_id in enumerate(net.output_blob_indices):
+        for j, blob_id in enumerate(output_ids):
             values = np.asarray(net.blobs_list[blob_id].cpu_data(), np.float32).ravel()
             name = net.blob_names[blob_id]
             for v in values:
@@ -736,7 +740,7 @@ def cmd_test(argv: List[str]) -> int:
                 idx += 1
     log.info("caffe.cpp:336", f"Loss: {_g(total_loss / iterations)}")
     for score, j in zip(scores, owners):
-        blob_id = net.output_blob_indices[j]
+        blob_id = output_ids[j]
         mean = score / iterations
         weight = net.blob_loss_weights[blob_id]
         extra = f" (* {_g(weight)} = {_g(weight * mean)} loss)" if weight else ""

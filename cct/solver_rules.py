@@ -33,6 +33,11 @@ calls (``axpby`` = scale then add). Each rule is a backend kernel (its row names
 regularizes, applies the rule and does ``w -= g`` for one param: on the CPU in one fused pass
 over memory (SGD in C++, the others in numba: cct/backend/jit.py), elsewhere as the steps one
 by one (cct/backend/array_kernels.py), the same numbers to the bit.
+
+The update is optax's shape, the schedule apart from it: a :class:`Schedule` gives the rate at
+an iteration (Caffe's GetLearningRate); a :class:`SolverUpdate` is ``init(params) -> state``
+(the history) and ``apply(state, params, rate, iter)`` (ApplyUpdate after the rate). A driver
+with many parameter sets keeps one state per set and calls the same update on each.
 """
 from __future__ import annotations
 
@@ -146,6 +151,63 @@ def check_lr_policy(param: caffe_pb2.SolverParameter, source: str) -> None:
                        f"positive (got {param.max_iter}).")
 
 
+#: The SolverParameter fields an lr policy reads.
+SCHEDULE_FIELDS = ("lr_policy", "base_lr", "gamma", "power", "stepsize", "stepvalue", "max_iter")
+
+
+class Schedule:
+    """An lr policy as a function of the iteration: ``schedule(iter, current_step)`` is
+    :func:`learning_rate` (Caffe's GetLearningRate) on the policy fields of the
+    SolverParameter it was built from, copied then, so that a schedule is a value nobody
+    changes behind the solver's back (optax's schedules are functions of the step count).
+
+    ``current_step`` is Caffe's: the multistep policy's count of stepvalues passed, advanced
+    by at most one per call and saved in the solverstate; the caller keeps it (the solver,
+    beside ``iter``) and passes it back. Other policies return it unchanged, except ``step``,
+    which sets it to ``iter // stepsize`` as Caffe does. A tuner changes the rate by building
+    another schedule (:meth:`with_base_lr`) and giving it to the solver."""
+
+    def __init__(self, param: caffe_pb2.SolverParameter, dtype=np.float32):
+        self.param = caffe_pb2.SolverParameter()
+        copy_schedule_fields(param, self.param)
+        self.dtype = np.dtype(dtype)
+
+    def __call__(self, iter_: int, current_step: int = 0) -> Tuple[np.floating, int]:
+        """(rate at iteration ``iter_``, new current_step)."""
+        return learning_rate(self.param, iter_, current_step, self.dtype)
+
+    @property
+    def base_lr(self) -> float:
+        return self.param.base_lr
+
+    @property
+    def lr_policy(self) -> str:
+        return self.param.lr_policy
+
+    def with_base_lr(self, base_lr: float) -> "Schedule":
+        """The same policy from another base_lr (stored as the prototxt's float, as if the
+        solver file had said it)."""
+        out = Schedule(self.param, self.dtype)
+        out.param.base_lr = base_lr
+        return out
+
+    def __repr__(self) -> str:
+        return f"Schedule({self.lr_policy!r}, base_lr={_g(self.base_lr)})"
+
+
+def copy_schedule_fields(src: caffe_pb2.SolverParameter, dst: caffe_pb2.SolverParameter) -> None:
+    """The policy fields of ``src`` into ``dst``, unset where ``src`` leaves them unset (so a
+    solver's param printed afterwards shows only what was given)."""
+    for name in SCHEDULE_FIELDS:
+        if name == "stepvalue":
+            del dst.stepvalue[:]
+            dst.stepvalue.extend(src.stepvalue)
+        elif src.HasField(name):
+            setattr(dst, name, getattr(src, name))
+        else:
+            dst.ClearField(name)
+
+
 # ------------------------------------------------------------------------------------------------
 # Update rules: the last stage of the pipeline, one row each
 # ------------------------------------------------------------------------------------------------
@@ -232,20 +294,31 @@ def check_solver_param(param: caffe_pb2.SolverParameter, rule: UpdateRule, sourc
 
 
 # ------------------------------------------------------------------------------------------------
-# The pipeline
+# The update
 # ------------------------------------------------------------------------------------------------
-class UpdatePipeline:
-    """History of one solver over a :class:`~cct.params.ParamSet`, and
-    :meth:`apply` (ApplyUpdate after the rate). The learning rate and the momentum come with
-    each call: a schedule, a tuner or a staleness estimate may change them between updates."""
+class SolverUpdate:
+    """What one Caffe solver type does to a parameter set once the rate is known
+    (SGDSolver::ApplyUpdate after GetLearningRate: clip, normalize, regularize, the rule,
+    ``w -= update``), in optax's shape: :meth:`init` makes the state, :meth:`apply` takes it.
+    Named after the solver, not an optimizer: it is Caffe's update for ``param.type``, with
+    the settings of ``param`` (momentum, clip_gradients, weight_decay, ... read at each call,
+    so a change to the param shows in the next update).
 
-    def __init__(self, rule: UpdateRule, param: caffe_pb2.SolverParameter, params):
+    The state is Caffe's history, a list of arrays in the solverstate's order; the rate, the
+    iteration and the momentum come with each call, so one update serves the solver's own
+    parameter set and any other of the same shapes (a model replica, a store's shard)."""
+
+    def __init__(self, rule: UpdateRule, param: caffe_pb2.SolverParameter):
         self.rule = rule
         self.param = param
-        self.params = params
-        self.history: List = []   # Caffe's history_: set 1 for every param, then set 2
-        for _ in range(rule.history_sets):
-            self.history.extend(b.xp.zeros(b.shape, b.dtype) for b in params.blobs)
+
+    def init(self, params) -> List:
+        """Zero history for ``params`` (a ParamSet), on its backend: set 1 for every param,
+        then set 2 (Caffe's history_)."""
+        history: List = []
+        for _ in range(self.rule.history_sets):
+            history.extend(b.xp.zeros(b.shape, b.dtype) for b in params.blobs)
+        return history
 
     def clip_gradients(self, blobs) -> None:
         clip = self.param.clip_gradients
@@ -266,17 +339,16 @@ class UpdatePipeline:
             for b in blobs:
                 b.diff *= scale
 
-    def apply(self, rate, iter_: int, momentum: Optional[float] = None, params=None,
+    def apply(self, state: List, params, rate, iter_: int, momentum: Optional[float] = None,
               only: Optional[Sequence[int]] = None) -> None:
         """Clip, then per param normalize, regularize and compute the update value, then
-        ``w -= update`` for every param. ``iter_`` is the count of updates done so far;
-        ``momentum`` replaces the SolverParameter's (negative values allowed); ``params``, a
-        ParamSet of the same shapes and multipliers, replaces the pipeline's own for this
-        call (a parameter store's weights with a group's gradients, uncopied); ``only`` names
-        the params to update (by position; the others are left alone, and the clipping norm is
-        theirs alone: Omnivore's FC layers updated apart from the conv layers)."""
+        ``w -= update`` for every param, in place: the weights, the diffs (left holding the
+        update value) and ``state`` (the history from :meth:`init` for these params).
+        ``iter_`` is the count of updates done so far; ``momentum`` replaces the
+        SolverParameter's (negative values allowed); ``only`` names the params to update (by
+        position; the others are left alone, and the clipping norm is theirs alone:
+        Omnivore's FC layers updated apart from the conv layers)."""
         p = self.param
-        params = self.params if params is None else params
         momentum = p.momentum if momentum is None else momentum
         n = len(params)
         chosen = range(n) if only is None else sorted(set(only))
@@ -295,4 +367,27 @@ class UpdatePipeline:
             k = Hyper(local_rate=dt(rate) * dt(params.lr_mult[i]), momentum=dt(momentum),
                       momentum2=dt(p.momentum2), delta=dt(p.delta), rms_decay=dt(p.rms_decay),
                       t=iter_ + 1)
-            kernel(blob.data, g, *self.history[i::n], *self.rule.scalars(k), local_decay)
+            kernel(blob.data, g, *state[i::n], *self.rule.scalars(k), local_decay)
+
+
+class UpdatePipeline:
+    """A :class:`SolverUpdate` bound to one parameter set and its history (``.history``), for
+    callers that update one set only (a store shard, a benchmark): ``apply(rate, iter)``."""
+
+    def __init__(self, rule: UpdateRule, param: caffe_pb2.SolverParameter, params):
+        self.update = SolverUpdate(rule, param)
+        self.rule = rule
+        self.param = param
+        self.params = params
+        self.history: List = self.update.init(params)
+
+    def clip_gradients(self, blobs) -> None:
+        self.update.clip_gradients(blobs)
+
+    def apply(self, rate, iter_: int, momentum: Optional[float] = None, params=None,
+              only: Optional[Sequence[int]] = None) -> None:
+        """:meth:`SolverUpdate.apply` on this history; ``params``, a ParamSet of the same
+        shapes and multipliers, replaces the bound one for this call (a parameter store's
+        weights with a group's gradients, uncopied)."""
+        self.update.apply(self.history, self.params if params is None else params, rate,
+                          iter_, momentum, only)

@@ -71,6 +71,31 @@ def test_every_lr_policy_gives_the_cpus_numbers(data_list, tmp_path, fields,  # 
 
 
 @pytest.mark.parametrize("backend", DEVICES)
+@pytest.mark.parametrize("kind,fields", SOLVERS, ids=[s[0] for s in SOLVERS])
+def test_the_update_object_is_apply_update_on_the_device(data_list, tmp_path, kind,  # noqa: F811
+                                                         fields, backend):
+    """The loop in pieces with the solver's update and schedule called directly (as the
+    drivers do: a history of one's own, the rate from ``learning_rate``) is ``step`` on the
+    same backend, to the bit."""
+    param = _param(data_list, tmp_path, type=kind, lr_policy="multistep", gamma=0.5,
+                   **fields)   # stepvalue 1, 3
+    want, want_history = _run(param, backend)
+    solver = Solver(param, backend=backend)
+    try:
+        history = solver.update.init(solver.params)
+        for _ in range(4):
+            solver.begin_iteration()
+            solver.record_loss(solver.compute_gradients())
+            solver.update.apply(history, solver.params, solver.learning_rate(), solver.iter)
+            solver.end_iteration()
+        assert solver.current_step == 2
+        for a, b in zip(want + want_history, params_of(solver) + [host(h) for h in history]):
+            assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    finally:
+        solver.close()
+
+
+@pytest.mark.parametrize("backend", DEVICES)
 @pytest.mark.parametrize("first,then", [("device", "cpu"), ("cpu", "device")])
 @pytest.mark.parametrize("fmt", ["BINARYPROTO", "HDF5"])
 def test_a_snapshot_resumes_on_the_other_side(data_list, tmp_path, first, then,  # noqa: F811

@@ -14,7 +14,7 @@ from cct.errors import CCTError
 from cct.proto import caffe_pb2
 from cct.io.solverstate import read_solver_state
 from cct.solver import Solver
-from cct.solver_rules import RULES, learning_rate
+from cct.solver_rules import RULES, Schedule, SolverUpdate, UpdatePipeline, learning_rate
 
 N, D = 4, 3
 
@@ -456,6 +456,115 @@ def test_multistep_current_step_is_saved_and_restored(tmp_path):
     assert r.current_step == 2 and r.iter == 3
 
 
+POLICIES = [dict(lr_policy="fixed"), dict(lr_policy="step", gamma=0.5, stepsize=3),
+            dict(lr_policy="exp", gamma=0.9), dict(lr_policy="inv", gamma=0.01, power=0.75),
+            dict(lr_policy="multistep", gamma=0.5, stepvalue=[2, 4, 4, 9]),
+            dict(lr_policy="poly", power=2.0, max_iter=30),
+            dict(lr_policy="sigmoid", gamma=0.5, stepsize=5)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fields", POLICIES, ids=[p["lr_policy"] for p in POLICIES])
+def test_schedule_is_learning_rate_at_every_iteration(fields, dtype):
+    """A Schedule gives learning_rate's rate and current_step at every iteration, the step
+    passed back in as the solver does (multistep's repeated stepvalue included), and is a
+    value: the param it was built from may change afterwards."""
+    p = _policy(**fields)
+    schedule = Schedule(p, dtype)
+    p.base_lr, p.gamma = 7.0, 0.25
+    want_p = _policy(**fields)
+    step = want_step = 0
+    for it in range(31):
+        rate, step = schedule(it, step)
+        want, want_step = learning_rate(want_p, it, want_step, dtype)
+        assert type(rate) is type(want) and rate.tobytes() == want.tobytes(), it
+        assert step == want_step, it
+    assert schedule.lr_policy == fields["lr_policy"] and schedule.base_lr == _f(0.1)
+
+
+def test_schedule_with_base_lr_scales_only_the_base():
+    schedule = Schedule(_policy(lr_policy="step", gamma=0.5, stepsize=3))
+    other = schedule.with_base_lr(0.3)
+    assert schedule.base_lr == _f(0.1) and other.base_lr == _f(0.3)
+    for it in range(10):
+        assert other(it)[0] == learning_rate(
+            _policy(lr_policy="step", gamma=0.5, stepsize=3, base_lr=0.3), it, 0)[0]
+
+
+def test_set_schedule_trains_as_a_solver_built_with_that_base_lr():
+    """The optimizer's way to change the rate: the schedule, and the param that says it."""
+    tuned = make_solver(type="SGD", momentum=0.9, lr_policy="inv", gamma=0.01, power=0.75)
+    tuned.set_schedule(tuned.schedule.with_base_lr(0.05))
+    assert tuned.param.base_lr == _f(0.05) and tuned.param.lr_policy == "inv"
+    built = make_solver(type="SGD", momentum=0.9, lr_policy="inv", gamma=0.01, power=0.75,
+                        base_lr=0.05)
+    for x, t in batches(4):
+        for s in (tuned, built):
+            feed(s, x, t)
+            s.step(1)
+    for a, b in zip(tuned.net.learnable_params + tuned.history,
+                    built.net.learnable_params + built.history):
+        a = getattr(a, "data", a)
+        assert a.tobytes() == getattr(b, "data", b).tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", sorted(RULES))
+def test_solver_update_reproduces_apply_update_to_the_bit(kind, dtype):
+    """A SolverUpdate and a Schedule of one's own, over a solver's params, are the solver's
+    own step (Solver.apply_update) byte for byte: weights, history and current_step, for
+    every solver type, with L1 decay, lr_mult/decay_mult, iter_size, clipping and a
+    multistep rate."""
+    fields = dict(RULE_SETTINGS[kind], type=kind, weight_decay=5e-3, regularization_type="L1",
+                  clip_gradients=0.5, iter_size=2, lr_policy="multistep", gamma=0.5,
+                  stepvalue=[1, 3])
+    net = ls_net(lr=(1, 2), decay=(1, 0))
+    stepped, manual = make_solver(net, dtype, **fields), make_solver(net, dtype, **fields)
+    update = SolverUpdate(RULES[kind], manual.param)
+    state = update.init(manual.params)
+    schedule, step = Schedule(manual.param, dtype), 0
+    for it, (x, t) in enumerate(batches(5)):
+        feed(stepped, x, t)
+        stepped.step(1)
+        feed(manual, x, t)
+        manual.begin_iteration()
+        manual.compute_gradients()
+        rate, step = schedule(it, step)
+        update.apply(state, manual.params, rate, it)
+        manual.end_iteration()
+    for a, b in zip(stepped.net.learnable_params, manual.net.learnable_params):
+        assert a.data.tobytes() == b.data.tobytes()
+    assert len(state) == len(stepped.history) == RULES[kind].history_sets * 2
+    for a, b in zip(stepped.history, state):
+        assert a.tobytes() == b.tobytes()
+    assert step == stepped.current_step == 2
+
+
+def test_solver_update_momentum_and_only_act_as_the_pipelines():
+    """``momentum`` replaces the param's for one call, ``only`` leaves the other params and
+    their history alone; UpdatePipeline (one set, its own history) is the same update."""
+    runs = []
+    for use_pipeline in (False, True):
+        s = make_solver(type="SGD", momentum=0.9)
+        feed(s, *batches(1)[0])
+        s.begin_iteration()
+        s.compute_gradients()
+        before = [np.array(p.data) for p in s.net.learnable_params]
+        if use_pipeline:
+            pipeline = UpdatePipeline(s.rule, s.param, s.params)
+            pipeline.apply(0.1, 0, 0.5, None, [1])
+            history = pipeline.history
+        else:
+            history = s.update.init(s.params)
+            s.update.apply(history, s.params, 0.1, 0, momentum=0.5, only=[1])
+        w, b = s.net.learnable_params
+        assert w.data.tobytes() == before[0].tobytes() and not history[0].any()
+        assert b.data.tobytes() != before[1].tobytes() and history[1].any()
+        runs.append([w.data, b.data] + list(history))
+    for a, b in zip(*runs):
+        assert a.tobytes() == b.tobytes()
+
+
 @pytest.mark.parametrize("fields,message", [
     (dict(lr_policy="bogus"), "unknown lr_policy \"bogus\""),
     (dict(lr_policy=""), "lr_policy is not set"),
@@ -523,7 +632,6 @@ def test_fused_kernels_equal_the_steps_one_by_one_to_the_bit(kind, decay, dtype)
     from cct.backend import get as get_backend
     from cct.backend.array_kernels import ArrayKernels
     from cct.params import ParamSet, StoreBlob
-    from cct.solver_rules import UpdatePipeline
 
     rule = RULES[kind]
     p = caffe_pb2.SolverParameter(type=kind, weight_decay=decay, delta=1e-6,

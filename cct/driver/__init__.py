@@ -90,7 +90,7 @@ class Driver:
             self.placement.max_batch = max(b or self.feeder.batch for b in sizes)
             self.groups = self.placement.make_groups(sizes)
             solver.set_gradient_source(self)
-            solver.side_state["driver"] = (self.state, self.load_state)
+            solver.keep_beside_snapshots("driver", self.state, self.load_state)
             describe(self.engine, self.groups)
             self.strategy.start(self.groups, self.placement, self.feeder, self._group)
             self._log_batches()
@@ -144,10 +144,7 @@ class Driver:
         try:
             self.strategy.step(iters)
         except AllGroupsLost:
-            s = self.solver
-            s.requested_early_exit = True
-            if s.param.snapshot_prefix:
-                s.snapshot()
+            self.solver.stop_after_source_lost()
             raise
 
     def solve(self, resume_file: Optional[str] = None) -> None:
@@ -182,6 +179,9 @@ class Driver:
         self.strategy.refresh()
 
     def close(self) -> None:
+        """The groups, their engine and what the solver kept for this driver go (the solver's
+        next snapshots are a plain run's)."""
+        self.solver.forget_beside_snapshots("driver")
         for g in self.groups:
             g.close()
         self.groups = []

@@ -4,7 +4,7 @@ each an actor, so the same strategies run across machines (``--engine=ray``).
 * **Store shards** (:class:`StoreShard`): the learnable params cut, in the net's order, into
   ``--ps-shards`` contiguous parts of about equal bytes. A shard keeps its params and their
   history and applies each pushed gradient with the solver's own rule (the same
-  ``UpdatePipeline``, fed the rate, iteration and momentum the driver's solver computed), so
+  ``SolverUpdate``, fed the rate, iteration and momentum the driver's solver computed), so
   the update is the one-process update, param for param. A push carries (group, sequence
   number) and a retried push is applied once. Every ``checkpoint_every`` updates a shard writes
   its params, history and version beside the snapshots; restarted after a failure
@@ -179,7 +179,7 @@ class StoreShard:
         from ..params import ParamSet, StoreBlob
         _ignore_terminal_signals()
         from ..proto import caffe_pb2
-        from ..solver_rules import UpdatePipeline, get_rule
+        from ..solver_rules import SolverUpdate, get_rule
         param = caffe_pb2.SolverParameter.FromString(solver_bytes)
         param.clip_gradients = -1            # the groups clip, knowing the whole gradient
         self.index = index
@@ -188,7 +188,8 @@ class StoreShard:
         # it may lose them; a restarted shard reloads its checkpoint instead.
         self.params = ParamSet([StoreBlob(np.zeros(s, np.dtype(dtype))) for s in shapes],
                                lr_mult, decay_mult, get_backend("cpu"))
-        self.pipeline = UpdatePipeline(get_rule(solver_type), param, self.params)
+        self.update = SolverUpdate(get_rule(solver_type), param)
+        self.history = self.update.init(self.params)
         self.dtype = self.params.blobs[0].data.dtype.type
         self.version = 0
         self.seqs: Dict[int, int] = {}
@@ -213,7 +214,7 @@ class StoreShard:
             return self.version                  # a retried push, applied already
         for b, g in zip(self.params.blobs, grads):
             b.diff[...] = g
-        self.pipeline.apply(self.dtype(rate), iter_, momentum)
+        self.update.apply(self.history, self.params, self.dtype(rate), iter_, momentum)
         self.seqs[group] = seq
         self.version += 1
         if self.every and self.version % self.every == 0:
@@ -224,12 +225,12 @@ class StoreShard:
         return [b.data for b in self.params.blobs]
 
     def state(self):
-        return ([b.data for b in self.params.blobs], list(self.pipeline.history), self.version)
+        return ([b.data for b in self.params.blobs], list(self.history), self.version)
 
     def load(self, weights, history, version: int) -> int:
         for b, w in zip(self.params.blobs, weights):
             b.data[...] = w
-        for h, s in zip(self.pipeline.history, history):
+        for h, s in zip(self.history, history):
             h[...] = s
         self.version = int(version)
         self.seqs = {}
@@ -243,7 +244,7 @@ class StoreShard:
     def _write_checkpoint(self) -> None:
         from ..io.atomic import save_arrays
         arrays = {f"w{i}": b.data for i, b in enumerate(self.params.blobs)}
-        arrays.update({f"h{i}": h for i, h in enumerate(self.pipeline.history)})
+        arrays.update({f"h{i}": h for i, h in enumerate(self.history)})
         arrays["version"] = np.array(self.version)
         arrays["seqs"] = np.array(sorted(self.seqs.items()), dtype=np.int64).reshape(-1, 2)
         save_arrays(self.checkpoint, arrays)
@@ -253,7 +254,7 @@ class StoreShard:
         saved = load_arrays(self.checkpoint, f"store shard {self.index}'s checkpoint")
         for i, b in enumerate(self.params.blobs):
             b.data[...] = saved[f"w{i}"]
-        for i, h in enumerate(self.pipeline.history):
+        for i, h in enumerate(self.history):
             h[...] = saved[f"h{i}"]
         self.version = int(saved["version"])
         self.seqs = {int(g): int(s) for g, s in saved["seqs"]}
@@ -286,8 +287,8 @@ class GroupWorker:
         with glog.quiet():
             self.net = Net(param, backend=backend, dtype=np.dtype(dtype),
                            source=f"<group {index}>", rng=rng)
-        self.inputs = [self.net.blobs_list[i] for i in self.net.input_blob_indices]
-        self.outputs = [self.net.blobs_list[b] for b in self.net.output_blob_indices]
+        self.inputs = self.net.input_blobs()
+        self.outputs = self.net.output_blobs()
         self.bounds = bounds
         self.own = set(statistics_positions(self.net))   # its running statistics: not pulled
         self.clip = clip
@@ -353,16 +354,15 @@ def _entries(layer) -> int:
 
 # -- the driver's side -------------------------------------------------------------------------
 class RemoteGradients:
-    """What a Ray group's step left in the object store, as the store's push sees it: its
-    ``pipeline`` sends each shard its part (refs, not arrays) with the rate, iteration and
-    momentum the solver computed (cct/driver/store.py)."""
+    """What a Ray group's step left in the object store, as the store's push sees it:
+    :meth:`apply_remotely` sends each shard its part (refs, not arrays) with the rate,
+    iteration and momentum the solver computed, and the shards update (cct/driver/store.py)."""
 
     def __init__(self, engine: "RayEngine", group: "RayGroup"):
         self.engine = engine
         self.group = group
-        self.pipeline = self
 
-    def apply(self, rate, iter_, momentum=None, params=None, only=None) -> None:
+    def apply_remotely(self, rate, iter_, momentum=None, only=None) -> None:
         g = self.group
         for shard, ref in zip(self.engine.shards, g.grad_refs):
             shard.push.remote(g.index, g.seq, ref, float(rate), int(iter_), momentum)

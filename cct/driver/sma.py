@@ -28,7 +28,6 @@ from ..backend import copy as copy_array, host
 from ..errors import CCTError
 from ..glog import info
 from ..io.atomic import load_arrays, save_arrays
-from ..solver_rules import UpdatePipeline
 
 SRC = "driver.cpp:0"
 
@@ -116,15 +115,14 @@ class ModelAveraging:
         self.previous = [np.array(host(b.data)) for b in self.central.blobs]  # z_prev
         self.delta = [np.zeros_like(p) for p in self.previous]
         self.scratch = [np.zeros_like(p) for p in self.previous]
-        self.pipelines = {}
+        self.histories = {}      # learner index -> its history (the solver's update's state)
         for g in learners:
             self._adopt(g)
 
     def _adopt(self, learner) -> None:
         """A learner starts from z with a fresh history."""
         self.central.copy_weights_to(learner.params)
-        self.pipelines[learner.index] = UpdatePipeline(self.solver.rule, self.solver.param,
-                                                       learner.params)
+        self.histories[learner.index] = self.solver.update.init(learner.params)
 
     def describe(self) -> str:
         alpha = "1/k" if self.alpha is None else f"{self.alpha:g}"
@@ -143,7 +141,10 @@ class ModelAveraging:
             self.seconds += self.engine.round_seconds
             s.record_loss(float(np.mean(losses)), self.learners[0].net)
             for j, g in enumerate(self.learners):
-                s.apply_update(pipeline=self.pipelines[g.index], log_rate=j == 0)
+                # Each learner's update asks the schedule, as one solver's would; the first
+                # writes Caffe's lr line.
+                s.update.apply(self.histories[g.index], g.params, s.learning_rate(log=j == 0),
+                               s.iter)
             self.rounds += 1
             if self.rounds % self.sync_period == 0:
                 self.synchronise()
@@ -193,7 +194,7 @@ class ModelAveraging:
         elif action == "remove" and len(self.learners) > step:
             for _ in range(step):
                 learner = self.learners.pop()
-                del self.pipelines[learner.index]
+                del self.histories[learner.index]
                 learner.close()
 
     # -- snapshots ---------------------------------------------------------------------------
@@ -206,7 +207,7 @@ class ModelAveraging:
         for g in self.learners:
             for i, w in enumerate(g.params.weights()):
                 arrays[f"l{g.index}_p{i}"] = host(w)
-            for i, h in enumerate(self.pipelines[g.index].history):
+            for i, h in enumerate(self.histories[g.index]):
                 arrays[f"l{g.index}_h{i}"] = host(h)
         save_arrays(self.arrays_file(state_file), arrays)
         return {"rounds": self.rounds, "seconds": self.seconds,
@@ -224,7 +225,7 @@ class ModelAveraging:
             self.learners.append(learner)
         while len(self.learners) > len(indices):
             learner = self.learners.pop()
-            del self.pipelines[learner.index]
+            del self.histories[learner.index]
             learner.close()
         for g, index, batch in zip(self.learners, indices, state["batches"]):
             if g.index != index:
@@ -232,7 +233,7 @@ class ModelAveraging:
             g.batch = int(batch)
             for i, w in enumerate(g.params.weights()):
                 _load(w, arrays, f"l{index}_p{i}", path)
-            for i, h in enumerate(self.pipelines[index].history):
+            for i, h in enumerate(self.histories[index]):
                 _load(h, arrays, f"l{index}_h{i}", path)
         for i, p in enumerate(self.previous):
             _load(p, arrays, f"zprev_p{i}", path)

@@ -2,11 +2,12 @@
 asynchronous groups (Omnivore's model server).
 
 The store is a :class:`~cct.solver.Solver` used from above: its train net's learnable params
-are the weights, its update pipeline (every solver type, clipping, decay, lr policy) applies
-each pushed gradient, its iteration count is the version, and its loop pieces write Caffe's
-log, run the test nets and take snapshots, so an asynchronous run's files are ordinary Caffe
-files. A group pulls the weights (the version it read), computes a gradient on its own copy,
-and pushes it; the push records staleness = versions applied since that read.
+are the weights, its schedule gives each update's rate and its update (every solver type,
+clipping, decay) applies each pushed gradient to its history, its iteration count is the
+version, and its loop pieces write Caffe's log, run the test nets and take snapshots, so an
+asynchronous run's files are ordinary Caffe files. A group pulls the weights (the version it
+read), computes a gradient on its own copy, and pushes it; the push records staleness =
+versions applied since that read.
 """
 from __future__ import annotations
 
@@ -88,8 +89,10 @@ class ParameterStore:
                 copy_array(gradients.blobs[i].data, self.params.blobs[i].data)
             loss = net.forward_from_to(first_fc, len(net.layers) - 1)
             net.backward_from_to(len(net.layers) - 1, first_fc)
-            self.solver.apply_update(None, self._update_view(gradients), only=fc,
-                                     log_rate=False)
+            s = self.solver
+            # Between iterations: the rate without Caffe's lr line, which the push writes.
+            s.update.apply(s.history, self._update_view(gradients), s.learning_rate(log=False),
+                           s.iter, only=fc)
             return loss
 
     def push(self, gradients: ParamSet, read_version: int, loss, outputs_of=None,
@@ -110,13 +113,15 @@ class ParameterStore:
                      f"updates; momentum explicit {explicit:.4g} (implicit ~{implicit:.4g})")
                 for hook in self.display_hooks:
                     hook()
-            pipeline = getattr(gradients, "pipeline", None)
-            if pipeline is not None:
-                # Gradients held elsewhere (Ray's object store) say where they are applied.
-                s.apply_update(explicit, only=only, pipeline=pipeline)
+            rate = s.learning_rate()
+            apply_remotely = getattr(gradients, "apply_remotely", None)
+            if apply_remotely is not None:
+                # Gradients held elsewhere (Ray's object store) are applied where they are.
+                apply_remotely(rate, s.iter, explicit, only=only)
             else:
                 # The update reads the group's diffs where they are: no model-sized copy.
-                s.apply_update(explicit, self._update_view(gradients), only=only)
+                s.update.apply(s.history, self._update_view(gradients), rate, s.iter,
+                               explicit, only)
             return s.end_iteration()
 
     def _update_view(self, gradients: ParamSet) -> ParamSet:

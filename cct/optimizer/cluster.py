@@ -98,10 +98,11 @@ def apply_seconds(solver, repeats: int = 5) -> float:
     away (what one shard does per update): the median of ``repeats``."""
     captured = solver.capture()
     try:
+        rate = solver.learning_rate(log=False)
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            solver.apply_update(log_rate=False)
+            solver.update.apply(solver.history, solver.params, rate, solver.iter)
             times.append(time.perf_counter() - t0)
         return sorted(times)[len(times) // 2]
     finally:

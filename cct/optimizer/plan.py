@@ -299,12 +299,11 @@ class Optimizer:
         """Make the solver train as ``cand`` says, in this process: the solver alone, or a
         driver (the previous one closed) on the same solver."""
         s = self.solver
-        s.param.base_lr = cand.lr
+        s.set_schedule(s.schedule.with_base_lr(cand.lr))
         if cand.strategy == "sync":
             s.param.momentum = cand.momentum
             if self.driver is not None or not isinstance(s.gradient_source, NetSource):
-                s.set_gradient_source(NetSource(s.net))
-            s.side_state.pop("driver", None)
+                s.set_gradient_source(NetSource(s.net))     # closes the driver
             self.driver = None
         else:
             from ..driver import Driver
@@ -341,7 +340,8 @@ class Optimizer:
         on, lines held), so that training can go on from there."""
         s = self.solver
         saved = {k: getattr(s.param, k) for k in ("test_interval", "display", "snapshot",
-                                                  "base_lr", "momentum", "snapshot_after_train")}
+                                                  "momentum", "snapshot_after_train")}
+        schedule = s.schedule
         captured = s.capture()
         self._probing = True
         self._record = []
@@ -373,13 +373,13 @@ class Optimizer:
                 if self.driver is not None:
                     stats = self.driver.store.stats
                     self.implicit[cand.config] = stats.mean() / (1.0 + stats.mean())
-                s.set_gradient_source(NetSource(s.net))
-                s.side_state.pop("driver", None)
+                s.set_gradient_source(NetSource(s.net))     # closes the driver
                 self.driver = None
         finally:
             record, self._record = self._record, None
             for k, v in saved.items():
                 setattr(s.param, k, v)
+            s.set_schedule(schedule)
             s.restore_capture(captured)
             self._probing = False
         return Branch(record, diverged, state, list(lines or []))
