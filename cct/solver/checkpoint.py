@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -59,6 +59,24 @@ def check_snapshot_write_permissions(param: caffe_pb2.SolverParameter, source: s
                        f"sure that the directory exists and is writable.") from None
 
 
+class _SnapshotFiles(NamedTuple):
+    """One snapshot_format's files: extensions, writers, and Caffe's log tags and wording."""
+    model: str
+    state: str
+    what: str
+    save_model: Callable
+    save_state: Callable
+    model_tag: str
+    state_tag: str
+
+
+_BINARY_FILES = _SnapshotFiles(".caffemodel", ".solverstate", "binary proto",
+                               weights.save_caffemodel, write_solver_state,
+                               "solver.cpp:464", "sgd_solver.cpp:284")
+_HDF5_FILES = _SnapshotFiles(".caffemodel.h5", ".solverstate.h5", "HDF5", weights.save_hdf5,
+                             write_solver_state_hdf5, "solver.cpp:474", "sgd_solver.cpp:296")
+
+
 class Checkpoints:
     """Snapshots of a solver's train net ``net`` and ``history`` (the update's state, restored
     in place), the data layers of ``net`` and ``test_nets``, and ``side_state`` (the drivers'
@@ -85,24 +103,14 @@ class Checkpoints:
         old state with the new model, as in Caffe, and with the new side file.)"""
         p = self.param
         self._remove_stale_temp_files()
-        if p.snapshot_format == HDF5:
-            model = snapshot_filename(p, ".caffemodel.h5", iter_)
-            info("solver.cpp:474", f"Snapshotting to HDF5 file {model}")
-            weights.save_hdf5(self.net, model, p.snapshot_diff)
-            state = snapshot_filename(p, ".solverstate.h5", iter_)
-            self._write_side_file(state, model, iter_)
-            info("sgd_solver.cpp:296", f"Snapshotting solver state to HDF5 file {state}")
-            write_solver_state_hdf5(state, iter_, model, current_step,
-                                    [_host(h) for h in self.history])
-        else:
-            model = snapshot_filename(p, ".caffemodel", iter_)
-            info("solver.cpp:464", f"Snapshotting to binary proto file {model}")
-            weights.save_caffemodel(self.net, model, p.snapshot_diff)
-            state = snapshot_filename(p, ".solverstate", iter_)
-            self._write_side_file(state, model, iter_)
-            info("sgd_solver.cpp:284", f"Snapshotting solver state to binary proto file {state}")
-            write_solver_state(state, iter_, model, current_step,
-                               [_host(h) for h in self.history])
+        f = _HDF5_FILES if p.snapshot_format == HDF5 else _BINARY_FILES
+        model = snapshot_filename(p, f.model, iter_)
+        info(f.model_tag, f"Snapshotting to {f.what} file {model}")
+        f.save_model(self.net, model, p.snapshot_diff)
+        state = snapshot_filename(p, f.state, iter_)
+        self._write_side_file(state, model, iter_)
+        info(f.state_tag, f"Snapshotting solver state to {f.what} file {state}")
+        f.save_state(state, iter_, model, current_step, [_host(h) for h in self.history])
         return model, state
 
     def _remove_stale_temp_files(self) -> None:
