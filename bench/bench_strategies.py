@@ -1,9 +1,11 @@
-"""The driver's strategies against each other on the same work (issue 10): sync, async,
-hogbatch, adaptive-hogbatch and sma, to a target, on two real 1-core devices and on the
-simulated engine with devices of speeds 1:8.
+"""The driver's strategies against each other on the same work (issues 10 and 30): sync, async,
+hogbatch, adaptive-hogbatch and sma, to a target, on two real 1-core devices, on the
+simulated engine with devices of speeds 1:8, and on the machine's own devices (a GPU and the
+CPU's cores).
 
     python bench/bench_strategies.py                         # both workloads, both settings
     python bench/bench_strategies.py --work lenet --setting simulated --cap 3000
+    python bench/bench_strategies.py --setting devices --devices=cpu,gpu0   # CPU + GPU
 
 Workloads:
 * ``lenet``: examples/mnist/lenet_solver.prototxt's settings (base_lr 0.01, inv policy, seed
@@ -23,10 +25,21 @@ Settings:
   an ideal split (batch / 9 per iteration); hogbatch gives the slow device 1/8 of the fast
   one's batch; adaptive-hogbatch starts both at the full batch and finds that itself; sma
   runs one learner per device on half the batch each (a round waits for the slow one).
+* ``devices``: ``--devices`` (default ``cpu,gpu0``: the CPU's cores and a GPU), wall time.
+  ``alone`` trains on the fastest device by itself (``--alone``, default the last one named:
+  the GPU), the solver's nets on it (no copies); sync is the hybrid split of each batch across
+  all of them, by measured speed; async, hogbatch, adaptive-hogbatch and sma run one group
+  (learner) per device, the parameter store on the device with memory of its own (as
+  ``cct train`` places it); hogbatch gives a CPU group a quarter of the batch and a device
+  group the whole batch (CPU+GPU Hogbatch's small and large batches), adaptive-hogbatch starts
+  there; sma gives each learner the batch over the learner count. ``--devices=cpu:1,standin``
+  runs the same on a machine without a GPU (the stand-in device: NumPy behind the device
+  interface), to check the bench, not to measure.
 
 Printed per workload and setting: per strategy, iterations (updates), epochs (records read /
 training-set size) and seconds (virtual seconds when simulated) to each target, and each
-group's share of the updates; the ratio of epochs to sync's. The test passes are not timed.
+group's share of the updates (the hybrid sync's: each device's share of the batch); the ratios
+of epochs and seconds to the base's (``alone`` with devices, else sync). The test passes are not timed.
 Written: ``--json`` with every curve and a PNG of accuracy (loss) against epochs and seconds.
 """
 from __future__ import annotations
@@ -51,10 +64,25 @@ from bench.bench_momentum import solver_param as lenet_solver  # noqa: E402
 from bench.worker import one_thread_env, run_worker  # noqa: E402
 
 STRATEGIES = ("sync", "async", "hogbatch", "adaptive-hogbatch", "sma")
-SETTINGS = ("real", "simulated")
+SETTINGS = ("real", "simulated")          # the default; "devices" is asked for by name
 WORKS = ("lenet", "cifar10_quick")
 MNIST_TRAIN = 10000 - 2000          # mnist10k: 8,000 training digits, 2,000 held out
 CIFAR_TRAIN, CIFAR_TEST = 5000, 1000
+
+
+def device_kw(strategy: str, names: List[str], batch: int) -> dict:
+    """The Driver arguments of a strategy on the machine's devices ``names`` (one group or
+    learner per device; see the module doc); {} for alone and sync (the solver's own)."""
+    if strategy in ("alone", "sync"):
+        return {}
+    kw = {"strategy": strategy, "groups": None, "devices": ",".join(names),
+          "engine": "threads"}
+    on_cpu = [n.split(":")[0].split("@")[0] == "cpu" for n in names]
+    if strategy in ("hogbatch", "adaptive-hogbatch"):
+        kw["batch_sizes"] = [max(1, batch // 4) if c else batch for c in on_cpu]
+    elif strategy == "sma":
+        kw.update(learners=len(names), batch_sizes=[batch // len(names)] * len(names))
+    return kw
 
 
 def strategy_kw(strategy: str, setting: str, batch: int) -> dict:
@@ -151,9 +179,8 @@ def evaluate(solver, driver) -> tuple:
 # -- one run, in a process of its own ---------------------------------------------------------
 def run_one(job: dict) -> dict:
     from cct import glog
-    from cct.api import Solver
     from cct.backend import cpu, plans
-    from cct.driver import Driver
+    from cct.errors import CCTError
     glog.set_quiet(True)
     simulated = job["setting"] == "simulated"
     if simulated:
@@ -167,17 +194,21 @@ def run_one(job: dict) -> dict:
         train, test = cifar_h5(pathlib.Path(job["data_dir"]))
         param = cifar_solver(pathlib.Path(job["zoo"]), train, test, job["cap"])
         batch, train_size = 100, CIFAR_TRAIN
-    kw = strategy_kw(job["strategy"], job["setting"], batch)
-    devices = "cpu:1,cpu:1" if job["setting"] == "real" and not kw else None
-    solver = Solver(param, devices=devices)
-    driver = Driver(solver, **kw) if kw else None
+    solver, driver, kw = _build(job, param, batch)
     step = driver.step if driver else solver.step
     trained = 0.0
     curve = []
+    diverged = None
     try:
         while solver.iter < job["cap"]:
             t0 = time.perf_counter()
-            step(min(job["every"], job["cap"] - solver.iter))
+            try:
+                step(min(job["every"], job["cap"] - solver.iter))
+            except CCTError as e:      # the solver's NaN stop: a result, reported as such
+                if "loss is" not in str(e):
+                    raise
+                diverged = solver.iter
+                break
             trained += time.perf_counter() - t0
             acc, loss = evaluate(solver, driver)
             if not math.isfinite(loss):
@@ -200,8 +231,12 @@ def run_one(job: dict) -> dict:
         updates = {}
         if driver is not None and driver.balance is not None:
             updates = {str(k): v for k, v in driver.balance.updates.items()}
+        elif driver is None and getattr(solver.gradient_source, "split", None):
+            # the hybrid sync's shares: each device's images of the last batch
+            updates = {str(k): v for k, v in enumerate(solver.gradient_source.split)}
         return {**{k: job[k] for k in ("work", "setting", "strategy", "cap", "every")},
                 "kw": {k: v for k, v in kw.items()}, "curve": curve, "updates": updates,
+                "diverged": diverged,
                 "batches": [g.batch for g in driver.groups] if driver else [batch]}
     finally:
         if driver:
@@ -209,14 +244,49 @@ def run_one(job: dict) -> dict:
         solver.close()
 
 
+def _build(job: dict, param, batch: int):
+    """(solver, driver or None, the driver's arguments) of a job."""
+    from cct.api import Solver
+    from cct.driver import Driver
+    from cct.scheduler import master_place
+    if job["setting"] != "devices":
+        kw = strategy_kw(job["strategy"], job["setting"], batch)
+        devices = "cpu:1,cpu:1" if job["setting"] == "real" and not kw else None
+        solver = Solver(param, devices=devices)
+        return solver, (Driver(solver, **kw) if kw else None), kw
+    names = [n.strip() for n in job["devices"].split(",") if n.strip()]
+    kw = device_kw(job["strategy"], names, batch)
+    if job["strategy"] == "alone":
+        return Solver(param, devices=job["alone"] or names[-1]), None, kw
+    if not kw:
+        return Solver(param, devices=",".join(names)), None, kw
+    # The store where cct train puts it: on the device with memory of its own.
+    _, backend = master_place(kw["devices"], "cpu")
+    solver = Solver(param, backend=backend)
+    return solver, Driver(solver, **kw), kw
+
+
 def first(curve: List[dict], done) -> Optional[dict]:
     return next((p for p in curve if done(p)), None)
 
 
 def spawn(job: dict) -> dict:
+    # One thread for the 1-core devices and the simulated engine; the machine's devices use
+    # their cores as cct train would.
+    env = None if job["setting"] == "devices" else one_thread_env()
     return run_worker([sys.executable, str(pathlib.Path(__file__).resolve()), "--worker",
                        json.dumps(job)], f"{job['work']} {job['setting']} {job['strategy']}",
-                      one_thread_env())
+                      env)
+
+
+def gpu_names() -> str:
+    """The GPUs CuPy sees, by name (for the header: RESULTS names every device measured)."""
+    try:
+        import cupy
+        return ", ".join(cupy.cuda.runtime.getDeviceProperties(i)["name"].decode()
+                         for i in range(cupy.cuda.runtime.getDeviceCount())) or "no GPU"
+    except Exception as e:  # no CuPy, no driver: the header says so
+        return f"no GPU ({type(e).__name__})"
 
 
 def report(runs: List[dict], args) -> List[str]:
@@ -233,26 +303,31 @@ def report(runs: List[dict], args) -> List[str]:
                 what = (f"test accuracy >= {value}" if kind == "acc"
                         else f"held-out loss <= {value}")
                 lines.append(f"\n{work}, {setting}: to {what}")
-                lines.append(f"| strategy | iterations | epochs | {unit} | epochs / sync's | "
-                             f"update shares | final batches |")
-                lines.append("|---|---|---|---|---|---|---|")
+                ref = next((r for r in rows if r["strategy"] == "alone"),
+                           next((r for r in rows if r["strategy"] == "sync"), None))
+                name = ref["strategy"] if ref else "sync"
+                lines.append(f"| strategy | iterations | epochs | {unit} | epochs / {name}'s | "
+                             f"{unit} / {name}'s | update shares | final batches |")
+                lines.append("|---|---|---|---|---|---|---|---|")
 
                 def hit(p, kind=kind, value=value):
                     return (p["accuracy"] >= value - 1e-9 if kind == "acc"
                             else p["loss"] <= value)
-                sync = next((r for r in rows if r["strategy"] == "sync"), None)
-                base = first(sync["curve"], hit) if sync else None
+                base = first(ref["curve"], hit) if ref else None
                 for r in rows:
                     p = first(r["curve"], hit)
                     total = sum(r["updates"].values())
                     shares = ("/".join(f"{100 * v / total:.0f}%" for _, v in
                                        sorted(r["updates"].items())) if total else "-")
                     if p is None:
-                        cells = [f">{r['cap']}", "-", "-", "-"]
+                        cells = [f"diverged at {r['diverged']}" if r.get("diverged") is not None
+                                 else f">{r['cap']}", "-", "-", "-", "-"]
                     else:
                         ratio = f"{p['epochs'] / base['epochs']:.2f}" if base else "-"
+                        faster = (f"{p['seconds'] / base['seconds']:.2f}"
+                                  if base and base["seconds"] else "-")
                         cells = [str(p["iter"]), f"{p['epochs']:.2f}", f"{p['seconds']:.4g}",
-                                 ratio]
+                                 ratio, faster]
                     lines.append(f"| {r['strategy']} | " + " | ".join(cells)
                                  + f" | {shares} | {','.join(map(str, r['batches']))} |")
     return lines
@@ -288,7 +363,13 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", default=",".join(WORKS))
     ap.add_argument("--setting", default=",".join(SETTINGS))
-    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--strategies", default=None, help="default: all five (and alone, with "
+                    "--setting=devices)")
+    ap.add_argument("--devices", default="cpu,gpu0", help="--setting=devices: the machine's "
+                    "devices, one group per device (cpu:1,standin checks the bench without a "
+                    "GPU)")
+    ap.add_argument("--alone", default=None, help="--setting=devices: the device that trains "
+                    "alone (default: the last of --devices)")
     ap.add_argument("--target", type=float, default=0.98)
     ap.add_argument("--loss", type=float, default=0.3)
     ap.add_argument("--cap", type=int, default=3000)
@@ -305,6 +386,8 @@ def main(argv=None) -> None:
     if args.worker:
         print("RESULT " + json.dumps(run_one(json.loads(args.worker))))
         return
+    if args.strategies is None:
+        args.strategies = ",".join(("alone",) + STRATEGIES)
     for name in ("work", "setting", "strategies"):
         setattr(args, name, [x for x in getattr(args, name).split(",") if x])
     if args.report:
@@ -320,13 +403,17 @@ def main(argv=None) -> None:
         plot(runs, args.png)
         return
     runs = []
-    print(f"# {cpu_model()}, {os.cpu_count()} cores, {datetime.date.today()}")
+    print(f"# {cpu_model()}, {os.cpu_count()} cores, {datetime.date.today()}"
+          + (f"; --devices={args.devices}; {gpu_names()}" if "devices" in args.setting else ""))
     for work in args.work:
         for setting in args.setting:
             for strategy in args.strategies:
+                if strategy == "alone" and setting != "devices":
+                    continue          # the device alone is the devices setting's base
                 job = {"work": work, "setting": setting, "strategy": strategy,
                        "cap": args.cap, "every": args.every, "target": args.target,
-                       "loss": args.loss, "data_dir": args.data_dir, "zoo": args.zoo}
+                       "loss": args.loss, "data_dir": args.data_dir, "zoo": args.zoo,
+                       "devices": args.devices, "alone": args.alone}
                 t0 = time.perf_counter()
                 runs.append(spawn(job))
                 print(f"  {work} {setting} {strategy}: {len(runs[-1]['curve'])} checks, "
