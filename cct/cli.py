@@ -486,7 +486,14 @@ def cmd_train(argv: List[str]) -> int:
     if strategy == "sync" and momentum is not None:
         param.momentum = float(momentum)
     if strategy == "sync":
-        devices, backend = master_place(devices, "cpu")
+        placed, backend = master_place(devices, "cpu")
+        if optimize:
+            # The optimizer builds each of one group's places (and its drivers' groups) from
+            # the spelling; the master is where master_place put it.
+            for d in placed or ():
+                d.close()
+        else:
+            devices = placed
     elif devices is not None and flags.get("engine") != "ray" and not optimize:
         # The parameter store lives where the solver's nets do: on a device with memory of its
         # own when one is among the groups' (CPU+GPU Hogbatch's store, where the GPU group
@@ -516,7 +523,7 @@ def cmd_train(argv: List[str]) -> int:
             config = _measured_momentum(solver, config.replace(devices=devices))
         if config is not None:
             driver = Driver(solver, config.replace(devices=devices))
-        elif devices is not None:
+        elif devices is not None and not optimize:
             solver.set_gradient_source(gradient_source(solver.net, devices))
         if flags.get("snapshot") and not measured:
             solver.restore(flags.get("snapshot"))  # logs caffe.cpp's "Resuming from ..."
@@ -595,6 +602,7 @@ def cmd_plan(argv: List[str]) -> int:
     os.environ["CCT_PLAN_CACHE"] = "off"
     from .io.prototxt import read_solver_text
     from .optimizer import Optimizer, advise
+    from .scheduler import master_place
     from .solver import Solver
 
     flags = Flags("plan", argv, {"solver": "", "devices": "", "engine": "threads",
@@ -623,7 +631,12 @@ def cmd_plan(argv: List[str]) -> int:
     param.snapshot = 0
     param.snapshot_after_train = False
     devices = flags.get("devices") or None
-    solver = Solver(param, solver_path)
+    # The solver's nets where `cct train --optimize` puts them (a GPU among the devices holds
+    # them); the optimizer builds its places and groups from the spelling.
+    placed, backend = master_place(devices, "cpu")
+    for d in placed or ():
+        d.close()
+    solver = Solver(param, solver_path, backend=backend)
     optimizer = None
     try:
         kw = {"engine": flags.get("engine"), "devices": devices}

@@ -92,6 +92,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 from ..errors import CCTError
 from ..glog import held, info, quiet, release
 from ..params import NetSource
+from ..scheduler import gradient_source
 from . import report
 from .report import num_text
 from .curve import DIVERGENCE_RATIO, CurveFit, fit_power_law, leaving
@@ -133,14 +134,18 @@ class Candidate:
     state: Optional[dict] = field(default=None, repr=False)
     lines: list = field(default_factory=list, repr=False)
     basis: str = ""            # where ``iters`` comes from when not its own probe's fit
+    # Where one group computes (a devices spelling for the hybrid scheduler, or one device);
+    # None: the solver's own nets, where cct train placed them (:meth:`Optimizer.race_places`)
+    place: Optional[str] = None
 
     @property
-    def config(self) -> Tuple[str, int, int]:
-        return (self.strategy, self.groups, self.batch)
+    def config(self) -> Tuple[str, int, int, Optional[str]]:
+        return (self.strategy, self.groups, self.batch, self.place)
 
     def describe(self) -> str:
-        return (f"{self.strategy} groups {self.groups} batch {self.batch} lr {self.lr:.4g} "
-                f"momentum {self.momentum:.4g}")
+        where = f" on {self.place}" if self.place else ""
+        return (f"{self.strategy}{where} groups {self.groups} batch {self.batch} lr "
+                f"{self.lr:.4g} momentum {self.momentum:.4g}")
 
     def drop_branch(self) -> None:
         self.state, self.lines = None, []
@@ -166,6 +171,7 @@ class Plan:
     rounds: List[str] = field(default_factory=list)    # "12 x 20", "6 x 40", ...
     stopped: str = ""          # why the halving stopped before one candidate was left
     plateau: str = ""          # what the plateau search did (module doc), when it ran
+    places: List[Tuple[str, float]] = field(default_factory=list)   # one group's, by HE
 
     def table(self) -> List[str]:
         """The log's rows: each candidate with its evidence (:func:`.report.table`)."""
@@ -243,8 +249,13 @@ class Optimizer:
         self.driver_options = dict(driver_options or {})
         # where start() draws its plan's probes (report.plot), refused now, before any probe
         self.plot = report.check_plot_path(plot) if plot else None
-        self.he: Dict[Tuple[str, int, int], float] = {}
-        self.implicit: Dict[Tuple[str, int, int], float] = {}
+        self.he: Dict[tuple, float] = {}
+        self.implicit: Dict[tuple, float] = {}
+        # One group's places (race_places): the solver's own nets, each device alone, and the
+        # hybrid split over all of them; the fastest trains every one-group candidate.
+        self.places, self.own_place = _one_group_places(solver, devices)
+        self.sync_place: Optional[str] = None
+        self._source_place: object = _UNSET      # the place the gradient source has now
         self.current: Optional[Candidate] = None
         self.driver = None
         self.plan: Optional[Plan] = None
@@ -302,8 +313,12 @@ class Optimizer:
         s.set_schedule(s.schedule.with_base_lr(cand.lr))
         if cand.strategy == "sync":
             s.param.momentum = cand.momentum
-            if self.driver is not None or not isinstance(s.gradient_source, NetSource):
-                s.set_gradient_source(NetSource(s.net))     # closes the driver
+            if self.driver is not None or self._source_place != cand.place or (
+                    cand.place is None and not isinstance(s.gradient_source, NetSource)):
+                # closes the driver or the scheduler of another place
+                s.set_gradient_source(NetSource(s.net) if cand.place is None
+                                      else gradient_source(s.net, cand.place))
+                self._source_place = cand.place
             self.driver = None
         else:
             from ..driver import Driver
@@ -315,6 +330,7 @@ class Optimizer:
                                  momentum=repr(cand.momentum), allow_negative_momentum=True,
                                  strategy=cand.strategy, batch_sizes=sizes,
                                  **self.driver_options)
+            self._source_place = _UNSET
         self.current = cand
         self._fresh = True      # its first chunk carries warm-up: no drift check on it
 
@@ -322,7 +338,23 @@ class Optimizer:
         strategy = ("sync" if groups == 1 and batch == self.data_batch else
                     "async" if batch == self.data_batch else "hogbatch")
         return Candidate(strategy, groups, batch, lr,
-                         _clip_mu(mu, MU_RANGES.get(self.solver.type, MU_RANGE)))
+                         _clip_mu(mu, MU_RANGES.get(self.solver.type, MU_RANGE)),
+                         place=self.sync_place if strategy == "sync" else None)
+
+    def race_places(self, plan: Plan) -> None:
+        """Where one group trains, chosen by HE alone: the solver's own nets, each device by
+        itself and the hybrid split of each batch over all of them make the same update from
+        the same batch (the rule, the rate, the gradient's sum), so their iterations to any
+        loss are the same and no SE probe is spent telling them apart; the fastest trains
+        every one-group candidate (CPU+GPU: the GPU alone or the hybrid, measured)."""
+        if len(self.places) < 2 or plan.places:
+            return
+        for place in self.places:
+            c = Candidate("sync", 1, self.data_batch, self.base_lr, self.base_momentum,
+                          place=place)
+            plan.places.append((place or self.own_place, self.measure_he(c)))
+        best = min(range(len(self.places)), key=lambda k: plan.places[k][1])
+        self.sync_place = self.places[best]
 
     def _step(self, iters: int) -> None:
         if self.driver is not None:
@@ -373,8 +405,10 @@ class Optimizer:
                 if self.driver is not None:
                     stats = self.driver.store.stats
                     self.implicit[cand.config] = stats.mean() / (1.0 + stats.mean())
-                s.set_gradient_source(NetSource(s.net))     # closes the driver
-                self.driver = None
+                    s.set_gradient_source(NetSource(s.net))     # closes the driver
+                    self._source_place = None
+                    self.driver = None
+                # a one-group place's scheduler stays for the next probe there (configure)
         finally:
             record, self._record = self._record, None
             for k, v in saved.items():
@@ -486,6 +520,9 @@ class Optimizer:
         began = time.perf_counter()
         limit = self._limit() if limit is None else limit
         plan = Plan()
+        if self.plan is not None:
+            plan.places = self.plan.places      # raced once: a re-plan keeps the choice
+        self.race_places(plan)
         start_lr = self.base_lr if self.current is None else self.current.lr
         first = self._candidate(1, self.batches[0], start_lr, self.base_momentum)
         he1 = self.measure_he(first)
@@ -850,6 +887,9 @@ class Optimizer:
              f"{ref}; planning took {plan.probe_seconds:.3g} s")
         for row in plan.table():
             info(SRC, "  " + row)
+        if plan.places:
+            info(SRC, "Optimizer: " + report.places_line(plan, self.sync_place or
+                                                         self.own_place))
         if plan.plateau:
             info(SRC, f"Optimizer: {plan.plateau}")
         info(SRC, f"Optimizer: {plan.reason}")
@@ -1097,6 +1137,27 @@ def _epoch_iterations(net, batch: int) -> Optional[int]:
         if isinstance(n, int) and n > 0:
             return max(1, n // max(1, batch))
     return None
+
+
+_UNSET = object()
+
+
+def _one_group_places(solver, devices) -> Tuple[List[Optional[str]], str]:
+    """One group's places over ``devices`` (see :meth:`Optimizer.race_places`): None (the
+    solver's own nets), each device by itself unless it is where those nets live, and all of
+    them as a hybrid ([None] for one device or none); and the name of the solver's own."""
+    names = [] if devices is None else (
+        [n.strip() for n in devices.split(",") if n.strip()] if isinstance(devices, str)
+        else [d.name for d in devices])
+    # The solver's nets live on the first device with memory of its own when there is one
+    # (cct train's master_place): that device alone is the solver's own place.
+    master = next((n for n in names if not n.startswith("cpu")), None) \
+        if solver.backend != "cpu" else None
+    own = f"{master or solver.backend} (the solver's nets)"
+    if len(names) < 2:
+        return [None], own
+    singles = list(dict.fromkeys(n for n in names if n != master))
+    return [None] + singles + [",".join(names)], own
 
 
 def _default_groups(engine: str, devices) -> List[int]:

@@ -91,6 +91,25 @@ def table(plan: "Plan") -> List[str]:
     return rows
 
 
+def places_line(plan: "Plan", chosen: str) -> str:
+    """One group's places, each with its HE and, with the iterations the best one-group
+    candidate is predicted to need (the same wherever it runs), its predicted seconds to the
+    reference; and the place chosen."""
+    sync = [c for c in plan.candidates if c.strategy == "sync" and c.iters is not None
+            and math.isfinite(c.iters)]
+    iters = min((c.iters for c in sync), default=None)
+    parts = []
+    for name, he in plan.places:
+        text = f"{name} {num_text(he, '.3g')} s/iter"
+        if iters is not None and he is not None and math.isfinite(he):
+            text += f" ({num_text(he * iters, '.3g')} s)"
+        parts.append(text)
+    tail = (f" to the reference at the {num_text(iters, '.4g')} iterations predicted for one "
+            f"group" if iters is not None else "")
+    return (f"one group, by place (the same updates wherever they run, so the fastest trains "
+            f"them): {'; '.join(parts)}{tail}; chose {chosen}")
+
+
 # -- the picture -------------------------------------------------------------------------------
 def _figure(width: float, height: float):
     return agg_figure(width, height, FLAG)
