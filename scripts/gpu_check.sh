@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 28's checks on a real GPU, as one script for a lent GPU machine (no network there):
+# The GPU checks (issues 28 and 30) as one script for a lent GPU machine (no network there):
 #   1. every test that has a GPU case (the CuPy rules' probes against real CuPy, the layer
 #      registry harness, Caffe's numerics, solvers, snapshots, timers, out-of-memory);
 #   2. LeNet with -gpu 0 to >= 0.98 (Caffe's lenet_solver, 10,000 bundled digits);
@@ -33,3 +33,17 @@ cct train --solver=examples/mnist/lenet_solver.prototxt --strategy=hogbatch \
     --devices=cpu,gpu0 --batch-sizes=cpu:16,gpu0:256 > "$OUT/hogbatch_cpu_gpu.log" 2>&1
 echo "hogbatch cpu+gpu0: exit $?; $(grep 'Test net output #0' "$OUT/hogbatch_cpu_gpu.log" | tail -n 1)"
 grep -E "One compute group per device|Updates by group" "$OUT/hogbatch_cpu_gpu.log" | tail -n 2
+
+# Issue 30's items 3 and 4 (built and checked on CPU cores and the stand-in; what a GPU
+# measures): the optimizer's race of one group's places on CPU+GPU, then the strategies to
+# LeNet's 98% on the CPU and the GPU against the GPU alone (bench_strategies' devices setting).
+cct plan --solver=examples/mnist/lenet_solver.prototxt --devices=cpu,gpu0 \
+    > "$OUT/plan_cpu_gpu.log" 2>&1
+echo "plan cpu+gpu0: exit $?; $(grep -o 'one group, by place.*' "$OUT/plan_cpu_gpu.log" | tail -n 1)"
+if [ -f "$OLDPWD/bench/bench_strategies.py" ]; then
+    python "$OLDPWD/bench/bench_strategies.py" --setting devices --devices=cpu,gpu0 \
+        --work lenet --cap 3000 --json "$OUT/strategies_cpu_gpu.json" \
+        --png "$OUT/strategies_cpu_gpu.png" > "$OUT/strategies_cpu_gpu.txt" 2>&1
+    echo "bench_strategies cpu+gpu0: exit $?"
+    tail -n 10 "$OUT/strategies_cpu_gpu.txt"
+fi
