@@ -178,10 +178,8 @@ def evaluate(solver, driver) -> tuple:
 
 # -- one run, in a process of its own ---------------------------------------------------------
 def run_one(job: dict) -> dict:
-    from cct import glog
     from cct.backend import cpu, plans
     from cct.errors import CCTError
-    glog.set_quiet(True)
     simulated = job["setting"] == "simulated"
     if simulated:
         cpu.set_num_threads(1)
@@ -384,6 +382,8 @@ def main(argv=None) -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
+        from cct import glog
+        glog.set_quiet(True)         # the worker's own process: its result line is the output
         print("RESULT " + json.dumps(run_one(json.loads(args.worker))))
         return
     if args.strategies is None:

@@ -30,7 +30,9 @@ def test_each_strategy_trains_on_a_core_and_the_stand_in(strategy):
     job = {"work": "lenet", "setting": "devices", "strategy": strategy, "cap": 4, "every": 2,
            "target": 0.98, "loss": 0.3, "data_dir": str(bench.default_data_dir()), "zoo": "",
            "devices": "cpu:1,standin", "alone": None}
-    run = bench.run_one(job)
+    from cct import glog
+    with glog.quiet():
+        run = bench.run_one(job)
     assert [p["iter"] for p in run["curve"]] == [2, 4] and run["diverged"] is None
     assert all(0.0 <= p["accuracy"] <= 1.0 and p["loss"] > 0 for p in run["curve"])
     if strategy == "alone":
