@@ -129,8 +129,9 @@ class UpdateBalance:
              + ",".join(map(str, old)) + " -> " + ",".join(str(g.batch) for g in live))
 
     def display(self) -> None:
-        """Per group: batch, updates in this display interval (share, per second) and the
-        records of the epoch it took so far."""
+        """Per group, named with where it runs (CPU+GPU Hogbatch's per-device lines): batch,
+        updates in this display interval (share, per second) and the records of the epoch it
+        took so far."""
         now = self.clock()
         lapse, self._since = now - self._since, now
         interval, self._interval = self._interval, self._zero()
@@ -142,7 +143,8 @@ class UpdateBalance:
             rate = n / lapse if lapse > 0 else 0.0
             took = records.get(g.index, 0)
             share = 100 * shares[g.index]
-            info(SRC, f"    group {g.index}: batch {g.batch}, {n} updates ({share:.1f}%), "
+            # the group's name says where it runs (its devices, cores, process or node)
+            info(SRC, f"    {g.name}: batch {g.batch}, {n} updates ({share:.1f}%), "
                  f"{rate:.4g} updates/s; {took} records so far "
                  f"({100 * took / total_records:.1f}% of those read)")
 

@@ -82,7 +82,7 @@ def test_hogbatch_and_sma_from_the_command_line(workdir):  # noqa: F811
               cwd=workdir)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "Batches: group 0 16, group 1 64" in run.stderr
-    assert re.search(r"group 1: batch \d+, \d+ updates \([\d.]+%\), [\d.e+-]+ updates/s",
+    assert re.search(r"group 1 \([^)]*\): batch \d+, \d+ updates \([\d.]+%\), [\d.e+-]+ updates/s",
                      run.stderr)
     assert "Updates by group: group 0" in run.stderr
     run = cct("train", "--solver=solver.prototxt", "--strategy=sma", "--learners=2",

@@ -128,7 +128,7 @@ def test_display_shows_each_groups_rate_batch_and_share(data_list, tmp_path, cap
     try:
         capfd.readouterr()
         driver.step(17)
-        lines = re.findall(r"group (\d): batch (\d+), (\d+) updates \(([\d.]+)%\), ([\d.]+) "
+        lines = re.findall(r"group (\d) \([^)]*\): batch (\d+), (\d+) updates \(([\d.]+)%\), ([\d.]+) "
                            r"updates/s; (\d+) records so far", capfd.readouterr().err)
         # Virtual time: group 0's steps end at 8, 16, 24 ..., group 1's at 16, 32 ... (ties:
         # group 0 first). Iteration 8 is group 1's push at 48, iteration 16 group 0's at 96:
