@@ -553,8 +553,8 @@ def cmd_train(argv: List[str]) -> int:
 def _measured_momentum(solver, config):
     """-momentum=auto with the parameter store's strategies: short probes at the run's group
     count choose the explicit momentum (cct/optimizer/momentum.py, logged); they are thrown
-    away and the driver trains with the choice. The probes take the run's -seed and -sync-fc,
-    and the data layers' batch."""
+    away and the driver trains with the choice. The probes' drivers take the run's DriverConfig
+    (its -seed, -sync-fc ...) and the data layers' batch."""
     from .optimizer.momentum import choose_momentum
     groups = config.groups
     if groups is None:          # the driver's rule: one group per device
@@ -563,7 +563,7 @@ def _measured_momentum(solver, config):
     choice = choose_momentum(solver, groups=groups, engine=config.engine,
                              devices=config.devices, staleness=config.staleness,
                              allow_negative=config.allow_negative_momentum,
-                             driver_options={"seed": config.seed, "sync_fc": config.sync_fc})
+                             driver_config=config)
     return config.replace(momentum=repr(choice.momentum),
                           allow_negative_momentum=config.allow_negative_momentum
                           or choice.momentum < 0)

@@ -142,16 +142,16 @@ def choose_momentum(solver, *, groups: int, engine: str = "simulated", devices=N
                     staleness: str = "round-robin", allow_negative: bool = False,
                     grid: Optional[Sequence[float]] = None, probe_iters: Optional[int] = None,
                     budget: int = BUDGET, batch: Optional[int] = None,
-                    log: bool = True, driver_options: Optional[dict] = None) -> MomentumChoice:
+                    log: bool = True, driver_config=None) -> MomentumChoice:
     """Measure the staleness at ``groups``, probe the candidate momenta, choose (module doc).
     The solver is left where it was (weights, history, iteration, data position).
     ``probe_iters`` fixes the first round's length; ``budget`` bounds the probe updates in all
     (the measurement included) when it does not; ``batch`` is the groups' batch (Hogbatch's,
-    default the data layers'); ``driver_options`` the run's other driver settings (``seed``,
-    ``sync_fc``), which the probes' drivers take too."""
+    default the data layers'); ``driver_config`` the run's DriverConfig, whose other settings
+    (``seed``, ``sync_fc`` ...) the probes' drivers take too."""
     opt = Optimizer(solver, engine=engine, devices=devices, groups=[groups],
                     staleness=staleness, he_iters=max(MEASURE_MIN, 4 * groups) - 2,
-                    driver_options=driver_options)
+                    driver_config=driver_config)
     try:
         base, lr = opt.base_momentum, opt.base_lr
         batch = batch or opt.data_batch

@@ -208,7 +208,7 @@ class Optimizer:
                  probe_iters: Optional[int] = None, retune_every: Optional[int] = None,
                  he_iters: int = 6, staleness: str = "round-robin",
                  he_model: Optional[Callable[[Candidate, float], float]] = None,
-                 plot: Optional[str] = None, driver_options: Optional[dict] = None):
+                 plot: Optional[str] = None, driver_config=None):
         if target_loss is not None and target_accuracy is not None:
             raise CCTError("give --target-loss or --target-accuracy, not both")
         if not 0 < probe_share < 1:
@@ -244,9 +244,11 @@ class Optimizer:
         self.he_iters = max(2, he_iters)
         self.staleness = staleness
         self.he_model = he_model
-        # The run's own driver settings its probes must share (--seed, --sync-fc): a probe of
-        # another configuration than the run's measures another staleness.
-        self.driver_options = dict(driver_options or {})
+        # The run's own DriverConfig, whose settings its probes' drivers share (--seed,
+        # --sync-fc ...: a probe of another configuration than the run's measures another
+        # staleness); each probe replaces what its candidate says.
+        from ..driver import DriverConfig
+        self.driver_config = driver_config or DriverConfig()
         # where start() draws its plan's probes (report.plot), refused now, before any probe
         self.plot = report.check_plot_path(plot) if plot else None
         self.he: Dict[tuple, float] = {}
@@ -325,11 +327,10 @@ class Optimizer:
             s.param.momentum = self.base_momentum
             sizes = None if cand.batch == self.data_batch else [cand.batch] * cand.groups
             self.driver = None
-            self.driver = Driver(s, groups=cand.groups, engine=self.engine,
-                                 devices=self.devices, staleness=self.staleness,
-                                 momentum=repr(cand.momentum), allow_negative_momentum=True,
-                                 strategy=cand.strategy, batch_sizes=sizes,
-                                 **self.driver_options)
+            self.driver = Driver(s, self.driver_config.replace(
+                groups=cand.groups, engine=self.engine, devices=self.devices,
+                staleness=self.staleness, momentum=repr(cand.momentum),
+                allow_negative_momentum=True, strategy=cand.strategy, batch_sizes=sizes))
             self._source_place = _UNSET
         self.current = cand
         self._fresh = True      # its first chunk carries warm-up: no drift check on it

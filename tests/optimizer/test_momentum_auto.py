@@ -117,10 +117,11 @@ def test_cli_momentum_auto_logs_its_choice_and_trains_with_it(workdir):  # noqa:
 def test_the_probes_drivers_take_the_runs_seed_and_sync_fc(data_list, tmp_path):  # noqa: F811
     """A probe of another configuration than the run's measures another staleness: the run's
     -seed (exponential staleness) and -sync-fc reach every probe's driver."""
+    from cct.driver import DriverConfig
     from cct.optimizer import Optimizer
     solver = Solver(solver_param(data_list, tmp_path, max_iter=100, display=0))
     opt = Optimizer(solver, engine="simulated", groups=[2], staleness="exponential",
-                    driver_options={"seed": 5, "sync_fc": True})
+                    driver_config=DriverConfig(seed=5, sync_fc=True))
     try:
         opt.configure(opt._candidate(2, opt.data_batch, 0.01, 0.5))
         assert opt.driver.seed == 5
