@@ -433,27 +433,11 @@ def cmd_train(argv: List[str]) -> int:
     """Caffe's ``caffe train``: solve from a solver prototxt, optionally resuming from a
     .solverstate (-snapshot) or starting from trained weights (-weights a,b)."""
     from .context import RunContext
-    from .driver import STRATEGIES, Driver
-    from .io.prototxt import read_solver_text
-    from .progress import TrainingProgress, wants_bar
-    from .scheduler import gradient_source, master_place
+    from .driver import STRATEGIES
+    from .progress import wants_bar
     from .solver import Solver
 
-    flags = Flags("train", argv, {"solver": "", "weights": "", "snapshot": "", "gpu": "",
-                                  "devices": "", "level": "0", "stage": "", "sigint_effect": "stop",
-                                  "sighup_effect": "snapshot", "strategy": "sync", "groups": "",
-                                  "engine": "threads", "staleness": "round-robin",
-                                  "momentum": "", "seed": "0", "batch-sizes": "",
-                                  "progress": "auto", "target-accuracy": "",
-                                  "target-loss": "", "budget": "", "probe-share": "0.1",
-                                  "retune-every": "0", "plot": "",
-                                  "threshold": "0.05", "learners": "", "sma-alpha": "",
-                                  "sma-momentum": 0.0, "sync-period": "1",
-                                  "simulate-speeds": "", "ray-address": "",
-                                  "ps-shards": "auto", "ray-group-restarts": "3",
-                                  "group-timeout": "",
-                                  "ray-data": "ship", "precision": ""},
-                  booleans=("deterministic", "allow-negative-momentum", "sync-fc", "optimize"))
+    flags = _train_flags(argv)
     solver_path = _require(flags, "solver", "Need a solver definition to train.")
     if flags.get("snapshot") and flags.get("weights"):
         raise CCTError("train: give a snapshot to resume training (-snapshot) or weights to "
@@ -467,10 +451,52 @@ def cmd_train(argv: List[str]) -> int:
     _check_train_flags_apply(flags, strategy, optimize)
     level = flags.int("level", "[-2147483648, 2147483647]", "NetState's level is an int32")
     groups = flags.int("groups") if flags.get("groups") else None  # None: one per device
-    momentum = _momentum(flags, strategy)
     config = (_driver_config(flags, strategy, groups) if strategy != "sync" and not optimize
               else None)
     optimize_args = _optimize_args(flags) if optimize else None
+    param = _train_param(flags, solver_path, level, _momentum(flags, strategy), strategy)
+    devices, backend = _train_place(flags, param, strategy, optimize)
+    show_progress = wants_bar(flags.get("progress"))
+    actions = SignalActions(flags.get("sigint_effect"), flags.get("sighup_effect"))
+    # What the run sets for the process (the seed, deterministic plans, the precision), once.
+    context = RunContext.of_solver(param, solver_path, backend,
+                                   deterministic=flags.bool("deterministic") or None)
+    context.apply()
+    # Blob diffs can share memory where no code but the backward pass reads them: one net,
+    # trained by the solver alone.
+    solver = Solver(param, solver_path, action_request=actions, backend=backend,
+                    context=context,
+                    share_blob_diffs=(strategy == "sync" and devices is None and not optimize))
+    try:
+        _train(flags, solver, config, devices, optimize_args, show_progress)
+    finally:
+        solver.close()
+    log.info("caffe.cpp:250", "Optimization Done.")
+    return 0
+
+
+def _train_flags(argv: List[str]) -> Flags:
+    return Flags("train", argv, {"solver": "", "weights": "", "snapshot": "", "gpu": "",
+                                 "devices": "", "level": "0", "stage": "",
+                                 "sigint_effect": "stop", "sighup_effect": "snapshot",
+                                 "strategy": "sync", "groups": "", "engine": "threads",
+                                 "staleness": "round-robin", "momentum": "", "seed": "0",
+                                 "batch-sizes": "", "progress": "auto", "target-accuracy": "",
+                                 "target-loss": "", "budget": "", "probe-share": "0.1",
+                                 "retune-every": "0", "plot": "", "threshold": "0.05",
+                                 "learners": "", "sma-alpha": "", "sma-momentum": 0.0,
+                                 "sync-period": "1", "simulate-speeds": "", "ray-address": "",
+                                 "ps-shards": "auto", "ray-group-restarts": "3",
+                                 "group-timeout": "", "ray-data": "ship", "precision": ""},
+                 booleans=("deterministic", "allow-negative-momentum", "sync-fc", "optimize"))
+
+
+def _train_param(flags: Flags, solver_path: str, level: int, momentum: Optional[str],
+                 strategy: str):
+    """The solver file with what the flags change: the NetState's level and stages, the
+    -weights to start from, -precision, and -momentum for the solver alone (a driver's
+    momentum is its own)."""
+    from .io.prototxt import read_solver_text
     param = read_solver_text(solver_path)
     param.train_state.level = level
     # Caffe splits the -stage flag even when empty, so its train_state holds stage "".
@@ -480,39 +506,43 @@ def cmd_train(argv: List[str]) -> int:
         param.weights.append(flags.get("weights"))
     if flags.get("precision"):
         param.precision = _precision_value(flags.get("precision"))
-    devices = _train_devices(flags, param)
-    show_progress = wants_bar(flags.get("progress"))
-    actions = SignalActions(flags.get("sigint_effect"), flags.get("sighup_effect"))
     if strategy == "sync" and momentum is not None:
         param.momentum = float(momentum)
+    return param
+
+
+def _train_place(flags: Flags, param, strategy: str, optimize: bool):
+    """(devices, backend): the devices the run trains on and where the solver's nets live."""
+    from .scheduler import master_place
+    devices = _train_devices(flags, param)
     if strategy == "sync":
         placed, backend = master_place(devices, "cpu")
-        if optimize:
-            # The optimizer builds each of one group's places (and its drivers' groups) from
-            # the spelling; the master is where master_place put it.
-            for d in placed or ():
-                d.close()
-        else:
-            devices = placed
-    elif devices is not None and flags.get("engine") != "ray" and not optimize:
+        if not optimize:
+            return placed, backend
+        # The optimizer builds each of one group's places (and its drivers' groups) from the
+        # spelling; the master is where master_place put it.
+        for d in placed or ():
+            d.close()
+        return devices, backend
+    if devices is not None and flags.get("engine") != "ray":
         # The parameter store lives where the solver's nets do: on a device with memory of its
         # own when one is among the groups' (CPU+GPU Hogbatch's store, where the GPU group
         # reaches it without a copy; the CPU groups' pulls and pushes cross the bus). Ray's
         # store is its shards, in host memory.
-        _, backend = master_place(devices, "cpu")
-    else:
-        backend = "cpu"
-    # Blob diffs can share memory where no code but the backward pass reads them: one net,
-    # trained by the solver alone.
-    # What the run sets for the process (the seed, deterministic plans, the precision), once.
-    context = RunContext.of_solver(param, solver_path, backend,
-                                   deterministic=flags.bool("deterministic") or None)
-    context.apply()
-    solver = Solver(param, solver_path, action_request=actions, backend=backend,
-                    context=context,
-                    share_blob_diffs=(strategy == "sync" and devices is None and not optimize))
-    driver = None
-    progress = None
+        return devices, master_place(devices, "cpu")[1]
+    return devices, "cpu"
+
+
+def _train(flags: Flags, solver, config, devices, optimize_args: Optional[dict],
+           show_progress: bool) -> None:
+    """The run on a built solver: the driver (its momentum measured first when asked) or the
+    devices' gradient source, the resume, the progress bar, the solve or the optimizer's,
+    and the summary."""
+    from .driver import Driver
+    from .progress import TrainingProgress
+    from .scheduler import gradient_source
+    optimize = optimize_args is not None
+    driver = progress = None
     try:
         measured = config is not None and config.momentum == "auto"
         if measured:
@@ -545,9 +575,6 @@ def cmd_train(argv: List[str]) -> int:
     finally:
         if progress is not None:
             progress.close()
-        solver.close()
-    log.info("caffe.cpp:250", "Optimization Done.")
-    return 0
 
 
 def _measured_momentum(solver, config):
