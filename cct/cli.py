@@ -513,23 +513,17 @@ def _train_param(flags: Flags, solver_path: str, level: int, momentum: Optional[
 
 def _train_place(flags: Flags, param, strategy: str, optimize: bool):
     """(devices, backend): the devices the run trains on and where the solver's nets live."""
-    from .scheduler import master_place
+    from .scheduler import master_backend, master_place
     devices = _train_devices(flags, param)
-    if strategy == "sync":
-        placed, backend = master_place(devices, "cpu")
-        if not optimize:
-            return placed, backend
-        # The optimizer builds each of one group's places (and its drivers' groups) from the
-        # spelling; the master is where master_place put it.
-        for d in placed or ():
-            d.close()
-        return devices, backend
-    if devices is not None and flags.get("engine") != "ray":
-        # The parameter store lives where the solver's nets do: on a device with memory of its
-        # own when one is among the groups' (CPU+GPU Hogbatch's store, where the GPU group
-        # reaches it without a copy; the CPU groups' pulls and pushes cross the bus). Ray's
+    if strategy == "sync" and not optimize:
+        return master_place(devices, "cpu")
+    if optimize or (devices is not None and flags.get("engine") != "ray"):
+        # The solver's nets (the optimizer's one-group place of its own; a driver's parameter
+        # store) live on a device with memory of its own when one is among the devices: the
+        # GPU group reaches the store without a copy (CPU+GPU Hogbatch), the CPU groups' pulls
+        # and pushes cross the bus. The groups and places are built from the spelling. Ray's
         # store is its shards, in host memory.
-        return devices, master_place(devices, "cpu")[1]
+        return devices, master_backend(devices, "cpu")
     return devices, "cpu"
 
 
@@ -629,7 +623,7 @@ def cmd_plan(argv: List[str]) -> int:
     os.environ["CCT_PLAN_CACHE"] = "off"
     from .io.prototxt import read_solver_text
     from .optimizer import Optimizer, advise
-    from .scheduler import master_place
+    from .scheduler import master_backend
     from .solver import Solver
 
     flags = Flags("plan", argv, {"solver": "", "devices": "", "engine": "threads",
@@ -660,10 +654,7 @@ def cmd_plan(argv: List[str]) -> int:
     devices = flags.get("devices") or None
     # The solver's nets where `cct train --optimize` puts them (a GPU among the devices holds
     # them); the optimizer builds its places and groups from the spelling.
-    placed, backend = master_place(devices, "cpu")
-    for d in placed or ():
-        d.close()
-    solver = Solver(param, solver_path, backend=backend)
+    solver = Solver(param, solver_path, backend=master_backend(devices, "cpu"))
     optimizer = None
     try:
         kw = {"engine": flags.get("engine"), "devices": devices}

@@ -66,18 +66,18 @@ def _Net_bottom_names(self: Net) -> "OrderedDict[str, List[str]]":
 # -- forward / backward by layer name, with keyword arrays ----------------------------------------
 
 
-def _layer_index(self: Net, name: str, what: str) -> int:
-    i = self.layer_id(name)
+def _layer_index(net: Net, name: str, what: str) -> int:
+    i = net.layer_id(name)
     if i is None:
-        raise NetError(f"{what}: no layer named '{name}' in net '{self.name}'")
+        raise NetError(f"{what}: no layer named '{name}' in net '{net.name}'")
     return i
 
 
-def _set_blobs(self: Net, arrays: dict, field: str, what: str) -> None:
+def _set_blobs(net: Net, arrays: dict, field: str, what: str) -> None:
     for name, value in arrays.items():
-        if not self.has_blob(name):
-            raise NetError(f"{what}: no blob named '{name}' in net '{self.name}'")
-        blob = self.blob_by_name(name)
+        if not net.has_blob(name):
+            raise NetError(f"{what}: no blob named '{name}' in net '{net.name}'")
+        blob = net.blob_by_name(name)
         value = np.asarray(value)
         if value.shape != blob.shape and value.size != blob.count:
             raise NetError(f"{what}: blob '{name}' has shape {blob.shape}, the given "
@@ -89,10 +89,10 @@ def _Net_forward(self: Net, blobs: Optional[Sequence[str]] = None, start: Option
                  end: Optional[str] = None, **kwargs) -> Dict[str, np.ndarray]:
     """pycaffe's Net.forward: set input blobs from keyword arrays, run from layer ``start``
     to ``end`` (names), return {output blob name: data} (the tops of ``end`` if given)."""
-    self._set_blobs(kwargs, "data", "forward")
-    start_ind = self._layer_index(start, "forward start") if start is not None else 0
+    _set_blobs(self, kwargs, "data", "forward")
+    start_ind = _layer_index(self, start, "forward start") if start is not None else 0
     if end is not None:
-        end_ind = self._layer_index(end, "forward end")
+        end_ind = _layer_index(self, end, "forward end")
         outputs = set(self.top_names[end] + list(blobs or []))
     else:
         end_ind = len(self.layers) - 1
@@ -105,11 +105,11 @@ def _Net_backward(self: Net, diffs: Optional[Sequence[str]] = None, start: Optio
                   end: Optional[str] = None, **kwargs) -> Dict[str, np.ndarray]:
     """pycaffe's Net.backward: set top diffs from keyword arrays, run backward from layer
     ``start`` down to ``end``, return {input blob name: diff} (the bottoms of ``end``)."""
-    self._set_blobs(kwargs, "diff", "backward")
-    start_ind = (self._layer_index(start, "backward start") if start is not None
+    _set_blobs(self, kwargs, "diff", "backward")
+    start_ind = (_layer_index(self, start, "backward start") if start is not None
                  else len(self.layers) - 1)
     if end is not None:
-        end_ind = self._layer_index(end, "backward end")
+        end_ind = _layer_index(self, end, "backward end")
         outputs = set(self.bottom_names[end] + list(diffs or []))
     else:
         end_ind = 0
@@ -123,7 +123,7 @@ def _Net_set_input_arrays(self: Net, data, labels, layer: Optional[str] = None) 
     and ``labels`` (N float32) through the net's first MemoryData layer, or the one named
     ``layer``; N must be a multiple of its batch_size."""
     if layer is not None:
-        idx = self._layer_index(layer, "set_input_arrays")
+        idx = _layer_index(self, layer, "set_input_arrays")
         if self.layers[idx].type != "MemoryData":
             raise NetError(f"set_input_arrays: layer '{layer}' is of type "
                            f"{self.layers[idx].type}, not MemoryData")
@@ -236,8 +236,6 @@ Net.bottom_names = property(_Net_bottom_names)
 Net._blobs = property(lambda self: [b.host_view() for b in self.blobs_list])
 Net._blob_names = property(lambda self: self.blob_names)
 Net._layer_names = property(lambda self: self.layer_names)
-Net._layer_index = _layer_index
-Net._set_blobs = _set_blobs
 Net.forward = _Net_forward
 Net.backward = _Net_backward
 Net.set_input_arrays = _Net_set_input_arrays

@@ -133,6 +133,17 @@ def master_place(devices, backend: str):
     return (None if len(devices) == 1 else devices), own[0].backend
 
 
+def master_backend(devices, backend: str) -> str:
+    """Only the backend of :func:`master_place`, for callers that build their devices
+    themselves, each from the spelling (a driver's groups, the optimizer's places): devices
+    parsed here from a spelling are closed again; given Device objects stay the caller's."""
+    placed, backend = master_place(devices, backend)
+    if isinstance(devices, str):
+        for d in placed or ():
+            d.close()
+    return backend
+
+
 def _blob(net, name: str):
     """The net's own Blob (the layers' arrays, not pycaffe's host view)."""
     return net.blob_by_name(name)

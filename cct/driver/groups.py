@@ -16,11 +16,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..backend import copy as copy_array, host
-from ..devices import Device
+from ..devices import Device, parse_devices
 from ..errors import CCTError
 from ..glog import quiet
 from ..net import Net
 from ..params import NetSource, ParamSet, statistics_positions
+from ..proto import caffe_pb2
 from ..scheduler import HybridScheduler
 
 
@@ -31,6 +32,24 @@ def unlearned_params(net) -> List:
     (its data layers, replaced by Input layers, have none)."""
     return [net.learnable_params[k] for k in statistics_positions(net)]
 
+
+def process_group_net(net_bytes: bytes, dtype: str, seed: Optional[int], index: int,
+                      device: Optional[str], context, source: str) -> Net:
+    """Group ``index``'s net in a process of its own (a group process, a Ray actor): on
+    ``device`` (a spelling) when given, made current here, else on the CPU; under the driver's
+    run context (a new process has none of its settings: its plans would be timed under
+    --deterministic, its GEMMs float32 under bf16); drawing from its own generator, seeded from
+    random_seed and the index as the threads engine's groups are."""
+    backend = "cpu"
+    if device is not None:
+        place = parse_devices(device)[0]
+        place.activate()
+        backend = place.backend
+    context.replace(backend=backend).apply()
+    param = caffe_pb2.NetParameter.FromString(net_bytes)
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
+    with quiet():
+        return Net(param, backend=backend, dtype=np.dtype(dtype), source=source, rng=rng)
 
 def show_outputs(master, values: Sequence[np.ndarray]) -> None:
     """A remote group's output values into the train net's output blobs, where the log reads

@@ -31,19 +31,16 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from .. import glog
 from ..native import _C
 from ..backend import copy as copy_array, get as get_backend, host, plans
 from ..context import RunContext
-from ..devices import parse_devices
 from ..errors import CCTError
 from ..glog import warning
 from ..io.atomic import SHARED_MEMORY_PREFIX, hold_shared_memory, remove_stale_shared_memory
 from ..net import Net
 from ..params import ParamSet, StoreBlob, statistics_positions
-from ..proto import caffe_pb2
 from .engines import AnswerTimeout, Engine, NoAnswer, _dropped, _results, wait_any
-from .groups import show_outputs
+from .groups import process_group_net, show_outputs
 
 _STARTUP_SECONDS = 300
 # The signals a terminal sends to its whole process group: the driver acts on them.
@@ -92,6 +89,7 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
         net = _group_net(net_bytes, dtype, cores, seed, index, device,
                          context or RunContext())
         weights, grads, batches = layout.arrays(shm.buf)
+        inputs = net.input_blobs()
         own = set(statistics_positions(net))       # its running statistics: not pulled
         conn.send(("ready", os.getpid()))
         while True:
@@ -104,7 +102,7 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
                 continue
             if table is not None:
                 plans.install(table)   # the driver's plans (a resumed run's side file's)
-            loss = _group_step(net, weights, grads, batches, own, n)
+            loss = _group_step(net, inputs, weights, grads, batches, own, n)
             plans.persist()
             conn.send(("done", loss, [np.array(host(b.data)) for b in net.output_blobs()]))
     except CCTError as e:       # the user's net or data: the driver stops the run with it
@@ -116,34 +114,20 @@ def _group_main(conn, net_bytes: bytes, dtype: str, shm_name: str, layout: _Layo
 
 def _group_net(net_bytes: bytes, dtype: str, cores: Sequence[int], seed: Optional[int],
                index: int, device: Optional[str], context: RunContext) -> Net:
-    """The group process's net: on ``device`` when given, else on its cores (pinned, and the
-    kernels' threads one per core), under the driver's run context (a spawned process has
-    none of its settings: its plans would be timed under --deterministic, its GEMMs float32
-    under bf16)."""
+    """The group process's net (:func:`~cct.driver.groups.process_group_net`) on its cores:
+    pinned, and the kernels' threads one per core."""
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
     _C.set_num_threads(len(cores) or 0)
-    backend = "cpu"
-    if device is not None:
-        place = parse_devices(device)[0]
-        place.activate()              # a GPU made current in this process
-        backend = place.backend
-    context.replace(backend=backend).apply()
-    param = caffe_pb2.NetParameter()
-    param.ParseFromString(net_bytes)
-    # The process's own generator (its Dropout masks), seeded from random_seed and the
-    # group's index as the threads engine's groups are.
-    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
-    with glog.quiet():
-        return Net(param, backend=backend, dtype=np.dtype(dtype), source="<group process>",
-                   rng=rng)
+    return process_group_net(net_bytes, dtype, seed, index, device, context,
+                             "<group process>")
 
 
-def _group_step(net: Net, weights, grads, batches, own, n: int) -> float:
+def _group_step(net: Net, inputs, weights, grads, batches, own, n: int) -> float:
     """One step in the group process: the block's weights in (not its own statistics), the
     ``iter_size`` batches of ``n`` records through forward and backward, the gradients (and
-    its statistics) out to the block; the mean loss."""
-    inputs = net.input_blobs()
+    its statistics) out to the block; the mean loss. ``inputs``: the net's Input tops, found
+    once when the process starts."""
     for k, (blob, w) in enumerate(zip(net.learnable_params, weights)):
         if k not in own:
             copy_array(blob.data, w)

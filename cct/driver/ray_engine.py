@@ -267,26 +267,13 @@ class GroupWorker:
     def __init__(self, index: int, net_bytes: bytes, dtype: str, seed: Optional[int],
                  bounds: List[List[int]], clip: float, threads: int, context,
                  part: Optional[float] = None, device: Optional[str] = None):
-        from .. import glog
         from ..native import _C
-        from ..devices import parse_devices
-        from ..net import Net
-        from ..proto import caffe_pb2
+        from .groups import process_group_net
         _ignore_terminal_signals()
         _C.set_num_threads(threads)
-        backend = "cpu"
-        if device is not None:      # a device group: Ray gave the actor its GPU as GPU 0
-            place = parse_devices(device)[0]
-            place.activate()
-            backend = place.backend
-        # The driver's run context (--deterministic, the precision): an actor's process
-        # starts with none of the driver's settings.
-        context.replace(backend=backend).apply()
-        param = caffe_pb2.NetParameter.FromString(net_bytes)
-        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
-        with glog.quiet():
-            self.net = Net(param, backend=backend, dtype=np.dtype(dtype),
-                           source=f"<group {index}>", rng=rng)
+        # a device group: Ray gave the actor its GPU as GPU 0 (``device`` "gpu0")
+        self.net = process_group_net(net_bytes, dtype, seed, index, device, context,
+                                     f"<group {index}>")
         self.inputs = self.net.input_blobs()
         self.outputs = self.net.output_blobs()
         self.bounds = bounds
