@@ -110,8 +110,11 @@ EXTRAS = {
     "bench": ["torch==2.13.0"],
     # The GPU backend (cct/backend/gpu.py) runs on CuPy: one wheel per CUDA major version,
     # to match the NVIDIA driver. Without it cct runs on the CPU and says so once.
-    "gpu": ["cupy-cuda12x>=13.3,<15"],
-    "gpu-cuda13": ["cupy-cuda13x>=13.6,<15"],
+    # cuDNN's convolutions come through NVIDIA's frontend (cct/backend/cudnn.py) with the
+    # cuDNN runtime of the same CUDA major; without them the GPU lowers every convolution.
+    "gpu": ["cupy-cuda12x>=13.3,<15", "nvidia-cudnn-frontend>=1.8", "nvidia-cudnn-cu12>=9"],
+    "gpu-cuda13": ["cupy-cuda13x>=13.6,<15", "nvidia-cudnn-frontend>=1.8",
+                   "nvidia-cudnn-cu13>=9"],
     # The quick start's test run: what every test needs (hypothesis drives tests/fuzz). The
     # tests of the optional parts skip, saying why, without their packages.
     "test": ["pytest>=7", "hypothesis>=6.100"],

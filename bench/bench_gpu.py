@@ -1,16 +1,19 @@
-"""cct on a GPU: the GPU alone, the CPU+GPU hybrid, and PyTorch on the same GPU with the same
-nets (issue 5's bench (b)). Needs CuPy (`pip install '.[gpu]'`) and, for the PyTorch column, a
-CUDA build of PyTorch; without a usable GPU it says why and exits.
+"""cct on a GPU against PyTorch on the same GPU, the six nets of bench/bench_train.py: cct's
+GPU path (cuDNN convolutions where the frontend is installed), the same nets with engine: CAFFE
+(the lowering path), optionally the CPU+GPU hybrid, and PyTorch eager (cuDNN benchmark mode).
+Needs CuPy (`pip install '.[gpu-cuda13]'`, which brings the cudnn frontend) and, for the
+PyTorch column, a CUDA build of PyTorch; without a usable GPU it says why and exits.
 
-    python bench/bench_gpu.py                                   # CaffeNet b256, AlexNet b256, GoogLeNet b64
-    python bench/bench_gpu.py --nets caffenet --iters 10 --tf32 both
+    python bench/bench_gpu.py                                # fp32, TF32 off on both
+    python bench/bench_gpu.py --nets caffenet_b256 --iters 10 --tf32 both --hybrid
 
 Full training iterations on synthetic data (forward, backward, SGD update with momentum and
 weight decay), median images/s after warm-up. fp32 with TF32 off on both frameworks
 (``CUPY_TF32=0``, ``torch.backends.*.allow_tf32 = False``); ``--tf32 on``/``both`` adds runs
-with TF32 allowed on both. Each configuration runs in a subprocess of its own. The nets are
-built as bench/bench_train.py builds them (zoo prototxt, Input layers); PyTorch's net is the
-same one layer for layer (bench_train.torch_model).
+with TF32 allowed on both. Each configuration runs in a subprocess of its own. Peak memory:
+what CuPy's pool holds after the run (it keeps what it took) against PyTorch's
+max_memory_reserved. "of peak": the net's training FLOPs per second over the GPU's float32
+GEMM rate measured by `cct device_query` (cct.backend.gpu.describe).
 """
 from __future__ import annotations
 
@@ -27,14 +30,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.append(str(HERE.parent))   # after the installed cct (see bench_train.py)
 
-from bench_train import (default_zoo, sgd_update, synthetic_net,  # noqa: E402
-                         torch_training_step)
-
-NETS = {
-    "caffenet": ("models/bvlc_reference_caffenet/train_val.prototxt", 256),
-    "alexnet": ("models/bvlc_alexnet/train_val.prototxt", 256),
-    "googlenet": ("models/bvlc_googlenet/train_val.prototxt", 64),
-}
+from bench_train import (NETS, default_zoo, sgd_update, synthetic_net,  # noqa: E402
+                         torch_training_step, training_flops_per_image)
 
 
 def _timed(step, sync, warmup: int, iters: int) -> float:
@@ -50,7 +47,32 @@ def _timed(step, sync, warmup: int, iters: int) -> float:
     return statistics.median(times)
 
 
-def run_cct(net_name: str, devices: str, zoo: str, warmup: int, iters: int) -> dict:
+def _replayed(step, warmup: int, iters: int, batch: int) -> dict:
+    """The same iteration captured once as a CUDA graph (CuPy's stream capture) and replayed:
+    {"graph_img_s": ...}, or {"graph_error": why it could not be captured}."""
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    try:
+        with stream:
+            for _ in range(2):   # the pool's blocks for this stream, before the capture
+                step()
+            stream.synchronize()
+            stream.begin_capture()
+            try:
+                step()
+            finally:
+                graph = stream.end_capture()
+    except Exception as e:  # what the iteration does that a capture refuses
+        return {"graph_error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+    seconds = _timed(lambda: graph.launch(stream), stream.synchronize, warmup, iters)
+    return {"graph_img_s": batch / seconds}
+
+
+def run_cct(net_name: str, devices: str, zoo: str, warmup: int, iters: int,
+            engine: str = "", graphs: bool = False) -> dict:
+    import cupy
+
     from cct.backend import gpu
     from cct.devices import parse_devices
     from cct.scheduler import HybridScheduler
@@ -60,18 +82,28 @@ def run_cct(net_name: str, devices: str, zoo: str, warmup: int, iters: int) -> d
     hybrid = len(device_list) > 1
     if not hybrid:
         gpu.use_device(device_list[0].index)
-    net = synthetic_net(pathlib.Path(zoo) / rel, batch, backend="cpu" if hybrid else "gpu")
+    net = synthetic_net(pathlib.Path(zoo) / rel, batch, backend="cpu" if hybrid else "gpu",
+                        engine=engine)
     scheduler = HybridScheduler(net, device_list) if hybrid else None
     update = sgd_update(net)
 
     def step():
         net.clear_param_diffs()
-        (scheduler.forward_backward if scheduler else net.forward_backward)()
+        if scheduler:
+            scheduler.forward_backward()
+        else:
+            net.forward_backward(defer=True)   # as the solver runs it: the loss stays there
         update()
 
     seconds = _timed(step, gpu.synchronize, warmup, iters)
     split = [r.n for r in scheduler.replicas] if scheduler else [batch]
-    return {"img_s": batch / seconds, "split": split}
+    cudnn = getattr(gpu, "convolutions", None)
+    graph = {} if hybrid or not graphs else _replayed(step, warmup, iters, batch)
+    return {"img_s": batch / seconds, "split": split, **graph,
+            "flops": training_flops_per_image(net),
+            "pool_mb": cupy.get_default_memory_pool().total_bytes() / 2**20,
+            "cudnn_graphs": len(cudnn.table) if cudnn is not None else 0,
+            "cudnn_refused": len(cudnn.refused()) if cudnn is not None else 0}
 
 
 def run_torch(net_name: str, zoo: str, warmup: int, iters: int, tf32: bool) -> dict:
@@ -83,15 +115,20 @@ def run_torch(net_name: str, zoo: str, warmup: int, iters: int, tf32: bool) -> d
     rel, batch = NETS[net_name]
     step = torch_training_step(pathlib.Path(zoo) / rel, batch, device="cuda")
     seconds = _timed(step, torch.cuda.synchronize, warmup, iters)
-    return {"img_s": batch / seconds, "version": torch.__version__}
+    return {"img_s": batch / seconds, "version": torch.__version__,
+            "pool_mb": torch.cuda.max_memory_reserved() / 2**20}
 
 
 def spawn(args, *worker: str, tf32: bool = False) -> dict:
     env = dict(os.environ, CUPY_TF32="1" if tf32 else "0")
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", *worker,
            "--zoo", args.zoo, "--iters", str(args.iters), "--warmup", str(args.warmup),
-           "--tf32", "on" if tf32 else "off"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+           "--tf32", "on" if tf32 else "off"] + (["--graph"] if args.graph else [])
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                              timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"over {args.timeout} s"}
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -99,8 +136,8 @@ def spawn(args, *worker: str, tf32: bool = False) -> dict:
     return {"error": f"exit {proc.returncode}: {tail}"}
 
 
-def _fmt(r: dict) -> str:
-    return f"{r['img_s']:9.1f}" if "img_s" in r else f"{'failed':>9}"
+def _fmt(r: dict, key: str = "img_s", width: int = 9) -> str:
+    return f"{r[key]:{width}.1f}" if key in r else f"{'-':>{width}}"
 
 
 def main(argv=None) -> None:
@@ -110,40 +147,67 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--tf32", choices=["off", "on", "both"], default="off")
     ap.add_argument("--gpu", type=int, default=0)
+    ap.add_argument("--hybrid", action="store_true", help="add the CPU+GPU hybrid column")
+    ap.add_argument("--no-caffe-engine", action="store_true",
+                    help="leave out the engine: CAFFE (lowering) column")
+    ap.add_argument("--graph", action="store_true",
+                    help="add a column: the iteration captured as a CUDA graph and replayed")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per configuration")
+    ap.add_argument("--json", default="", help="write the rows here too")
     ap.add_argument("--zoo", default=str(default_zoo()))
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         kind, net, *rest = args.worker
         if kind == "cct":
-            result = run_cct(net, rest[0], args.zoo, args.warmup, args.iters)
+            result = run_cct(net, rest[0], args.zoo, args.warmup, args.iters,
+                             rest[1] if len(rest) > 1 else "", args.graph)
         else:
             result = run_torch(net, args.zoo, args.warmup, args.iters, args.tf32 == "on")
         print("RESULT " + json.dumps(result))
         return
-    from cct.backend import gpu
+    from cct.backend import cudnn, gpu
     ok, reason = gpu.available()
     if not ok:
         raise SystemExit(f"bench_gpu: no usable GPU: {reason}")
     d = gpu.describe(args.gpu)
+    peak = d["sgemm_gflops"] * 1e9
     print(f"# {d['name']} ({d['total_memory'] / 2**30:.0f} GiB, compute {d['compute_capability']}"
-          f", SGEMM {d['sgemm_gflops']:.0f} GFLOP/s measured)")
-    print(f"# {args.iters} timed iterations after {args.warmup} warm-up, median images/s")
-    print(f"{'net':<10} {'tf32':<5} {'cct gpu':>9} {'cpu+gpu':>9} {'split':>9} {'torch':>9} "
-          f"{'cct/torch':>9}")
+          f", SGEMM {d['sgemm_gflops']:.0f} GFLOP/s measured, TF32 off); {cudnn.available()[1]}")
+    print(f"# {args.iters} timed iterations after {args.warmup} warm-up, median images/s; "
+          "MiB: peak memory held (CuPy's pool / PyTorch's reserved)")
+    print(f"{'net':<14} {'tf32':<4} {'cct gpu':>9} {'graph':>9} {'CAFFE':>9} {'cpu+gpu':>9} "
+          f"{'split':>9} {'torch':>9} {'cct/torch':>9} {'of peak':>7} {'cct MiB':>8} "
+          f"{'torch MiB':>9}")
+    rows = []
     for tf32 in {"off": [False], "on": [True], "both": [False, True]}[args.tf32]:
         for net in args.nets.split(","):
             alone = spawn(args, "cct", net, f"gpu{args.gpu}", tf32=tf32)
-            hybrid = spawn(args, "cct", net, f"cpu,gpu{args.gpu}", tf32=tf32)
+            caffe = ({} if args.no_caffe_engine else
+                     spawn(args, "cct", net, f"gpu{args.gpu}", "CAFFE", tf32=tf32))
+            hybrid = spawn(args, "cct", net, f"cpu,gpu{args.gpu}", tf32=tf32) \
+                if args.hybrid else {}
             torch_r = spawn(args, "torch", net, tf32=tf32)
             ratio = (f"{alone['img_s'] / torch_r['img_s']:9.2f}"
                      if "img_s" in alone and "img_s" in torch_r else f"{'-':>9}")
+            share = (f"{alone['img_s'] * alone['flops'] / peak:7.0%}"
+                     if "img_s" in alone else f"{'-':>7}")
             split = "/".join(map(str, hybrid.get("split", []))) or "-"
-            print(f"{net:<10} {'on' if tf32 else 'off':<5} {_fmt(alone)} {_fmt(hybrid)} "
-                  f"{split:>9} {_fmt(torch_r)} {ratio}", flush=True)
-            for name, r in (("cct gpu", alone), ("cpu+gpu", hybrid), ("torch", torch_r)):
+            print(f"{net:<14} {'on' if tf32 else 'off':<4} {_fmt(alone)} "
+                  f"{_fmt(alone, 'graph_img_s')} {_fmt(caffe)} "
+                  f"{_fmt(hybrid)} {split:>9} {_fmt(torch_r)} {ratio} {share} "
+                  f"{_fmt(alone, 'pool_mb', 8)} {_fmt(torch_r, 'pool_mb', 9)}", flush=True)
+            rows.append({"net": net, "tf32": tf32, "cct": alone, "caffe_engine": caffe,
+                         "hybrid": hybrid, "torch": torch_r})
+            for name, r in (("cct gpu", alone), ("CAFFE", caffe), ("cpu+gpu", hybrid),
+                            ("torch", torch_r)):
                 if "error" in r:
                     print(f"#   {name} failed: {r['error']}")
+            if "graph_error" in alone:
+                print(f"#   graph not captured: {alone['graph_error']}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(
+            {"gpu": d, "cudnn": cudnn.available()[1], "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -151,6 +151,57 @@ class LearnableParam(NamedTuple):
     sharers: Tuple[int, ...] = ()   # the positions of the params that share its data
 
 
+class PendingLoss:
+    """A forward pass's weighted loss with terms still on a device: its host part, the
+    (weight, device sum) of each loss top, and the layers' pending checks. Reading it
+    (:meth:`value`, :func:`read_losses` for many at once) is one device-to-host copy; a
+    failed check raises its layer's error then. The loss adds up on the host in the layers'
+    order, as a forward pass that reads each term at once does, so both give the same number."""
+
+    __slots__ = ("backend", "host", "terms", "checks")
+
+    def __init__(self, backend, host: float, terms, checks):
+        self.backend, self.host, self.terms, self.checks = backend, host, terms, checks
+
+    def _arrays(self) -> list:
+        xp = self.backend.xp
+        return ([xp.reshape(s, (1,)).astype(np.float64) for _, s in self.terms]
+                + [c.reshape(-1).astype(np.float64) for c, _ in self.checks])
+
+    def _finish(self, values) -> float:
+        n = len(self.terms)
+        for k, (_, error) in enumerate(self.checks):
+            any_bad, first = values[n + 2 * k: n + 2 * k + 2]
+            if any_bad:
+                raise error(int(first))
+        loss = self.host
+        for (w, _), v in zip(self.terms, values[:n]):
+            loss += w * float(v)
+        return loss
+
+    def value(self) -> float:
+        return read_losses([self])[0]
+
+
+def read_losses(losses: Sequence) -> List[float]:
+    """The values of ``losses`` (numbers, or PendingLoss of one backend) in one copy."""
+    pending = [x for x in losses if isinstance(x, PendingLoss)]
+    if not pending:
+        return [float(x) for x in losses]
+    backend = pending[0].backend
+    arrays = [a for x in pending for a in x._arrays()]
+    host = backends.host(backend.xp.concatenate(arrays)).tolist()
+    out, at = [], 0
+    for x in losses:
+        if isinstance(x, PendingLoss):
+            size = len(x.terms) + 2 * len(x.checks)
+            out.append(x._finish(host[at:at + size]))
+            at += size
+        else:
+            out.append(float(x))
+    return out
+
+
 class Net:
     """A net built from a NetParameter for one NetState (phase, level, stages).
 
@@ -437,9 +488,13 @@ class Net:
                 self.params_list[i].share_diff(self.params_list[owner])
 
     # -- running -----------------------------------------------------------------------------
-    def forward_from_to(self, start: int, end: int) -> float:
-        """Run layers start..end inclusive; returns the weighted loss (Caffe's ForwardFromTo)."""
+    def forward_from_to(self, start: int, end: int, defer: bool = False):
+        """Run layers start..end inclusive; returns the weighted loss (Caffe's ForwardFromTo).
+        On a device the loss and the layers' checks are read in one copy at the end; with
+        ``defer`` they are not read at all: a :class:`PendingLoss` comes back instead, for the
+        solver to read when it shows the loss, so that an iteration never waits for the GPU."""
         loss = 0.0
+        terms, checks = [], []
         with using(self.rng):
             for i in range(start, end + 1):
                 layer = self.layers[i]
@@ -447,13 +502,23 @@ class Net:
                 try:
                     layer.reshape(bottom, top)
                     layer.forward(bottom, top)
+                    if layer.pending_check is not None:
+                        checks.append(layer.pending_check)
+                        layer.pending_check = None
                     for t, w in zip(top, layer.loss_weights):
                         if w:
-                            loss += w * float(t.data.sum())
+                            total = t.data.sum()
+                            if self.backend.is_device(total):
+                                terms.append((w, total))
+                            else:
+                                loss += w * float(total)
                 except MemoryError as e:
                     self._out_of_memory(i, "forward", e)
                     raise
-        return loss
+        if not (terms or checks):
+            return loss
+        pending = PendingLoss(self.backend, loss, terms, checks)
+        return pending if defer else pending.value()
 
     def backward_from_to(self, start: int, end: int) -> None:
         """Run backward from layer ``start`` down to ``end`` inclusive."""
@@ -481,14 +546,14 @@ class Net:
                          f"batch size (the data layer's batch_size, or an Input shape's first "
                          f"dim)") from exc
 
-    def forward_prefilled(self) -> float:
-        return self.forward_from_to(0, len(self.layers) - 1)
+    def forward_prefilled(self, defer: bool = False):
+        return self.forward_from_to(0, len(self.layers) - 1, defer)
 
     def backward_all(self) -> None:
         self.backward_from_to(len(self.layers) - 1, 0)
 
-    def forward_backward(self) -> float:
-        loss = self.forward_prefilled()
+    def forward_backward(self, defer: bool = False):
+        loss = self.forward_prefilled(defer)
         self.backward_all()
         return loss
 

@@ -120,16 +120,19 @@ class GradientSource(Protocol):
 
 
 class NetSource:
-    """The train net computing its own gradients: the plain one-device path."""
+    """The train net computing its own gradients: the plain one-device path. With ``defer``
+    a device net's losses come back still on the device (cct.net.PendingLoss), for a solver
+    that reads them when it shows them."""
 
-    def __init__(self, net):
+    def __init__(self, net, defer: bool = False):
         self.net = net
+        self.defer = defer
 
-    def compute_gradients(self) -> float:
-        return self.net.forward_backward()
+    def compute_gradients(self):
+        return self.net.forward_backward(self.defer)
 
-    def compute_loss(self) -> float:
-        return self.net.forward_prefilled()
+    def compute_loss(self):
+        return self.net.forward_prefilled(self.defer)
 
     def pull_statistics(self) -> None:
         """Nothing is held elsewhere."""

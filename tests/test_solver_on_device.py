@@ -177,3 +177,82 @@ def test_cct_train_splits_batches_with_the_device(data_list, tmp_path):  # noqa:
         return [float(line.rsplit("=", 1)[1]) for line in log.splitlines()
                 if "solver.cpp" in line and ", loss = " in line]
     np.testing.assert_allclose(losses(runs[1].stderr), losses(runs[0].stderr), rtol=1e-4)
+
+
+# -- no waiting for the device inside an iteration ---------------------------------------------
+def test_a_device_iteration_copies_nothing_to_the_host_until_the_loss_is_read(
+        data_list, tmp_path):  # noqa: F811
+    """The loss and SoftmaxWithLoss's label check stay on the device (a host copy waits for
+    the GPU): iterations without a display line copy nothing back; the losses of all of them
+    come back in one copy, and give the smoothed loss the CPU gives."""
+    from cct.backend import npdevice
+
+    param = _param(data_list, tmp_path, display=0, average_loss=3)
+    solver = Solver(param, backend="numpy")
+    cpu = Solver(param, backend="cpu")
+    try:
+        solver.step(1)   # kernels and index arrays built, data read
+        cpu.step(1)
+        with npdevice.copies.counting() as copies:
+            solver.start_steps()
+            for _ in range(5):
+                solver.begin_iteration()
+                solver.record_loss(solver.compute_gradients())
+                solver.apply_update()
+                solver.end_iteration()
+            assert copies.to_host == 0
+            solver.read_pending_losses()
+            assert copies.to_host == 1
+        cpu.start_steps()
+        for _ in range(5):
+            cpu.begin_iteration()
+            cpu.record_loss(cpu.compute_gradients())
+            cpu.apply_update()
+            cpu.end_iteration()
+        np.testing.assert_allclose(float(solver.smoothed_loss), float(cpu.smoothed_loss),
+                                   rtol=1e-5)
+    finally:
+        solver.close()
+        cpu.close()
+
+
+def test_a_deferred_nan_names_the_iteration_it_came_from(data_list, tmp_path):  # noqa: F811
+    """A loss read late still stops the run at the iteration it came from, before any
+    snapshot of the weights it reached."""
+    from cct.errors import CCTError
+
+    param = _param(data_list, tmp_path, display=0, base_lr=1e30, max_iter=40, snapshot=20)
+    solver = Solver(param, backend="numpy")
+    try:
+        with pytest.raises(CCTError, match=r"loss is (NaN|infinite) at iteration (\d+)") as e:
+            solver.solve()
+        iteration = int(e.value.args[0].split("at iteration ")[1].split(";")[0])
+        assert iteration < 20 and not (tmp_path / "snap_iter_20.caffemodel").exists()
+    finally:
+        solver.close()
+
+
+def test_a_bad_label_on_the_device_is_the_layers_error(tmp_path):
+    """SoftmaxWithLoss's label check on the device, read with the loss: the same error as
+    on the CPU, naming the layer and the label."""
+    import h5py
+
+    from cct.errors import CCTError
+    from .test_scheduler import solver_param as scheduler_param
+
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f["data"] = np.zeros((64, 2, 10, 10), np.float32)
+        f["label"] = np.full(64, 7, np.float32)          # the net has 5 classes
+        f["target"] = np.zeros((64, 3), np.float32)
+    (tmp_path / "list.txt").write_text(f"{tmp_path / 'd.h5'}\n")
+    param = scheduler_param(tmp_path / "list.txt", tmp_path, display=0)
+    messages = []
+    for backend in ("cpu", "numpy"):
+        solver = Solver(param, backend=backend)
+        try:
+            with pytest.raises(CCTError, match="label 7 is out of range") as e:
+                solver.step(3)
+            messages.append(str(e.value))
+        finally:
+            solver.close()
+    assert messages[0] == messages[1]

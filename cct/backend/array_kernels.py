@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Callable, Dict, Hashable, Tuple
+from typing import Callable, Dict, Hashable, Optional, Tuple
 
 import numpy as np
 
@@ -43,7 +43,8 @@ KERNELS = ("conv_out_size", "deconv_out_size", "matmul", "conv_forward", "conv_b
            "softmax_backward", "softmax_loss_forward", "softmax_loss_backward", "sgd_update",
            "nesterov_update", "adagrad_update", "rmsprop_update", "adadelta_update",
            "adam_update", "batch_norm_statistics", "batch_norm_normalize", "batch_norm_backward",
-           "eltwise_sum", "eltwise_prod", "eltwise_max", "eltwise_max_backward")
+           "eltwise_sum", "eltwise_prod", "eltwise_max", "eltwise_max_backward",
+           "dropout_mask")
 
 _FLT_MIN = float(np.finfo(np.float32).tiny)
 # The out= convention and the dtype check are cct/backend/shapes.py's, shared with the CPU
@@ -171,8 +172,12 @@ class ArrayKernels:
 
     def __init__(self, xp, device: Callable[[], Hashable] = lambda: None,
                  index_dtype=np.intp, cache_size: int = 256,
-                 to_host: Callable = np.asarray):
+                 to_host: Callable = np.asarray, uniform: Optional[Callable] = None):
         self.xp = xp
+        # Uniform [0, 1) draws for Dropout: by default from the run's host generator, copied
+        # over (the CPU's draws, so the stand-in repeats the CPU to the bit); a GPU draws on
+        # the device instead (uniform(shape, rng): its own generator seeded from rng).
+        self._uniform = uniform or (lambda shape, rng: xp.asarray(rng.random(shape)))
         self.to_host = to_host
         self.device = device
         self.index_dtype = np.dtype(index_dtype)
@@ -599,6 +604,15 @@ class ArrayKernels:
         dx *= y
         return _result(buf, dest)
 
+    # -- Dropout -----------------------------------------------------------------------------
+    def dropout_mask(self, shape, keep: float, scale, dtype, rng):
+        """Caffe's Dropout mask, scaled: ``scale`` where a uniform draw is below ``keep``, else
+        0, of ``shape`` and ``dtype``; the draws as the kernels' constructor says (see
+        ``uniform``), ``rng`` the run's host generator."""
+        dt = np.dtype(dtype)
+        keep_mask = self._uniform(tuple(shape), rng) < keep
+        return keep_mask.astype(dt) * dt.type(scale)
+
     # -- SoftmaxWithLoss ---------------------------------------------------------------------
     @staticmethod
     def _labels(label, channels, ignore_label):
@@ -608,13 +622,15 @@ class ArrayKernels:
         use = in_range if keep is None else keep & in_range
         return lab, keep, use
 
-    def softmax_loss_forward(self, x, label, ignore_label, prob=None):
+    def softmax_loss_forward(self, x, label, ignore_label, prob=None, deferred=False):
         """SoftmaxWithLoss's forward core on x (outer, channels, inner) and label (outer,
         inner), labels truncated to int. Returns (prob, loss, count, bad_label): loss the sum
         of -log(max(p[label], FLT_MIN)) over the positions whose label is not
         ``ignore_label`` (a dtype scalar), count those positions, bad_label the first label
         outside [0, channels) that is not ignored (None when all are fine; the loss skips it).
-        The three host values come back in one device-to-host copy."""
+        The three host values come back in one device-to-host copy; with ``deferred`` they
+        stay on the device (nothing waits for the GPU): loss and count as 0-d arrays,
+        bad_label as [any bad, the first bad label] (read it with :func:`bad_label_of`)."""
         xp = self.xp
         dt = _dtype(x, _FAMILY)
         p = self.softmax_forward(x, prob)
@@ -629,6 +645,8 @@ class ArrayKernels:
             use.sum(dtype=np.float64),
             bad.any().astype(np.float64),
             lab.reshape(-1)[first_bad].astype(np.float64)])
+        if deferred:
+            return p, stats[0].astype(dt), stats[1], stats[2:]
         loss, count, any_bad, bad_label = (float(v) for v in self.to_host(stats))
         return p, dt.type(loss), int(count), (int(bad_label) if any_bad else None)
 

@@ -243,6 +243,14 @@ def ave_pool_backward(dy, x_shape, kernel, stride, pad, pooled, out=None) -> np.
 # In-place kernels: ReLU, LRN, softmax, SoftmaxWithLoss, SGD (csrc/elementwise.cpp, lrn.cpp,
 # softmax.cpp). Each writes into ``out`` when given, which may be an input where said (in place).
 # --------------------------------------------------------------------------------------------
+def dropout_mask(shape, keep: float, scale, dtype, rng) -> np.ndarray:
+    """Caffe's Dropout mask, scaled: ``scale`` where a uniform draw of ``rng`` (the run's
+    generator, cct.rng) is below ``keep``, else 0, of ``shape`` and ``dtype``. x * mask is
+    x * m * scale to the bit, m being 0 or 1."""
+    dt = np.dtype(dtype)
+    return (rng.random(tuple(shape)) < keep).astype(dt) * dt.type(scale)
+
+
 def relu_forward(x, negative_slope: float, out=None) -> np.ndarray:
     """y = max(x, 0) + negative_slope * min(x, 0); ``out`` may be ``x`` (in place)."""
     dt = _dtype(x, _FAMILY)
@@ -300,12 +308,13 @@ def softmax_backward(y, dy, out=None) -> np.ndarray:
     return _result(buf, dest)
 
 
-def softmax_loss_forward(x, label, ignore_label: Optional[int], prob=None):
+def softmax_loss_forward(x, label, ignore_label: Optional[int], prob=None, deferred=False):
     """SoftmaxWithLoss's forward core on x (outer, channels, inner) and label (outer, inner),
     labels truncated to int as Caffe does. Returns (prob, loss, count, bad_label): loss the sum
     of -log(max(p[label], FLT_MIN)) over the positions whose label is not ``ignore_label``
     (a dtype scalar, summed in memory order), count those positions, bad_label the first label
-    outside [0, channels) that is not ignored (None when all are fine; the loss skips it)."""
+    outside [0, channels) that is not ignored (None when all are fine; the loss skips it).
+    ``deferred`` lets a device keep them on the device; here they are at hand anyway."""
     dt = _dtype(x, _FAMILY)
     x = _arr(x, dt)
     buf, dest = _target(np, prob, x.shape, dt)

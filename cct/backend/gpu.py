@@ -156,6 +156,21 @@ def is_device(array) -> bool:
 to_host, to_device = cupy_movement(cupy, is_device)
 
 
+# The device generators of Dropout's draws, one per GPU and host generator: each is seeded by
+# one draw of the run's host generator (cct.rng) the first time it is needed, so a seeded run
+# repeats its masks, and a new seed (set_random_seed makes a new host generator) reseeds.
+_generators: dict = {}
+
+
+def _device_uniform(shape, rng):
+    key = (cupy.cuda.runtime.getDevice(), id(rng))
+    entry = _generators.get(key)
+    if entry is None or entry[0] is not rng:
+        seed = int(rng.integers(0, 2**63 - 1))
+        entry = _generators[key] = (rng, cupy.random.RandomState(seed))
+    return entry[1].random_sample(shape, dtype=cupy.float32)
+
+
 def _sgemm_gflops(n: int, repeats: int) -> float:
     a = cupy.random.standard_normal((n, n), dtype=cupy.float32)
     b = cupy.random.standard_normal((n, n), dtype=cupy.float32)
@@ -195,5 +210,12 @@ if cupy is not None:
     # int32 gather indices (half the index traffic of int64); the index arrays are cached per
     # device, since each GPU needs its own copy.
     kernels = ArrayKernels(cupy, device=cupy.cuda.runtime.getDevice, index_dtype=np.int32,
-                           to_host=to_host)
+                           to_host=to_host, uniform=_device_uniform)
+    # Convolutions on cuDNN where the frontend is installed (engine CAFFE and the geometries
+    # cuDNN refuses stay lowered); without it, the lowering path alone, said once.
+    from . import cudnn as _cudnn
+    from .shapes import pair as _pair
+    convolutions = _cudnn.convolutions(cupy)
+    if convolutions is not None:
+        _cudnn.wrap_lowering(kernels, convolutions, _pair)
     kernels.bind(globals())

@@ -16,7 +16,10 @@ refused, as CuPy refuses
   * mixing host and device arrays in one operation: a ufunc, an operator, an ``xp`` function
     or a method given a host array (CuPy's ``Unsupported type <class 'numpy.ndarray'>``);
   * ``ndarray.set`` from anything but a host array of the same shape and dtype, ``.get(out=)``
-    into anything but one.
+    into anything but one; ``set`` into a strided device view, ``get(out=)`` into a strided
+    host view;
+  * ``numpy.copyto`` into a host array from a device one (CuPy takes the call and raises
+    AttributeError on the host destination).
 
 allowed, as CuPy allows (each one a counted copy)
   * ``float(d)``, ``int(d)``, ``bool(d)``, ``complex(d)`` of a one-element array, ``d.item()``,
@@ -257,6 +260,11 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     def __array_function__(self, func, types_, args, kwargs):
         what = f"numpy.{func.__name__}"
+        if func is np.copyto and args and not isinstance(args[0], DeviceArray):
+            # CuPy's copyto takes the call and reads its host destination as a device array
+            # (CuPy 14.2 on an H200: AttributeError, not the TypeError of mixing).
+            raise AttributeError(f"'numpy.ndarray' object has no attribute 'data' in {what}: "
+                                 f"copy a device array to the host with get(out=)")
         if any(issubclass(t, np.ndarray) for t in types_):
             _refuse_host(np.empty(0), what)
         result = func(*_unwrap(args, what), **_unwrap_kwargs(kwargs, what))
@@ -277,10 +285,9 @@ class DeviceArray(NDArrayOperatorsMixin):
                                 f"array")
             if out.shape != self._a.shape:
                 raise ValueError("Shape mismatch")
-            # CuPy copies memory as it lies: both sides contiguous in the same order.
-            order = _order(self._a)
-            if order is None or not (out.flags.c_contiguous if order == "C"
-                                     else out.flags.f_contiguous):
+            # CuPy copies a strided device view through a contiguous one of its own (seen on
+            # CuPy 14.2); the host side must be contiguous.
+            if not (out.flags.c_contiguous or out.flags.f_contiguous):
                 raise RuntimeError("Cannot set to non-contiguous array")
             np.copyto(out, self._a)
             host = out

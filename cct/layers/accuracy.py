@@ -52,25 +52,44 @@ class AccuracyLayer(Layer):
         label = bottom[1].data.reshape(outer, inner).astype(xp.int64)
         valid = (label != self.ignore_label) if self.ignore_label is not None else \
             xp.ones(label.shape, bool)
-        checked = label[valid]
-        out_of_range = (checked < 0) | (checked >= classes)
-        if bool(out_of_range.any()):
-            raise self.error(f"label {int(checked[out_of_range][0])} is out of range: labels "
-                             f"must lie in [0, {classes - 1}]" + (
-                                 f" or equal ignore_label {self.ignore_label}"
-                                 if self.ignore_label is not None else "") + ".")
+        # On a device, reading the label check or the count would wait for the GPU: the
+        # check is left for the net to read with the loss (pending_check), the count stays.
+        on_device = self.backend.is_device(label)
+        bad = valid & ((label < 0) | (label >= classes))
+        if on_device:
+            first = label.reshape(-1)[bad.reshape(-1).astype(xp.int8).argmax()]
+            self.pending_check = (xp.stack([bad.any().astype(xp.int64), first]),
+                                  self._label_error)
+        elif bool(bad.any()):
+            raise self._label_error(int(label[bad][0]))
+        valid = valid & ~bad   # what a device goes on with until the check is read
         safe = xp.where(valid, label, 0)
         true_score = xp.take_along_axis(x, safe[:, None, :], axis=1)
         # The true class itself is one of the scores >= its own.
         at_least = (x >= true_score).sum(axis=1)
         hit = valid & (at_least - 1 < self.top_k)
-        count = int(valid.sum())
         # Divide in the blob dtype, as Caffe's Dtype arithmetic does.
-        top[0].data[...] = hit.sum().astype(self.dtype) / self.dtype.type(count) if count else 0
+        if on_device:
+            count = valid.sum()
+            top[0].data[...] = xp.where(count > 0, hit.sum().astype(self.dtype)
+                                        / xp.maximum(count, 1).astype(self.dtype), 0)
+        else:
+            count = int(valid.sum())
+            top[0].data[...] = (hit.sum().astype(self.dtype) / self.dtype.type(count)
+                                if count else 0)
         if len(top) > 1:
-            nums = xp.bincount(checked, minlength=classes).astype(self.dtype)
-            hits = xp.bincount(label[hit], minlength=classes).astype(self.dtype)
+            # per-class counts as one-hot sums: a boolean selection or bincount would read
+            # sizes back from a device
+            of_class = (safe[:, None, :] == xp.arange(classes)[None, :, None]) & valid[:, None, :]
+            nums = of_class.sum(axis=(0, 2)).astype(self.dtype)
+            hits = (of_class & hit[:, None, :]).sum(axis=(0, 2)).astype(self.dtype)
             top[1].data[...] = xp.where(nums > 0, hits / xp.maximum(nums, 1), 0)
+
+    def _label_error(self, bad: int):
+        return self.error(f"label {bad} is out of range: labels must lie in "
+                          f"[0, {self.view[1] - 1}]" + (
+                              f" or equal ignore_label {self.ignore_label}"
+                              if self.ignore_label is not None else "") + ".")
 
     def backward(self, top, propagate_down, bottom):
         """Nothing to do: accuracy has no gradient (Caffe aborts if asked for one)."""

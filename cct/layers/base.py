@@ -60,6 +60,10 @@ class Layer:
     auto_top_blobs: bool = False
     #: Loss layers: default loss_weight 1 on top 0 (Caffe's LossLayer).
     is_loss: bool = False
+    #: A check of the last forward's inputs still on the device, left for the net to read
+    #: with the loss (SoftmaxWithLoss's labels on a GPU): (device array [any bad, the first bad
+    #: value], a function of that value giving the error to raise), else None.
+    pending_check = None
 
     def __init__(self, layer_param, backend, dtype=np.float32):
         self.layer_param = layer_param

@@ -140,11 +140,23 @@ class SoftmaxWithLossLayer(LossLayer):
         if self.prob is None or self.prob.shape != self.view:
             self.prob = self.xp.empty(self.view, self.dtype)
         self.label = bottom[1].data.reshape(outer, inner)
+        # deferred: on a device the loss, the count and the label check stay there, so that
+        # nothing waits for the GPU; the net reads the check with the loss (Net.forward_from_to)
         _, loss, count, bad = self.backend.softmax_loss_forward(
-            bottom[0].data.reshape(self.view), self.label, self.ignore_label, prob=self.prob)
-        if bad is not None:
-            raise self.label_error(bad, channels, self.ignore_label)
-        self.norm = self.dtype.type(normalizer(self.mode, outer, inner, count))
+            bottom[0].data.reshape(self.view), self.label, self.ignore_label, prob=self.prob,
+            deferred=True)
+        if bad is None or isinstance(bad, int):
+            if bad is not None:
+                raise self.label_error(bad, channels, self.ignore_label)
+        else:
+            self.pending_check = (bad, lambda label: self.label_error(label, channels,
+                                                                      self.ignore_label))
+        if isinstance(count, int):
+            self.norm = self.dtype.type(normalizer(self.mode, outer, inner, count))
+        elif self.mode == VALID:  # the count is on the device: so is the normalizer
+            self.norm = self.xp.maximum(count, 1).astype(self.dtype)
+        else:
+            self.norm = self.dtype.type(normalizer(self.mode, outer, inner, 0))
         top[0].data[...] = loss / self.norm
         if len(top) > 1:
             top[1].data[...] = self.prob.reshape(top[1].shape)

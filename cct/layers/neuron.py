@@ -438,11 +438,14 @@ class DropoutLayer(NeuronLayer):
     def neuron_forward(self, x):
         if not self.train:
             return x
-        keep = get_rng().random(x.shape) < 1 - float(self.ratio)
-        self.mask = self.xp.asarray(keep)
-        return x * self.mask * self.scale
+        # The mask holds 1/(1-p) where kept: x * mask is Caffe's x * m * scale to the bit.
+        # A GPU draws it on the device (Caffe's GPU path draws with cuRAND, so its masks differ
+        # from the CPU's as here); the CPU and the stand-in draw from the run's generator.
+        self.mask = self.backend.dropout_mask(x.shape, 1 - float(self.ratio), self.scale,
+                                              x.dtype, get_rng())
+        return x * self.mask
 
     def neuron_backward(self, x, y, dy):
         if not self.train:
             return dy
-        return dy * self.mask * self.scale
+        return dy * self.mask

@@ -26,7 +26,7 @@ from ..context import RunContext
 from ..errors import CCTError, SourceLost
 from ..glog import info
 from ..io.prototxt import debug_string, read_solver_text
-from ..net import Net
+from ..net import Net, PendingLoss, read_losses
 from ..params import GradientSource, NetSource, ParamSet
 from ..proto import caffe_pb2
 from ..solver_rules import (Schedule, SolverUpdate, check_solver_param, copy_schedule_fields,
@@ -35,6 +35,11 @@ from .checkpoint import (BINARYPROTO, HDF5, SIDE_SUFFIX, Checkpoints,
                          check_snapshot_write_permissions, snapshot_filename)
 from .nets import SolverNets
 from .testing import Tester, log_outputs
+
+#: a device's losses are read when the log shows one, and at least this often (the NaN check
+#: waits for them: a run that diverges stops at most this many iterations later, naming the
+#: iteration, without a snapshot of the weights the NaN reached)
+READ_LOSSES_EVERY = 50
 
 
 def _g(x) -> str:
@@ -95,6 +100,9 @@ class Solver:
         self.schedule = Schedule(self.param, self.dtype)
         self.smoothed_loss = self.dtype.type(0)
         self._losses: List = []
+        # A device net's losses stay there until the log shows one (NetSource's defer):
+        # (iteration, its iter_size PendingLoss values), read in one copy.
+        self._pending_losses: List = []
         self._iterations_last = 0
         self._start_iter = 0
         self._timer = time.perf_counter()
@@ -103,7 +111,8 @@ class Solver:
         # Each test net's last scores, (output name, value) as the log printed them.
         self.test_scores: Dict[int, List[Tuple[str, float]]] = {}
         self._callbacks: List = []
-        self.gradient_source: GradientSource = NetSource(self.net)
+        self.gradient_source: GradientSource = NetSource(
+            self.net, defer=self.net.backend.name != "cpu")
         # What drivers on top keep beside a snapshot: name -> (save(state path) -> JSON,
         # load(JSON, state path)); written before the side file, so before the state.
         self.side_state: Dict[str, Tuple[Callable[[str], object],
@@ -222,13 +231,14 @@ class Solver:
             self._restore(resume_file)
         start_iter = self.iter
         (step or self.step)(p.max_iter - self.iter)
+        self.read_pending_losses()
         if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
             self.snapshot()
         if self.requested_early_exit:
             info("solver.cpp:311", "Optimization stopped early.")
             return
         if p.display and self.iter % p.display == 0:
-            loss = self.gradient_source.compute_loss()
+            loss = read_losses([self.gradient_source.compute_loss()])[0]
             self._update_smoothed_loss(loss, start_iter, p.average_loss)
             info("solver.cpp:327", f"Iteration {self.iter}, loss = {_g(self.smoothed_loss)}")
         if p.test_interval and self.iter % p.test_interval == 0:
@@ -247,6 +257,7 @@ class Solver:
             self.apply_update()
             if not self.end_iteration():
                 break
+        self.read_pending_losses()
 
     # An iteration in pieces, for drivers that compute gradients elsewhere (cct/driver): begin
     # (test when due, callbacks), the gradient, its loss (display), the rate and the update,
@@ -267,6 +278,7 @@ class Solver:
             self.net.clear_param_diffs()
         if (p.test_interval and self.iter % p.test_interval == 0
                 and (self.iter > 0 or p.test_initialization)):
+            self.read_pending_losses()   # a NaN before it stops the run before the test
             self.test_all()
             if self.requested_early_exit:
                 return False
@@ -274,13 +286,20 @@ class Solver:
             on_start()
         return True
 
-    def compute_gradients(self) -> float:
+    def compute_gradients(self):
         """``iter_size`` forward/backward passes of the gradient source into the param diffs;
-        returns their mean loss."""
+        returns their mean loss, or on a device the list of their losses still there (for
+        :meth:`record_loss`, which reads them when the log needs them)."""
+        losses = [self._forward_backward() for _ in range(self.param.iter_size)]
+        if any(isinstance(x, PendingLoss) for x in losses):
+            return losses
+        return self._mean_loss(losses)
+
+    def _mean_loss(self, losses):
         dt = self.dtype.type
         loss = dt(0)
-        for _ in range(self.param.iter_size):
-            loss += dt(self._forward_backward())
+        for x in losses:
+            loss += dt(x)
         return loss / dt(self.param.iter_size)
 
     def record_loss(self, loss, outputs_of=None) -> None:
@@ -288,12 +307,16 @@ class Solver:
         the train outputs of ``outputs_of``, the train net by default), then the
         on_gradients_ready callbacks."""
         p = self.param
-        dt = self.dtype.type
-        loss = dt(loss)
-        if not math.isfinite(loss):
-            self._diverged(loss)
-        self._update_smoothed_loss(loss, self._start_iter, p.average_loss)
-        if p.display and self.iter % p.display == 0:
+        display = p.display and self.iter % p.display == 0
+        if isinstance(loss, list):
+            self._pending_losses.append((self.iter, loss))
+            if display or len(self._pending_losses) >= READ_LOSSES_EVERY:
+                self.read_pending_losses()
+        else:
+            self.read_pending_losses()
+            self._take_loss(loss, self.iter)
+        if display:
+            dt = self.dtype.type
             # Caffe's CPU timer counts whole milliseconds.
             lapse = dt(math.floor((time.perf_counter() - self._timer) * 1000.0) / 1000.0)
             per_s = dt(self.iter - self._iterations_last) / (lapse if lapse else dt(1))
@@ -304,6 +327,25 @@ class Solver:
             log_outputs(outputs_of or self.net, self.dtype, "solver.cpp:258", "Train")
         for _, on_gradients_ready in self._callbacks:
             on_gradients_ready()
+
+    def _take_loss(self, loss, iteration: int) -> None:
+        """Iteration ``iteration``'s loss, read: the NaN check and the smoothed loss."""
+        loss = self.dtype.type(loss)
+        if not math.isfinite(loss):
+            self._diverged(loss, iteration)
+        self._update_smoothed_loss(loss, self._start_iter, self.param.average_loss, iteration)
+
+    def read_pending_losses(self) -> None:
+        """Read the losses a device left there (one copy) and take them in order: a NaN or a
+        bad label stops the run here, naming the iteration it came from."""
+        if not self._pending_losses:
+            return
+        pending, self._pending_losses = self._pending_losses, []
+        values = read_losses([x for _, losses in pending for x in losses])
+        at = 0
+        for iteration, losses in pending:
+            self._take_loss(self._mean_loss(values[at:at + len(losses)]), iteration)
+            at += len(losses)
 
     def end_iteration(self) -> bool:
         """Count the update, keep the kernel plans, snapshot when due or asked; False when
@@ -319,16 +361,17 @@ class Solver:
             return False
         return True
 
-    def _diverged(self, loss) -> None:
+    def _diverged(self, loss, iteration: int) -> None:
         what = "NaN" if math.isnan(loss) else "infinite"
         last = (f"the last good snapshot is {self.last_snapshot}" if self.last_snapshot
                 else "no snapshot was written before it")
         advice = self._nets.non_finite_weights_file(self.net) or (
             "Lower base_lr, set clip_gradients, or check the input data for NaN/inf values.")
-        raise CCTError(f"{self.source}: loss is {what} at iteration {self.iter}; training "
+        raise CCTError(f"{self.source}: loss is {what} at iteration {iteration}; training "
                        f"stopped without writing a snapshot ({last}). {advice}")
 
-    def _update_smoothed_loss(self, loss, start_iter: int, average_loss: int) -> None:
+    def _update_smoothed_loss(self, loss, start_iter: int, average_loss: int,
+                              iteration: Optional[int] = None) -> None:
         """Caffe's UpdateSmoothedLoss, in Dtype: a running mean of the last ``average_loss``
         losses, updated incrementally (so it drifts from the exact mean in the last digits,
         exactly as Caffe's does)."""
@@ -339,7 +382,7 @@ class Solver:
             size = len(self._losses)
             self.smoothed_loss = (self.smoothed_loss * dt(size - 1) + loss) / dt(size)
         else:
-            idx = (self.iter - start_iter) % average_loss
+            idx = ((self.iter if iteration is None else iteration) - start_iter) % average_loss
             self.smoothed_loss += (loss - self._losses[idx]) / dt(average_loss)
             self._losses[idx] = loss
 
@@ -404,6 +447,7 @@ class Solver:
         """Write the train net's weights and the solver state (Caffe's Snapshot, see
         :meth:`Checkpoints.write <cct.solver.checkpoint.Checkpoints.write>`); returns the model
         file's name."""
+        self.read_pending_losses()   # no snapshot of weights a NaN loss has reached
         self._pull_statistics()
         model, self.last_snapshot = self._checkpoints.write(self.iter, self.current_step)
         return model
@@ -433,6 +477,7 @@ class Solver:
         ``current_step``, the random generator, the data layers' positions, the smoothed
         loss and the iteration of the last display line (whose rate the next one gives).
         Nothing is written to disk; :meth:`restore_capture` puts it all back."""
+        self.read_pending_losses()
         self._pull_statistics()
         captured = self._checkpoints.capture()
         captured.update({"iter": self.iter, "current_step": self.current_step,

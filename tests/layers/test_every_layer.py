@@ -82,6 +82,9 @@ class Case:
     dtype: type = np.float64
     rtol: float = 1e-9
     atol: float = 1e-12
+    #: a real GPU draws this layer's random numbers on the device (Dropout's masks, as Caffe's
+    #: cuRAND does): there its values are checked for what they must be, not against the CPU's
+    device_draws: bool = False
 
 
 def pos(shape, lo=0.2, hi=2.0, seed=0):
@@ -235,9 +238,10 @@ CASES: Dict[str, Case] = {
                                  'weight_filler { type: "gaussian" } }', [(2, 2, 3, 4)]),
     "Deconvolution": Case(f'type: "Deconvolution" convolution_param {{ num_output: 3 '
                           f'kernel_size: 3 stride: 2 pad: 1 {G} }}', [(2, 2, 4, 3)]),
-    # The mask is drawn on the host from cct.rng and copied to the device: the same seed, the
-    # same mask on every backend.
-    "Dropout": Case('type: "Dropout" dropout_param { dropout_ratio: 0.3 }', [X], phase=TRAIN),
+    # The stand-in draws the mask from cct.rng as the CPU does (the same mask); a real GPU
+    # draws it on the device, checked for what a mask must give (check_device_dropout).
+    "Dropout": Case('type: "Dropout" dropout_param { dropout_ratio: 0.3 }', [X], phase=TRAIN,
+                    device_draws=True),
     "Dropout/test": Case('type: "Dropout"', [X]),
     "DummyData": Case('type: "DummyData" dummy_data_param { shape { dim: 2 dim: 3 } '
                       'shape { dim: 4 } data_filler { type: "gaussian" std: 2 } '
@@ -451,6 +455,16 @@ def run_case(case: Case, backend_name: str, folder: Path) -> Dict[str, np.ndarra
 # --------------------------------------------------------------------------------------------
 # The tests
 # --------------------------------------------------------------------------------------------
+def check_device_dropout(got, x, scale):
+    """Dropout with a mask drawn on the device: each element kept (x * scale, its gradient
+    passed on) or dropped (0 both ways), some of each."""
+    y, dx = got["forward0/top0"], got["bottom0/diff"]
+    kept = y != 0
+    assert 0 < kept.mean() < 1
+    np.testing.assert_allclose(y[kept], x[kept] * scale, rtol=1e-12)
+    assert not dx[~kept].any() and dx[kept].all()
+
+
 def test_every_registered_type_has_a_case():
     covered = {case_type(name) for name in CASES}
     assert covered == set(LAYER_REGISTRY), (
@@ -470,6 +484,10 @@ def test_layer_agrees_with_the_cpu(name, backend, tmp_path):
     want = run_case(case, "cpu", tmp_path / "cpu")
     got = run_case(case, backend, tmp_path / backend)
     assert sorted(got) == sorted(want)
+    if case.device_draws and backend == "gpu":
+        # dropout_ratio is a float in the prototxt: 0.3 as float32, as the layer reads it
+        check_device_dropout(got, bottom_values(case)[0], scale=1 / (1 - float(np.float32(0.3))))
+        return
     assert want  # the run produced something to compare
     for key, value in want.items():
         assert got[key].shape == value.shape and got[key].dtype == value.dtype, key
