@@ -71,19 +71,19 @@ def _replayed(step, warmup: int, iters: int, batch: int) -> dict:
 
 def run_cct(net_name: str, devices: str, zoo: str, warmup: int, iters: int,
             engine: str = "", graphs: bool = False) -> dict:
-    import cupy
-
+    """cct's iteration on ``devices`` (a GPU, a CPU+GPU split; the stand-in device too, which
+    is how CI runs this without a GPU)."""
     from cct.backend import gpu
     from cct.devices import parse_devices
-    from cct.scheduler import HybridScheduler
+    from cct.scheduler import HybridScheduler, master_place
 
     rel, batch = NETS[net_name]
-    device_list = parse_devices(devices)
-    hybrid = len(device_list) > 1
-    if not hybrid:
-        gpu.use_device(device_list[0].index)
-    net = synthetic_net(pathlib.Path(zoo) / rel, batch, backend="cpu" if hybrid else "gpu",
-                        engine=engine)
+    # The nets where cct train puts them: the master (weights, update) on the GPU, the
+    # scheduler splitting each batch over the devices when there are several.
+    device_list, backend = master_place(parse_devices(devices), "cpu")
+    hybrid = device_list is not None
+    net = synthetic_net(pathlib.Path(zoo) / rel, batch, backend=backend, engine=engine)
+    flops = training_flops_per_image(net)   # before the scheduler takes the batch apart
     scheduler = HybridScheduler(net, device_list) if hybrid else None
     update = sgd_update(net)
 
@@ -95,13 +95,14 @@ def run_cct(net_name: str, devices: str, zoo: str, warmup: int, iters: int,
             net.forward_backward(defer=True)   # as the solver runs it: the loss stays there
         update()
 
-    seconds = _timed(step, gpu.synchronize, warmup, iters)
+    seconds = _timed(step, net.backend.synchronize, warmup, iters)
     split = [r.n for r in scheduler.replicas] if scheduler else [batch]
     cudnn = getattr(gpu, "convolutions", None)
     graph = {} if hybrid or not graphs else _replayed(step, warmup, iters, batch)
-    return {"img_s": batch / seconds, "split": split, **graph,
-            "flops": training_flops_per_image(net),
-            "pool_mb": cupy.get_default_memory_pool().total_bytes() / 2**20,
+    pool = {"pool_mb": gpu.cupy.get_default_memory_pool().total_bytes() / 2**20} \
+        if gpu.cupy is not None else {}
+    return {"img_s": batch / seconds, "split": split, **graph, **pool,
+            "flops": flops,
             "cudnn_graphs": len(cudnn.table) if cudnn is not None else 0,
             "cudnn_refused": len(cudnn.refused()) if cudnn is not None else 0}
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cct.api import Solver
-from cct.backend import gpu, host
+from cct.backend import gpu, host, plans
 
 from .test_scheduler import assert_same_params, data_list, solver_param  # noqa: F401
 
@@ -73,12 +73,16 @@ def test_every_lr_policy_gives_the_cpus_numbers(data_list, tmp_path, fields,  # 
 @pytest.mark.parametrize("backend", DEVICES)
 @pytest.mark.parametrize("kind,fields", SOLVERS, ids=[s[0] for s in SOLVERS])
 def test_the_update_object_is_apply_update_on_the_device(data_list, tmp_path, kind,  # noqa: F811
-                                                         fields, backend):
+                                                         fields, backend, request):
     """The loop in pieces with the solver's update and schedule called directly (as the
     drivers do: a history of one's own, the rate from ``learning_rate``) is ``step`` on the
-    same backend, to the bit."""
+    same backend, to the bit (deterministic plans: cuDNN's fastest weight-gradient engines
+    add with atomics, in another order each run, as Caffe's do)."""
     param = _param(data_list, tmp_path, type=kind, lr_policy="multistep", gamma=0.5,
                    **fields)   # stepvalue 1, 3
+    was = plans.deterministic()
+    plans.set_deterministic(True)
+    request.addfinalizer(lambda: plans.set_deterministic(was))
     want, want_history = _run(param, backend)
     solver = Solver(param, backend=backend)
     try:

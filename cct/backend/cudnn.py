@@ -47,6 +47,9 @@ MAX_TIMED_PLANS = 8
 #: thousands of terms (the engines measured agree to 1e-6); TF32 or reduced-precision
 #: engines (1e-3) are left out
 ACCURACY = 1e-4
+#: engines asking for more scratch memory than this are left out (FFT engines ask for
+#: gigabytes on a large batch; the memory is the net's)
+WORKSPACE_LIMIT = 1 << 30
 #: untimed and timed runs of each candidate engine
 _WARMUP, _REPEATS = 1, 3
 
@@ -96,6 +99,9 @@ class Convolutions:
         self._refused: Dict[tuple, str] = {}
         #: the engine each graph runs, by its key (what `cct time` and the tests read)
         self.table: Dict[tuple, str] = {}
+        #: engines a plan table named (a snapshot's side file, the machine's cache), by key
+        #: without the device: taken without timing when they run and agree
+        self.preferred: Dict[tuple, str] = {}
 
     # -- the three operations ----------------------------------------------------------------
     # Each takes ``lowered``, the lowering path's result of the same call as a function: the
@@ -204,7 +210,7 @@ class Convolutions:
                 g.deselect_numeric_notes(notes)
             g.check_support()
             g.build_plans(_fe.build_plan_policy.ALL)
-            graph = self._choose(g, (a, b), y, operands, target, device, lowered())
+            graph = self._choose(key, g, (a, b), y, operands, target, device, lowered())
         except Exception as e:  # cudnnGraphNotSupportedError, no engine left, a bad geometry
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             self._refused[key] = reason
@@ -212,10 +218,14 @@ class Convolutions:
                     f" by {tuple(operands[1].shape)} (stride {tuple(stride)}, pad "
                     f"{tuple(pad)}, dilation {tuple(dilation)}): {reason}; it runs lowered")
             return None
+        finally:
+            # what the race and the lowered reference took (im2col of a whole batch) goes
+            # back to the device, not to the pool's high-water mark
+            self.cupy.get_default_memory_pool().free_all_blocks()
         self.table[key] = graph.name
         return graph
 
-    def _choose(self, g, tensors, y, operands, target, device, reference) -> _Graph:
+    def _choose(self, key, g, tensors, y, operands, target, device, reference) -> _Graph:
         """The engine to keep: of the heuristics' engines in their order, those that run and
         agree with the lowering path's ``reference`` within float32 rounding, the first under
         --deterministic, else the fastest of the first MAX_TIMED_PLANS."""
@@ -223,11 +233,22 @@ class Convolutions:
         if count == 0:
             raise RuntimeError("no execution plan left after the filters")
         wanted = 1 if plans.deterministic() else MAX_TIMED_PLANS
+        named = self.preferred.get(_portable(key))
+        order = list(range(count))
+        if named is not None:   # the table's engine first, alone if it runs and agrees
+            names = [str(g.get_plan_name_at_index(i)) for i in order]
+            if named in names:
+                order.remove(names.index(named))
+                order.insert(0, names.index(named))
+                wanted = 1
         scale = float(self.cupy.abs(reference).max()) or 1.0
         timings, why = [], {}
-        for index in range(count):
+        for index in order:
             try:
                 size = int(g.get_workspace_size_plan_at_index(index))
+                if size > WORKSPACE_LIMIT:
+                    why[index] = f"a workspace of {size:,} bytes"
+                    continue
                 graph = _Graph(g, tensors, y, index, size, str(g.get_plan_name_at_index(index)))
                 self._execute(graph, operands, target, device)
                 err = float(self.cupy.abs(target - reference).max()) / scale
@@ -269,6 +290,34 @@ class Convolutions:
     def refused(self) -> Dict[tuple, str]:
         """The geometries cuDNN refused and why (they run lowered)."""
         return dict(self._refused)
+
+    # -- the plan table (cct/backend/plans.py keeps it with the CPU's) -------------------------
+    def rows(self) -> list:
+        """[op, x, w, out shapes, stride, pad, dilation, tf32, deterministic, engine] per
+        graph built: JSON for the machine's cache and a snapshot's side file."""
+        return [[*map(_listed, _portable(k)), name] for k, name in sorted(self.table.items())]
+
+    def install_rows(self, rows) -> int:
+        """Take a table's engines as the ones to try first (see :meth:`_choose`)."""
+        taken = {}
+        for row in rows:
+            if not (isinstance(row, list) and len(row) == 10 and isinstance(row[-1], str)
+                    and row[0] in ("fprop", "dgrad", "wgrad")):
+                raise ValueError(f"a cudnn plan row is not [op, shapes, stride, pad, dilation, "
+                                 f"tf32, deterministic, engine]: {str(row):.80}")
+            taken[tuple(tuple(v) if isinstance(v, list) else v for v in row[:-1])] = row[-1]
+        self.preferred.update(taken)
+        return len(taken)
+
+
+def _portable(key: tuple) -> tuple:
+    """A graph's key without its device id: the same engine serves the same geometry on any
+    GPU of the machine."""
+    return key[:1] + key[2:]
+
+
+def _listed(v):
+    return list(v) if isinstance(v, tuple) else v
 
 
 def convolutions(cupy) -> Optional[Convolutions]:

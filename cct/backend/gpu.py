@@ -218,4 +218,7 @@ if cupy is not None:
     convolutions = _cudnn.convolutions(cupy)
     if convolutions is not None:
         _cudnn.wrap_lowering(kernels, convolutions, _pair)
+        # its engines kept with the CPU's plans: the machine's cache, a snapshot's side file
+        from . import plans as _plans
+        _plans.register_device_table("cudnn", convolutions.rows, convolutions.install_rows)
     kernels.bind(globals())

@@ -61,8 +61,20 @@ _KEY_FIELDS = {"conv": 5, "gemm": 7}
 _state = {"loaded": False, "path": None, "saved_count": None, "bf16": None, "bf16_saved": None}
 
 
+# Plan tables kept by a device's own libraries (the GPU's cuDNN engines, cct/backend/cudnn.py):
+# name -> (rows(), install(rows)), written and installed with the CPU's.
+_device_tables: dict = {}
+
+
+def register_device_table(name: str, rows, install_rows) -> None:
+    """Keep ``name``'s plans with this module's table: ``rows()`` gives them as JSON rows,
+    ``install_rows(rows)`` takes them back (raising ValueError, saying why, for bad rows)."""
+    _device_tables[name] = (rows, install_rows)
+
+
 def table() -> dict:
-    """The plans of this process: every convolution plan and GEMM order chosen so far."""
+    """The plans of this process: every convolution plan and GEMM order chosen so far, and
+    each device library's (cuDNN's engines, by geometry)."""
     conv = [[k, list(geom), size, threads, modes, parts, layout, bool(chunks)]
             for k, geom, size, threads, modes, parts, layout, chunks in _C.conv_plan_table()]
     # choice: true/false (the operand order transposed or not); under bf16 also 2 and 3, the
@@ -72,6 +84,10 @@ def table() -> dict:
     tab = {"conv": conv, "gemm": gemm}
     if _state["bf16"] is not None:
         tab["bf16"] = _state["bf16"]
+    for name, (rows, _) in _device_tables.items():
+        got = rows()
+        if got:
+            tab[name] = got
     return tab
 
 
@@ -139,7 +155,14 @@ def install(tab) -> int:
         raise ValueError(f"a plan does not fit the kernels' tables: {e}") from None
     if bf16 is not None:
         _state["bf16"] = bf16
-    return len(conv) + len(gemm) + (bf16 is not None)
+    count = len(conv) + len(gemm) + (bf16 is not None)
+    for name, (_, install_rows) in _device_tables.items():
+        rows = tab.get(name)
+        if rows is not None:   # a table from a run without this device's library has none
+            if not isinstance(rows, list):
+                raise ValueError(f"the {name} plans are not a list")
+            count += install_rows(rows)
+    return count
 
 
 def fingerprint() -> dict:

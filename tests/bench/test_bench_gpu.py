@@ -1,0 +1,25 @@
+"""bench/bench_gpu.py's cct worker without a GPU: the iteration on the stand-in device and
+the CPU+stand-in split, placed as cct train places them (the master net on the device, so a
+split giving the device every image copies no weight). On a GPU the bench is run by hand
+(bench/RESULTS.md)."""
+import importlib.util
+import pathlib
+
+import pytest
+
+from .. import conftest
+
+spec = importlib.util.spec_from_file_location(
+    "bench_gpu", pathlib.Path(__file__).resolve().parents[2] / "bench" / "bench_gpu.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+@pytest.mark.parametrize("devices", ["standin", "cpu:1,standin"])
+def test_the_cct_worker_runs_where_cct_train_places_the_nets(devices):
+    zoo = conftest.need(conftest.CAFFE_ZOO)
+    from cct import glog
+    with glog.quiet():
+        r = bench.run_cct("lenet", devices, str(zoo), warmup=1, iters=1)
+    assert r["img_s"] > 0 and sum(r["split"]) == 64 and r["flops"] > 0
+    assert "graph_img_s" not in r and "graph_error" not in r   # asked for no graph
