@@ -305,7 +305,9 @@ class Solver:
     def record_loss(self, loss, outputs_of=None) -> None:
         """The iteration's loss: the NaN check, the smoothed loss, the display lines (with
         the train outputs of ``outputs_of``, the train net by default), then the
-        on_gradients_ready callbacks."""
+        on_gradients_ready callbacks. A device's losses (the list :meth:`compute_gradients`
+        gives there) wait, and are read with the next display line (or test, snapshot, or
+        READ_LOSSES_EVERY iterations on), each checked under its own iteration."""
         p = self.param
         display = p.display and self.iter % p.display == 0
         if isinstance(loss, list):
@@ -492,6 +494,7 @@ class Solver:
         self.iter, self.current_step = captured["iter"], captured["current_step"]
         losses, self.smoothed_loss, self._start_iter = captured["losses"]
         self._losses = list(losses)
+        self._pending_losses = []   # the abandoned branch's
         self._iterations_last = captured["displayed"]
         self.requested_early_exit = False
         self.gradient_source.refresh()

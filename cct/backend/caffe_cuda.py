@@ -1,0 +1,321 @@
+"""Caffe's own CUDA kernels for pooling (pooling_layer.cu), one launch per call, for the GPU
+backend; the array kernels (cct/backend/array_kernels.py) take several gathers, an argmax
+and a transpose for each, and on a GPU each of those is a launch the device waits for.
+
+A kernel here is **taken for a geometry only once it gave the array kernels' result there**:
+the first call of each geometry runs both and compares (MAX pooling to the bit, values and
+argmax indices alike, since both pick the first maximum with Caffe's strict ``>``; AVE pooling
+and the backward passes, which add in another order, within float rounding). One that fails
+to compile or disagrees is dropped for that geometry with one warning, and the array kernels
+run it. So a GPU this code was never run on still computes what the array kernels compute.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+import numpy as np
+
+from ..glog import warning
+
+_SOURCE = r"""
+#define LOOP(i, n) for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+                        i += (long)blockDim.x * gridDim.x)
+
+extern "C" __global__ void max_pool_forward(
+    const T* bottom, T* top, int* mask, const long n, const int height, const int width,
+    const int pooled_h, const int pooled_w, const int kernel_h, const int kernel_w,
+    const int stride_h, const int stride_w, const int pad_h, const int pad_w) {
+  LOOP(index, n) {
+    const int pw = index % pooled_w;
+    const int ph = (index / pooled_w) % pooled_h;
+    const long plane = index / pooled_w / pooled_h;
+    int hstart = ph * stride_h - pad_h;
+    int wstart = pw * stride_w - pad_w;
+    const int hend = min(hstart + kernel_h, height);
+    const int wend = min(wstart + kernel_w, width);
+    hstart = max(hstart, 0);
+    wstart = max(wstart, 0);
+    T maxval = LOWEST;
+    int maxidx = -1;
+    const T* slice = bottom + plane * height * width;
+    for (int h = hstart; h < hend; ++h) {
+      for (int w = wstart; w < wend; ++w) {
+        if (slice[h * width + w] > maxval) {
+          maxidx = h * width + w;
+          maxval = slice[maxidx];
+        }
+      }
+    }
+    top[index] = maxval;
+    mask[index] = maxidx;
+  }
+}
+
+extern "C" __global__ void max_pool_backward(
+    const T* top_diff, const int* mask, T* bottom_diff, const long n, const int height,
+    const int width, const int pooled_h, const int pooled_w, const int kernel_h,
+    const int kernel_w, const int stride_h, const int stride_w, const int pad_h,
+    const int pad_w) {
+  LOOP(index, n) {
+    const int w = index % width;
+    const int h = (index / width) % height;
+    const long plane = index / width / height;
+    const int phstart = (h + pad_h < kernel_h) ? 0 : (h + pad_h - kernel_h) / stride_h + 1;
+    const int phend = min((h + pad_h) / stride_h + 1, pooled_h);
+    const int pwstart = (w + pad_w < kernel_w) ? 0 : (w + pad_w - kernel_w) / stride_w + 1;
+    const int pwend = min((w + pad_w) / stride_w + 1, pooled_w);
+    const long offset = plane * pooled_h * pooled_w;
+    T gradient = 0;
+    for (int ph = phstart; ph < phend; ++ph) {
+      for (int pw = pwstart; pw < pwend; ++pw) {
+        if (mask[offset + ph * pooled_w + pw] == h * width + w) {
+          gradient += top_diff[offset + ph * pooled_w + pw];
+        }
+      }
+    }
+    bottom_diff[index] = gradient;
+  }
+}
+
+extern "C" __global__ void ave_pool_forward(
+    const T* bottom, T* top, const long n, const int height, const int width,
+    const int pooled_h, const int pooled_w, const int kernel_h, const int kernel_w,
+    const int stride_h, const int stride_w, const int pad_h, const int pad_w) {
+  LOOP(index, n) {
+    const int pw = index % pooled_w;
+    const int ph = (index / pooled_w) % pooled_h;
+    const long plane = index / pooled_w / pooled_h;
+    int hstart = ph * stride_h - pad_h;
+    int wstart = pw * stride_w - pad_w;
+    int hend = min(hstart + kernel_h, height + pad_h);
+    int wend = min(wstart + kernel_w, width + pad_w);
+    const int pool_size = (hend - hstart) * (wend - wstart);
+    hstart = max(hstart, 0);
+    wstart = max(wstart, 0);
+    hend = min(hend, height);
+    wend = min(wend, width);
+    T aveval = 0;
+    const T* slice = bottom + plane * height * width;
+    for (int h = hstart; h < hend; ++h) {
+      for (int w = wstart; w < wend; ++w) {
+        aveval += slice[h * width + w];
+      }
+    }
+    top[index] = aveval / pool_size;
+  }
+}
+
+extern "C" __global__ void ave_pool_backward(
+    const T* top_diff, T* bottom_diff, const long n, const int height, const int width,
+    const int pooled_h, const int pooled_w, const int kernel_h, const int kernel_w,
+    const int stride_h, const int stride_w, const int pad_h, const int pad_w) {
+  LOOP(index, n) {
+    const int w = index % width + pad_w;
+    const int h = (index / width) % height + pad_h;
+    const long plane = index / width / height;
+    const int phstart = (h < kernel_h) ? 0 : (h - kernel_h) / stride_h + 1;
+    const int phend = min(h / stride_h + 1, pooled_h);
+    const int pwstart = (w < kernel_w) ? 0 : (w - kernel_w) / stride_w + 1;
+    const int pwend = min(w / stride_w + 1, pooled_w);
+    const T* slice = top_diff + plane * pooled_h * pooled_w;
+    T gradient = 0;
+    for (int ph = phstart; ph < phend; ++ph) {
+      for (int pw = pwstart; pw < pwend; ++pw) {
+        const int hstart = ph * stride_h - pad_h;
+        const int wstart = pw * stride_w - pad_w;
+        const int hend = min(hstart + kernel_h, height + pad_h);
+        const int wend = min(wstart + kernel_w, width + pad_w);
+        gradient += slice[ph * pooled_w + pw] / ((hend - hstart) * (wend - wstart));
+      }
+    }
+    bottom_diff[index] = gradient;
+  }
+}
+"""
+
+_TYPES = {np.dtype(np.float32): ("float", "(-3.402823466e+38F)"),
+          np.dtype(np.float64): ("double", "(-1.7976931348623157e+308)")}
+_BLOCK = 256
+
+
+class FirstUseCheck:
+    """Which geometries a fast kernel may run: each key's first call runs the reference and
+    the fast kernel and compares them (``agree``); the fast one is taken from then on if they
+    agree, else never for that key (one warning)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.verdicts: Dict[tuple, bool] = {}
+
+    def __call__(self, key: tuple, fast: Callable, reference: Callable, agree: Callable):
+        """``fast()`` and ``reference(into)`` run the call (``into``: into the caller's out=
+        arrays, else into fresh ones, so that the check compares two results, not one
+        buffer with itself); ``agree(got, want)`` says how they differ ('' when they do not)."""
+        verdict = self.verdicts.get(key)
+        if verdict is True:
+            return fast()
+        if verdict is False:
+            return reference(True)
+        want = reference(False)
+        try:
+            got = fast()
+            why = agree(got, want)
+        except Exception as e:  # a kernel that does not compile or launch here
+            why = f"failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        self.verdicts[key] = not why
+        if why:
+            warning("caffe_cuda.py:0", f"{self.name} for {key} runs in the array kernels: "
+                                       f"Caffe's CUDA kernel {why}")
+            return reference(True)
+        return got
+
+
+def _differs(got, want, exact: bool) -> str:
+    """'' when each array of ``got`` is ``want``'s (bit for bit, or within float rounding),
+    else what differs."""
+    for g, w in zip(got, want):
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return f"gave {g.dtype}{g.shape} where {w.dtype}{w.shape} was wanted"
+        if exact:
+            if not bool((g == w).all()):
+                return "gave other values"
+        else:
+            scale = float(abs(w).max()) if w.size else 0.0
+            if float(abs(g - w).max() if g.size else 0.0) > 1e-5 * max(scale, 1e-30):
+                return "differs beyond float rounding"
+    return ""
+
+
+class PoolingKernels:
+    """Caffe's pooling kernels on ``cupy``, compiled once per dtype when first used."""
+
+    def __init__(self, cupy):
+        self.cupy = cupy
+        self._modules = {}
+
+    def _kernel(self, name: str, dtype):
+        dt = np.dtype(dtype)
+        module = self._modules.get(dt)
+        if module is None:
+            ctype, lowest = _TYPES[dt]
+            module = self._modules[dt] = self.cupy.RawModule(
+                code=f"#define T {ctype}\n#define LOWEST {lowest}\n" + _SOURCE)
+        return module.get_function(name)
+
+    def _launch(self, name, dtype, n, args):
+        grid = min((n + _BLOCK - 1) // _BLOCK, 65535)
+        ints = [np.int64(n)] + [np.int32(v) for v in args[1]]
+        self._kernel(name, dtype)((max(grid, 1),), (_BLOCK,), tuple(args[0]) + tuple(ints))
+
+    def max_forward(self, x, kernel, stride, pad, pooled, out, mask):
+        cupy = self.cupy
+        n, c, h, w = x.shape
+        shape = (n, c) + tuple(pooled)
+        x = cupy.ascontiguousarray(x)
+        top = out if out is not None and out.flags.c_contiguous else cupy.empty(shape, x.dtype)
+        idx = (mask if mask is not None and mask.flags.c_contiguous and mask.dtype == np.int32
+               else cupy.empty(shape, np.int32))
+        self._launch("max_pool_forward", x.dtype, top.size,
+                     ((x, top, idx), (h, w, *pooled, *kernel, *stride, *pad)))
+        return _into(top, out), _into(idx, mask)
+
+    def max_backward(self, dy, mask, x_shape, kernel, stride, pad, out):
+        cupy = self.cupy
+        n, c, h, w = x_shape
+        dy, mask = cupy.ascontiguousarray(dy), cupy.ascontiguousarray(mask, dtype=np.int32)
+        dx = out if out is not None and out.flags.c_contiguous else cupy.empty(x_shape, dy.dtype)
+        self._launch("max_pool_backward", dy.dtype, dx.size,
+                     ((dy, mask, dx), (h, w, *dy.shape[2:], *kernel, *stride, *pad)))
+        return _into(dx, out)
+
+    def ave_forward(self, x, kernel, stride, pad, pooled, out):
+        cupy = self.cupy
+        n, c, h, w = x.shape
+        x = cupy.ascontiguousarray(x)
+        shape = (n, c) + tuple(pooled)
+        top = out if out is not None and out.flags.c_contiguous else cupy.empty(shape, x.dtype)
+        self._launch("ave_pool_forward", x.dtype, top.size,
+                     ((x, top), (h, w, *pooled, *kernel, *stride, *pad)))
+        return _into(top, out)
+
+    def ave_backward(self, dy, x_shape, kernel, stride, pad, pooled, out):
+        cupy = self.cupy
+        n, c, h, w = x_shape
+        dy = cupy.ascontiguousarray(dy)
+        dx = out if out is not None and out.flags.c_contiguous else cupy.empty(x_shape, dy.dtype)
+        self._launch("ave_pool_backward", dy.dtype, dx.size,
+                     ((dy, dx), (h, w, *pooled, *kernel, *stride, *pad)))
+        return _into(dx, out)
+
+
+def _into(result, out):
+    """``result`` written into ``out`` when the kernel could not write there itself."""
+    if out is None or result is out:
+        return result
+    out[...] = result
+    return out
+
+
+def wrap_pooling(kernels, fast, pair: Callable) -> None:
+    """Route ``kernels``' four pooling kernels through ``fast`` (a :class:`PoolingKernels`,
+    or anything with its methods), each geometry once checked against the array kernels.
+    MAX backward needs the one window geometry its forward used for those sizes; with
+    several (two layers of the same sizes, other windows) it stays in the array kernels."""
+    array_max_f, array_max_b = kernels.max_pool_forward, kernels.max_pool_backward
+    array_ave_f, array_ave_b = kernels.ave_pool_forward, kernels.ave_pool_backward
+    checks = {name: FirstUseCheck(f"{name}") for name in
+              ("max_pool_forward", "max_pool_backward", "ave_pool_forward", "ave_pool_backward")}
+
+    def usable(dt) -> bool:
+        return np.dtype(dt) in _TYPES
+
+    def max_pool_forward(x, kernel, stride, pad, pooled, out=None, mask=None):
+        geom = tuple(pair(v) for v in (kernel, stride, pad, pooled))
+        if not usable(x.dtype):
+            return array_max_f(x, kernel, stride, pad, pooled, out=out, mask=mask)
+        key = (tuple(x.shape), str(x.dtype)) + geom
+        return checks["max_pool_forward"](
+            key, lambda: fast.max_forward(x, *geom, out, mask),
+            lambda into: array_max_f(x, kernel, stride, pad, pooled, out=out if into else None,
+                                     mask=mask if into else None),
+            lambda got, want: _differs(got, want, exact=True))
+
+    def max_pool_backward(dy, mask, x_shape, out=None):
+        h, w = int(x_shape[2]), int(x_shape[3])
+        geoms = kernels._pool_geometries.get((h, w) + tuple(int(s) for s in dy.shape[2:]), ())
+        if len(geoms) != 1 or not usable(dy.dtype):
+            return array_max_b(dy, mask, x_shape, out=out)
+        (geom,) = geoms
+        key = (tuple(int(s) for s in x_shape), str(dy.dtype)) + tuple(geom)
+        return checks["max_pool_backward"](
+            key, lambda: fast.max_backward(dy, mask, tuple(int(s) for s in x_shape), *geom, out),
+            lambda into: array_max_b(dy, mask, x_shape, out=out if into else None),
+            lambda got, want: _differs([got], [want], exact=False))
+
+    def ave_pool_forward(x, kernel, stride, pad, pooled, out=None):
+        geom = tuple(pair(v) for v in (kernel, stride, pad, pooled))
+        if not usable(x.dtype):
+            return array_ave_f(x, kernel, stride, pad, pooled, out=out)
+        key = (tuple(x.shape), str(x.dtype)) + geom
+        return checks["ave_pool_forward"](
+            key, lambda: fast.ave_forward(x, *geom, out),
+            lambda into: array_ave_f(x, kernel, stride, pad, pooled, out=out if into else None),
+            lambda got, want: _differs([got], [want], exact=False))
+
+    def ave_pool_backward(dy, x_shape, kernel, stride, pad, pooled, out=None):
+        geom = tuple(pair(v) for v in (kernel, stride, pad, pooled))
+        if not usable(dy.dtype):
+            return array_ave_b(dy, x_shape, kernel, stride, pad, pooled, out=out)
+        shape = tuple(int(s) for s in x_shape)
+        key = (shape, str(dy.dtype)) + geom
+        return checks["ave_pool_backward"](
+            key, lambda: fast.ave_backward(dy, shape, *geom, out),
+            lambda into: array_ave_b(dy, x_shape, kernel, stride, pad, pooled,
+                                     out=out if into else None),
+            lambda got, want: _differs([got], [want], exact=False))
+
+    kernels.max_pool_forward = max_pool_forward
+    kernels.max_pool_backward = max_pool_backward
+    kernels.ave_pool_forward = ave_pool_forward
+    kernels.ave_pool_backward = ave_pool_backward
+    kernels.first_use_checks = checks

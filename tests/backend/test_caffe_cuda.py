@@ -1,0 +1,104 @@
+"""cct/backend/caffe_cuda.py without a GPU: Caffe's pooling kernels are taken for a geometry
+only after their first call there agreed with the array kernels; one that disagrees or fails
+is dropped for that geometry with a warning, and every call returns the array kernels'
+values. Here the "fast" kernels are the array kernels themselves (agreeing), or broken ones;
+on a GPU the real ones are checked the same way by their first calls (tests/test_gpu_backend.py
+runs nets through them)."""
+import numpy as np
+import pytest
+
+from cct.backend import caffe_cuda, shapes
+from cct.backend.array_kernels import ArrayKernels
+
+
+class Fast:
+    """PoolingKernels' methods computed by the array kernels, or broken on demand."""
+
+    def __init__(self, broken=None):
+        self.ref = ArrayKernels(np)
+        self.broken = broken
+        self.calls = []
+
+    def _done(self, name, result):
+        self.calls.append(name)
+        if self.broken == "raise":
+            raise RuntimeError("nvrtc: error")
+        if self.broken == "values":
+            return tuple(np.zeros_like(r) for r in result) if isinstance(result, tuple) \
+                else np.zeros_like(result)
+        return result
+
+    def max_forward(self, x, kernel, stride, pad, pooled, out, mask):
+        return self._done("max_forward", self.ref.max_pool_forward(x, kernel, stride, pad, pooled))
+
+    def max_backward(self, dy, mask, x_shape, kernel, stride, pad, out):
+        self.ref._pool_geometries[x_shape[2:] + dy.shape[2:]] = frozenset(
+            {(kernel, stride, pad)})
+        return self._done("max_backward", self.ref.max_pool_backward(dy, mask, x_shape))
+
+    def ave_forward(self, x, kernel, stride, pad, pooled, out):
+        return self._done("ave_forward", self.ref.ave_pool_forward(x, kernel, stride, pad, pooled))
+
+    def ave_backward(self, dy, x_shape, kernel, stride, pad, pooled, out):
+        return self._done("ave_backward",
+                          self.ref.ave_pool_backward(dy, x_shape, kernel, stride, pad, pooled))
+
+
+def _pool_all(k, x, dy_seed=1):
+    geom = ((3, 3), (2, 2), (1, 1))
+    pooled = (4, 4)
+    y, mask = k.max_pool_forward(x, *geom, pooled)
+    dy = np.random.default_rng(dy_seed).standard_normal(y.shape).astype(x.dtype)
+    dx = k.max_pool_backward(dy, mask, x.shape)
+    a = k.ave_pool_forward(x, *geom, pooled)
+    da = k.ave_pool_backward(dy, x.shape, *geom, pooled)
+    return y, mask, dx, a, da
+
+
+@pytest.mark.parametrize("broken", [None, "values", "raise"])
+def test_a_kernel_is_taken_only_where_it_gave_the_array_kernels_values(broken, capfd):
+    x = np.random.default_rng(0).standard_normal((2, 3, 7, 7)).astype(np.float32)
+    want = _pool_all(ArrayKernels(np), x)
+    k, fast = ArrayKernels(np), Fast(broken)
+    caffe_cuda.wrap_pooling(k, fast, shapes.pair)
+    for _ in range(2):   # the first call checks, the second runs what the check decided
+        got = _pool_all(k, x)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    verdicts = [v for c in k.first_use_checks.values() for v in c.verdicts.values()]
+    assert len(verdicts) == 4 and all(v is (broken is None) for v in verdicts)
+    if broken is None:     # checked once, then taken: two calls of each
+        assert sorted(fast.calls) == sorted(["max_forward", "max_backward", "ave_forward",
+                                             "ave_backward"] * 2)
+    else:                  # tried once, then never again
+        assert len(fast.calls) == 4
+        assert capfd.readouterr().err.count("runs in the array kernels") == 4
+
+
+def test_a_kernel_writes_where_out_says_and_checks_against_fresh_arrays():
+    """The check compares two results, not the caller's out= buffer with itself."""
+    x = np.random.default_rng(0).standard_normal((2, 3, 7, 7)).astype(np.float32)
+    k = ArrayKernels(np)
+    caffe_cuda.wrap_pooling(k, Fast("values"), shapes.pair)
+    out = np.full((2, 3, 4, 4), 5.0, np.float32)
+    got = k.ave_pool_forward(x, (3, 3), (2, 2), (1, 1), (4, 4), out=out)
+    assert got is out
+    np.testing.assert_array_equal(out, ArrayKernels(np).ave_pool_forward(
+        x, (3, 3), (2, 2), (1, 1), (4, 4)))
+
+
+def test_a_dtype_without_a_kernel_stays_in_the_array_kernels():
+    x = np.random.default_rng(0).standard_normal((1, 1, 5, 5)).astype(np.float16)
+    k, fast = ArrayKernels(np), Fast()
+    caffe_cuda.wrap_pooling(k, fast, shapes.pair)
+    try:
+        k.ave_pool_forward(x, (2, 2), (2, 2), (0, 0), (3, 3))
+    except Exception:   # the array kernels refuse float16 themselves: not our concern here
+        pass
+    assert fast.calls == []
+
+
+def test_the_cuda_source_names_each_kernel_it_is_launched_by():
+    for name in ("max_pool_forward", "max_pool_backward", "ave_pool_forward",
+                 "ave_pool_backward"):
+        assert f'__global__ void {name}(' in caffe_cuda._SOURCE
