@@ -184,6 +184,16 @@ def test_cct_train_splits_batches_with_the_device(data_list, tmp_path):  # noqa:
 
 
 # -- no waiting for the device inside an iteration ---------------------------------------------
+def _iterations(solver, count: int) -> None:
+    """``count`` iterations in the pieces a driver calls (no final read, as step has)."""
+    solver.start_steps()
+    for _ in range(count):
+        solver.begin_iteration()
+        solver.record_loss(solver.compute_gradients())
+        solver.apply_update()
+        solver.end_iteration()
+
+
 def test_a_device_iteration_copies_nothing_to_the_host_until_the_loss_is_read(
         data_list, tmp_path):  # noqa: F811
     """The loss and SoftmaxWithLoss's label check stay on the device (a host copy waits for
@@ -198,21 +208,11 @@ def test_a_device_iteration_copies_nothing_to_the_host_until_the_loss_is_read(
         solver.step(1)   # kernels and index arrays built, data read
         cpu.step(1)
         with npdevice.copies.counting() as copies:
-            solver.start_steps()
-            for _ in range(5):
-                solver.begin_iteration()
-                solver.record_loss(solver.compute_gradients())
-                solver.apply_update()
-                solver.end_iteration()
+            _iterations(solver, 5)
             assert copies.to_host == 0
             solver.read_pending_losses()
             assert copies.to_host == 1
-        cpu.start_steps()
-        for _ in range(5):
-            cpu.begin_iteration()
-            cpu.record_loss(cpu.compute_gradients())
-            cpu.apply_update()
-            cpu.end_iteration()
+        _iterations(cpu, 5)
         np.testing.assert_allclose(float(solver.smoothed_loss), float(cpu.smoothed_loss),
                                    rtol=1e-5)
     finally:
