@@ -1,6 +1,7 @@
-"""Caffe's own CUDA kernels for pooling (pooling_layer.cu), one launch per call, for the GPU
-backend; the array kernels (cct/backend/array_kernels.py) take several gathers, an argmax
-and a transpose for each, and on a GPU each of those is a launch the device waits for.
+"""Caffe's own CUDA kernels for pooling (pooling_layer.cu) and SoftmaxWithLoss's forward
+(softmax_layer.cu with softmax_loss_layer.cu), one launch per call, for the GPU backend; the
+array kernels (cct/backend/array_kernels.py) take several gathers, an argmax, reductions and
+a transpose for each, and on a GPU each of those is a launch the device waits for.
 
 A kernel here is **taken for a geometry only once it gave the array kernels' result there**:
 the first call of each geometry runs both and compares (MAX pooling to the bit, values and
@@ -131,6 +132,43 @@ extern "C" __global__ void ave_pool_backward(
     bottom_diff[index] = gradient;
   }
 }
+
+// SoftmaxWithLoss's forward (softmax_layer.cu's five kernels and softmax_loss_layer.cu's
+// SoftmaxLossForwardGPU as one): per position, the channel max, exp, the sum, the
+// probabilities, and -log(max(p[label], FLT_MIN)); flags 1 where the label counts, 2 where it
+// is out of range and not ignored, 0 where ignored.
+extern "C" __global__ void softmax_loss_forward(
+    const T* x, const T* label, T* prob, T* nll, int* flags, const long n, const int channels,
+    const long inner, const int ignore_label, const int has_ignore) {
+  LOOP(index, n) {
+    const long base = (index / inner) * channels * inner + index % inner;
+    T top = x[base];
+    for (int c = 1; c < channels; ++c) {
+      const T v = x[base + c * inner];
+      if (v > top || isnan(v)) top = v;
+    }
+    T sum = 0;
+    for (int c = 0; c < channels; ++c) {
+      const T e = exp(x[base + c * inner] - top);
+      prob[base + c * inner] = e;
+      sum += e;
+    }
+    for (int c = 0; c < channels; ++c) prob[base + c * inner] /= sum;
+    const int lab = (int)label[index];
+    if (has_ignore && lab == ignore_label) {
+      nll[index] = 0;
+      flags[index] = 0;
+    } else if (lab < 0 || lab >= channels) {
+      nll[index] = 0;
+      flags[index] = 2;
+    } else {
+      // max() of CUDA drops a NaN; the array kernels' maximum keeps it, and so must this
+      const T q = prob[base + lab * inner];
+      nll[index] = -log((q > (T)1.175494351e-38 || isnan(q)) ? q : (T)1.175494351e-38);
+      flags[index] = 1;
+    }
+  }
+}
 """
 
 _TYPES = {np.dtype(np.float32): ("float", "(-3.402823466e+38F)"),
@@ -204,7 +242,9 @@ class PoolingKernels:
 
     def _launch(self, name, dtype, n, args):
         grid = min((n + _BLOCK - 1) // _BLOCK, 65535)
-        ints = [np.int64(n)] + [np.int32(v) for v in args[1]]
+        # the element count is a long, the rest ints (softmax_loss_forward's inner a long)
+        ints = [np.int64(n)] + [np.int64(v) if name == "softmax_loss_forward" and k == 1
+                                else np.int32(v) for k, v in enumerate(args[1])]
         self._kernel(name, dtype)((max(grid, 1),), (_BLOCK,), tuple(args[0]) + tuple(ints))
 
     def max_forward(self, x, kernel, stride, pad, pooled, out, mask):
@@ -246,6 +286,37 @@ class PoolingKernels:
         self._launch("ave_pool_backward", dy.dtype, dx.size,
                      ((dy, dx), (h, w, *pooled, *kernel, *stride, *pad)))
         return _into(dx, out)
+
+
+class LossKernels(PoolingKernels):
+    """SoftmaxWithLoss's forward in one launch and three reductions (the array kernels take a
+    dozen launches), with the array kernels' results: (prob, loss, count, bad_label), on the
+    device with ``deferred``."""
+
+    def softmax_loss_forward(self, x, label, ignore_label, prob, deferred):
+        cupy = self.cupy
+        outer, channels, inner = x.shape
+        x = cupy.ascontiguousarray(x)
+        label = cupy.ascontiguousarray(label.reshape(outer, inner), dtype=x.dtype)
+        p = (prob.reshape(x.shape) if prob is not None and prob.flags.c_contiguous
+             else cupy.empty(x.shape, x.dtype))
+        nll = cupy.empty((outer, inner), x.dtype)
+        flags = cupy.empty((outer, inner), np.int32)
+        has_ignore = ignore_label is not None
+        self._launch("softmax_loss_forward", x.dtype, outer * inner,
+                     ((x, label, p, nll, flags),
+                      (channels, inner, int(ignore_label) if has_ignore else 0, has_ignore)))
+        bad = (flags == 2).reshape(-1)
+        stats = cupy.stack([nll.sum(dtype=np.float64), (flags == 1).sum(dtype=np.float64),
+                            bad.any().astype(np.float64),
+                            label.reshape(-1)[bad.astype(np.int8).argmax()]
+                            .astype(np.int64).astype(np.float64)])   # truncated, as Caffe's int
+        p = prob if p is not None and prob is not None and p.data.ptr == prob.data.ptr \
+            else _into(p, prob)
+        if deferred:
+            return p, stats[0].astype(x.dtype), stats[1], stats[2:]
+        loss, count, any_bad, first = (float(v) for v in stats.get())
+        return p, x.dtype.type(loss), int(count), (int(first) if any_bad else None)
 
 
 def _into(result, out):
@@ -319,3 +390,41 @@ def wrap_pooling(kernels, fast, pair: Callable) -> None:
     kernels.ave_pool_forward = ave_pool_forward
     kernels.ave_pool_backward = ave_pool_backward
     kernels.first_use_checks = checks
+
+
+def wrap_loss(kernels, fast) -> None:
+    """Route ``kernels``' softmax_loss_forward through ``fast`` (a :class:`LossKernels`),
+    each shape once checked against the array kernels (within float rounding: the sums add
+    in another order)."""
+    array_loss = kernels.softmax_loss_forward
+    check = FirstUseCheck("softmax_loss_forward")
+
+    def softmax_loss_forward(x, label, ignore_label, prob=None, deferred=False):
+        if np.dtype(x.dtype) not in _TYPES:
+            return array_loss(x, label, ignore_label, prob=prob, deferred=deferred)
+        key = (tuple(x.shape), str(x.dtype), ignore_label)
+
+        def agree(got, want):
+            # the probabilities within rounding; the loss within rounding; count and check exact
+            (gp, gl, gc, gb), (wp, wl, wc, wb) = got, want
+            why = _differs([gp, _array(gl)], [wp, _array(wl)], exact=False)
+            if why:
+                return why
+            same = [bool((_array(a) == _array(b)).all()) for a, b in ((gc, wc), (gb, wb))] \
+                if deferred else [gc == wc, gb == wb]
+            return "" if all(same) else "gave another count or label check"
+
+        return check(key, lambda: fast.softmax_loss_forward(x, label, ignore_label, prob,
+                                                            deferred),
+                     lambda into: array_loss(x, label, ignore_label,
+                                             prob=prob if into else None, deferred=deferred),
+                     agree)
+
+    kernels.softmax_loss_forward = softmax_loss_forward
+    kernels.first_use_checks = dict(getattr(kernels, "first_use_checks", {}),
+                                    softmax_loss_forward=check)
+
+
+def _array(v):
+    """A 0-d or host value as an array to compare (0-d device arrays stay where they are)."""
+    return v if hasattr(v, "shape") and not isinstance(v, np.generic) else np.asarray(v)

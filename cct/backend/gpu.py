@@ -215,10 +215,13 @@ if cupy is not None:
     # cuDNN refuses stay lowered); without it, the lowering path alone, said once.
     from . import cudnn as _cudnn
     from .shapes import pair as _pair
-    # Pooling in Caffe's own CUDA kernels (one launch each), each geometry checked once
-    # against the array kernels before it is taken (cct/backend/caffe_cuda.py).
-    from .caffe_cuda import PoolingKernels as _Pooling, wrap_pooling as _wrap_pooling
-    _wrap_pooling(kernels, _Pooling(cupy), _pair)
+    # Pooling and SoftmaxWithLoss's forward in Caffe's own CUDA kernels (one launch each),
+    # each geometry checked once against the array kernels before it is taken
+    # (cct/backend/caffe_cuda.py).
+    from . import caffe_cuda as _caffe_cuda
+    _fused = _caffe_cuda.LossKernels(cupy)
+    _caffe_cuda.wrap_pooling(kernels, _fused, _pair)
+    _caffe_cuda.wrap_loss(kernels, _fused)
     convolutions = _cudnn.convolutions(cupy)
     if convolutions is not None:
         _cudnn.wrap_lowering(kernels, convolutions, _pair)

@@ -100,5 +100,36 @@ def test_a_dtype_without_a_kernel_stays_in_the_array_kernels():
 
 def test_the_cuda_source_names_each_kernel_it_is_launched_by():
     for name in ("max_pool_forward", "max_pool_backward", "ave_pool_forward",
-                 "ave_pool_backward"):
+                 "ave_pool_backward", "softmax_loss_forward"):
         assert f'__global__ void {name}(' in caffe_cuda._SOURCE
+
+
+class FastLoss:
+    """LossKernels' softmax_loss_forward by the array kernels, or off by a little."""
+
+    def __init__(self, off=0.0):
+        self.ref, self.off, self.calls = ArrayKernels(np), off, 0
+
+    def softmax_loss_forward(self, x, label, ignore_label, prob, deferred):
+        self.calls += 1
+        p, loss, count, bad = self.ref.softmax_loss_forward(x, label, ignore_label,
+                                                            deferred=deferred)
+        return p + self.off, loss, count, bad
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+@pytest.mark.parametrize("off", [0.0, 1e-3])
+def test_the_loss_kernel_is_checked_like_the_pooling_ones(deferred, off, capfd):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 5, 3)).astype(np.float32)
+    label = rng.integers(0, 5, (4, 3)).astype(np.float32)
+    want = ArrayKernels(np).softmax_loss_forward(x, label, None, deferred=deferred)
+    k, fast = ArrayKernels(np), FastLoss(off)
+    caffe_cuda.wrap_loss(k, fast)
+    for _ in range(2):
+        got = k.softmax_loss_forward(x, label, None, deferred=deferred)
+        np.testing.assert_array_equal(got[0], want[0])
+        for g, w in zip(got[1:], want[1:]):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    assert fast.calls == (2 if off == 0 else 1)
+    assert ("runs in the array kernels" in capfd.readouterr().err) == (off != 0)
