@@ -31,6 +31,9 @@ echo "tests: $(tail -n 1 "$OUT/gpu_tests.txt")"
 # cuDNN's engines against the lowering path, geometry by geometry (issue 29, item 1)
 python "$OLDPWD/scripts/cudnn_probe.py" > "$OUT/cudnn_probe.txt" 2>&1
 echo "cudnn probe: exit $?; $(grep -c ' ok$' "$OUT/cudnn_probe.txt") operations agree"
+# what a CUDA graph can hold of an iteration, op by op, and cuDNN's matmul against cuBLAS
+python "$OLDPWD/scripts/capture_probe.py" > "$OUT/capture_probe.txt" 2>&1
+echo "capture probe: exit $?"; cat "$OUT/capture_probe.txt"
 
 sh examples/mnist/create_mnist.sh > "$OUT/create_mnist.txt" 2>&1
 cct train --solver=examples/mnist/lenet_solver.prototxt -gpu 0 > "$OUT/lenet_gpu.log" 2>&1
