@@ -56,6 +56,47 @@ def cudnn_matmul(cupy, m, k, n):
     return run
 
 
+def own_cublas_sgemm(cupy):
+    """C = A @ B (row-major float32) through cuBLAS on a handle of our own, with a workspace
+    set (cublasSetWorkspace, what cuBLAS asks of a captured call) and called through ctypes:
+    CuPy's own wrappers refuse any cuBLAS call while a stream captures. A function of
+    (A, B, C)."""
+    import ctypes
+
+    lib = None
+    for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so"):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    if lib is None:
+        raise OSError("no libcublas found")
+    handle = ctypes.c_void_p()
+    if lib.cublasCreate_v2(ctypes.byref(handle)):
+        raise RuntimeError("cublasCreate failed")
+    workspace = cupy.empty(32 << 20, cupy.uint8)
+    lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(workspace.data.ptr),
+                              ctypes.c_size_t(workspace.size))
+    lib.cublasSetMathMode(handle, 0)          # CUBLAS_DEFAULT_MATH: no TF32
+    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+
+    def run(A, B, C):
+        m, k = A.shape
+        n = B.shape[1]
+        lib.cublasSetStream_v2(handle, ctypes.c_void_p(cupy.cuda.get_current_stream().ptr))
+        # row-major C = A B is column-major C^T = B^T A^T: no transposes, B first
+        status = lib.cublasSgemm_v2(handle, 0, 0, n, m, k, ctypes.byref(one),
+                                    ctypes.c_void_p(B.data.ptr), n,
+                                    ctypes.c_void_p(A.data.ptr), k, ctypes.byref(zero),
+                                    ctypes.c_void_p(C.data.ptr), n)
+        if status:
+            raise RuntimeError(f"cublasSgemm status {status}")
+        return C
+    run.keep = (workspace, handle)
+    return run
+
+
 def main() -> int:
     import cupy
 
@@ -88,6 +129,12 @@ def main() -> int:
         probes["cuDNN matmul graph"] = lambda: mm(a, b, c)
     except Exception as e:
         print(f"cuDNN matmul graph: not built ({type(e).__name__}: {str(e)[:200]})")
+    try:
+        sgemm = own_cublas_sgemm(cupy)
+        c2 = cupy.empty((64, 500), cupy.float32)
+        probes["cuBLAS on a handle of our own (ctypes)"] = lambda: sgemm(a, b, c2)
+    except Exception as e:
+        print(f"cuBLAS through ctypes: not set up ({type(e).__name__}: {str(e)[:200]})")
     bad = 0
     for name, fn in probes.items():
         try:
@@ -119,6 +166,11 @@ def main() -> int:
             times[label_] = cupy.cuda.get_elapsed_time(start, stop) / 20
         print(f"cuDNN matmul 64x800x500 against cuBLAS: rel err {err:.1e}, "
               f"{times['cuDNN']:.3f} ms against {times['cuBLAS']:.3f} ms")
+    own = probes.get("cuBLAS on a handle of our own (ctypes)")
+    if own is not None:
+        ref = cupy.matmul(a, b)
+        err = float(cupy.abs(own() - ref).max() / cupy.abs(ref).max())
+        print(f"cuBLAS through ctypes against cupy.matmul: rel err {err:.1e}")
     return 1 if bad else 0
 
 
