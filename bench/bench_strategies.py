@@ -425,4 +425,8 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from cct.errors import CCTError
+    try:
+        main()
+    except CCTError as e:   # a device this machine lacks, a bad flag: one line, no traceback
+        raise SystemExit(f"bench_strategies: {e}")

@@ -1,67 +1,78 @@
 #!/usr/bin/env bash
-# The GPU checks (issues 28, 29 and 30) as one script for a lent GPU machine (no network there):
+# The GPU checks (issues 28, 29 and 30) as one script for a lent GPU machine, each step under
+# its own time limit, in order of what matters most, stopping before DEADLINE seconds:
 #   1. every test that has a GPU case (the CuPy rules' probes against real CuPy, the layer
 #      registry harness, Caffe's numerics, solvers, snapshots, timers, out-of-memory);
-#   2. LeNet with -gpu 0 to >= 0.98 (Caffe's lenet_solver, 10,000 bundled digits);
-#   3. CPU+GPU Hogbatch (one group per device, CPU batches of 16, GPU batches of 256) to
-#      >= 0.975;
-#   4. cuDNN's engines against the lowering (scripts/cudnn_probe.py), the optimizer's race of
-#      places and the strategies' bench on CPU+GPU, and bench_gpu.py's six nets against
-#      PyTorch (with the CUDA-graph and CPU+GPU columns).
-# Run from the repository root with cct and its wheels installed where PYTHONPATH points
-# (see the device README: build the wheels here, carry them, pip install --target there).
-# Each step's output goes under $OUT (default ./gpu_check_out); the last lines sum up.
+#   2. cuDNN's engines against the lowering (scripts/cudnn_probe.py) and what a CUDA graph can
+#      hold of an iteration (scripts/capture_probe.py);
+#   3. bench_gpu.py's six nets against PyTorch on the same GPU (graph and CPU+GPU columns);
+#   4. LeNet with -gpu 0 to >= 0.98 (lenet_solver, 2,000 iterations), timed; `cct time -gpu 0`;
+#   5. CPU+GPU Hogbatch, the optimizer's race of places, the strategies' bench on CPU+GPU.
+# With --bundle DIR (scripts/device_bundle.sh made it here; carry it): installs its wheels
+# into /tmp/site, puts this tree's Python over the wheel's, and reads DIR/shared as
+# CCT_SHARED. Without it, cct must already be importable. Logs go under $OUT (default
+# ./gpu_check_out) and into $OUT/logs.tgz after each step (a device run returns at most 8
+# files); the last lines of each step are printed.
+#
+#   DEADLINE=420 bash scripts/gpu_check.sh --bundle .gpu-bundle
 set -u
+REPO=$(pwd)
 OUT=${OUT:-gpu_check_out}
-mkdir -p "$OUT"
+DEADLINE=${DEADLINE:-420}
+T0=$(date +%s)
+mkdir -p "$OUT/logs"
+if [ "${1:-}" = "--bundle" ]; then
+    BUNDLE=$(cd "$2" && pwd)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+        "$BUNDLE"/whl/*.whl > "$OUT/logs/install.txt" 2>&1 || { cat "$OUT/logs/install.txt"; exit 1; }
+    cp -r cct/. /tmp/site/cct/         # this tree's Python over the wheel's (its _C stays)
+    export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH CCT_SHARED=$BUNDLE/shared
+fi
+export PYTHONUNBUFFERED=1
+[ -d "${CCT_SHARED:-../shared}" ] && export CCT_SHARED=$(cd "${CCT_SHARED:-../shared}" && pwd)
+OUT=$(cd "$OUT" && pwd)
 work=$(mktemp -d)
 cp -r tests examples "$work"/
-[ -d "${CCT_SHARED:-../shared}" ] && export CCT_SHARED=$(cd "${CCT_SHARED:-../shared}" && pwd)
 cd "$work"
-nvidia-smi -L > "$OUT/gpu.txt" 2>&1
-python -c "import cupy; print('CuPy', cupy.__version__, 'CUDA', cupy.cuda.runtime.runtimeGetVersion())" \
-    >> "$OUT/gpu.txt" 2>&1
 
-python -m pytest -q -rs -p no:cacheprovider \
+# step NAME SECONDS LINES CMD...: run CMD under min(SECONDS, what is left), its output in
+# $OUT/logs/NAME.txt, its last LINES lines printed
+step() {
+    local name=$1 secs=$2 lines=$3 left
+    shift 3
+    left=$(( DEADLINE - ($(date +%s) - T0) ))
+    if [ "$left" -lt 20 ]; then echo "== $name: skipped (deadline)"; return; fi
+    [ "$secs" -gt "$left" ] && secs=$left
+    local t=$(date +%s)
+    timeout -k 5 "$secs" "$@" > "$OUT/logs/$name.txt" 2>&1
+    echo "== $name: exit $?, $(( $(date +%s) - t )) s"
+    tail -n "$lines" "$OUT/logs/$name.txt"
+    (cd "$OUT" && tar czf logs.tgz logs)
+}
+
+echo "== $(nvidia-smi -L 2>&1 | head -n 1); $(lscpu | grep 'Model name' | sed 's/  */ /g')"
+python -c "import cupy, numpy; print('CuPy', cupy.__version__, 'NumPy', numpy.__version__)"
+
+step gpu_tests 180 25 python -m pytest -q -rs -p no:cacheprovider \
     tests/backend/test_standin.py tests/test_gpu_backend.py tests/layers/test_every_layer.py \
     tests/test_solver_on_device.py tests/test_cli_time.py tests/test_gpu_errors.py \
-    -k "gpu or cupy or real" > "$OUT/gpu_tests.txt" 2>&1
-echo "tests: $(tail -n 1 "$OUT/gpu_tests.txt")"
+    -k "gpu or cupy or real"
+step cudnn_probe 60 25 python "$REPO/scripts/cudnn_probe.py"
+step capture_probe 60 16 python "$REPO/scripts/capture_probe.py"
+step bench_gpu 200 12 python "$REPO/bench/bench_gpu.py" --iters 20 --warmup 3 --graph \
+    --timeout 60 ${CCT_SHARED:+--zoo "$CCT_SHARED/caffe-zoo"} --json "$OUT/logs/bench_gpu.json"
 
-# cuDNN's engines against the lowering path, geometry by geometry (issue 29, item 1)
-python "$OLDPWD/scripts/cudnn_probe.py" > "$OUT/cudnn_probe.txt" 2>&1
-echo "cudnn probe: exit $?; $(grep -c ' ok$' "$OUT/cudnn_probe.txt") operations agree"
-# what a CUDA graph can hold of an iteration, op by op, and cuDNN's matmul against cuBLAS
-python "$OLDPWD/scripts/capture_probe.py" > "$OUT/capture_probe.txt" 2>&1
-echo "capture probe: exit $?"; cat "$OUT/capture_probe.txt"
-
-sh examples/mnist/create_mnist.sh > "$OUT/create_mnist.txt" 2>&1
-cct train --solver=examples/mnist/lenet_solver.prototxt -gpu 0 > "$OUT/lenet_gpu.log" 2>&1
-echo "lenet -gpu 0: exit $?; $(grep 'Test net output #0' "$OUT/lenet_gpu.log" | tail -n 1)"
-
-cct train --solver=examples/mnist/lenet_solver.prototxt --strategy=hogbatch \
-    --devices=cpu,gpu0 --batch-sizes=cpu:16,gpu0:256 > "$OUT/hogbatch_cpu_gpu.log" 2>&1
-echo "hogbatch cpu+gpu0: exit $?; $(grep 'Test net output #0' "$OUT/hogbatch_cpu_gpu.log" | tail -n 1)"
-grep -E "One compute group per device|Updates by group" "$OUT/hogbatch_cpu_gpu.log" | tail -n 2
-
-# Issue 30's items 3 and 4 (built and checked on CPU cores and the stand-in; what a GPU
-# measures): the optimizer's race of one group's places on CPU+GPU, then the strategies to
-# LeNet's 98% on the CPU and the GPU against the GPU alone (bench_strategies' devices setting).
-cct plan --solver=examples/mnist/lenet_solver.prototxt --devices=cpu,gpu0 \
-    > "$OUT/plan_cpu_gpu.log" 2>&1
-echo "plan cpu+gpu0: exit $?; $(grep -o 'one group, by place.*' "$OUT/plan_cpu_gpu.log" | tail -n 1)"
-if [ -f "$OLDPWD/bench/bench_strategies.py" ]; then
-    python "$OLDPWD/bench/bench_strategies.py" --setting devices --devices=cpu,gpu0 \
-        --work lenet --cap 3000 --json "$OUT/strategies_cpu_gpu.json" \
-        --png "$OUT/strategies_cpu_gpu.png" > "$OUT/strategies_cpu_gpu.txt" 2>&1
-    echo "bench_strategies cpu+gpu0: exit $?"
-    tail -n 10 "$OUT/strategies_cpu_gpu.txt"
-fi
-
-# Issue 29's table: the six nets against PyTorch on the same GPU, with the CUDA-graph column
-if [ -f "$OLDPWD/bench/bench_gpu.py" ]; then
-    python "$OLDPWD/bench/bench_gpu.py" --iters 20 --warmup 3 --graph --hybrid \
-        --json "$OUT/bench_gpu.json" > "$OUT/bench_gpu.txt" 2>&1
-    echo "bench_gpu: exit $?"
-    grep -v '^#   ' "$OUT/bench_gpu.txt" | tail -n 9
-fi
+sh examples/mnist/create_mnist.sh > "$OUT/logs/create_mnist.txt" 2>&1
+step lenet_gpu 90 3 bash -c 'time cct train --solver=examples/mnist/lenet_solver.prototxt -gpu 0'
+grep 'Test net output #0' "$OUT/logs/lenet_gpu.txt" | tail -n 1
+step time_lenet 40 24 cct time -model examples/mnist/lenet_train_test.prototxt -gpu 0 \
+    -iterations 20
+step bench_hybrid 150 6 python "$REPO/bench/bench_gpu.py" --nets lenet,caffenet_b32,caffenet_b256 \
+    --iters 10 --warmup 2 --hybrid --no-caffe-engine --timeout 60 ${CCT_SHARED:+--zoo "$CCT_SHARED/caffe-zoo"}
+step hogbatch_cpu_gpu 120 4 cct train --solver=examples/mnist/lenet_solver.prototxt \
+    --strategy=hogbatch --devices=cpu,gpu0 --batch-sizes=cpu:16,gpu0:256
+step plan_cpu_gpu 90 3 cct plan --solver=examples/mnist/lenet_solver.prototxt --devices=cpu,gpu0
+step strategies_cpu_gpu 300 10 python "$REPO/bench/bench_strategies.py" --setting devices \
+    --devices=cpu,gpu0 --work lenet --cap 3000 --json "$OUT/logs/strategies_cpu_gpu.json" \
+    --png "$OUT/logs/strategies_cpu_gpu.png"
+echo "== done at $(( $(date +%s) - T0 )) s; logs in $OUT/logs.tgz"
