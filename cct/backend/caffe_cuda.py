@@ -1,7 +1,8 @@
-"""Caffe's own CUDA kernels for pooling (pooling_layer.cu) and SoftmaxWithLoss's forward
-(softmax_layer.cu with softmax_loss_layer.cu), one launch per call, for the GPU backend; the
-array kernels (cct/backend/array_kernels.py) take several gathers, an argmax, reductions and
-a transpose for each, and on a GPU each of those is a launch the device waits for.
+"""Caffe's own CUDA kernels for pooling (pooling_layer.cu), SoftmaxWithLoss's forward
+(softmax_layer.cu with softmax_loss_layer.cu) and ReLU (relu_layer.cu), one launch per call,
+for the GPU backend; the array kernels (cct/backend/array_kernels.py) take several gathers,
+an argmax, reductions and a transpose for each, and on a GPU each of those is a launch the
+device waits for.
 
 A kernel here is **taken for a geometry only once it gave the array kernels' result there**:
 the first call of each geometry runs both and compares (MAX pooling to the bit, values and
@@ -185,18 +186,21 @@ class FirstUseCheck:
         self.name = name
         self.verdicts: Dict[tuple, bool] = {}
 
-    def __call__(self, key: tuple, fast: Callable, reference: Callable, agree: Callable):
-        """``fast()`` and ``reference(into)`` run the call (``into``: into the caller's out=
-        arrays, else into fresh ones, so that the check compares two results, not one
-        buffer with itself); ``agree(got, want)`` says how they differ ('' when they do not)."""
+    def __call__(self, key: tuple, fast: Callable, reference: Callable, agree: Callable,
+                 put: Callable):
+        """``fast(into)`` and ``reference(into)`` run the call, into the caller's out= arrays
+        with ``into``, else into fresh ones: the check runs both into fresh arrays (it
+        compares two results, and an in-place call still has its input for the second), then
+        ``put`` writes the one taken where the caller asked; ``agree(got, want)`` says how
+        they differ ('' when they do not)."""
         verdict = self.verdicts.get(key)
         if verdict is True:
-            return fast()
+            return fast(True)
         if verdict is False:
             return reference(True)
         want = reference(False)
         try:
-            got = fast()
+            got = fast(False)
             why = agree(got, want)
         except Exception as e:  # a kernel that does not compile or launch here
             why = f"failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
@@ -204,8 +208,7 @@ class FirstUseCheck:
         if why:
             warning("caffe_cuda.py:0", f"{self.name} for {key} runs in the array kernels: "
                                        f"Caffe's CUDA kernel {why}")
-            return reference(True)
-        return got
+        return put(want if why else got)
 
 
 def _differs(got, want, exact: bool) -> str:
@@ -288,10 +291,38 @@ class PoolingKernels:
         return _into(dx, out)
 
 
-class LossKernels(PoolingKernels):
-    """SoftmaxWithLoss's forward in one launch and three reductions (the array kernels take a
-    dozen launches), with the array kernels' results: (prob, loss, count, bad_label), on the
-    device with ``deferred``."""
+class CaffeKernels(PoolingKernels):
+    """Besides pooling: SoftmaxWithLoss's forward in one launch and three reductions (the
+    array kernels take a dozen launches), with the array kernels' results (prob, loss, count,
+    bad_label), on the device with ``deferred``; ReLU forward and backward in one launch each
+    (relu_layer.cu, with the CPU's formula, which the array kernels follow)."""
+
+    def __init__(self, cupy):
+        super().__init__(cupy)
+        self._relu = {}
+
+    def _relu_kernel(self, which: str):
+        kernel = self._relu.get(which)
+        if kernel is None:
+            # std::max(x, 0) and std::min(x, 0) as C++ has them (a NaN passes), not CUDA's
+            # fmax, which drops it
+            body = {"forward": "y = ((x < 0) ? (T)0 : x) + slope * ((0 < x) ? (T)0 : x)",
+                    "backward": "y = dy * ((T)(src > 0) + (T)(src <= 0) * slope)"}[which]
+            args = {"forward": "T x, T slope", "backward": "T src, T dy, T slope"}[which]
+            kernel = self._relu[which] = self.cupy.ElementwiseKernel(
+                args, "T y", body, f"cct_relu_{which}")
+        return kernel
+
+    def relu_forward(self, x, negative_slope, out):
+        y = out if out is not None and out.shape == x.shape else self.cupy.empty_like(x)
+        self._relu_kernel("forward")(x, x.dtype.type(negative_slope), y)
+        return _into(y, out)
+
+    def relu_backward(self, src, dy, negative_slope, out):
+        dx = out if out is not None and out.shape == dy.shape else self.cupy.empty_like(dy)
+        self._relu_kernel("backward")(src.reshape(dy.shape), dy, dy.dtype.type(negative_slope),
+                                      dx)
+        return _into(dx, out)
 
     def softmax_loss_forward(self, x, label, ignore_label, prob, deferred):
         cupy = self.cupy
@@ -346,10 +377,12 @@ def wrap_pooling(kernels, fast, pair: Callable) -> None:
             return array_max_f(x, kernel, stride, pad, pooled, out=out, mask=mask)
         key = (tuple(x.shape), str(x.dtype)) + geom
         return checks["max_pool_forward"](
-            key, lambda: fast.max_forward(x, *geom, out, mask),
+            key, lambda into: fast.max_forward(x, *geom, out if into else None,
+                                               mask if into else None),
             lambda into: array_max_f(x, kernel, stride, pad, pooled, out=out if into else None,
                                      mask=mask if into else None),
-            lambda got, want: _differs(got, want, exact=True))
+            lambda got, want: _differs(got, want, exact=True),
+            lambda r: (_into(r[0], out), _into(r[1], mask)))
 
     def max_pool_backward(dy, mask, x_shape, out=None):
         h, w = int(x_shape[2]), int(x_shape[3])
@@ -359,9 +392,10 @@ def wrap_pooling(kernels, fast, pair: Callable) -> None:
         (geom,) = geoms
         key = (tuple(int(s) for s in x_shape), str(dy.dtype)) + tuple(geom)
         return checks["max_pool_backward"](
-            key, lambda: fast.max_backward(dy, mask, tuple(int(s) for s in x_shape), *geom, out),
+            key, lambda into: fast.max_backward(dy, mask, tuple(int(s) for s in x_shape), *geom,
+                                                out if into else None),
             lambda into: array_max_b(dy, mask, x_shape, out=out if into else None),
-            lambda got, want: _differs([got], [want], exact=False))
+            lambda got, want: _differs([got], [want], exact=False), lambda r: _into(r, out))
 
     def ave_pool_forward(x, kernel, stride, pad, pooled, out=None):
         geom = tuple(pair(v) for v in (kernel, stride, pad, pooled))
@@ -369,9 +403,9 @@ def wrap_pooling(kernels, fast, pair: Callable) -> None:
             return array_ave_f(x, kernel, stride, pad, pooled, out=out)
         key = (tuple(x.shape), str(x.dtype)) + geom
         return checks["ave_pool_forward"](
-            key, lambda: fast.ave_forward(x, *geom, out),
+            key, lambda into: fast.ave_forward(x, *geom, out if into else None),
             lambda into: array_ave_f(x, kernel, stride, pad, pooled, out=out if into else None),
-            lambda got, want: _differs([got], [want], exact=False))
+            lambda got, want: _differs([got], [want], exact=False), lambda r: _into(r, out))
 
     def ave_pool_backward(dy, x_shape, kernel, stride, pad, pooled, out=None):
         geom = tuple(pair(v) for v in (kernel, stride, pad, pooled))
@@ -380,10 +414,10 @@ def wrap_pooling(kernels, fast, pair: Callable) -> None:
         shape = tuple(int(s) for s in x_shape)
         key = (shape, str(dy.dtype)) + geom
         return checks["ave_pool_backward"](
-            key, lambda: fast.ave_backward(dy, shape, *geom, out),
+            key, lambda into: fast.ave_backward(dy, shape, *geom, out if into else None),
             lambda into: array_ave_b(dy, x_shape, kernel, stride, pad, pooled,
                                      out=out if into else None),
-            lambda got, want: _differs([got], [want], exact=False))
+            lambda got, want: _differs([got], [want], exact=False), lambda r: _into(r, out))
 
     kernels.max_pool_forward = max_pool_forward
     kernels.max_pool_backward = max_pool_backward
@@ -393,7 +427,7 @@ def wrap_pooling(kernels, fast, pair: Callable) -> None:
 
 
 def wrap_loss(kernels, fast) -> None:
-    """Route ``kernels``' softmax_loss_forward through ``fast`` (a :class:`LossKernels`),
+    """Route ``kernels``' softmax_loss_forward through ``fast`` (a :class:`CaffeKernels`),
     each shape once checked against the array kernels (within float rounding: the sums add
     in another order)."""
     array_loss = kernels.softmax_loss_forward
@@ -414,15 +448,47 @@ def wrap_loss(kernels, fast) -> None:
                 if deferred else [gc == wc, gb == wb]
             return "" if all(same) else "gave another count or label check"
 
-        return check(key, lambda: fast.softmax_loss_forward(x, label, ignore_label, prob,
-                                                            deferred),
+        return check(key, lambda into: fast.softmax_loss_forward(
+                         x, label, ignore_label, prob if into else None, deferred),
                      lambda into: array_loss(x, label, ignore_label,
                                              prob=prob if into else None, deferred=deferred),
-                     agree)
+                     agree, lambda r: (_into(r[0], prob),) + tuple(r[1:]))
 
     kernels.softmax_loss_forward = softmax_loss_forward
     kernels.first_use_checks = dict(getattr(kernels, "first_use_checks", {}),
                                     softmax_loss_forward=check)
+
+
+def wrap_relu(kernels, fast) -> None:
+    """Route ``kernels``' ReLU through ``fast`` (a :class:`CaffeKernels`), each shape once
+    checked against the array kernels, to the bit."""
+    array_f, array_b = kernels.relu_forward, kernels.relu_backward
+    checks = {"relu_forward": FirstUseCheck("relu_forward"),
+              "relu_backward": FirstUseCheck("relu_backward")}
+
+    def exact(got, want):
+        return _differs([got], [want], exact=True)
+
+    def relu_forward(x, negative_slope, out=None):
+        if np.dtype(x.dtype) not in _TYPES:
+            return array_f(x, negative_slope, out=out)
+        key = (tuple(x.shape), str(x.dtype), float(negative_slope))
+        return checks["relu_forward"](
+            key, lambda into: fast.relu_forward(x, negative_slope, out if into else None),
+            lambda into: array_f(x, negative_slope, out=out if into else None), exact,
+            lambda r: _into(r, out))
+
+    def relu_backward(src, dy, negative_slope, out=None):
+        if np.dtype(dy.dtype) not in _TYPES or src.dtype != dy.dtype:
+            return array_b(src, dy, negative_slope, out=out)
+        key = (tuple(dy.shape), str(dy.dtype), float(negative_slope))
+        return checks["relu_backward"](
+            key, lambda into: fast.relu_backward(src, dy, negative_slope, out if into else None),
+            lambda into: array_b(src, dy, negative_slope, out=out if into else None), exact,
+            lambda r: _into(r, out))
+
+    kernels.relu_forward, kernels.relu_backward = relu_forward, relu_backward
+    kernels.first_use_checks = dict(getattr(kernels, "first_use_checks", {}), **checks)
 
 
 def _array(v):

@@ -133,3 +133,36 @@ def test_the_loss_kernel_is_checked_like_the_pooling_ones(deferred, off, capfd):
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
     assert fast.calls == (2 if off == 0 else 1)
     assert ("runs in the array kernels" in capfd.readouterr().err) == (off != 0)
+
+
+class FastReLU:
+    """CaffeKernels' ReLU by the array kernels (writing into out, in place too), or broken."""
+
+    def __init__(self, broken=False):
+        self.ref, self.broken, self.calls = ArrayKernels(np), broken, 0
+
+    def relu_forward(self, x, slope, out):
+        self.calls += 1
+        y = self.ref.relu_forward(x, slope, out=out)
+        if self.broken:
+            y[...] = 0
+        return y
+
+    def relu_backward(self, src, dy, slope, out):
+        self.calls += 1
+        return self.ref.relu_backward(src, dy, slope, out=out)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_relu_in_place_keeps_its_input_for_the_check(broken):
+    """Caffe's ReLU runs in place: the check runs both kernels into fresh arrays, so the
+    reference still reads the input, and the result lands in the caller's array."""
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    want = ArrayKernels(np).relu_forward(x, 0.1)
+    k, fast = ArrayKernels(np), FastReLU(broken)
+    caffe_cuda.wrap_relu(k, fast)
+    y = x.copy()
+    assert k.relu_forward(y, 0.1, out=y) is y
+    np.testing.assert_array_equal(y, want)
+    verdict, = k.first_use_checks["relu_forward"].verdicts.values()
+    assert verdict is (not broken)
