@@ -73,11 +73,15 @@ def register_device(module: ModuleType) -> None:
         _DEVICES.append(module)
 
 
-def cupy_movement(xp, is_device: Callable[[object], bool]) -> Tuple[Callable, Callable]:
+def cupy_movement(xp, is_device: Callable[[object], bool],
+                  stage: Optional[Callable] = None) -> Tuple[Callable, Callable]:
     """``to_host(array, out=None)`` and ``to_device(host, out=None)`` for an array module with
     CuPy's copy API (``ndarray.get(out=)``, ``ndarray.set``, ``xp.asarray``): the GPU
     backend's, and the stand-in's, which so runs the very code a GPU runs. Each is one copy;
-    values already on the side asked for are not copied (but into ``out``)."""
+    values already on the side asked for are not copied (but into ``out``). ``stage(out,
+    host)``, where given, copies host values into a contiguous device ``out`` without making
+    the host wait (the GPU's: through pinned memory, ordered on the current stream); without
+    it ``ndarray.set`` copies, which waits for the device."""
     def to_host(array, out: Optional[np.ndarray] = None) -> np.ndarray:
         if is_device(array):
             if out is not None and not (array.flags.c_contiguous and out.flags.c_contiguous):
@@ -100,7 +104,11 @@ def cupy_movement(xp, is_device: Callable[[object], bool]) -> Tuple[Callable, Ca
         if not out.flags.c_contiguous:   # ndarray.set writes contiguous memory only
             out[...] = xp.asarray(host)
             return out
-        out.set(np.ascontiguousarray(host, dtype=out.dtype).reshape(out.shape))
+        values = np.ascontiguousarray(host, dtype=out.dtype).reshape(out.shape)
+        if stage is not None:
+            stage(out, values)
+        else:
+            out.set(values)
         return out
     return to_host, to_device
 

@@ -151,9 +151,38 @@ def is_device(array) -> bool:
     return cupy is not None and isinstance(array, cupy.ndarray)
 
 
+class PinnedStaging:
+    """Host-to-device copies that do not make the host wait: ``ndarray.set`` copies from
+    pageable memory, which waits for all the GPU's queued work (a data layer's batch would
+    stop every iteration there). The values go through a page-locked buffer of their size
+    (one per size, reused once the GPU has read it) and an asynchronous copy on the current
+    stream, so the kernels queued after it read them, in order."""
+
+    def __init__(self):
+        self._buffers: dict = {}
+
+    def __call__(self, out, values: np.ndarray) -> None:
+        nbytes = values.nbytes
+        if nbytes == 0:
+            return
+        entry = self._buffers.get((nbytes, cupy.cuda.runtime.getDevice()))
+        if entry is None:
+            memory = cupy.cuda.alloc_pinned_memory(max(nbytes, 1))
+            entry = (np.frombuffer(memory, np.uint8, nbytes), cupy.cuda.Event(), memory)
+            self._buffers[(nbytes, cupy.cuda.runtime.getDevice())] = entry
+        buffer, done, _ = entry
+        done.synchronize()   # the GPU has read the last values staged here
+        np.copyto(buffer, values.reshape(-1).view(np.uint8))
+        stream = cupy.cuda.get_current_stream()
+        out.data.copy_from_host_async(buffer.ctypes.data, nbytes, stream)
+        done.record(stream)
+
+
 # A device array's values in host memory (into ``out``: one device-to-host copy); host values
-# on the current GPU (a new array, or into ``out``: one host-to-device copy).
-to_host, to_device = cupy_movement(cupy, is_device)
+# on the current GPU (a new array, or into ``out``: one host-to-device copy, through pinned
+# memory without waiting for the device).
+to_host, to_device = cupy_movement(cupy, is_device,
+                                   stage=PinnedStaging() if cupy is not None else None)
 
 
 # The device generators of Dropout's draws, one per GPU and host generator: each is seeded by

@@ -197,10 +197,11 @@ class BasePrefetchingDataLayer(Layer):
     def forward(self, bottom, top):
         batch = self.prefetcher.get()
         top[0].reshape(batch.data.shape)
-        top[0].data[...] = self.xp.asarray(batch.data)  # host -> device off the CPU
+        # one copy into the top, which on a GPU does not wait for the device (pinned memory)
+        self.backend.to_device(batch.data, out=top[0].data)
         if self.output_labels:
             top[1].reshape(batch.labels.shape)
-            top[1].data[...] = self.xp.asarray(batch.labels)
+            self.backend.to_device(batch.labels, out=top[1].data)
         self._consumed = batch.state
 
     # -- exact resume -------------------------------------------------------------------------

@@ -152,3 +152,22 @@ def test_movement_handles_strided_views_as_cupy_needs():
     assert host[:, ::2].tolist() == d.tolist()
     backend.copy(d[:, 1:3], np.full((3, 2), 7, np.float32))   # a strided device target
     assert (d.get()[:, 1:3] == 7).all() and d.get()[0, 0] == 0
+
+
+def test_a_staged_copy_to_the_device_is_one_call_of_the_stage():
+    """The GPU's to_device copies into a contiguous out through its stage (pinned memory, no
+    wait for the device); a strided out goes through an assignment as before."""
+    from cct import backend
+    xp = npdevice.xp
+    staged = []
+
+    def stage(out, values):
+        staged.append(values.shape)
+        out.set(values)
+
+    _, to_device = backend.cupy_movement(xp, npdevice.is_device, stage=stage)
+    d = xp.asarray(np.zeros((3, 4), np.float32))
+    to_device(np.arange(12, dtype=np.float64).reshape(3, 4), out=d)
+    assert staged == [(3, 4)] and d.tolist() == np.arange(12).reshape(3, 4).tolist()
+    to_device(np.ones((3, 2), np.float32), out=d[:, 1:3])
+    assert staged == [(3, 4)] and (d.get()[:, 1:3] == 1).all()
