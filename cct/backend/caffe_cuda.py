@@ -299,17 +299,17 @@ class CaffeKernels(PoolingKernels):
 
     def __init__(self, cupy):
         super().__init__(cupy)
-        self._relu = {}
+        self._elementwise = {}
 
     def _relu_kernel(self, which: str):
-        kernel = self._relu.get(which)
+        kernel = self._elementwise.get(which)
         if kernel is None:
             # std::max(x, 0) and std::min(x, 0) as C++ has them (a NaN passes), not CUDA's
             # fmax, which drops it
             body = {"forward": "y = ((x < 0) ? (T)0 : x) + slope * ((0 < x) ? (T)0 : x)",
                     "backward": "y = dy * ((T)(src > 0) + (T)(src <= 0) * slope)"}[which]
             args = {"forward": "T x, T slope", "backward": "T src, T dy, T slope"}[which]
-            kernel = self._relu[which] = self.cupy.ElementwiseKernel(
+            kernel = self._elementwise[which] = self.cupy.ElementwiseKernel(
                 args, "T y", body, f"cct_relu_{which}")
         return kernel
 
@@ -323,6 +323,27 @@ class CaffeKernels(PoolingKernels):
         self._relu_kernel("backward")(src.reshape(dy.shape), dy, dy.dtype.type(negative_slope),
                                       dx)
         return _into(dx, out)
+
+    def sgd_update(self, data, diff, history, local_rate, momentum, local_decay):
+        """The SGD step of the array kernels in one launch, each operation rounded as they
+        round it (__fmul_rn and __fadd_rn: the compiler may not contract them into an FMA),
+        so it gives their bits. float32 only."""
+        kernel = self._elementwise.get("sgd")
+        if kernel is None:
+            kernel = self._elementwise["sgd"] = self.cupy.ElementwiseKernel(
+                "float32 rate, float32 momentum, float32 decay, bool use_decay",
+                "float32 data, float32 diff, float32 history",
+                """
+                float g = diff;
+                if (use_decay) g = __fadd_rn(g, __fmul_rn(data, decay));
+                g = __fmul_rn(g, rate);
+                const float h = __fadd_rn(__fmul_rn(history, momentum), g);
+                history = h;
+                diff = h;
+                data = __fsub_rn(data, h);
+                """, "cct_sgd_update")
+        kernel(np.float32(local_rate), np.float32(momentum), np.float32(local_decay),
+               bool(local_decay), data, diff, history)
 
     def softmax_loss_forward(self, x, label, ignore_label, prob, deferred):
         cupy = self.cupy
@@ -489,6 +510,38 @@ def wrap_relu(kernels, fast) -> None:
 
     kernels.relu_forward, kernels.relu_backward = relu_forward, relu_backward
     kernels.first_use_checks = dict(getattr(kernels, "first_use_checks", {}), **checks)
+
+
+def wrap_update(kernels, fast) -> None:
+    """Route ``kernels``' sgd_update through ``fast`` (a :class:`CaffeKernels`) for float32,
+    the first call of each size checked against the array kernels on copies of the three
+    arrays, to the bit (an update changes its arguments, so each side runs on its own copies
+    and the one taken is written back)."""
+    array_sgd = kernels.sgd_update
+    check = FirstUseCheck("sgd_update")
+
+    def sgd_update(data, diff, history, local_rate, momentum, local_decay):
+        arrays = (data, diff, history)
+        if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in arrays):
+            return array_sgd(data, diff, history, local_rate, momentum, local_decay)
+        args = (local_rate, momentum, local_decay)
+
+        def run(step, into):
+            target = arrays if into else tuple(a.copy() for a in arrays)
+            step(*target, *args)
+            return target
+
+        def put(result):
+            for a, r in zip(arrays, result):
+                if r is not a:
+                    a[...] = r
+        check((data.size,), lambda into: run(fast.sgd_update, into),
+              lambda into: run(array_sgd, into),
+              lambda got, want: _differs(got, want, exact=True), put)
+
+    kernels.sgd_update = sgd_update
+    kernels.first_use_checks = dict(getattr(kernels, "first_use_checks", {}),
+                                    sgd_update=check)
 
 
 def _array(v):

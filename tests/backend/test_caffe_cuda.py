@@ -166,3 +166,33 @@ def test_relu_in_place_keeps_its_input_for_the_check(broken):
     np.testing.assert_array_equal(y, want)
     verdict, = k.first_use_checks["relu_forward"].verdicts.values()
     assert verdict is (not broken)
+
+
+class FastSGD:
+    def __init__(self, broken=False):
+        self.ref, self.broken, self.calls = ArrayKernels(np), broken, 0
+
+    def sgd_update(self, data, diff, history, rate, momentum, decay):
+        self.calls += 1
+        self.ref.sgd_update(data, diff, history, rate * (1.5 if self.broken else 1), momentum,
+                            decay)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_the_sgd_step_is_checked_on_copies_and_its_result_written_back(broken):
+    """An update changes its arguments: the check runs each side on copies, and the arrays
+    end as the array kernels would leave them, twice over."""
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(50).astype(np.float32) for _ in range(3)]
+    want = [a.copy() for a in arrays]
+    ref = ArrayKernels(np)
+    k, fast = ArrayKernels(np), FastSGD(broken)
+    caffe_cuda.wrap_update(k, fast)
+    for _ in range(2):
+        ref.sgd_update(*want, 0.01, 0.9, 0.0005)
+        k.sgd_update(*arrays, 0.01, 0.9, 0.0005)
+        for a, w in zip(arrays, want):
+            np.testing.assert_array_equal(a, w)
+    assert fast.calls == (1 if broken else 2)
+    verdict, = k.first_use_checks["sgd_update"].verdicts.values()
+    assert verdict is (not broken)
