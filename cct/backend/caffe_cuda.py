@@ -1,8 +1,8 @@
 """Caffe's own CUDA kernels for pooling (pooling_layer.cu), SoftmaxWithLoss's forward
-(softmax_layer.cu with softmax_loss_layer.cu) and ReLU (relu_layer.cu), one launch per call,
-for the GPU backend; the array kernels (cct/backend/array_kernels.py) take several gathers,
-an argmax, reductions and a transpose for each, and on a GPU each of those is a launch the
-device waits for.
+(softmax_layer.cu with softmax_loss_layer.cu), ReLU (relu_layer.cu) and the SGD step, one
+launch per call, for the GPU backend; the array kernels (cct/backend/array_kernels.py) take
+several gathers, an argmax, reductions and a transpose for each, and on a GPU each of those
+is a launch the device waits for.
 
 A kernel here is **taken for a geometry only once it gave the array kernels' result there**:
 the first call of each geometry runs both and compares (MAX pooling to the bit, values and
@@ -295,7 +295,8 @@ class CaffeKernels(PoolingKernels):
     """Besides pooling: SoftmaxWithLoss's forward in one launch and three reductions (the
     array kernels take a dozen launches), with the array kernels' results (prob, loss, count,
     bad_label), on the device with ``deferred``; ReLU forward and backward in one launch each
-    (relu_layer.cu, with the CPU's formula, which the array kernels follow)."""
+    (relu_layer.cu, with the CPU's formula, which the array kernels follow); the SGD step in
+    one launch per param."""
 
     def __init__(self, cupy):
         super().__init__(cupy)
