@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 from typing import Optional, Tuple
 
 import numpy as np
@@ -165,11 +166,13 @@ class PinnedStaging:
         nbytes = values.nbytes
         if nbytes == 0:
             return
-        entry = self._buffers.get((nbytes, cupy.cuda.runtime.getDevice()))
+        # one buffer per thread too: a driver's groups stage their batches at the same time
+        key = (nbytes, cupy.cuda.runtime.getDevice(), threading.get_ident())
+        entry = self._buffers.get(key)
         if entry is None:
             memory = cupy.cuda.alloc_pinned_memory(max(nbytes, 1))
-            entry = (np.frombuffer(memory, np.uint8, nbytes), cupy.cuda.Event(), memory)
-            self._buffers[(nbytes, cupy.cuda.runtime.getDevice())] = entry
+            entry = self._buffers[key] = (np.frombuffer(memory, np.uint8, nbytes),
+                                          cupy.cuda.Event(), memory)
         buffer, done, _ = entry
         done.synchronize()   # the GPU has read the last values staged here
         np.copyto(buffer, values.reshape(-1).view(np.uint8))
