@@ -20,6 +20,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from . import allocation_bytes, cupy_movement, register_device
+from ..glog import warning
 from ..install import install_hint
 from .array_kernels import ArrayKernels
 
@@ -161,8 +162,21 @@ class PinnedStaging:
 
     def __init__(self):
         self._buffers: dict = {}
+        self._broken = ""
 
     def __call__(self, out, values: np.ndarray) -> None:
+        if self._broken:
+            out.set(values)
+            return
+        try:
+            self._stage(out, values)
+        except Exception as e:  # pinned memory refused (a container's memlock limit, ...)
+            self._broken = f"{type(e).__name__}: {e}"
+            warning("gpu.py:0", f"host-to-device copies wait for the device: pinned staging "
+                                f"failed ({self._broken})")
+            out.set(values)
+
+    def _stage(self, out, values: np.ndarray) -> None:
         nbytes = values.nbytes
         if nbytes == 0:
             return
