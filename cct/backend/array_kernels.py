@@ -630,7 +630,8 @@ class ArrayKernels:
         outside [0, channels) that is not ignored (None when all are fine; the loss skips it).
         The three host values come back in one device-to-host copy; with ``deferred`` they
         stay on the device (nothing waits for the GPU): loss and count as 0-d arrays,
-        bad_label as [any bad, the first bad label] (read it with :func:`bad_label_of`)."""
+        bad_label as the array [any bad, the first bad label], which the net reads with the
+        loss (a layer's ``pending_check``, cct/net.py's PendingLoss)."""
         xp = self.xp
         dt = _dtype(x, _FAMILY)
         p = self.softmax_forward(x, prob)
