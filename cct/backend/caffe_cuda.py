@@ -1,8 +1,8 @@
 """Caffe's own CUDA kernels for pooling (pooling_layer.cu), SoftmaxWithLoss's forward
-(softmax_layer.cu with softmax_loss_layer.cu), ReLU (relu_layer.cu) and the SGD step, one
-launch per call, for the GPU backend; the array kernels (cct/backend/array_kernels.py) take
-several gathers, an argmax, reductions and a transpose for each, and on a GPU each of those
-is a launch the device waits for.
+(softmax_layer.cu with softmax_loss_layer.cu), ReLU (relu_layer.cu), LRN (lrn_layer.cu) and
+the SGD step, one launch per call, for the GPU backend; the array kernels
+(cct/backend/array_kernels.py) take several gathers, an argmax, reductions and a transpose
+for each, and on a GPU each of those is a launch the device waits for.
 
 A kernel here is **taken for a geometry only once it gave the array kernels' result there**:
 the first call of each geometry runs both and compares (MAX pooling to the bit, values and
@@ -168,6 +168,53 @@ extern "C" __global__ void softmax_loss_forward(
       nll[index] = -log((q > (T)1.175494351e-38 || isnan(q)) ? q : (T)1.175494351e-38);
       flags[index] = 1;
     }
+  }
+}
+
+// LRN across channels (lrn_layer.cu's three kernels), float32, each product, sum and quotient
+// rounded as the array kernels round it (the window summed from its first channel up, zero
+// beyond the ends; no running sum, whose cancellation Caffe's LRNFillScale has).
+extern "C" __global__ void lrn_across_forward(
+    const float* x, float* y, float* scale, const long n, const int channels,
+    const long plane, const int size, const float alpha_over_size, const float k,
+    const float neg_beta) {
+  LOOP(index, n) {
+    const long hw = index % plane;
+    const int c = (index / plane) % channels;
+    const long base = (index / plane / channels) * channels * plane + hw;
+    const int pre = (size - 1) / 2;
+    float acc = 0;
+    for (int i = 0; i < size; ++i) {
+      const int ch = c - pre + i;
+      const float v = (ch >= 0 && ch < channels) ? x[base + ch * plane] : 0.0f;
+      const float sq = __fmul_rn(v, v);
+      acc = i ? __fadd_rn(acc, sq) : sq;
+    }
+    const float s = __fadd_rn(__fmul_rn(acc, alpha_over_size), k);
+    scale[index] = s;
+    y[index] = __fmul_rn(powf(s, neg_beta), x[index]);
+  }
+}
+
+extern "C" __global__ void lrn_across_backward(
+    const float* x, const float* y, const float* scale, const float* dy, float* dx,
+    const long n, const int channels, const long plane, const int size, const float neg_beta,
+    const float ratio_coef) {
+  LOOP(index, n) {
+    const long hw = index % plane;
+    const int c = (index / plane) % channels;
+    const long base = (index / plane / channels) * channels * plane + hw;
+    const int pre = (size - 1) / 2;
+    float acc = 0;
+    for (int i = 0; i < size; ++i) {
+      const int ch = c - pre + i;
+      const long at = base + ch * plane;
+      const float t = (ch >= 0 && ch < channels)
+          ? __fdiv_rn(__fmul_rn(dy[at], y[at]), scale[at]) : 0.0f;
+      acc = i ? __fadd_rn(acc, t) : t;
+    }
+    const float ratio = __fmul_rn(__fmul_rn(acc, x[index]), ratio_coef);
+    dx[index] = __fsub_rn(__fmul_rn(powf(scale[index], neg_beta), dy[index]), ratio);
   }
 }
 """
@@ -345,6 +392,35 @@ class CaffeKernels(PoolingKernels):
                 """, "cct_sgd_update")
         kernel(np.float32(local_rate), np.float32(momentum), np.float32(local_decay),
                bool(local_decay), data, diff, history)
+
+    def lrn_forward(self, x, size, alpha, beta, k, out, scale):
+        cupy = self.cupy
+        x = cupy.ascontiguousarray(x)
+        y = out if out is not None and out.flags.c_contiguous else cupy.empty_like(x)
+        s = scale if scale is not None and scale.flags.c_contiguous else cupy.empty_like(x)
+        plane = int(np.prod(x.shape[2:], dtype=np.int64))
+        self._lrn_launch("lrn_across_forward", x.size,
+                         (x, y, s, np.int64(x.size), np.int32(x.shape[1]), np.int64(plane),
+                          np.int32(size), np.float32(alpha / size), np.float32(k),
+                          np.float32(-beta)))
+        return _into(y, out), _into(s, scale)
+
+    def lrn_backward(self, x, y, scale, dy, size, alpha, beta, out):
+        cupy = self.cupy
+        x, y, scale, dy = (cupy.ascontiguousarray(a) for a in (x, y, scale, dy))
+        # each element reads its neighbours' dy: the result never goes into dy itself
+        dx = (out if out is not None and out.flags.c_contiguous
+              and not cupy.may_share_memory(out, dy) else cupy.empty_like(dy))
+        plane = int(np.prod(x.shape[2:], dtype=np.int64))
+        self._lrn_launch("lrn_across_backward", x.size,
+                         (x, y, scale, dy, dx, np.int64(x.size), np.int32(x.shape[1]),
+                          np.int64(plane), np.int32(size), np.float32(-beta),
+                          np.float32(2.0 * alpha * beta / size)))
+        return _into(dx, out)
+
+    def _lrn_launch(self, name, n, args):
+        grid = min((n + _BLOCK - 1) // _BLOCK, 65535)
+        self._kernel(name, np.float32)((max(grid, 1),), (_BLOCK,), args)
 
     def softmax_loss_forward(self, x, label, ignore_label, prob, deferred):
         cupy = self.cupy
@@ -543,6 +619,41 @@ def wrap_update(kernels, fast) -> None:
     kernels.sgd_update = sgd_update
     kernels.first_use_checks = dict(getattr(kernels, "first_use_checks", {}),
                                     sgd_update=check)
+
+
+def wrap_lrn(kernels, fast) -> None:
+    """Route ``kernels``' LRN across channels through ``fast`` (a :class:`CaffeKernels`) for
+    float32, each shape once checked against the array kernels, to the bit."""
+    array_f, array_b = kernels.lrn_across_forward, kernels.lrn_across_backward
+    checks = {"lrn_across_forward": FirstUseCheck("lrn_across_forward"),
+              "lrn_across_backward": FirstUseCheck("lrn_across_backward")}
+
+    def lrn_across_forward(x, size, alpha, beta, k, out=None, scale=None):
+        if x.dtype != np.float32:
+            return array_f(x, size, alpha, beta, k, out=out, scale=scale)
+        key = (tuple(x.shape), int(size), float(alpha), float(beta), float(k))
+        return checks["lrn_across_forward"](
+            key, lambda into: fast.lrn_forward(x, int(size), alpha, beta, k,
+                                               out if into else None, scale if into else None),
+            lambda into: array_f(x, size, alpha, beta, k, out=out if into else None,
+                                 scale=scale if into else None),
+            lambda got, want: _differs(got, want, exact=True),
+            lambda r: (_into(r[0], out), _into(r[1], scale)))
+
+    def lrn_across_backward(x, y, scale, dy, size, alpha, beta, out=None):
+        if any(a.dtype != np.float32 for a in (x, y, scale, dy)):
+            return array_b(x, y, scale, dy, size, alpha, beta, out=out)
+        key = (tuple(x.shape), int(size), float(alpha), float(beta))
+        return checks["lrn_across_backward"](
+            key, lambda into: fast.lrn_backward(x, y, scale, dy, int(size), alpha, beta,
+                                                out if into else None),
+            lambda into: array_b(x, y, scale, dy, size, alpha, beta,
+                                 out=out if into else None),
+            lambda got, want: _differs([got], [want], exact=True), lambda r: _into(r, out))
+
+    kernels.lrn_across_forward = lrn_across_forward
+    kernels.lrn_across_backward = lrn_across_backward
+    kernels.first_use_checks = dict(getattr(kernels, "first_use_checks", {}), **checks)
 
 
 def _array(v):

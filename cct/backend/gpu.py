@@ -261,7 +261,7 @@ if cupy is not None:
     # cuDNN refuses stay lowered); without it, the lowering path alone, said once.
     from . import cudnn as _cudnn
     from .shapes import pair as _pair
-    # Pooling, SoftmaxWithLoss's forward, ReLU and the SGD step in one CUDA kernel each,
+    # Pooling, SoftmaxWithLoss's forward, ReLU, LRN and the SGD step in one CUDA kernel each,
     # each geometry checked once against the array kernels before it is taken
     # (cct/backend/caffe_cuda.py).
     from . import caffe_cuda as _caffe_cuda
@@ -270,6 +270,7 @@ if cupy is not None:
     _caffe_cuda.wrap_loss(kernels, _fused)
     _caffe_cuda.wrap_relu(kernels, _fused)
     _caffe_cuda.wrap_update(kernels, _fused)
+    _caffe_cuda.wrap_lrn(kernels, _fused)
     convolutions = _cudnn.convolutions(cupy)
     if convolutions is not None:
         _cudnn.wrap_lowering(kernels, convolutions, _pair)

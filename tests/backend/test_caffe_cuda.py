@@ -100,7 +100,8 @@ def test_a_dtype_without_a_kernel_stays_in_the_array_kernels():
 
 def test_the_cuda_source_names_each_kernel_it_is_launched_by():
     for name in ("max_pool_forward", "max_pool_backward", "ave_pool_forward",
-                 "ave_pool_backward", "softmax_loss_forward"):
+                 "ave_pool_backward", "softmax_loss_forward", "lrn_across_forward",
+                 "lrn_across_backward"):
         assert f'__global__ void {name}(' in caffe_cuda._SOURCE
 
 
@@ -196,3 +197,40 @@ def test_the_sgd_step_is_checked_on_copies_and_its_result_written_back(broken):
     assert fast.calls == (1 if broken else 2)
     verdict, = k.first_use_checks["sgd_update"].verdicts.values()
     assert verdict is (not broken)
+
+
+class FastLRN:
+    def __init__(self, broken=False):
+        self.ref, self.broken, self.calls = ArrayKernels(np), broken, 0
+
+    def lrn_forward(self, x, size, alpha, beta, k, out, scale):
+        self.calls += 1
+        y, s = self.ref.lrn_across_forward(x, size, alpha, beta, k, out=out, scale=scale)
+        if self.broken:
+            y[...] += 1
+        return y, s
+
+    def lrn_backward(self, x, y, scale, dy, size, alpha, beta, out):
+        self.calls += 1
+        return self.ref.lrn_across_backward(x, y, scale, dy, size, alpha, beta, out=out)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_lrn_is_checked_and_a_backward_into_dy_keeps_its_input(broken):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 7, 3, 3)).astype(np.float32)
+    ref = ArrayKernels(np)
+    want_y, want_s = ref.lrn_across_forward(x, 5, 1e-4, 0.75, 1.0)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    want_dx = ref.lrn_across_backward(x, want_y, want_s, dy, 5, 1e-4, 0.75)
+    k, fast = ArrayKernels(np), FastLRN(broken)
+    caffe_cuda.wrap_lrn(k, fast)
+    for _ in range(2):
+        y, s = k.lrn_across_forward(x, 5, 1e-4, 0.75, 1.0)
+        np.testing.assert_array_equal(y, want_y)
+        np.testing.assert_array_equal(s, want_s)
+        d = dy.copy()
+        assert k.lrn_across_backward(x, y, s, d, 5, 1e-4, 0.75, out=d) is d
+        np.testing.assert_array_equal(d, want_dx)
+    verdicts = {name: list(c.verdicts.values()) for name, c in k.first_use_checks.items()}
+    assert verdicts == {"lrn_across_forward": [not broken], "lrn_across_backward": [True]}
