@@ -6,8 +6,10 @@ for each, and on a GPU each of those is a launch the device waits for.
 
 A kernel here is **taken for a geometry only once it gave the array kernels' result there**:
 the first call of each geometry runs both and compares (MAX pooling to the bit, values and
-argmax indices alike, since both pick the first maximum with Caffe's strict ``>``; AVE pooling
-and the backward passes, which add in another order, within float rounding). One that fails
+argmax indices alike, since both pick the first maximum with Caffe's strict ``>``; ReLU, LRN
+and the SGD step to the bit, since they round each operation as the array kernels do; AVE
+pooling, pooling's backward passes and the loss, which add in another order, within float
+rounding). One that fails
 to compile or disagrees is dropped for that geometry with one warning, and the array kernels
 run it. So a GPU this code was never run on still computes what the array kernels compute.
 """
