@@ -293,11 +293,13 @@ class PoolingKernels:
         return module.get_function(name)
 
     def _launch(self, name, dtype, n, args):
+        """``name`` over ``n`` elements with ``args`` = (arrays, scalars): the element count
+        goes first as a long, Python ints as ints; scalars already typed (np.int64 for a long,
+        np.float32) go as they are."""
         grid = min((n + _BLOCK - 1) // _BLOCK, 65535)
-        # the element count is a long, the rest ints (softmax_loss_forward's inner a long)
-        ints = [np.int64(n)] + [np.int64(v) if name == "softmax_loss_forward" and k == 1
-                                else np.int32(v) for k, v in enumerate(args[1])]
-        self._kernel(name, dtype)((max(grid, 1),), (_BLOCK,), tuple(args[0]) + tuple(ints))
+        scalars = [v if isinstance(v, np.generic) else np.int32(v) for v in args[1]]
+        self._kernel(name, dtype)((max(grid, 1),), (_BLOCK,),
+                                  tuple(args[0]) + (np.int64(n),) + tuple(scalars))
 
     def max_forward(self, x, kernel, stride, pad, pooled, out, mask):
         cupy = self.cupy
@@ -401,10 +403,9 @@ class CaffeKernels(PoolingKernels):
         y = out if out is not None and out.flags.c_contiguous else cupy.empty_like(x)
         s = scale if scale is not None and scale.flags.c_contiguous else cupy.empty_like(x)
         plane = int(np.prod(x.shape[2:], dtype=np.int64))
-        self._lrn_launch("lrn_across_forward", x.size,
-                         (x, y, s, np.int64(x.size), np.int32(x.shape[1]), np.int64(plane),
-                          np.int32(size), np.float32(alpha / size), np.float32(k),
-                          np.float32(-beta)))
+        self._launch("lrn_across_forward", np.float32, x.size,
+                     ((x, y, s), (x.shape[1], np.int64(plane), size, np.float32(alpha / size),
+                                  np.float32(k), np.float32(-beta))))
         return _into(y, out), _into(s, scale)
 
     def lrn_backward(self, x, y, scale, dy, size, alpha, beta, out):
@@ -414,15 +415,11 @@ class CaffeKernels(PoolingKernels):
         dx = (out if out is not None and out.flags.c_contiguous
               and not cupy.may_share_memory(out, dy) else cupy.empty_like(dy))
         plane = int(np.prod(x.shape[2:], dtype=np.int64))
-        self._lrn_launch("lrn_across_backward", x.size,
-                         (x, y, scale, dy, dx, np.int64(x.size), np.int32(x.shape[1]),
-                          np.int64(plane), np.int32(size), np.float32(-beta),
-                          np.float32(2.0 * alpha * beta / size)))
+        self._launch("lrn_across_backward", np.float32, x.size,
+                     ((x, y, scale, dy, dx), (x.shape[1], np.int64(plane), size,
+                                              np.float32(-beta),
+                                              np.float32(2.0 * alpha * beta / size))))
         return _into(dx, out)
-
-    def _lrn_launch(self, name, n, args):
-        grid = min((n + _BLOCK - 1) // _BLOCK, 65535)
-        self._kernel(name, np.float32)((max(grid, 1),), (_BLOCK,), args)
 
     def softmax_loss_forward(self, x, label, ignore_label, prob, deferred):
         cupy = self.cupy
@@ -436,7 +433,8 @@ class CaffeKernels(PoolingKernels):
         has_ignore = ignore_label is not None
         self._launch("softmax_loss_forward", x.dtype, outer * inner,
                      ((x, label, p, nll, flags),
-                      (channels, inner, int(ignore_label) if has_ignore else 0, has_ignore)))
+                      (channels, np.int64(inner), int(ignore_label) if has_ignore else 0,
+                       int(has_ignore))))
         bad = (flags == 2).reshape(-1)
         stats = cupy.stack([nll.sum(dtype=np.float64), (flags == 1).sum(dtype=np.float64),
                             bad.any().astype(np.float64),

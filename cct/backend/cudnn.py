@@ -146,6 +146,8 @@ class Convolutions:
                tuple(stride), tuple(pad), tuple(dilation), _tf32_allowed(),
                plans.deterministic())
         graph = self._graphs.get(key, False)
+        if graph is None:
+            return None   # refused once: nothing to prepare, the lowering runs
         operands = tuple(a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
                          for a in operands)
         if out is None or not out.flags.c_contiguous or out.shape != out_shape:
