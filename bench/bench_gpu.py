@@ -97,11 +97,16 @@ def run_cct(net_name: str, devices: str, zoo: str, warmup: int, iters: int,
 
     seconds = _timed(step, net.backend.synchronize, warmup, iters)
     split = [r.n for r in scheduler.replicas] if scheduler else [batch]
+    # What each replica's copies cost: one after the other (measured at the first split), and
+    # what was left of them while they overlapped its passes (its last iteration's wait)
+    copies = [{"device": r.device.name, "n": r.n, "serial_ms": 1e3 * r.serial_copies,
+               "waited_ms": 1e3 * r.copies.waited}
+              for r in scheduler.replicas if r.copies is not None] if scheduler else []
     cudnn = getattr(gpu, "convolutions", None)
     graph = {} if hybrid or not graphs else _replayed(step, warmup, iters, batch)
     pool = {"pool_mb": gpu.cupy.get_default_memory_pool().total_bytes() / 2**20} \
         if gpu.cupy is not None else {}
-    return {"img_s": batch / seconds, "split": split, **graph, **pool,
+    return {"img_s": batch / seconds, "split": split, "copies": copies, **graph, **pool,
             "flops": flops,
             "cudnn_graphs": len(cudnn.table) if cudnn is not None else 0,
             "cudnn_refused": len(cudnn.refused()) if cudnn is not None else 0}
@@ -204,6 +209,10 @@ def main(argv=None) -> None:
                             ("torch", torch_r)):
                 if "error" in r:
                     print(f"#   {name} failed: {r['error']}")
+            for c in hybrid.get("copies", []):
+                print(f"#   cpu+gpu: {c['device']} ({c['n']} images) copies {c['serial_ms']:.3g} "
+                      f"ms one after the other, {c['waited_ms']:.3g} ms left unhidden when "
+                      f"overlapping its passes")
             if "graph_error" in alone:
                 print(f"#   graph not captured: {alone['graph_error']}")
     if args.json:

@@ -3,7 +3,7 @@ shared params, the backward-need analysis, and forward/backward over a range of 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -235,6 +235,14 @@ class Net:
         self.name = self.param.name
         # The net's own generator (fillers, Dropout), or None: the process-wide one (cct/rng.py).
         self.rng = rng
+        # Caffe's Net::add_before_forward and add_after_backward: called with a layer's id
+        # before its forward runs and once its backward has run (its params' gradients are
+        # then complete, but for a weight shared with a lower layer), on the thread running
+        # the pass. The hybrid scheduler (cct/scheduler.py) lets a replica's layer start once
+        # its own weights have arrived, and ships each gradient while the layers below still
+        # compute (Caffe's NCCL reduces a layer's gradients in the same callback).
+        self.before_forward: List[Callable[[int], None]] = []
+        self.after_backward: List[Callable[[int], None]] = []
         with using(rng):
             self._init()
 
@@ -499,6 +507,8 @@ class Net:
             for i in range(start, end + 1):
                 layer = self.layers[i]
                 bottom, top = self.bottom_vecs[i], self.top_vecs[i]
+                for callback in self.before_forward:
+                    callback(i)
                 try:
                     layer.reshape(bottom, top)
                     layer.forward(bottom, top)
@@ -530,6 +540,8 @@ class Net:
                 except MemoryError as e:
                     self._out_of_memory(i, "backward", e)
                     raise
+                for callback in self.after_backward:
+                    callback(i)
 
     def _out_of_memory(self, layer_id: int, direction: str, exc: MemoryError) -> None:
         """Raises a LayerError naming layer ``layer_id`` and the bytes it asked for when ``exc``

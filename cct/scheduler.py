@@ -33,7 +33,9 @@ writes a snapshot of the last update before stopping.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -160,7 +162,158 @@ class _Replica:
         self.inputs = net.input_blobs()
         self.n = 0
         self.speed: Optional[float] = None     # images/s, moving average
-        self.overhead = 0.0                    # host seconds to sync this replica per batch
+        self.overhead = 0.0                    # seconds per batch its copies add to its pass
+        self.serial_copies = 0.0               # its copies' seconds, one after the other
+        # Its copies to and from the master's memory, when its memory is another one (None
+        # when it shares the master's arrays).
+        self.copies: Optional[_Copies] = None
+
+
+class _Copies:
+    """A replica's copies to and from the master's memory, pipelined with its passes (issue
+    30): on a thread of their own, its slice of the batch, then its weights in the order its
+    forward first needs them, each layer starting as soon as its own have arrived (conv1's
+    weights are small and come first; a fully connected layer's, the bulk, arrive while the
+    convolutions compute); and each gradient back as soon as the backward of the lowest layer
+    using it has run, while the layers below still compute (Caffe's NCCL reduces a layer's
+    gradients in its after-backward callback; PyTorch DDP ships buckets). The gradients land
+    in buffers on the master's memory, which the scheduler adds in its fixed order: the sums
+    are the ones copying everything at the end gave.
+
+    The replica receives the master's weights, not the update: the same bytes, and its device
+    neither keeps a history nor makes a pass over the model to apply an update (a slow CPU's
+    time is the split's bottleneck); the weights it computes with are the master's, bit for
+    bit, by construction.
+
+    On a GPU master the copies run on a stream of their own (``backend.aside``), after a mark
+    taken once the master's update and the batch were queued: on the default stream they would
+    wait behind the GPU replica's whole forward and backward, queued by another thread."""
+
+    def __init__(self, master, replica: _Replica, param_table, activate):
+        self.master = master
+        self.net = replica.net
+        self.inputs = replica.inputs
+        net = replica.net
+        rows = [(k, row) for k, row in enumerate(param_table) if row.lr_mult != 0]
+
+        def lowest_layer(row) -> int:
+            return min(net.param_layer_indices[i][0] for i in (row.net_id,) + row.sharers)
+
+        # The weights in the order of their first use by the forward pass, which is also the
+        # layer whose backward completes their gradient (the lowest layer using them).
+        self.order = sorted(rows, key=lambda kr: lowest_layer(kr[1]))
+        first_use = [lowest_layer(row) for _, row in self.order]
+        # layer i may run once need[i] items have arrived: the slice, then weights in order
+        self.need = [1 + sum(1 for f in first_use if f <= i) for i in range(len(net.layers))]
+        self.complete_at: Dict[int, List[int]] = {}
+        for (k, _), layer_id in zip(self.order, first_use):
+            self.complete_at.setdefault(layer_id, []).append(k)
+        xp = master.backend.xp
+        self.grads = {k: xp.empty_like(master.learnable_params[k].diff) for k, _ in rows}
+        aside = getattr(master.backend, "aside", None)
+        if aside is not None and replica.device.host_memory:
+            self._mark = aside.mark
+            self._down = lambda dst, src, mark: aside.to_host(src, dst, after=mark)
+            self._up = lambda dst, src, mark: aside.to_device(src, dst, after=mark)
+        else:        # a host master, or two devices' memories: plain copies, in order
+            self._mark = lambda: None
+            self._down = lambda dst, src, mark: copy_array(dst, src)
+            self._up = lambda dst, src, mark: copy_array(dst, src)
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"cct-copies-{replica.device}",
+                                       initializer=activate)
+        self._cond = threading.Condition()
+        self.active = False
+        self.backward = False
+        self.arrived = 0
+        self.error: Optional[BaseException] = None
+        self.mark = None
+        self.fetch = None
+        self.uploads: list = []
+        self.shipped: set = set()
+        self.waited = 0.0
+        net.before_forward.append(self._before_forward)
+        net.after_backward.append(self._after_backward)
+
+    # -- the main thread -----------------------------------------------------------------------
+    def start(self, source_tops, offset: int, n: int, backward: bool, mark) -> None:
+        """Queues this iteration's slice and weights (after ``mark``) before the replica runs."""
+        self.arrived, self.error, self.waited = 0, None, 0.0
+        self.uploads, self.shipped = [], set()
+        self.mark, self.backward, self.active = mark, backward, True
+        self.fetch = self.pool.submit(self._fetch, source_tops, offset, n, mark)
+
+    def abandon(self) -> None:
+        """The replica failed: wait for what was queued, keep nothing."""
+        self.active = False
+        for f in [self.fetch] + self.uploads:
+            if f is not None:
+                f.exception()
+
+    def close(self) -> None:
+        self.active = False
+        self.pool.shutdown(wait=True)
+
+    # -- the copier thread ---------------------------------------------------------------------
+    def _fetch(self, source_tops, offset: int, n: int, mark) -> None:
+        try:
+            for (_, src), dst in zip(source_tops, self.inputs):
+                self._down(dst.data, src.data[offset:offset + n], mark)
+            self._arrive()
+            for _, row in self.order:
+                self._down(self.net.params_list[row.net_id].data,
+                           self.master.params_list[row.net_id].data, mark)
+                self._arrive()
+        except BaseException as e:
+            with self._cond:
+                self.error = e
+                self._cond.notify_all()
+            raise
+
+    def _arrive(self) -> None:
+        with self._cond:
+            self.arrived += 1
+            self._cond.notify_all()
+
+    def _send(self, ks: Sequence[int], mark) -> None:
+        for k in ks:
+            self._up(self.grads[k], self.net.learnable_params[k].diff, mark)
+
+    # -- the replica's thread ------------------------------------------------------------------
+    def _before_forward(self, layer_id: int) -> None:
+        if not self.active or self.arrived >= self.need[layer_id]:
+            return
+        t0 = time.perf_counter()
+        with self._cond:
+            while self.arrived < self.need[layer_id] and self.error is None:
+                self._cond.wait()
+        self.waited += time.perf_counter() - t0
+        if self.error is not None:
+            raise self.error
+
+    def _after_backward(self, layer_id: int) -> None:
+        if self.active and self.backward:
+            ks = self.complete_at.get(layer_id)
+            if ks:
+                self._ship(ks)
+
+    def _ship(self, ks: Sequence[int]) -> None:
+        self.shipped.update(ks)
+        self.uploads.append(self.pool.submit(self._send, list(ks), self.mark))
+
+    def finish(self) -> None:
+        """After the replica's pass: ship what no callback did, wait for every copy."""
+        if self.backward:
+            rest = [k for k, _ in self.order if k not in self.shipped]
+            if rest:
+                self._ship(rest)
+        t0 = time.perf_counter()
+        try:
+            self.fetch.result()
+            for f in self.uploads:
+                f.result()
+        finally:
+            self.waited += time.perf_counter() - t0
+            self.active = False
 
 
 class HybridScheduler:
@@ -241,7 +394,10 @@ class HybridScheduler:
         outputs = [self.master.blob_names[b] for b in self.master.output_ids()]
         replica = _Replica(device, net, loss_tops, outputs)
         replica.n = n
-        if self._shares(replica):
+        if not self._shares(replica):
+            replica.copies = _Copies(self.master, replica, self.param_table,
+                                     self._copier_activation(device))
+        else:
             # Params the solver updates are the master's arrays; the others (lr_mult 0,
             # BatchNorm's running statistics) are the replica's own, copied from the master.
             # A param that shares an updated one's data (a weight tied across layers) takes
@@ -253,6 +409,22 @@ class HybridScheduler:
                         net.params_list[j].share_data(self.master.params_list[j])
         self._push_frozen_params(replica)
         return replica
+
+    def _copier_activation(self, device: Device):
+        """What a replica's copier thread runs first: the device memory it moves arrays to and
+        from made current (a GPU replica's, else the master's GPU)."""
+        if not device.host_memory:
+            return device.activate
+        for d in self.devices:
+            if not d.host_memory and (d.backend, d.device_id) == self.master_memory:
+                return d.activate
+        return None
+
+    def _mark(self):
+        """Where the replicas' copies start: after the work queued so far for the master (its
+        update, this batch), on a GPU master; nothing to wait for elsewhere."""
+        aside = getattr(self.master.backend, "aside", None)
+        return aside.mark() if aside is not None else None
 
     def refresh_replicas(self) -> None:
         """After the master's params were replaced (a restored snapshot): the replicas'
@@ -300,12 +472,17 @@ class HybridScheduler:
         return self.throughput[key]
 
     def _measure_overhead(self, replica: _Replica) -> float:
-        """Host seconds to send the replica its params and add its gradients to a scratch copy
-        of the master's (what each batch costs the host per device)."""
-        scratch = [np.zeros_like(p.diff) for p in self.master.learnable_params]
+        """Seconds to send the replica its slice and weights and add its gradients to a scratch
+        copy of the master's, one after the other (an upper bound: while training, the copies
+        overlap the replica's passes and what is left shows in its measured time)."""
+        xp = self.master.backend.xp
+        scratch = [xp.zeros_like(p.diff) for p in self.master.learnable_params]
         t0 = time.perf_counter()
-        self._sync_params(replica)
+        if replica.copies is not None:
+            replica.copies.start(self.source_tops, 0, replica.n, True, self._mark())
+            replica.copies.finish()    # no backward ran: every gradient is shipped here
         self._gather(replica, scratch)
+        self.master.backend.synchronize()
         return time.perf_counter() - t0
 
     def _first_split(self) -> None:
@@ -323,7 +500,7 @@ class HybridScheduler:
             except Exception as e:         # the device itself
                 failed.append((r, e))
                 continue
-            r.overhead = self._measure_overhead(r)
+            r.overhead = r.serial_copies = self._measure_overhead(r)
         if failed:
             self._drop(failed)
         else:
@@ -346,6 +523,8 @@ class HybridScheduler:
             glog.logger.error(f"Device {r.device} failed: {type(e).__name__}: {e}",
                               extra={"caffe_src": "scheduler.py:0"})
             self.replicas.remove(r)
+            if r.copies is not None:
+                r.copies.close()
             r.device.close()
         if not self.replicas:
             r, e = failed[-1]
@@ -408,18 +587,13 @@ class HybridScheduler:
         return (replica.device.backend, replica.device.device_id) == self.master_memory
 
     # -- one iteration -----------------------------------------------------------------------
-    def _sync_params(self, replica: _Replica) -> None:
-        if self._shares(replica):
-            return
-        for j in self.updated_ids:
-            rp = replica.net.params_list[j]
-            copy_array(rp.data, self.master.params_list[j].data)
-
     def _gather(self, replica: _Replica, into: Sequence[np.ndarray]) -> None:
-        """Adds the replica's param gradients into ``into`` (the master's diffs)."""
+        """Adds the replica's param gradients into ``into`` (the master's diffs): its own
+        arrays where it shares the master's memory, else what its copies brought back."""
+        copies = replica.copies
         for k, (row, rp) in enumerate(zip(self.param_table, replica.net.learnable_params)):
             if row.lr_mult != 0:
-                into[k] += alongside(into[k], rp.diff)
+                into[k] += copies.grads[k] if copies is not None else alongside(into[k], rp.diff)
 
     def _fill_inputs(self, replica: _Replica, offset: int) -> None:
         n = replica.n
@@ -434,7 +608,24 @@ class HybridScheduler:
             offset += r.n
 
     def _run_replica(self, replica: _Replica, offset: int, backward: bool):
-        self._fill_inputs(replica, offset)
+        copies = replica.copies
+        if copies is None:
+            self._fill_inputs(replica, offset)
+        else:
+            try:
+                return self._run_with_copies(replica, offset, backward)
+            except BaseException:
+                copies.abandon()
+                raise
+        return self._run_pass(replica, backward)
+
+    def _run_with_copies(self, replica: _Replica, offset: int, backward: bool):
+        loss, seconds = self._run_pass(replica, backward)
+        t0 = time.perf_counter()
+        replica.copies.finish()
+        return loss, seconds + time.perf_counter() - t0
+
+    def _run_pass(self, replica: _Replica, backward: bool):
         share = []
         for layer, top, w in replica.loss_tops:
             if top.num_axes and top.shape[0] == replica.n:
@@ -458,9 +649,16 @@ class HybridScheduler:
     def _run_all(self, backward: bool) -> List[Tuple[_Replica, float, float]]:
         while True:
             futures, offset = [], 0
+            # Every replica's copies are queued before any replica runs (a GPU's work queued
+            # first would hold them back), and go on while the replicas compute.
+            mark = self._mark()
+            for r in self.replicas:
+                if r.n and r.copies is not None:
+                    r.copies.start(self.source_tops, offset, r.n, backward, mark)
+                offset += r.n
+            offset = 0
             for r in self.replicas:
                 if r.n:
-                    self._sync_params(r)
                     futures.append((r, r.device.submit(self._run_replica, r, offset, backward)))
                 offset += r.n
             results, failed = [], []
@@ -500,9 +698,14 @@ class HybridScheduler:
                 self._gather(r, diffs)
         self._report_outputs(results)
         for r, _, seconds in results:
-            measured = r.n / max(seconds, 1e-9)
+            # A replica's copies: what they kept it waiting is a cost per batch (its
+            # overhead), not per image.
+            waited = min(r.copies.waited, seconds) if r.copies is not None else 0.0
+            measured = r.n / max(seconds - waited, 1e-9)
             r.speed = measured if r.speed is None else (
                 (1 - self.smoothing) * r.speed + self.smoothing * measured)
+            if r.copies is not None:
+                r.overhead = (1 - self.smoothing) * r.overhead + self.smoothing * waited
         self.iterations += 1
         self._maybe_rebalance()
         return sum(loss for _, loss, _ in results)
@@ -549,6 +752,8 @@ class HybridScheduler:
 
     def close(self) -> None:
         for r in self.replicas:
+            if r.copies is not None:
+                r.copies.close()
             r.net.close()
             r.device.close()
         self.blas_threads.release()

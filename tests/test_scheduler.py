@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from cct.devices import CPUDevice, DeviceError, available_cores, parse_devices
+from cct.devices import (CPUDevice, DeviceError, StandInDevice, available_cores,
+                         parse_devices)
 from cct.errors import CCTError
 from cct.install import install_hint
 from cct.proto import caffe_pb2
@@ -416,3 +417,130 @@ def test_a_shared_weight_with_its_own_bias_gives_the_same_update(data_list, tmp_
     split, split_history, _ = train(param, devices, split=[6, 10])
     assert_same_params(whole, split)
     assert_same_params(whole_history, split_history)
+
+
+# -- a replica with memory of its own: its copies overlap its passes (issue 30) ---------------
+def _cpu_replica_beside_the_device_master(data_list, tmp_path, split=(8, 8)):
+    """The layout ``cct train --devices=cpu,standin`` makes: the master (weights, update, the
+    gradients' sum) on the stand-in device, whose replica shares its arrays; the CPU replica
+    receives its slice and the weights and sends its gradients back."""
+    from cct.scheduler import master_place
+    devices, backend = master_place([CPUDevice(available_cores()[:1]), StandInDevice()], "cpu")
+    solver = Solver(solver_param(data_list, tmp_path, display=0), backend=backend)
+    scheduler = HybridScheduler(solver.net, devices, split=list(split))
+    solver.set_gradient_source(scheduler)
+    cpu = scheduler.replicas[0]
+    assert cpu.copies is not None and scheduler.replicas[1].copies is None
+    return solver, scheduler, cpu
+
+
+def _layer(net, name):
+    return net.layer_names.index(name)
+
+
+def test_a_replicas_gradients_leave_while_the_layers_below_compute(data_list, tmp_path):
+    """ip's and ip2's gradients are shipped as soon as their layers' backward has run, before
+    the convolution's backward (the bottom of the net) starts."""
+    solver, scheduler, cpu = _cpu_replica_beside_the_device_master(data_list, tmp_path)
+    try:
+        solver.step(1)
+        events = []
+        net, copies = cpu.net, cpu.copies
+        ship = copies._ship
+        copies._ship = lambda ks: (events.append(("ship", tuple(ks))), ship(ks))
+        net.after_backward.append(lambda i: events.append(("backward", i)))
+        solver.step(1)
+        k_of = {id(p): k for k, p in enumerate(net.learnable_params)}
+        ip_weight = k_of[id(net.layers[_layer(net, "ip")].blobs[0])]
+        conv_weight = k_of[id(net.layers[_layer(net, "conv")].blobs[0])]
+        shipped_ip = next(n for n, e in enumerate(events) if e[0] == "ship" and ip_weight in e[1])
+        conv_done = events.index(("backward", _layer(net, "conv")))
+        assert shipped_ip < conv_done, events
+        # the conv's own gradient goes when its backward is done, and every one goes once
+        shipped = [k for e in events if e[0] == "ship" for k in e[1]]
+        assert conv_weight in shipped and sorted(shipped) == sorted(copies.grads)
+    finally:
+        solver.close()
+
+
+def test_a_replicas_layer_waits_only_for_its_own_weights(data_list, tmp_path):
+    """The convolution runs while ip's weights are still on their way; ip waits for them."""
+    import time as _time
+    solver, scheduler, cpu = _cpu_replica_beside_the_device_master(data_list, tmp_path)
+    try:
+        solver.step(1)
+        events = []
+        net, copies = cpu.net, cpu.copies
+        ip_weight = net.layers[_layer(net, "ip")].blobs[0]
+        down = copies._down
+
+        def slow_down(dst, src, mark):
+            if dst is ip_weight.data:
+                _time.sleep(0.2)
+                down(dst, src, mark)
+                events.append(("arrived", "ip"))
+            else:
+                down(dst, src, mark)
+        copies._down = slow_down
+        net.before_forward.append(lambda i: events.append(("forward", net.layer_names[i])))
+        solver.step(1)
+        arrived = events.index(("arrived", "ip"))
+        assert events.index(("forward", "conv")) < arrived < events.index(("forward", "ip"))
+        assert cpu.copies.waited > 0.1          # the wait is counted as the copies' cost
+        assert cpu.overhead > 0
+    finally:
+        solver.close()
+
+
+def test_a_replica_with_its_own_memory_gets_each_weight_and_sends_each_gradient_once(
+        data_list, tmp_path):
+    """Per iteration: the CPU replica's slice and every updated weight to it, every gradient
+    back, each once; nothing for the replica sharing the master's memory."""
+    from collections import Counter
+
+    from cct.backend import npdevice
+    solver, scheduler, cpu = _cpu_replica_beside_the_device_master(data_list, tmp_path)
+    try:
+        solver.step(1)
+        with npdevice.copies.counting() as copies:
+            solver.step(1)
+        sizes = Counter(int(np.prod(p.shape)) * 4 for p in solver.net.learnable_params)
+        out = Counter(n for d, n in copies.sizes if d == "to_host" and n in sizes)
+        back = Counter(n for d, n in copies.sizes if d == "to_device" and n in sizes)
+        assert out == sizes and back == sizes, copies.sizes
+    finally:
+        solver.close()
+
+
+def test_a_failed_copy_loses_the_replica_not_the_run(data_list, tmp_path, capsys):
+    """A copy that fails (the bus, the device) drops that replica as a lost device: the batch
+    is redone on the others and training goes on; nothing waits forever."""
+    solver, scheduler, cpu = _cpu_replica_beside_the_device_master(data_list, tmp_path)
+    try:
+        solver.step(1)
+
+        def broken(dst, src, mark):
+            raise RuntimeError("copy engine lost")
+        cpu.copies._down = broken
+        solver.step(2)
+        assert solver.iter == 3 and [r.device.name for r in scheduler.replicas] == ["standin"]
+        assert "copy engine lost" in capsys.readouterr().err
+    finally:
+        solver.close()
+
+
+def test_the_split_update_is_the_same_with_the_master_on_the_device(data_list, tmp_path):
+    """The pipelined copies change when values move, not which: the same update as the whole
+    batch on one device."""
+    param = solver_param(data_list, tmp_path, iter_size=2)
+    whole, whole_history, _ = train(param)
+    solver, scheduler, cpu = _cpu_replica_beside_the_device_master(data_list, tmp_path,
+                                                                   split=(10, 6))
+    try:
+        solver.param.iter_size = 2
+        solver.step(6)
+        got = [np.asarray(p.data.get()) if hasattr(p.data, "get") else p.data
+               for p in solver.net.learnable_params]
+    finally:
+        solver.close()
+    assert_same_params(whole, got)

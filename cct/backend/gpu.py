@@ -195,6 +195,50 @@ class PinnedStaging:
         done.record(stream)
 
 
+class AsideCopies:
+    """Host<->device copies that do not queue behind the kernels of other threads: every
+    thread's work on the current (legacy default) stream runs in the order it was queued, so a
+    CPU replica's copy made after a GPU replica's forward was queued would wait for that whole
+    forward and backward (the hybrid split, cct/scheduler.py). These copies run on a
+    non-blocking stream of their own per thread and device, ordered after a :meth:`mark` taken
+    on the current stream (the work that produced or must precede them), and return when done.
+    ``out``/``src`` are contiguous, as ``ndarray.get(out=)`` and ``set`` need."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def _stream(self):
+        streams = self._local.__dict__.setdefault("streams", {})
+        device = cupy.cuda.runtime.getDevice()
+        stream = streams.get(device)
+        if stream is None:
+            stream = streams[device] = cupy.cuda.Stream(non_blocking=True)
+        return stream
+
+    def mark(self):
+        """An event after the work queued so far on this thread's current stream."""
+        event = cupy.cuda.Event(disable_timing=True)
+        event.record(cupy.cuda.get_current_stream())
+        return event
+
+    def to_host(self, src, out: np.ndarray, after=None) -> np.ndarray:
+        stream = self._stream()
+        if after is not None:
+            stream.wait_event(after)
+        return src.get(stream=stream, out=out)      # blocking: returns once copied
+
+    def to_device(self, src: np.ndarray, out, after=None):
+        stream = self._stream()
+        if after is not None:
+            stream.wait_event(after)
+        out.set(src, stream=stream)
+        stream.synchronize()
+        return out
+
+
+aside = AsideCopies() if cupy is not None else None
+
+
 # A device array's values in host memory (into ``out``: one device-to-host copy); host values
 # on the current GPU (a new array, or into ``out``: one host-to-device copy, through pinned
 # memory without waiting for the device).

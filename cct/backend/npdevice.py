@@ -12,6 +12,8 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
+import numpy as np
+
 from . import HostTimer, allocation_bytes, cupy_movement, register_device
 from .array_kernels import ArrayKernels
 from .standin import Copies, DeviceArray, OutOfMemoryError, namespace
@@ -28,6 +30,24 @@ def is_device(array) -> bool:
 
 # The GPU backend's movement, the same code (CuPy's get/set/asarray), on the stand-in.
 to_host, to_device = cupy_movement(xp, is_device)
+
+
+class AsideCopies:
+    """The GPU backend's copies off the current stream (cct.backend.gpu.AsideCopies) on the
+    stand-in, where nothing is queued: each copy is made (and counted) at once."""
+
+    def mark(self):
+        return None
+
+    def to_host(self, src, out: np.ndarray, after=None) -> np.ndarray:
+        return src.get(out=out)
+
+    def to_device(self, src: np.ndarray, out, after=None):
+        out.set(src)
+        return out
+
+
+aside = AsideCopies()
 
 
 def synchronize() -> None:

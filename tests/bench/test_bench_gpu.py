@@ -23,3 +23,10 @@ def test_the_cct_worker_runs_where_cct_train_places_the_nets(devices):
         r = bench.run_cct("lenet", devices, str(zoo), warmup=1, iters=1)
     assert r["img_s"] > 0 and sum(r["split"]) == 64 and r["flops"] > 0
     assert "graph_img_s" not in r and "graph_error" not in r   # asked for no graph
+    if devices == "standin":
+        assert r["copies"] == []
+    else:
+        # the CPU replica's copies, both ways of counting them (with a share, it has copies)
+        (c,) = r["copies"]
+        assert c["device"].startswith("cpu") and c["serial_ms"] > 0
+        assert c["waited_ms"] >= 0 if c["n"] else c["waited_ms"] == 0
