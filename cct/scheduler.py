@@ -24,6 +24,9 @@ split would be predicted faster by more than ``rebalance_margin`` (10%, checked 
 ``rebalance_every`` = 20 iterations: a LeNet-sized net's slice times jitter by 5-10%, and each
 re-split is a log line and a reshape), and leaves out a device whose images do not pay for the
 cost of sending it params and gathering its gradients. It logs every split with its reason.
+A replica whose memory is not the master's (a CPU beside a GPU master) gets its slice and the
+weights, and sends its gradients back, on a copier thread pipelined with its passes
+(:class:`_Copies`); what the copies still keep it waiting counts as its per-batch overhead.
 
 A device that fails (an exception that is not a user error, e.g. a GPU lost or out of memory)
 is dropped with an error line and the same batch is redone on the remaining devices, so no

@@ -323,3 +323,26 @@ def test_softmax_with_loss_gradient():
     top = [Blob((), np.float64, numpy_backend.xp)]
     layer.setup([x, label], top)
     check_gradient(layer, [x, label], top, check_bottom=[0])
+
+
+# --------------------------------------------------------------------------------------------
+# Copies off the current stream (the hybrid split's, cct/scheduler.py)
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["numpy", pytest.param("gpu", marks=needs_gpu)])
+def test_aside_copies_come_after_the_work_queued_before_their_mark(backend):
+    """A device-to-host copy after a mark sees what the kernels queued before the mark wrote,
+    and a host-to-device copy lands whole before the call returns, on both device backends."""
+    b = backends.get(backend)
+    xp = b.xp
+    x = xp.arange(1 << 20, dtype=xp.float32)
+    for _ in range(20):          # queued work the copy must wait for (a GPU is still at it)
+        x *= 1.5
+        x /= 1.5
+    x += 1
+    mark = b.aside.mark()
+    out = np.empty(1 << 20, np.float32)
+    b.aside.to_host(x, out, after=mark)
+    np.testing.assert_array_equal(out, np.arange(1 << 20, dtype=np.float32) + 1)
+    back = xp.zeros(1 << 20, dtype=xp.float32)
+    b.aside.to_device(out * 2, back, after=b.aside.mark())
+    assert float((back - 2 * x).max()) == 0.0
