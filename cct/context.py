@@ -29,13 +29,16 @@ class RunContext:
     """``seed``: Caffe's random_seed (None: the generator is left as it is); ``precision``:
     "float32" or "bf16" (None: as it is); ``deterministic``: plans fixed by rule, no timing
     (None: as it is); ``backend``: where the solver's nets live ("cpu", "gpu"...);
-    ``source``: what the settings came from, for messages (the solver file)."""
+    ``source``: what the settings came from, for messages (the solver file);
+    ``cuda_graphs``: "on" (the default) replays a device net's iteration as a CUDA graph where
+    it can (cct/graphed.py), "off" runs it eagerly."""
 
     seed: Optional[int] = None
     precision: Optional[str] = None
     deterministic: Optional[bool] = None
     backend: str = "cpu"
     source: str = "<solver>"
+    cuda_graphs: str = "on"
 
     @classmethod
     def of_solver(cls, param: caffe_pb2.SolverParameter, source: str = "<solver>",

@@ -25,7 +25,7 @@ FLOORS = [
     ("backend",),
     ("blob", "filler", "data_transformer", "layers"),
     ("net", "blob_memory"),
-    ("params", "devices", "solver_rules", "context"),
+    ("params", "devices", "solver_rules", "context", "graphed"),
     ("scheduler", "solver"),
     ("driver",),
     ("optimizer",),

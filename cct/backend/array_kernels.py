@@ -36,7 +36,7 @@ from .shapes import (accumulating as _accumulating, disjoint as _disjoint, float
                      pair as _pair, result as _result, target as _target)
 
 #: the public kernels, the same names and signatures as in cct.backend.cpu
-KERNELS = ("conv_out_size", "deconv_out_size", "matmul", "conv_forward", "conv_backward_data",
+KERNELS = ("conv_out_size", "deconv_out_size", "dot", "matmul", "conv_forward", "conv_backward_data",
            "conv_backward_weight", "bias_backward", "pool_out_size", "max_pool_forward",
            "max_pool_backward", "ave_pool_forward", "ave_pool_backward", "relu_forward",
            "relu_backward", "lrn_across_forward", "lrn_across_backward", "softmax_forward",
@@ -172,8 +172,13 @@ class ArrayKernels:
 
     def __init__(self, xp, device: Callable[[], Hashable] = lambda: None,
                  index_dtype=np.intp, cache_size: int = 256,
-                 to_host: Callable = np.asarray, uniform: Optional[Callable] = None):
+                 to_host: Callable = np.asarray, uniform: Optional[Callable] = None,
+                 gemm: Optional[Callable] = None):
         self.xp = xp
+        # ``a @ b`` (2-D, or stacks of the same count), into ``out`` when given: the GPU's
+        # through a cuBLAS handle of cct's own, which a CUDA graph's capture takes (CuPy's
+        # matmul refuses a capturing stream), the stand-in's likewise; else xp.matmul.
+        self._gemm = gemm or xp.matmul
         # Uniform [0, 1) draws for Dropout: by default from the run's host generator, copied
         # over (the CPU's draws, so the stand-in repeats the CPU to the bit); a GPU draws on
         # the device instead (uniform(shape, rng): its own generator seeded from rng).
@@ -213,12 +218,17 @@ class ArrayKernels:
         return t
 
     # -- GEMM --------------------------------------------------------------------------------
+    def dot(self, a, b):
+        """Caffe's ``caffe_gpu_dot``: the sum of ``a * b`` over two 1-D arrays, a 0-d array,
+        through the kernels' GEMM (CuPy's ``dot`` is cuBLAS's, which a graph cannot hold)."""
+        return self._gemm(a.reshape(1, -1), b.reshape(-1, 1)).reshape(())
+
     def matmul(self, a, b, out=None, accumulate=False):
         """``a @ b`` for 2-D arrays (cuBLAS on CuPy); ``out += a @ b`` with ``accumulate``."""
         _dtype(a, _FAMILY)
         _accumulating("matmul", out, accumulate)
         _disjoint(self.xp, "matmul", out, a=a, b=b)
-        return _store(self.xp.matmul(a, b), out, accumulate)
+        return _store(self._gemm(a, b), out, accumulate)
 
     def bias_backward(self, dy, out=None, accumulate=False):
         """Sum of dy over every axis but 1: the bias gradient of Convolution-like layers
@@ -258,7 +268,7 @@ class ArrayKernels:
                                                   _pair(dilation))
         ho, wo = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
         cols = self._columns(x, kernel, stride, pad, dilation, group)
-        ymat = xp.matmul(weight.reshape(group, o // group, -1).astype(dt, copy=False), cols)
+        ymat = self._gemm(weight.reshape(group, o // group, -1).astype(dt, copy=False), cols)
         yt = ymat.reshape(o, ho * wo, n).transpose(2, 0, 1)
         buf, dest = _target(self.xp, out, (n, o, ho, wo), dt)
         if bias is None:
@@ -284,8 +294,8 @@ class ArrayKernels:
         p = dy.shape[2] * dy.shape[3]
         # Column diffs for the whole batch, with one zero row for the inverse index's padding.
         dcols = xp.empty((group * k * p + 1, n), dt)
-        xp.matmul(wmat.transpose(0, 2, 1), self._top_batch_last(dy, group),
-                  out=dcols[:-1].reshape(group, k, p * n))
+        self._gemm(wmat.transpose(0, 2, 1), self._top_batch_last(dy, group),
+                   out=dcols[:-1].reshape(group, k, p * n))
         dcols[-1] = 0
         inv = self._index(("col2im",) + geom, lambda: inverse_index(
             conv_columns_index(*geom), c * h * w, exclude=c * h * w))
@@ -304,7 +314,7 @@ class ArrayKernels:
         _disjoint(self.xp, "conv_backward_weight", out, x=x, dy=dy)
         o = dy.shape[1]
         cols = self._columns(x, kernel, stride, pad, dilation, group)
-        dw = self.xp.matmul(self._top_batch_last(dy, group), cols.transpose(0, 2, 1))
+        dw = self._gemm(self._top_batch_last(dy, group), cols.transpose(0, 2, 1))
         kh, kw = _pair(kernel)
         return _store(dw.reshape(o, x.shape[1] // group, kh, kw), out, accumulate)
 

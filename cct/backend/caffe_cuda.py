@@ -231,8 +231,10 @@ class FirstUseCheck:
     the fast kernel and compares them (``agree``); the fast one is taken from then on if they
     agree, else never for that key (one warning)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, instead: str = "runs in the array kernels: Caffe's CUDA "
+                                                  "kernel"):
         self.name = name
+        self.instead = instead      # what the warning says runs instead, and of what
         self.verdicts: Dict[tuple, bool] = {}
 
     def __call__(self, key: tuple, fast: Callable, reference: Callable, agree: Callable,
@@ -255,8 +257,7 @@ class FirstUseCheck:
             why = f"failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         self.verdicts[key] = not why
         if why:
-            warning("caffe_cuda.py:0", f"{self.name} for {key} runs in the array kernels: "
-                                       f"Caffe's CUDA kernel {why}")
+            warning("caffe_cuda.py:0", f"{self.name} for {key} {self.instead} {why}")
         return put(want if why else got)
 
 

@@ -108,6 +108,11 @@ def _gemm_operand(a: np.ndarray, dtype: np.dtype) -> Tuple[np.ndarray, bool]:
     return _arr(a, dtype), False
 
 
+def dot(a, b):
+    """Caffe's ``caffe_cpu_dot``: the sum of ``a * b`` over two 1-D arrays (NumPy's dot)."""
+    return a.dot(b)
+
+
 def matmul(a, b, out=None, accumulate: bool = False) -> np.ndarray:
     """``a @ b`` for 2-D arrays on cct's BLAS (``out += a @ b`` with ``accumulate``), in the
     operand order (``a @ b`` or ``(b.T @ a.T).T``) measured fastest for the shape on its first

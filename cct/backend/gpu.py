@@ -239,6 +239,83 @@ class AsideCopies:
 aside = AsideCopies() if cupy is not None else None
 
 
+class Graphs:
+    """CUDA graphs of a function's device work (issue 29, item 3), through CuPy's stream
+    capture. :meth:`capture` runs ``fn`` once on a non-blocking stream of its own (CuPy cannot
+    capture the default one) after the GPU's queued work, its GEMMs on cct's own cuBLAS handle
+    set to that stream beforehand (cct/backend/cublas.py); what ``fn`` allocates comes from a
+    memory pool of the graph's own, kept as long as the graph: blocks freed during the capture
+    are reused inside it, as the replay reuses them, and never handed to anyone else (the
+    graph writes them again at each launch). Whatever the capture refuses (a host copy or
+    sync, CuPy's cuBLAS, a kernel that cannot be captured) raises, with the capture ended.
+    ``launch()`` runs the graph on the current stream, ordered with the eager work around it.
+    """
+
+    def capture(self, fn) -> "_Replay":
+        from .cublas import gemm
+        current = cupy.cuda.get_current_stream()
+        current.synchronize()
+        stream = cupy.cuda.Stream(non_blocking=True)
+        pool = cupy.cuda.MemoryPool()
+        with cupy.cuda.using_allocator(pool.malloc), stream:
+            gemm(cupy).use_stream(stream)
+            stream.begin_capture()
+            try:
+                fn()
+            except BaseException:
+                try:
+                    stream.end_capture()
+                except Exception:      # an invalidated capture: fn's error is the one to see
+                    pass
+                raise
+            graph = stream.end_capture()
+        return _Replay(graph, pool, stream)
+
+
+class _Replay:
+    __slots__ = ("graph", "pool", "stream")
+
+    def __init__(self, graph, pool, stream):
+        self.graph, self.pool, self.stream = graph, pool, stream
+
+    def launch(self) -> None:
+        self.graph.launch(stream=cupy.cuda.get_current_stream())
+
+
+graphs = Graphs() if cupy is not None else None
+
+
+_gemm_check = None
+
+
+def _gemm(a, b, out=None):
+    """The kernels' GEMM: cct's own cuBLAS handle (capturable, cct/backend/cublas.py), each
+    geometry's first call checked against CuPy's matmul (the first calls are eager: a graph
+    is captured after warm-up iterations), CuPy's taken for a geometry where they disagree."""
+    global _gemm_check
+    from .cublas import gemm
+    if _gemm_check is None:
+        from .caffe_cuda import FirstUseCheck
+        _gemm_check = FirstUseCheck("the GEMM", "runs on CuPy's matmul (no CUDA graph can "
+                                                "hold it): cct's own cuBLAS handle")
+    own = gemm(cupy)
+    key = (a.shape, a.strides, b.shape, b.strides, str(a.dtype), str(b.dtype))
+
+    def put(result):
+        if out is None:
+            return result
+        out[...] = result
+        return out
+    return _gemm_check(key, lambda into: own.matmul(a, b, out=out if into else None),
+                       lambda into: cupy.matmul(a, b, out=out if into else None),
+                       _gemm_agree, put)
+
+
+def _gemm_agree(got, want) -> str:
+    from .caffe_cuda import _differs
+    return _differs([got], [want], exact=False)
+
+
 # A device array's values in host memory (into ``out``: one device-to-host copy); host values
 # on the current GPU (a new array, or into ``out``: one host-to-device copy, through pinned
 # memory without waiting for the device).
@@ -300,7 +377,7 @@ if cupy is not None:
     # int32 gather indices (half the index traffic of int64); the index arrays are cached per
     # device, since each GPU needs its own copy.
     kernels = ArrayKernels(cupy, device=cupy.cuda.runtime.getDevice, index_dtype=np.int32,
-                           to_host=to_host, uniform=_device_uniform)
+                           to_host=to_host, uniform=_device_uniform, gemm=_gemm)
     # Convolutions on cuDNN where the frontend is installed (engine CAFFE and the geometries
     # cuDNN refuses stay lowered); without it, the lowering path alone, said once.
     from . import cudnn as _cudnn

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import HostTimer, allocation_bytes, cupy_movement, register_device
 from .array_kernels import ArrayKernels
+from . import standin
 from .standin import Copies, DeviceArray, OutOfMemoryError, namespace
 
 name = "numpy"
@@ -50,6 +51,23 @@ class AsideCopies:
 aside = AsideCopies()
 
 
+class Graphs:
+    """CUDA graphs on the stand-in (cct.backend.gpu.Graphs' contract): :meth:`capture` runs a
+    function under :func:`standin.begin_capture`, which records its device operations and
+    refuses what a real capture refuses; the graph's ``launch()`` replays them."""
+
+    def capture(self, fn) -> standin.Graph:
+        standin.begin_capture()
+        try:
+            fn()
+        finally:
+            graph = standin.end_capture()
+        return graph
+
+
+graphs = Graphs()
+
+
 def synchronize() -> None:
     """NumPy has finished when it returns."""
 
@@ -75,5 +93,5 @@ def out_of_memory(exc: BaseException) -> Optional[int]:
 
 register_device(sys.modules[__name__])
 
-kernels = ArrayKernels(xp, to_host=to_host)
+kernels = ArrayKernels(xp, to_host=to_host, gemm=standin.own_matmul)
 kernels.bind(globals())

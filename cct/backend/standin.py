@@ -27,6 +27,19 @@ allowed, as CuPy allows (each one a counted copy)
   * ``xp.asarray(host)`` / ``xp.array`` / ``xp.ascontiguousarray`` (host to device),
     ``d.get()``, ``d.get(out=host)``, ``d.set(host)``, ``xp.asnumpy(d)``.
 
+stream capture (a CUDA graph), as CuPy 14 and CUDA do it
+  * between :func:`begin_capture` and :func:`end_capture` (on the capturing thread) every
+    device operation is recorded with the arrays it reads and writes, not only run; the
+    :class:`Graph` replays them (:meth:`Graph.launch`) with the values those arrays hold then,
+    and host scalars as they were at capture: a learning rate passed as a Python number is
+    baked in, as in a real graph; random draws repeat their captured values (the generator's
+    state lives on the host);
+  * refused while capturing: every host<->device copy (``float(d)``, ``get``, ``set``,
+    ``asarray(host)``: CUDA's "operation not permitted when stream is capturing"), and cuBLAS
+    (``matmul``, ``dot``, ``@``, ``tensordot``, ``einsum``, ``linalg``: CuPy refuses to set a
+    cuBLAS handle's stream during a capture); :func:`own_matmul` is the GEMM through a handle
+    of cct's own, which a capture takes (cct.backend.gpu's).
+
 Reductions and scalar indexing give 0-d device arrays, never NumPy scalars, as on CuPy
 (``d.max()``, ``d[0]``): the value stays on the device until host code asks for it explicitly.
 
@@ -37,6 +50,7 @@ how many an iteration makes (``with npdevice.copies.counting() as c: ...``).
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 import types
 from typing import Any, Iterator
@@ -131,6 +145,119 @@ def _wrap(value, copies: "Copies"):
     return value
 
 
+# -- stream capture ---------------------------------------------------------------------------
+CAPTURING = "operation not permitted when stream is capturing"
+CUBLAS_CAPTURE = "calling cuBLAS API during stream capture is currently unsupported"
+# The functions CuPy runs through cuBLAS (its setStream refuses a capturing stream).
+_CUBLAS = frozenset(("matmul", "dot", "vdot", "inner", "outer", "tensordot", "einsum",
+                     "kron", "matrix_power"))
+_capture = threading.local()
+
+
+class _Op:
+    """One recorded device operation: ``fn`` on the same NumPy arrays again, its result
+    copied into the array that held it at capture (nothing to copy when it wrote ``out=``)."""
+
+    __slots__ = ("fn", "args", "kwargs", "target", "constant")
+
+    def __init__(self, fn, args, kwargs, target, constant):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.target, self.constant = target, constant
+
+    def replay(self) -> None:
+        if self.constant:
+            return
+        result = self.fn(*self.args, **self.kwargs)
+        targets = self.target if isinstance(self.target, tuple) else (self.target,)
+        results = result if isinstance(self.target, tuple) else (result,)
+        for t, r in zip(targets, results):
+            if t is not None and r is not t:
+                np.copyto(t, r, casting="unsafe")
+
+
+class Graph:
+    """A captured sequence of device operations (a CUDA graph): :meth:`launch` runs them
+    again, reading and writing the arrays they did at capture."""
+
+    def __init__(self, ops):
+        self.ops = ops
+
+    def launch(self) -> None:
+        if capturing():
+            raise RuntimeError(f"launching a graph: {CAPTURING}")
+        for op in self.ops:
+            op.replay()
+
+
+def capturing() -> bool:
+    """Whether this thread is capturing."""
+    return getattr(_capture, "ops", None) is not None
+
+
+def begin_capture() -> None:
+    if capturing():
+        raise RuntimeError("this thread's stream is capturing already")
+    _capture.ops = []
+
+
+def end_capture() -> Graph:
+    """Ends this thread's capture (also after an operation failed in it)."""
+    ops, _capture.ops = getattr(_capture, "ops", None), None
+    if ops is None:
+        raise RuntimeError("end_capture without begin_capture")
+    return Graph(ops)
+
+
+def _refuse_capturing(what: str) -> None:
+    if capturing():
+        raise RuntimeError(f"{what}: {CAPTURING}")
+
+
+def _raw(value):
+    if isinstance(value, DeviceArray):
+        return value._a
+    if isinstance(value, (tuple, list)):
+        return tuple(_raw(v) for v in value)
+    return None
+
+
+# Operations that write an argument in place without an ``out=`` (NumPy's copyto, put,
+# ufunc.at, ndarray.sort ...).
+_IN_PLACE = frozenset(("copyto", "put", "place", "putmask", "fill_diagonal", "sort", "at"))
+
+
+def _run(fn, raw_args, raw_kwargs, copies: "Copies", out=None, name: str = "",
+         constant: bool = False):
+    """``fn`` on unwrapped arguments: ``out`` when it wrote there, else its result as device
+    arrays. While this thread captures, the operation is recorded (CuPy's cuBLAS refused) and,
+    as on a GPU, nothing already in device memory changes: one that writes an existing array
+    (``out=``, an index, in place) runs only when the graph is launched; one that makes a new
+    array runs now for its shape, its values being the graph's to write."""
+    ops = getattr(_capture, "ops", None)
+    if ops is None:
+        result = fn(*raw_args, **raw_kwargs)
+        return out if out is not None else _wrap(result, copies)
+    if name in _CUBLAS:
+        raise NotImplementedError(CUBLAS_CAPTURE)
+    if out is not None or name in _IN_PLACE:
+        ops.append(_Op(fn, raw_args, raw_kwargs, None, constant))
+        return out
+    with np.errstate(all="ignore"):     # values not yet written: the graph's to compute
+        wrapped = _wrap(fn(*raw_args, **raw_kwargs), copies)
+    ops.append(_Op(fn, raw_args, raw_kwargs, _raw(wrapped), constant))
+    return wrapped
+
+
+def own_matmul(a: "DeviceArray", b: "DeviceArray", out: "DeviceArray" = None) -> "DeviceArray":
+    """``a @ b`` (into ``out``) as cct's own cuBLAS handle computes it
+    (cct.backend.gpu.CublasGemm): taken by a capture, unlike CuPy's matmul."""
+    for x in (a, b) + (() if out is None else (out,)):
+        if not isinstance(x, DeviceArray):
+            _refuse_host(x, "a GEMM")
+    kwargs = {} if out is None else {"out": out._a}
+    return _run(np.matmul, (a._a, b._a), kwargs, a._copies, out=out)
+
+
 def _unwrap_kwargs(kwargs: dict, what: str) -> dict:
     out = {}
     for k, v in kwargs.items():
@@ -197,8 +324,8 @@ class DeviceArray(NDArrayOperatorsMixin):
 
             def call(*args, **kwargs):
                 what = f"ndarray.{attr}()"
-                return _wrap(method(*_unwrap(args, what), **_unwrap_kwargs(kwargs, what)),
-                             copies)
+                return _run(method, _unwrap(args, what), _unwrap_kwargs(kwargs, what), copies,
+                            name=attr)
             return call
         raise AttributeError(f"the device stand-in's ndarray has no attribute {attr!r} "
                              f"(cct.backend.standin: CuPy's ndarray methods only)")
@@ -229,12 +356,12 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     # Indexing --------------------------------------------------------------------------------
     def __getitem__(self, key) -> "DeviceArray":
-        return _wrap(self._a[_index(key, "an index")], self._copies)
+        return _run(operator.getitem, (self._a, _index(key, "an index")), {}, self._copies)
 
     def __setitem__(self, key, value) -> None:
         key = _index(key, "an index")
         if isinstance(value, DeviceArray):
-            self._a[key] = value._a
+            _run(operator.setitem, (self._a, key, value._a), {}, self._copies, out=self)
             return
         # CuPy's scatter 'update' with anything but a device array is ndarray.fill's rule.
         if isinstance(value, np.ndarray):
@@ -243,7 +370,7 @@ class DeviceArray(NDArrayOperatorsMixin):
             value = value.item()
         if not isinstance(value, (bool, int, float, complex, np.generic)):
             raise TypeError(f"Unsupported type {type(value)!r}")
-        self._a[key] = value
+        _run(operator.setitem, (self._a, key, value), {}, self._copies, out=self)
 
     def fill(self, value) -> None:
         self[...] = value
@@ -252,11 +379,11 @@ class DeviceArray(NDArrayOperatorsMixin):
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         what = f"numpy.{ufunc.__name__}"
         raw = _unwrap(inputs, what)
-        result = getattr(ufunc, method)(*raw, **_unwrap_kwargs(kwargs, what))
-        if kwargs.get("out") is not None:
-            out = kwargs["out"]
-            return out[0] if isinstance(out, tuple) and len(out) == 1 else out
-        return _wrap(result, self._copies)
+        out = kwargs.get("out")
+        if out is not None:
+            out = out[0] if isinstance(out, tuple) and len(out) == 1 else out
+        return _run(getattr(ufunc, method), raw, _unwrap_kwargs(kwargs, what), self._copies,
+                    out=out, name="at" if method == "at" else ufunc.__name__)
 
     def __array_function__(self, func, types_, args, kwargs):
         what = f"numpy.{func.__name__}"
@@ -267,16 +394,15 @@ class DeviceArray(NDArrayOperatorsMixin):
                                  f"copy a device array to the host with get(out=)")
         if any(issubclass(t, np.ndarray) for t in types_):
             _refuse_host(np.empty(0), what)
-        result = func(*_unwrap(args, what), **_unwrap_kwargs(kwargs, what))
-        if kwargs.get("out") is not None:
-            return kwargs["out"]
-        return _wrap(result, self._copies)
+        return _run(func, _unwrap(args, what), _unwrap_kwargs(kwargs, what), self._copies,
+                    out=kwargs.get("out"), name=func.__name__)
 
     # Allowed: explicit copies, and a one-element array's value --------------------------------
     def get(self, stream=None, order: str = "C", out: np.ndarray | None = None,
             blocking: bool = True) -> np.ndarray:
         """A host copy (CuPy's ``ndarray.get``), into ``out`` when given: a host array of the
         same shape and dtype."""
+        _refuse_capturing("a device-to-host copy")
         if out is not None:
             if not isinstance(out, np.ndarray) or isinstance(out, DeviceArray):
                 raise TypeError("Only numpy.ndarray can be obtained from cupy.ndarray")
@@ -298,6 +424,7 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     def set(self, arr: np.ndarray, stream=None) -> None:
         """Copies a host array of the same shape and dtype in (CuPy's ``ndarray.set``)."""
+        _refuse_capturing("a host-to-device copy")
         if not isinstance(arr, np.ndarray):
             raise TypeError(f"Only numpy.ndarray can be set to cupy.ndarray, not {type(arr)}")
         if arr.dtype != self._a.dtype:
@@ -310,6 +437,7 @@ class DeviceArray(NDArrayOperatorsMixin):
         self._copies.record("to_device", arr.nbytes)
 
     def _value(self):
+        _refuse_capturing("reading a device value on the host")
         self._copies.record("to_host", self._a.nbytes)
         return self._a
 
@@ -363,12 +491,12 @@ class _Ufunc:
         self._copies = copies
         self.__name__ = ufunc.__name__
 
-    def _call(self, fn, args, kwargs, what):
+    def _call(self, fn, args, kwargs, what, method: str = ""):
         out = kwargs.get("out")
-        result = fn(*_unwrap(args, what), **_unwrap_kwargs(kwargs, what))
         if out is not None:
-            return out[0] if isinstance(out, tuple) and len(out) == 1 else out
-        return _wrap(result, self._copies)
+            out = out[0] if isinstance(out, tuple) and len(out) == 1 else out
+        return _run(fn, _unwrap(args, what), _unwrap_kwargs(kwargs, what), self._copies,
+                    out=out, name="at" if method == "at" else self.__name__)
 
     def __call__(self, *args, **kwargs):
         return self._call(self._ufunc, args, kwargs, f"xp.{self.__name__}")
@@ -378,18 +506,18 @@ class _Ufunc:
         if not callable(member):
             return member
         return lambda *args, **kwargs: self._call(member, args, kwargs,
-                                                  f"xp.{self.__name__}.{attr}")
+                                                  f"xp.{self.__name__}.{attr}", attr)
 
 
-def _function(name: str, fn, copies: Copies):
+def _function(name: str, fn, copies: Copies, constant: bool = False):
     what = f"xp.{name}"
+    base = name.rsplit(".", 1)[-1]
+    # every linalg routine goes through cuBLAS/cuSOLVER handles on CuPy
+    refused = base if not name.startswith("linalg.") else "dot"
 
     def call(*args, **kwargs):
-        out = kwargs.get("out")
-        result = fn(*_unwrap(args, what), **_unwrap_kwargs(kwargs, what))
-        if out is not None:
-            return out
-        return _wrap(result, copies)
+        return _run(fn, _unwrap(args, what), _unwrap_kwargs(kwargs, what), copies,
+                    out=kwargs.get("out"), name=refused, constant=constant)
     call.__name__ = name
     call.__doc__ = f"{what}: NumPy's {name} under CuPy's rules (device arrays only)."
     return call
@@ -398,8 +526,8 @@ def _function(name: str, fn, copies: Copies):
 def _from_host(name: str, fn, copies: Copies):
     def call(obj, dtype=None, *args, **kwargs):
         if isinstance(obj, DeviceArray):  # on the device already: CuPy casts or copies there
-            a = fn(obj._a, dtype, *args, **kwargs)
-            return obj if a is obj._a else DeviceArray(a, copies)
+            return _run(fn, (obj._a, dtype) + args, kwargs, copies)
+        _refuse_capturing(f"xp.{name} of host values (a host-to-device copy)")
         a = fn(obj, dtype, *args, **kwargs)
         if isinstance(obj, np.ndarray):
             a = np.array(a, copy=True)  # device memory of its own, never the host array
@@ -417,13 +545,16 @@ def _asnumpy(a, stream=None, order: str = "C", out=None, blocking: bool = True):
     return np.asarray(a, order=order)
 
 
-def _submodule(name: str, module, copies: Copies) -> types.ModuleType:
+def _submodule(name: str, module, copies: Copies, constant: bool = False) -> types.ModuleType:
+    """``constant``: a capture keeps the values of its calls (random draws: the generator's
+    state is on the host, so a graph repeats what it drew at capture)."""
     sub = types.ModuleType(name)
     for attr, value in vars(module).items():
         if attr.startswith("_"):
             continue
         if callable(value) and not isinstance(value, type):
-            setattr(sub, attr, _function(f"{name.rsplit('.', 1)[-1]}.{attr}", value, copies))
+            setattr(sub, attr, _function(f"{name.rsplit('.', 1)[-1]}.{attr}", value, copies,
+                                         constant))
     return sub
 
 
@@ -451,7 +582,7 @@ def namespace(name: str, copies: Copies) -> types.ModuleType:
         setattr(xp, attr, value)
     xp.ndarray = DeviceArray
     xp.asnumpy = _asnumpy
-    xp.random = _submodule(f"{name}.random", np.random, copies)
+    xp.random = _submodule(f"{name}.random", np.random, copies, constant=True)
     xp.linalg = _submodule(f"{name}.linalg", np.linalg, copies)
     # ``dtype.type(x)``, ``np.float32(x)`` stay NumPy's: on a device array they raise, as on
     # CuPy, through DeviceArray.__array__.

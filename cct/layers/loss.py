@@ -188,7 +188,7 @@ class EuclideanLossLayer(LossLayer):
     def forward(self, bottom, top):
         self.diff = bottom[0].data - bottom[1].data.reshape(bottom[0].shape)
         d = self.diff.reshape(-1)
-        top[0].data[...] = d.dot(d) / bottom[0].shape[0] / 2
+        top[0].data[...] = self.backend.dot(d, d) / bottom[0].shape[0] / 2
 
     def backward(self, top, propagate_down, bottom):
         for i, sign in ((0, 1), (1, -1)):
@@ -268,7 +268,8 @@ class HingeLossLayer(LossLayer):
             self.dtype)
         self.margin = xp.maximum(0, 1 + x * self.sign)
         m = self.margin.reshape(-1)
-        loss = m.sum() if self.norm_type == caffe_pb2.HingeLossParameter.L1 else m.dot(m)
+        loss = m.sum() if self.norm_type == caffe_pb2.HingeLossParameter.L1 else \
+            self.backend.dot(m, m)
         top[0].data[...] = loss / n
 
     def backward(self, top, propagate_down, bottom):

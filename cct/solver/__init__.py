@@ -28,6 +28,7 @@ from ..glog import info
 from ..io.prototxt import debug_string, read_solver_text
 from ..net import Net, PendingLoss, read_losses
 from ..params import GradientSource, NetSource, ParamSet
+from ..graphed import GraphedSource
 from ..proto import caffe_pb2
 from ..solver_rules import (Schedule, SolverUpdate, check_solver_param, copy_schedule_fields,
                             get_rule)
@@ -111,8 +112,7 @@ class Solver:
         # Each test net's last scores, (output name, value) as the log printed them.
         self.test_scores: Dict[int, List[Tuple[str, float]]] = {}
         self._callbacks: List = []
-        self.gradient_source: GradientSource = NetSource(
-            self.net, defer=self.net.backend.name != "cpu")
+        self.gradient_source: GradientSource = self._own_source()
         # What drivers on top keep beside a snapshot: name -> (save(state path) -> JSON,
         # load(JSON, state path)); written before the side file, so before the state.
         self.side_state: Dict[str, Tuple[Callable[[str], object],
@@ -184,6 +184,15 @@ class Solver:
     def forget_beside_snapshots(self, name: str) -> None:
         """Take back what :meth:`keep_beside_snapshots` added (a driver thrown away)."""
         self.side_state.pop(name, None)
+
+    def _own_source(self) -> GradientSource:
+        """The train net computing its gradients: on a device, its losses left there, and its
+        iteration replayed as a CUDA graph unless the run's context says not to."""
+        if self.net.backend.name == "cpu":
+            return NetSource(self.net)
+        if self.context.cuda_graphs == "off":
+            return NetSource(self.net, defer=True)
+        return GraphedSource(self.net)
 
     def _pull_statistics(self) -> None:
         self.gradient_source.pull_statistics()

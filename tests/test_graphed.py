@@ -1,0 +1,154 @@
+"""A device net's iteration replayed as a CUDA graph (cct/graphed.py, issue 29 item 3), on the
+CuPy-rules stand-in, whose capture records device operations and refuses what a real capture
+refuses (a host copy or read, CuPy's cuBLAS): the replayed run gives the eager run's numbers
+to the bit, loss by loss; a net with Dropout stays eager saying which layer; a capture that
+fails, or a graph whose gradients disagree with an eager pass's, leaves the run eager with a
+warning and loses nothing. On a GPU the same tests run on CuPy."""
+import numpy as np
+import pytest
+
+from cct.api import Solver
+from cct.backend import gpu, host
+from cct.context import RunContext
+from cct.graphed import WARMUP, GraphedSource
+from cct.layers.neuron import ReLULayer
+
+from .test_scheduler import data_list, solver_param  # noqa: F401
+
+GPU_OK, GPU_REASON = gpu.available()
+DEVICES = ["numpy", pytest.param("gpu", marks=pytest.mark.skipif(
+    not GPU_OK, reason=f"no usable GPU: {GPU_REASON}"))]
+
+
+def _solver(param, backend, graphs="on"):
+    context = RunContext.of_solver(param, backend=backend).replace(cuda_graphs=graphs)
+    context.apply()
+    return Solver(param, backend=backend, context=context)
+
+
+def _train(param, backend, graphs, iters=6):
+    solver = _solver(param, backend, graphs)
+    try:
+        losses = []
+        for _ in range(iters):
+            solver.step(1)
+            losses.append(float(solver.smoothed_loss))
+        return ([np.array(host(p.data)) for p in solver.net.learnable_params], losses,
+                solver.gradient_source)
+    finally:
+        solver.close()
+
+
+@pytest.mark.parametrize("backend", DEVICES)
+def test_a_replayed_iteration_gives_the_eager_numbers(data_list, tmp_path, capfd,  # noqa: F811
+                                                      backend):
+    param = solver_param(data_list, tmp_path, display=1)
+    eager, eager_losses, source = _train(param, backend, "off")
+    assert not isinstance(source, GraphedSource)
+    got, got_losses, source = _train(param, backend, "on")
+    assert isinstance(source, GraphedSource) and source.graph is not None
+    assert source.replays == 6 - WARMUP
+    err = capfd.readouterr().err
+    assert "replay a CUDA graph of layers 'label_data_1_split' to 'acc'" in err
+    if backend == "numpy":      # the same operations in the same order
+        assert got_losses == eager_losses
+        for a, b in zip(eager, got):
+            np.testing.assert_array_equal(a, b)
+    else:                       # cuDNN's engines may add in another order
+        np.testing.assert_allclose(got_losses, eager_losses, rtol=1e-5)
+
+
+def test_each_iterations_loss_is_its_own(data_list, tmp_path):  # noqa: F811
+    """The graph writes its loss into the same arrays every launch: the pending losses the
+    solver holds (read when the log needs them, here at the end of the step) are copies, one
+    per iteration, so a smoothed loss over them is the eager run's."""
+    param = solver_param(data_list, tmp_path, display=0, average_loss=6)
+    smoothed = []
+    for graphs in ("off", "on"):
+        solver = _solver(param, "numpy", graphs)
+        try:
+            solver.step(6)           # two eager, the capture, three replays; read at the end
+            smoothed.append(float(solver.smoothed_loss))
+            assert solver.gradient_source.__class__.__name__ == (
+                "GraphedSource" if graphs == "on" else "NetSource")
+        finally:
+            solver.close()
+    assert smoothed[0] == smoothed[1]
+
+
+def test_a_net_with_dropout_stays_eager_and_says_why(data_list, tmp_path, capfd):  # noqa: F811
+    param = solver_param(data_list, tmp_path, display=0)
+    relu = next(lp for lp in param.net_param.layer if lp.name == "relu")
+    relu.type, relu.name = "Dropout", "drop"
+    _, _, source = _train(param, "numpy", "on", iters=4)
+    assert source.graph is None and source.replays == 0
+    assert "run eagerly, not as a CUDA graph: layer 'drop' (Dropout) draws its masks" in \
+        capfd.readouterr().err
+
+
+def test_a_capture_refused_leaves_the_run_eager_with_its_numbers(data_list, tmp_path, capfd,  # noqa: F811
+                                                                 monkeypatch):
+    """A layer that reads a device value on the host in its forward: the capture fails (as
+    CUDA refuses a synchronous copy on a capturing stream), the run goes on eagerly, and the
+    capture's iteration is the eager pass's."""
+    param = solver_param(data_list, tmp_path, display=0)
+    want, want_losses, _ = _train(param, "numpy", "off")
+    forward = ReLULayer.forward
+
+    def reads_the_host(self, bottom, top):
+        float(bottom[0].data.max())
+        return forward(self, bottom, top)
+    monkeypatch.setattr(ReLULayer, "forward", reads_the_host)
+    got, got_losses, source = _train(param, "numpy", "on")
+    assert source.graph is None and source.replays == 0
+    err = capfd.readouterr().err
+    assert "the capture failed (RuntimeError: reading a device value on the host: operation " \
+           "not permitted when stream is capturing)" in err
+    assert got_losses == want_losses
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_graph_that_disagrees_with_the_eager_pass_is_dropped(data_list, tmp_path, capfd,  # noqa: F811
+                                                              monkeypatch):
+    param = solver_param(data_list, tmp_path, display=0)
+    want, want_losses, _ = _train(param, "numpy", "off")
+    from cct.backend import npdevice
+    capture = npdevice.graphs.capture
+
+    def wrong(fn):
+        graph = capture(fn)
+        launch = graph.launch
+
+        def launch_and_spoil():
+            launch()
+            solver_net.learnable_params[0].diff[...] *= 2
+        graph.launch = launch_and_spoil
+        return graph
+    monkeypatch.setattr(npdevice.graphs, "capture", wrong)
+    solver = _solver(param, "numpy")
+    solver_net = solver.net
+    try:
+        losses = []
+        for _ in range(6):
+            solver.step(1)
+            losses.append(float(solver.smoothed_loss))
+        got = [np.array(host(p.data)) for p in solver.net.learnable_params]
+        assert solver.gradient_source.graph is None
+    finally:
+        solver.close()
+    assert "its gradients differ from an eager pass's by 1 of their scale" in \
+        capfd.readouterr().err
+    assert losses == want_losses
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_cuda_graphs_off_and_the_cpu_use_the_plain_source(data_list, tmp_path):  # noqa: F811
+    param = solver_param(data_list, tmp_path, display=0)
+    for backend, graphs in (("cpu", "on"), ("numpy", "off")):
+        solver = _solver(param, backend, graphs)
+        try:
+            assert not isinstance(solver.gradient_source, GraphedSource)
+        finally:
+            solver.close()
