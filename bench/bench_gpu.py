@@ -47,25 +47,22 @@ def _timed(step, sync, warmup: int, iters: int) -> float:
     return statistics.median(times)
 
 
-def _replayed(step, warmup: int, iters: int, batch: int) -> dict:
-    """The same iteration captured once as a CUDA graph (CuPy's stream capture) and replayed:
-    {"graph_img_s": ...}, or {"graph_error": why it could not be captured}."""
-    import cupy
+def _replayed(net, update, warmup: int, iters: int, batch: int) -> dict:
+    """The same iteration as ``cct train`` runs it on a GPU by default: the layers after the
+    data layers replayed as a CUDA graph (cct/graphed.py: captured after its warm-up,
+    checked against an eager pass): {"graph_img_s": ...}, or {"graph_error": why it stayed
+    eager}."""
+    from cct.graphed import WARMUP, GraphedSource
 
-    stream = cupy.cuda.Stream(non_blocking=True)
-    try:
-        with stream:
-            for _ in range(2):   # the pool's blocks for this stream, before the capture
-                step()
-            stream.synchronize()
-            stream.begin_capture()
-            try:
-                step()
-            finally:
-                graph = stream.end_capture()
-    except Exception as e:  # what the iteration does that a capture refuses
-        return {"graph_error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-    seconds = _timed(lambda: graph.launch(stream), stream.synchronize, warmup, iters)
+    source = GraphedSource(net)
+
+    def step():
+        net.clear_param_diffs()
+        source.compute_gradients()
+        update()
+    seconds = _timed(step, net.backend.synchronize, warmup + WARMUP + 1, iters)
+    if source.graph is None:
+        return {"graph_error": source.refused}
     return {"graph_img_s": batch / seconds}
 
 
@@ -103,7 +100,7 @@ def run_cct(net_name: str, devices: str, zoo: str, warmup: int, iters: int,
                "waited_ms": 1e3 * r.copies.waited}
               for r in scheduler.replicas if r.copies is not None] if scheduler else []
     cudnn = getattr(gpu, "convolutions", None)
-    graph = {} if hybrid or not graphs else _replayed(step, warmup, iters, batch)
+    graph = {} if hybrid or not graphs else _replayed(net, update, warmup, iters, batch)
     pool = {"pool_mb": gpu.cupy.get_default_memory_pool().total_bytes() / 2**20} \
         if gpu.cupy is not None else {}
     return {"img_s": batch / seconds, "split": split, "copies": copies, **graph, **pool,

@@ -461,6 +461,10 @@ def cmd_train(argv: List[str]) -> int:
     # What the run sets for the process (the seed, deterministic plans, the precision), once.
     context = RunContext.of_solver(param, solver_path, backend,
                                    deterministic=flags.bool("deterministic") or None)
+    graphs = flags.get("cuda-graphs")
+    if graphs not in ("on", "off"):
+        raise CCTError(f"-cuda-graphs must be on or off, got '{graphs}'")
+    context = context.replace(cuda_graphs=graphs)
     context.apply()
     # Blob diffs can share memory where no code but the backward pass reads them: one net,
     # trained by the solver alone.
@@ -487,7 +491,8 @@ def _train_flags(argv: List[str]) -> Flags:
                                  "learners": "", "sma-alpha": "", "sma-momentum": 0.0,
                                  "sync-period": "1", "simulate-speeds": "", "ray-address": "",
                                  "ps-shards": "auto", "ray-group-restarts": "3",
-                                 "group-timeout": "", "ray-data": "ship", "precision": ""},
+                                 "group-timeout": "", "ray-data": "ship", "precision": "",
+                                 "cuda-graphs": "on"},
                  booleans=("deterministic", "allow-negative-momentum", "sync-fc", "optimize"))
 
 

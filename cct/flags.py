@@ -49,6 +49,10 @@ DESCRIPTIONS: Dict[str, str] = {
     "precision": "cct: float32, or bf16 (bf16 GEMM operands, float32 weights and updates) "
                  "where the CPU has bf16 units (AMX, AVX512-BF16); train: overrides the "
                  "solver's precision field.",
+    "cuda-graphs": "cct: on (default): on a GPU, each training iteration's layers after the "
+                   "data layers replay one CUDA graph, captured after two eager iterations and "
+                   "checked against an eager pass (eager, saying why, where a layer or the "
+                   "capture refuses); off: eager launches.",
     "strategy": "cct: sync (one group), async (asynchronous compute groups), hogbatch "
                 "(async with a batch per group), adaptive-hogbatch (batches follow the groups' "
                 "speeds) or sma (Crossbow's synchronous model averaging).",

@@ -11,6 +11,7 @@ commands:
                   to split every batch across devices, -deterministic: fixed kernel plans,
                   none timed, so runs repeat to the bit whatever the machine's load;
                   -precision=float32|bf16: bf16 GEMMs where the CPU has bf16 units;
+                  -cuda-graphs=on|off: a GPU iteration replayed as a CUDA graph (on);
                   -progress=auto|bar|none: a live progress line, by default on a terminal;
                   -strategy=sync|async|hogbatch|adaptive-hogbatch|sma -groups=G
                   -engine=threads|processes|simulated|ray

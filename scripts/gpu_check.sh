@@ -56,7 +56,7 @@ python -c "import cupy, numpy; print('CuPy', cupy.__version__, 'NumPy', numpy.__
 step gpu_tests 180 25 python -m pytest -q -rs -p no:cacheprovider \
     tests/backend/test_standin.py tests/test_gpu_backend.py tests/layers/test_every_layer.py \
     tests/test_solver_on_device.py tests/test_cli_time.py tests/test_gpu_errors.py \
-    -k "gpu or cupy or real"
+    tests/test_graphed.py -k "gpu or cupy or real"
 step cudnn_probe 60 25 python "$REPO/scripts/cudnn_probe.py"
 step capture_probe 60 16 python "$REPO/scripts/capture_probe.py"
 step bench_gpu 200 12 python "$REPO/bench/bench_gpu.py" --iters 20 --warmup 3 --graph \
@@ -65,6 +65,8 @@ step bench_gpu 200 12 python "$REPO/bench/bench_gpu.py" --iters 20 --warmup 3 --
 sh examples/mnist/create_mnist.sh > "$OUT/logs/create_mnist.txt" 2>&1
 step lenet_gpu 90 3 bash -c 'time cct train --solver=examples/mnist/lenet_solver.prototxt -gpu 0'
 grep 'Test net output #0' "$OUT/logs/lenet_gpu.txt" | tail -n 1
+grep -m 2 'CUDA graph\|the GEMM' "$OUT/logs/lenet_gpu.txt"
+step lenet_gpu_eager 60 3 bash -c 'time cct train --solver=examples/mnist/lenet_solver.prototxt -gpu 0 -cuda-graphs=off'
 step time_lenet 40 24 cct time -model examples/mnist/lenet_train_test.prototxt -gpu 0 \
     -iterations 20
 step bench_hybrid 150 6 python "$REPO/bench/bench_gpu.py" --nets lenet,caffenet_b32,caffenet_b256 \

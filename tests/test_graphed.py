@@ -152,3 +152,29 @@ def test_cuda_graphs_off_and_the_cpu_use_the_plain_source(data_list, tmp_path): 
             assert not isinstance(solver.gradient_source, GraphedSource)
         finally:
             solver.close()
+
+
+def test_cct_train_replays_a_graph_on_the_device_unless_told_not_to(data_list, tmp_path):  # noqa: F811
+    """``cct train --devices=standin`` (the one-device path, ``-gpu 0`` on a GPU) replays the
+    iteration as a graph by default and says so; ``-cuda-graphs=off`` runs it eagerly; the
+    losses are the same; a bad value is refused naming the flag."""
+    import subprocess
+    import sys
+    param = solver_param(data_list, tmp_path, max_iter=6, display=1)
+    (tmp_path / "solver.prototxt").write_text(str(param))
+
+    def train(*extra):
+        return subprocess.run([sys.executable, "-m", "cct.cli", "train",
+                               "--solver=solver.prototxt", "--devices=standin", *extra],
+                              cwd=tmp_path, capture_output=True, text=True)
+    on, off = train(), train("-cuda-graphs=off")
+    assert on.returncode == 0 and off.returncode == 0, on.stderr[-2000:]
+    assert "replay a CUDA graph" in on.stderr and "CUDA graph" not in off.stderr
+
+    def losses(log):
+        return [line.rsplit("=", 1)[1] for line in log.splitlines()
+                if "solver.cpp" in line and ", loss = " in line]
+    assert len(losses(on.stderr)) == 7 and losses(on.stderr) == losses(off.stderr)
+    bad = train("-cuda-graphs=maybe")
+    assert bad.returncode == 1 and "-cuda-graphs must be on or off, got 'maybe'" in bad.stderr
+    assert "Traceback" not in bad.stderr

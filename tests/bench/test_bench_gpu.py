@@ -30,3 +30,14 @@ def test_the_cct_worker_runs_where_cct_train_places_the_nets(devices):
         (c,) = r["copies"]
         assert c["device"].startswith("cpu") and c["serial_ms"] > 0
         assert c["waited_ms"] >= 0 if c["n"] else c["waited_ms"] == 0
+
+
+def test_the_graph_column_replays_the_iteration_on_the_stand_in():
+    """--graph's column: the iteration as cct train runs it on a device, replayed as a graph
+    (the stand-in's capture: the same code path, the refusals of a real one)."""
+    zoo = conftest.need(conftest.CAFFE_ZOO)
+    from cct import glog
+    with glog.quiet():
+        r = bench.run_cct("lenet", "standin", str(zoo), warmup=1, iters=1, graphs=True)
+    assert "graph_error" not in r, r.get("graph_error")
+    assert r["graph_img_s"] > 0
