@@ -15,9 +15,12 @@ same scalars. So:
 * **the loss is copied out** of the graph's arrays after each launch, into arrays of its own
   for the solver's pending losses (read when the log shows them, sometimes 50 iterations
   later, by when the graph has written its arrays 50 times);
-* **no layer that draws randoms on the host** (Dropout: its generator's state would be frozen
-  into the graph and every mask repeated) and **no Python layer** (host code): such a net runs
-  eagerly, and the log says which layer kept it so.
+* **random draws made before each launch**: a layer that draws in its forward (Dropout's
+  masks) would repeat the capture's draws at every launch, its generator's state being the
+  host's; its draws for the iteration are made first, in the forward's order, into arrays of
+  its own that the graph reads (``Layer.draws``, ``draw``): the masks an eager pass draws;
+* **no Python layer** (host code): such a net runs eagerly, and the log says which layer kept
+  it so.
 
 A graph is captured after WARMUP eager iterations (the kernels' first calls: cuDNN's engine
 races, the CUDA kernels' first-use checks, cuBLAS's handle; each may synchronize, which a
@@ -43,8 +46,7 @@ WARMUP = 2
 #: largest magnitude (cuDNN's atomics reorder float additions: 1e-6 seen).
 TOLERANCE = 1e-4
 #: Layer types whose forward runs host code a graph cannot hold.
-HOST_LAYERS = {"Dropout": "draws its masks from a generator whose state a graph would freeze",
-               "Python": "runs Python code on the host"}
+HOST_LAYERS = {"Python": "runs Python code on the host"}
 
 
 def graphs_refused(net) -> str:
@@ -72,6 +74,9 @@ class GraphedSource(NetSource):
         super().__init__(net, defer)
         self.refused = graphs_refused(net)
         self.first = len(net.source_layers())
+        # The layers drawing randoms in their forward, with their bottoms, in the net's order.
+        self._drawers = [(layer, net.bottom_vecs[i]) for i, layer in enumerate(net.layers)
+                         if layer.draws]
         self.eager = 0            # eager iterations so far (warm-up)
         self.graph = None
         self.replays = 0
@@ -92,6 +97,7 @@ class GraphedSource(NetSource):
         if shapes != self._shapes:
             self._give_up(f"the blob shapes changed after the capture ({self._changed(shapes)})")
             return self._rest_eagerly()
+        self._draw()
         self.graph.launch()
         self.replays += 1
         return self._copied_loss()
@@ -119,6 +125,7 @@ class GraphedSource(NetSource):
         xp = net.backend.xp
         params = net.learnable_params
         start = [p.diff.copy() for p in params]          # what the solver left there (zeros)
+        self._draw()                                     # the eager pass reads them too
         loss = self._rest_eagerly()
         eager = [p.diff.copy() for p in params]
         for p, d in zip(params, start):
@@ -154,10 +161,16 @@ class GraphedSource(NetSource):
             p.diff[...] = d
         return loss
 
+    def _draw(self) -> None:
+        for layer, bottom in self._drawers:
+            layer.draw(bottom)
+
     def _give_up(self, why: str) -> None:
         warning(SRC, f"Training iterations run eagerly, not as a CUDA graph: {why}")
         self.refused = why
         self.graph = None
+        for layer, _ in self._drawers:
+            layer.drawn_outside = False          # their forward draws again
 
     def _copied_loss(self):
         """The launch's loss and checks, copied out of the graph's arrays (device copies)."""

@@ -76,14 +76,32 @@ def test_each_iterations_loss_is_its_own(data_list, tmp_path):  # noqa: F811
     assert smoothed[0] == smoothed[1]
 
 
-def test_a_net_with_dropout_stays_eager_and_says_why(data_list, tmp_path, capfd):  # noqa: F811
+def test_a_net_with_dropout_replays_with_fresh_masks(data_list, tmp_path):  # noqa: F811
+    """Dropout's masks are drawn before each launch, in the forward's order, into the arrays
+    the graph reads: the masks (and so the numbers) of the eager run, none repeated."""
     param = solver_param(data_list, tmp_path, display=0)
     relu = next(lp for lp in param.net_param.layer if lp.name == "relu")
     relu.type, relu.name = "Dropout", "drop"
-    _, _, source = _train(param, "numpy", "on", iters=4)
-    assert source.graph is None and source.replays == 0
-    assert "run eagerly, not as a CUDA graph: layer 'drop' (Dropout) draws its masks" in \
-        capfd.readouterr().err
+    eager, eager_losses, _ = _train(param, "numpy", "off")
+    got, got_losses, source = _train(param, "numpy", "on")
+    assert source.graph is not None and source.replays == 6 - WARMUP
+    assert got_losses == eager_losses
+    for a, b in zip(eager, got):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_python_layer_keeps_the_net_eager_and_says_why(data_list, tmp_path):  # noqa: F811
+    from cct.graphed import graphs_refused
+    from cct.net import Net
+    param = solver_param(data_list, tmp_path)
+    relu = next(lp for lp in param.net_param.layer if lp.name == "relu")
+    net = Net(param.net_param, phase=0, backend="numpy")
+    try:
+        net.layers[net.layer_names.index("relu")].type = "Python"   # as a Python layer reads
+        assert graphs_refused(net) == "layer 'relu' (Python) runs Python code on the host"
+    finally:
+        net.close()
+    assert relu.name == "relu"
 
 
 def test_a_capture_refused_leaves_the_run_eager_with_its_numbers(data_list, tmp_path, capfd,  # noqa: F811

@@ -64,6 +64,11 @@ class Layer:
     #: with the loss (SoftmaxWithLoss's labels on a GPU): (device array [any bad, the first bad
     #: value], a function of that value giving the error to raise), else None.
     pending_check = None
+    #: Whether the forward pass draws random numbers (Dropout's masks in TRAIN): such a layer
+    #: offers ``draw(bottom)``, the next forward's draws made now into arrays of its own that
+    #: its forward then reads, so that a CUDA graph's forward (cct/graphed.py) reads fresh
+    #: draws each launch instead of repeating the capture's.
+    draws: bool = False
 
     def __init__(self, layer_param, backend, dtype=np.float32):
         self.layer_param = layer_param

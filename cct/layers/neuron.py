@@ -433,16 +433,33 @@ class DropoutLayer(NeuronLayer):
         self.ratio = self.scalar(ratio)
         self.scale = self.scalar(1) / (1 - self.ratio)
         self.train = self.phase == caffe_pb2.TRAIN
+        self.draws = self.train
         self.mask = None
+        self.drawn_outside = False     # draw() makes the masks: a CUDA graph's forward
+
+    def _draw(self, shape, dtype):
+        # The mask holds 1/(1-p) where kept: x * mask is Caffe's x * m * scale to the bit.
+        # A GPU draws it on the device (Caffe's GPU path draws with cuRAND, so its masks differ
+        # from the CPU's as here); the CPU and the stand-in draw from the run's generator.
+        return self.backend.dropout_mask(shape, 1 - float(self.ratio), self.scale, dtype,
+                                         get_rng())
+
+    def draw(self, bottom) -> None:
+        """The next forward's mask, drawn now (the same draw the forward would make, in the
+        same order) into the layer's own array, which the forward then reads; from the first
+        call on, the forward draws no more."""
+        mask = self._draw(bottom[0].shape, bottom[0].data.dtype)
+        if self.mask is None or self.mask.shape != mask.shape or not self.drawn_outside:
+            self.mask = mask
+        else:
+            self.mask[...] = mask        # in place: a graph reads this very array
+        self.drawn_outside = True
 
     def neuron_forward(self, x):
         if not self.train:
             return x
-        # The mask holds 1/(1-p) where kept: x * mask is Caffe's x * m * scale to the bit.
-        # A GPU draws it on the device (Caffe's GPU path draws with cuRAND, so its masks differ
-        # from the CPU's as here); the CPU and the stand-in draw from the run's generator.
-        self.mask = self.backend.dropout_mask(x.shape, 1 - float(self.ratio), self.scale,
-                                              x.dtype, get_rng())
+        if not self.drawn_outside:
+            self.mask = self._draw(x.shape, x.dtype)
         return x * self.mask
 
     def neuron_backward(self, x, y, dy):
