@@ -56,7 +56,7 @@ python -c "import cupy, numpy; print('CuPy', cupy.__version__, 'NumPy', numpy.__
 step gpu_tests 180 25 python -m pytest -q -rs -p no:cacheprovider \
     tests/backend/test_standin.py tests/test_gpu_backend.py tests/layers/test_every_layer.py \
     tests/test_solver_on_device.py tests/test_cli_time.py tests/test_gpu_errors.py \
-    tests/test_graphed.py -k "gpu or cupy or real"
+    tests/test_graphed.py tests/backend/test_cublas.py -k "gpu or cupy or real"
 step cudnn_probe 60 25 python "$REPO/scripts/cudnn_probe.py"
 step capture_probe 60 16 python "$REPO/scripts/capture_probe.py"
 step bench_gpu 200 12 python "$REPO/bench/bench_gpu.py" --iters 20 --warmup 3 --graph \
