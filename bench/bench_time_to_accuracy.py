@@ -105,6 +105,8 @@ def solver_for(job: dict):
             param = adam_solver(pathlib.Path(job["zoo"]), train, test, job["cap"])
         else:
             param = lenet_solver(train, test, 0.01, job["cap"])
+    if job.get("seed") is not None:
+        param.random_seed = job["seed"]
     return Solver(param)
 
 
@@ -284,6 +286,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--optimize-args", default="{}",
                     help="JSON object of keyword arguments for cct.optimizer.Optimizer "
                          "(after --probe-iters and --retune-every, which it overrides)")
+    ap.add_argument("--seed-per-round", action="store_true",
+                    help="round r's solvers (every arm's) seeded 1701 + r instead of 1701 for "
+                         "all: rounds sample the initial weights instead of repeating one (a "
+                         "target near a net's ceiling is crossed at an iteration that moves by "
+                         "hundreds with them)")
     ap.add_argument("--data-dir", default=str(default_data_dir()))
     ap.add_argument("--zoo", default=str(default_zoo()))
     ap.add_argument("--json", default=str(REPO / "bench" / "time_to_accuracy_{work}.json"))
@@ -325,7 +332,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         meta = {"date": now.date().isoformat(), "cpu": cpu_model(), "cores": os.cpu_count(),
                 "quick": args.quick, "work": work, "arms": arms, "runs": args.runs,
                 "target": args.target, "loss": args.loss, "omnivore_probe": omnivore_probe,
-                "optimize_args": optimize_args}
+                "optimize_args": optimize_args, "seed_per_round": args.seed_per_round}
         runs: List[dict] = []
         for rnd in range(args.runs):
             for arm in arms:
@@ -333,7 +340,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                        "every": every, "target": args.target, "loss": args.loss,
                        "omnivore_probe": omnivore_probe, "probe_iters": probe_iters,
                        "retune_every": retune, "optimize_args": optimize_args,
-                       "data_dir": args.data_dir, "zoo": args.zoo}
+                       "data_dir": args.data_dir, "zoo": args.zoo,
+                       "seed": 1701 + rnd if args.seed_per_round else None}
                 runs.append(spawn(job))
                 p = to_target(runs[-1], args.target, args.loss)
                 print(f"{work} {arm} round {rnd}: "

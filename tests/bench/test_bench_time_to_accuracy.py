@@ -75,3 +75,18 @@ def test_optimize_args_must_be_a_json_object():
         bench.main(["--optimize-args", "[1]"])
     with pytest.raises(SystemExit):
         bench.main(["--work", "alexnet"])
+
+
+def test_seed_per_round_seeds_every_arm_of_a_round_alike(monkeypatch):
+    """--seed-per-round: round r's solver is seeded 1701 + r whatever the arm; without it, the
+    work's own seed (1701) in every round."""
+    import cct.api
+    from cct.proto import caffe_pb2
+    monkeypatch.setattr(bench, "mnist_lmdbs", lambda d: ("train", "test"))
+    monkeypatch.setattr(bench, "lenet_solver",
+                        lambda *a: caffe_pb2.SolverParameter(random_seed=1701))
+    monkeypatch.setattr(cct.api, "Solver", lambda param: param)
+    job = {"work": "lenet", "cap": 10, "data_dir": "d", "zoo": "z"}
+    assert bench.solver_for(job).random_seed == 1701
+    assert bench.solver_for({**job, "seed": None}).random_seed == 1701
+    assert bench.solver_for({**job, "seed": 1703}).random_seed == 1703
