@@ -81,6 +81,9 @@ def run_cct(net_name: str, devices: str, zoo: str, warmup: int, iters: int,
     hybrid = device_list is not None
     net = synthetic_net(pathlib.Path(zoo) / rel, batch, backend=backend, engine=engine)
     flops = training_flops_per_image(net)   # before the scheduler takes the batch apart
+    if not hybrid:
+        from cct.blob_memory import share_blob_diffs
+        share_blob_diffs(net)   # as cct train lays a lone train net's diffs out (less memory)
     scheduler = HybridScheduler(net, device_list) if hybrid else None
     update = sgd_update(net)
 

@@ -269,6 +269,9 @@ class Graphs:
                     pass
                 raise
             graph = stream.end_capture()
+        # The eager passes' temporaries, cached by CuPy's pool since, are the graph's pool's
+        # now: hand the cached blocks back to the device.
+        cupy.get_default_memory_pool().free_all_blocks()
         return _Replay(graph, pool, stream)
 
 
