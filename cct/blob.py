@@ -160,6 +160,13 @@ class Blob:
     def share_diff(self, other: "Blob") -> None:
         self._diff = other._diff_array().reshape(self.shape)
 
+    def array_ids(self) -> tuple:
+        """The identities of the arrays that hold the data and the diff now (the diff's None
+        when none was made): a CUDA graph reads and writes those very arrays, so a blob that
+        takes others (a reshape, a share, a restored net's) must not be replayed
+        (cct/graphed.py)."""
+        return id(self._data), id(self._diff)
+
     def __repr__(self) -> str:
         return f"Blob(shape={self.shape}, dtype={self.dtype})"
 

@@ -5,8 +5,10 @@ once, as one graph launch instead of a launch (and a Python call) per kernel.
 What a replay can repeat is what the capture saw: the same kernels on the same arrays with the
 same scalars. So:
 
-* **static shapes**: the blobs' shapes are taken at capture and checked before each replay
-  (every zoo net's are fixed); a change goes back to eager passes, saying so;
+* **static shapes and arrays**: the blobs' shapes, and which arrays hold every blob's and
+  param's values, are taken at capture and checked before each replay (every zoo net's are
+  fixed; a restored snapshot writes into the same arrays); a change goes back to eager passes,
+  saying so;
 * **the data layers stay outside**: they read records on the host and copy the batch into
   their tops, the graph's inputs, before each launch (through pinned memory, queued on the
   stream the graph is launched on: ordered, no wait);
@@ -82,6 +84,7 @@ class GraphedSource(NetSource):
         self.replays = 0
         self._loss: Optional[PendingLoss] = None
         self._shapes: Optional[List[tuple]] = None
+        self._ids: Optional[List[tuple]] = None
         if self.refused and getattr(net.backend, "graphs", None) is not None:
             info(SRC, f"Training iterations run eagerly, not as a CUDA graph: {self.refused}")
 
@@ -97,6 +100,9 @@ class GraphedSource(NetSource):
         if shapes != self._shapes:
             self._give_up(f"the blob shapes changed after the capture ({self._changed(shapes)})")
             return self._rest_eagerly()
+        if self._array_ids() != self._ids:
+            self._give_up(f"{self._replaced()} holds other arrays than at the capture")
+            return self._rest_eagerly()
         self._draw()
         self.graph.launch()
         self.replays += 1
@@ -105,6 +111,20 @@ class GraphedSource(NetSource):
     # -- the capture -------------------------------------------------------------------------
     def _blob_shapes(self) -> List[tuple]:
         return [tuple(b.shape) for b in self.net.blobs_list]
+
+    def _array_ids(self) -> List[tuple]:
+        """Every blob's and param's arrays, whose memory the graph reads and writes."""
+        return [b.array_ids() for b in self.net.blobs_list + self.net.params_list]
+
+    def _replaced(self) -> str:
+        net = self.net
+        names = [f"blob '{name}'" for name in net.blob_names] + [
+            f"layer '{net.layer_names[layer]}''s param {k}"
+            for layer, k in net.param_layer_indices]
+        for name, before, now in zip(names, self._ids, self._array_ids()):
+            if before != now:
+                return name
+        return "a blob"
 
     def _changed(self, shapes) -> str:
         for name, before, now in zip(self.net.blob_names, self._shapes, shapes):
@@ -149,6 +169,7 @@ class GraphedSource(NetSource):
                           f"scale (more than {TOLERANCE:g})")
             return self._restore(eager, loss)
         self._loss = held["loss"] if isinstance(held["loss"], PendingLoss) else None
+        self._ids = self._array_ids()
         self.replays += 1
         info(SRC, f"Training iterations replay a CUDA graph of layers "
                   f"'{net.layer_names[self.first]}' to '{net.layer_names[-1]}' and back (the "

@@ -196,3 +196,44 @@ def test_cct_train_replays_a_graph_on_the_device_unless_told_not_to(data_list, t
     bad = train("-cuda-graphs=maybe")
     assert bad.returncode == 1 and "-cuda-graphs must be on or off, got 'maybe'" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_arrays_replaced_after_the_capture_send_the_run_back_to_eager(data_list, tmp_path,  # noqa: F811
+                                                                     capfd):
+    param = solver_param(data_list, tmp_path, display=0)
+    solver = _solver(param, "numpy")
+    try:
+        solver.step(WARMUP + 2)
+        source = solver.gradient_source
+        assert source.graph is not None and source.replays == 2
+        p = solver.net.params_list[0]
+        p._data = p._data.copy()        # what a share or a new allocation does
+        solver.step(2)
+        assert source.graph is None and source.replays == 2
+    finally:
+        solver.close()
+    assert "layer 'conv''s param 0 holds other arrays than at the capture" in \
+        capfd.readouterr().err
+
+
+def test_a_restored_snapshot_goes_on_replaying_with_the_eager_numbers(data_list, tmp_path,  # noqa: F811
+                                                                     capfd):
+    """A snapshot restored into a replaying run writes into the arrays the graph holds: the
+    run goes on replaying, and from the restored state it gives the eager run's numbers."""
+    param = solver_param(data_list, tmp_path, display=0, snapshot=3)
+    params = []
+    for graphs in ("off", "on"):
+        solver = _solver(param, "numpy", graphs)
+        try:
+            solver.step(6)
+            solver.restore(str(tmp_path / "snap_iter_3.solverstate"))
+            solver.step(3)
+            params.append([np.array(host(p.data)) for p in solver.net.learnable_params])
+            if graphs == "on":
+                assert solver.gradient_source.graph is not None
+                assert solver.gradient_source.replays == 6 - WARMUP + 3
+        finally:
+            solver.close()
+    assert "run eagerly" not in capfd.readouterr().err
+    for a, b in zip(*params):
+        np.testing.assert_array_equal(a, b)
