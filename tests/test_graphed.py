@@ -237,3 +237,47 @@ def test_a_restored_snapshot_goes_on_replaying_with_the_eager_numbers(data_list,
     assert "run eagerly" not in capfd.readouterr().err
     for a, b in zip(*params):
         np.testing.assert_array_equal(a, b)
+
+
+# -- the capture's rules, on the stand-in and on CuPy (the stand-in checked against CuPy) -----
+def _graphs(backend):
+    from cct import backend as backends
+    return backends.get(backend)
+
+
+@pytest.mark.parametrize("backend", DEVICES)
+@pytest.mark.parametrize("what,body,error", [
+    ("a host read", lambda xp, d: float(d.sum()), RuntimeError),
+    ("a device-to-host copy", lambda xp, d: d.get(), RuntimeError),
+    ("CuPy's cuBLAS", lambda xp, d: xp.matmul(d, d.T), NotImplementedError),
+], ids=["host read", "get", "cupy matmul"])
+def test_a_capture_refuses_what_cuda_and_cupy_refuse(backend, what, body, error):
+    b = _graphs(backend)
+    d = b.xp.asarray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    with pytest.raises(error):
+        b.graphs.capture(lambda: body(b.xp, d))
+    assert float(d.sum()) == 15.0           # the device is usable after the failed capture
+
+
+@pytest.mark.parametrize("backend", DEVICES)
+def test_a_graph_runs_only_when_launched_and_reads_the_values_then(backend):
+    b = _graphs(backend)
+    xp = b.xp
+    x = xp.asarray(np.arange(4, dtype=np.float32))
+    y = xp.zeros(4, dtype=xp.float32)
+    w = xp.asarray(np.eye(4, dtype=np.float32) * 2)
+    b.kernels.matmul(x.reshape(1, 4), w)    # the GEMM's first call (checked) outside
+
+    def body():
+        y[...] = b.kernels.matmul(x.reshape(1, 4), w).reshape(4) + 1   # cct's own GEMM
+        xp.add(x, 1, out=x)
+    graph = b.graphs.capture(body)
+    np.testing.assert_array_equal(host(x), [0, 1, 2, 3])      # a capture computes nothing
+    np.testing.assert_array_equal(host(y), [0, 0, 0, 0])
+    graph.launch()
+    np.testing.assert_array_equal(host(y), [1, 3, 5, 7])
+    np.testing.assert_array_equal(host(x), [1, 2, 3, 4])
+    x[...] = 10
+    graph.launch()
+    np.testing.assert_array_equal(host(y), [21, 21, 21, 21])
+    np.testing.assert_array_equal(host(x), [11, 11, 11, 11])
