@@ -14,9 +14,8 @@ from typing import Optional
 
 import numpy as np
 
-from . import HostTimer, allocation_bytes, cupy_movement, register_device
+from . import HostTimer, allocation_bytes, cupy_movement, register_device, standin
 from .array_kernels import ArrayKernels
-from . import standin
 from .standin import Copies, DeviceArray, OutOfMemoryError, namespace
 
 name = "numpy"
