@@ -693,6 +693,14 @@ class HybridScheduler:
                 self._resplit(f"the batch is now {batch}")
         if self.split is None:
             self._first_split()
+        solo = self._solo() if backward else None
+        if solo is not None:
+            try:
+                return self._solo_pass(solo)
+            except CCTError as e:              # the user's net or data, not the device
+                raise self._in_slice(e, solo) from None
+            except Exception as e:             # the device itself
+                self._drop([(solo, e)])
 
         results = self._run_all(backward)
         if backward:
@@ -712,6 +720,39 @@ class HybridScheduler:
         self.iterations += 1
         self._maybe_rebalance()
         return sum(loss for _, loss, _ in results)
+
+    def _solo(self) -> Optional[_Replica]:
+        """The replica given the whole batch, when it shares the master's memory and this is
+        not an iteration that measures (every ``rebalance_every``-th, as the rebalancing
+        reads): it then runs alone as the plain one-device path does (:meth:`_solo_pass`)."""
+        if self.iterations % self.rebalance_every == 0:
+            return None
+        busy = [r for r in self.replicas if r.n]
+        if len(busy) != 1 or busy[0].copies is not None:
+            return None
+        return busy[0]
+
+    def _solo_pass(self, r: _Replica):
+        """A device given nothing costs nothing, and neither does the scheduler: the replica
+        with the whole batch runs as the one-device path does, its loss left on the device
+        (read when the log shows it), its outputs copied on the device, nothing timed, so no
+        iteration waits for a GPU; the iterations that measure go the whole way."""
+        def run():
+            self._fill_inputs(r, 0)
+            for layer, top, w in r.loss_tops:
+                top.diff[...] = w * (1.0 if top.num_axes and top.shape[0] == r.n else
+                                     layer.batch_share(r.n, self.batch))
+            r.net.clear_param_diffs()
+            return r.net.forward_backward(defer=True)
+        loss = r.device.run(run)
+        self._gather(r, [p.diff for p in self.master.learnable_params])
+        for name in r.outputs:
+            src, dst = _blob(r.net, name), _blob(self.master, name)
+            if dst.shape != src.shape:
+                dst.reshape(src.shape)
+            copy_array(dst.data, src.data)
+        self.iterations += 1
+        return loss
 
     def forward(self) -> float:
         return self.forward_backward(backward=False)

@@ -544,3 +544,39 @@ def test_the_split_update_is_the_same_with_the_master_on_the_device(data_list, t
     finally:
         solver.close()
     assert_same_params(whole, got)
+
+
+def test_a_device_with_the_whole_batch_runs_as_the_one_device_path(data_list, tmp_path):  # noqa: F811
+    """The split gives the device sharing the master's memory every image: between the
+    iterations that measure (every rebalance_every-th), it runs as the plain device path does,
+    nothing read back to the host (no iteration waits for a GPU), and gives its numbers."""
+    from cct.backend import npdevice
+    param = solver_param(data_list, tmp_path, display=0)
+    plain = Solver(param, backend="numpy")
+    try:
+        plain.step(7)
+        want = [np.array(p.data.get()) for p in plain.net.learnable_params]
+        want_loss = float(plain.smoothed_loss)
+    finally:
+        plain.close()
+    solver, scheduler, cpu = _cpu_replica_beside_the_device_master(data_list, tmp_path,
+                                                                   split=(0, 16))
+    try:
+        scheduler.rebalance_every = 5
+        solver.step(1)                     # iteration 0 measures
+        with npdevice.copies.counting() as copies:
+            solver.start_steps()
+            for _ in range(4):             # 1-4: alone, nothing back to the host
+                solver.begin_iteration()
+                solver.record_loss(solver.compute_gradients())
+                solver.apply_update()
+                solver.end_iteration()
+            assert copies.to_host == 0, copies.sizes
+        solver.step(2)                     # 5 measures again, 6 alone
+        got = [np.array(p.data.get()) for p in solver.net.learnable_params]
+        assert scheduler.iterations == 7
+    finally:
+        solver.close()
+    for a, b in zip(want, got):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    assert want_loss == pytest.approx(float(solver.smoothed_loss), rel=1e-5)
