@@ -628,15 +628,21 @@ class HybridScheduler:
         replica.copies.finish()
         return loss, seconds + time.perf_counter() - t0
 
-    def _run_pass(self, replica: _Replica, backward: bool):
+    def _seed_losses(self, replica: _Replica) -> List[float]:
+        """Each loss top's diff set to its weight times the replica's share of the batch (a
+        per-item top's loss is a sum over the items: share 1); the shares, in order."""
         share = []
         for layer, top, w in replica.loss_tops:
             if top.num_axes and top.shape[0] == replica.n:
-                s = 1.0     # a per-item top: its loss is a sum over the items
+                s = 1.0
             else:
                 s = layer.batch_share(replica.n, self.batch)
             top.diff[...] = w * s
             share.append(s)
+        return share
+
+    def _run_pass(self, replica: _Replica, backward: bool):
+        share = self._seed_losses(replica)
         t0 = time.perf_counter()
         if backward:
             replica.net.clear_param_diffs()
@@ -739,9 +745,7 @@ class HybridScheduler:
         iteration waits for a GPU; the iterations that measure go the whole way."""
         def run():
             self._fill_inputs(r, 0)
-            for layer, top, w in r.loss_tops:
-                top.diff[...] = w * (1.0 if top.num_axes and top.shape[0] == r.n else
-                                     layer.batch_share(r.n, self.batch))
+            self._seed_losses(r)
             r.net.clear_param_diffs()
             return r.net.forward_backward(defer=True)
         loss = r.device.run(run)

@@ -288,20 +288,10 @@ class _Replay:
 graphs = Graphs() if cupy is not None else None
 
 
-_gemm_check = None
-
-
 def _gemm(a, b, out=None):
     """The kernels' GEMM: cct's own cuBLAS handle (capturable, cct/backend/cublas.py), each
     geometry's first call checked against CuPy's matmul (the first calls are eager: a graph
     is captured after warm-up iterations), CuPy's taken for a geometry where they disagree."""
-    global _gemm_check
-    from .cublas import gemm
-    if _gemm_check is None:
-        from .caffe_cuda import FirstUseCheck
-        _gemm_check = FirstUseCheck("the GEMM", "runs on CuPy's matmul (no CUDA graph can "
-                                                "hold it): cct's own cuBLAS handle")
-    own = gemm(cupy)
     key = (a.shape, a.strides, b.shape, b.strides, str(a.dtype), str(b.dtype))
 
     def put(result):
@@ -309,14 +299,13 @@ def _gemm(a, b, out=None):
             return result
         out[...] = result
         return out
-    return _gemm_check(key, lambda into: own.matmul(a, b, out=out if into else None),
+    return _gemm_check(key, lambda into: _own_gemm.matmul(a, b, out=out if into else None),
                        lambda into: cupy.matmul(a, b, out=out if into else None),
                        _gemm_agree, put)
 
 
 def _gemm_agree(got, want) -> str:
-    from .caffe_cuda import _differs
-    return _differs([got], [want], exact=False)
+    return _caffe_cuda._differs([got], [want], exact=False)
 
 
 # A device array's values in host memory (into ``out``: one device-to-host copy); host values
@@ -379,6 +368,12 @@ if cupy is not None:
     register_device(sys.modules[__name__])
     # int32 gather indices (half the index traffic of int64); the index arrays are cached per
     # device, since each GPU needs its own copy.
+    from . import caffe_cuda as _caffe_cuda
+    from .cublas import gemm as _cublas_gemm
+    _own_gemm = _cublas_gemm(cupy)     # the handle is made at the first GEMM, not here
+    _gemm_check = _caffe_cuda.FirstUseCheck(
+        "the GEMM", "runs on CuPy's matmul (no CUDA graph can hold it): cct's own cuBLAS "
+                    "handle")
     kernels = ArrayKernels(cupy, device=cupy.cuda.runtime.getDevice, index_dtype=np.int32,
                            to_host=to_host, uniform=_device_uniform, gemm=_gemm)
     # Convolutions on cuDNN where the frontend is installed (engine CAFFE and the geometries
@@ -388,7 +383,6 @@ if cupy is not None:
     # Pooling, SoftmaxWithLoss's forward, ReLU, LRN and the SGD step in one CUDA kernel each,
     # each geometry checked once against the array kernels before it is taken
     # (cct/backend/caffe_cuda.py).
-    from . import caffe_cuda as _caffe_cuda
     _fused = _caffe_cuda.CaffeKernels(cupy)
     _caffe_cuda.wrap_pooling(kernels, _fused, _pair)
     _caffe_cuda.wrap_loss(kernels, _fused)
