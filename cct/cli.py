@@ -541,6 +541,11 @@ def _train(flags: Flags, solver, config, devices, optimize_args: Optional[dict],
     from .progress import TrainingProgress
     from .scheduler import gradient_source
     optimize = optimize_args is not None
+    if solver.loss_scale is not None and (config is not None or devices is not None
+                                          or optimize):
+        raise CCTError("-precision fp16 trains with a loss scale on one device (-gpu N, or "
+                       "-devices with one GPU); a split batch, a driver's groups and the "
+                       "optimizer take -precision bf16 (float32's range, no scale needed)")
     driver = progress = None
     try:
         measured = config is not None and config.momentum == "auto"
@@ -786,7 +791,7 @@ def cmd_test(argv: List[str]) -> int:
 
 def _precision_value(name: str) -> int:
     """-precision's value as the solver's ``precision`` field."""
-    from .backend.precision import PRECISIONS
+    from .backend.reduced import PRECISIONS
     from .proto import caffe_pb2
     if name.lower() not in PRECISIONS:
         raise CCTError(f"-precision must be one of {', '.join(PRECISIONS)}, got '{name}'")
@@ -802,11 +807,12 @@ def cmd_time(argv: List[str]) -> int:
                                  "precision": "float32"})
     model = _require(flags, "model", "Need a model definition to time.")
     iterations = _iterations(flags, "forward-backward passes to time")
-    from .backend.precision import set_precision
-    set_precision(flags.get("precision"), source="time: -precision")
+    backend = _net_backend(flags, "caffe.cpp:352")
+    from .context import set_precision
+    set_precision(flags.get("precision"), backend, source="time: -precision")
     net = Net(model, _phase(flags.get("phase")), level=flags.int("level"),
               stages=flags.list("stage"), weights=flags.get("weights") or None,
-              backend=_net_backend(flags, "caffe.cpp:352"))
+              backend=backend)
     log.info("caffe.cpp:365", "Performing Forward")
     loss = net.forward_prefilled()
     log.info("caffe.cpp:370", f"Initial loss: {_g(loss)}")

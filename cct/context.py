@@ -19,15 +19,17 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import rng
-from .backend import plans, precision as precisions
-from .glog import warning
+from . import backend as backends
+from .backend import plans, precision as precisions, reduced
+from .glog import info
 from .proto import caffe_pb2
 
 
 @dataclass(frozen=True)
 class RunContext:
     """``seed``: Caffe's random_seed (None: the generator is left as it is); ``precision``:
-    "float32" or "bf16" (None: as it is); ``deterministic``: plans fixed by rule, no timing
+    "float32", "bf16", "tf32" or "fp16" (None: as it is; the CPU's GEMMs take float32 and
+    bf16, a device backend's all four, cct/backend/reduced.py); ``deterministic``: plans fixed by rule, no timing
     (None: as it is); ``backend``: where the solver's nets live ("cpu", "gpu"...);
     ``source``: what the settings came from, for messages (the solver file);
     ``cuda_graphs``: "on" (the default) replays a device net's iteration as a CUDA graph where
@@ -55,8 +57,9 @@ class RunContext:
     def current(cls, backend: str = "cpu") -> "RunContext":
         """This process's settings now (no seed: a group draws from its own generator), to
         hand to a group that runs in another process."""
-        return cls(None, precisions.precision(), plans.deterministic(), backend,
-                   "<the driver's>")
+        arithmetic = (precisions.precision() if backend == "cpu"
+                      else backends.get(backend).precision())
+        return cls(None, arithmetic, plans.deterministic(), backend, "<the driver's>")
 
     def replace(self, **changes) -> "RunContext":
         return dataclasses.replace(self, **changes)
@@ -65,7 +68,8 @@ class RunContext:
         """Set what this context says for the process, in this order: the deterministic
         switch (it decides whether the machine's plan cache is read), the seed, the machine's
         plan cache, the precision (after the cache, which may hold the bf16 engine's
-        choice)."""
+        choice): the CPU's GEMMs', or on a device backend the device's (a hybrid split's CPU
+        replicas then multiply in float32)."""
         if self.deterministic is not None:
             plans.set_deterministic(self.deterministic)
         if self.seed is not None:
@@ -73,7 +77,16 @@ class RunContext:
         plans.use_machine_cache()
         if self.precision is None:
             return
-        if self.backend != "cpu" and self.precision != "float32":
-            warning("solver.cpp:0", f"{self.source}: precision {self.precision} is the CPU "
-                    f"backend's; the {self.backend} backend trains in float32.")
-        precisions.set_precision(self.precision, source=f"{self.source}: precision")
+        set_precision(self.precision, self.backend, f"{self.source}: precision")
+
+
+def set_precision(name: str, backend: str = "cpu", source: str = "precision") -> str:
+    """The arithmetic of ``backend``'s GEMMs and convolutions (the CPU's, cct/backend/
+    precision.py; a device's, cct/backend/reduced.py); returns the one in effect."""
+    if backend == "cpu":
+        return precisions.set_precision(name, source=source)
+    name = backends.get(backend).set_precision(name, source=source)
+    if name != "float32":
+        info("solver.cpp:0", f"Precision {name} on the {backend} backend: "
+             f"{reduced.DESCRIPTION[name]}")
+    return name

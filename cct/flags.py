@@ -47,7 +47,8 @@ DESCRIPTIONS: Dict[str, str] = {
                      "snapshot, stop or none.",
     "deterministic": "cct: fixed kernel plans, none timed, so runs repeat to the bit.",
     "precision": "cct: float32, or bf16 (bf16 GEMM operands, float32 weights and updates) "
-                 "where the CPU has bf16 units (AMX, AVX512-BF16); train: overrides the "
+                 "where the CPU has bf16 units (AMX, AVX512-BF16); on a GPU also tf32 and "
+                 "fp16 (tensor cores; fp16 with a dynamic loss scale); train: overrides the "
                  "solver's precision field.",
     "cuda-graphs": "cct: on (default): on a GPU, each training iteration's layers after the "
                    "data layers replay one CUDA graph, captured after two eager iterations and "

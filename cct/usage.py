@@ -10,7 +10,8 @@ commands:
                   -sigint_effect, -sighup_effect, -gpu, -devices: e.g. cpu:1,cpu:1 or cpu,gpu0
                   to split every batch across devices, -deterministic: fixed kernel plans,
                   none timed, so runs repeat to the bit whatever the machine's load;
-                  -precision=float32|bf16: bf16 GEMMs where the CPU has bf16 units;
+                  -precision=float32|bf16|tf32|fp16: bf16 GEMMs where the CPU has bf16
+                  units; on a GPU tensor-core GEMMs and convolutions in any of the three;
                   -cuda-graphs=on|off: a GPU iteration replayed as a CUDA graph (on);
                   -progress=auto|bar|none: a live progress line, by default on a terminal;
                   -strategy=sync|async|hogbatch|adaptive-hogbatch|sma -groups=G
@@ -34,7 +35,7 @@ commands:
   test            score a model (-model, -weights, -iterations, -level, -stage, -gpu,
                   -devices: one device, e.g. gpu1 or standin)
   time            benchmark forward/backward of a model (-model, -iterations, -phase, -level,
-                  -stage, -precision=float32|bf16, -gpu, -devices: one device)
+                  -stage, -precision=float32|bf16|tf32|fp16, -gpu, -devices: one device)
   device_query    show the devices cct can run on (-gpu)
 
 tools (Caffe's tools/ and tools/extra/; each takes Caffe's own arguments and flags):

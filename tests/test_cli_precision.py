@@ -99,10 +99,10 @@ def test_missing_engine_is_named(workdir):  # noqa: F811
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["train", "--solver=solver.prototxt", "--precision=fp16"],
-     "cct: error: -precision must be one of float32, bf16, got 'fp16'"),
+    (["train", "--solver=solver.prototxt", "--precision=half"],
+     "cct: error: -precision must be one of float32, tf32, bf16, fp16, got 'half'"),
     (["time", "--model=lenet_train_test.prototxt", "--precision=half"],
-     "cct: error: time: -precision: unknown precision 'half'; known: float32, bf16"),
+     "cct: error: time: -precision: unknown precision 'half'; known: float32, tf32, bf16, fp16"),
 ])
 def test_bad_precision_is_a_clear_error(workdir, args, needle):  # noqa: F811
     run = cct(*args, cwd=workdir)
@@ -118,3 +118,11 @@ def test_time_in_bf16(workdir):  # noqa: F811
     assert run.returncode == 0, run.stderr[-3000:]
     assert "Precision bf16" in run.stderr
     assert "Average Forward pass" in run.stderr
+
+
+def test_a_gpu_precision_asked_of_the_cpu_trains_float32_saying_so(workdir):  # noqa: F811
+    (workdir / "solver.prototxt").write_text(SOLVER.format(max_iter=2))
+    run = cct("train", "--solver=solver.prototxt", "--precision=fp16", cwd=workdir)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert ("fp16 is a GPU precision (tensor cores); the CPU trains in float32"
+            in run.stderr)

@@ -261,9 +261,9 @@ class FirstUseCheck:
         return put(want if why else got)
 
 
-def _differs(got, want, exact: bool) -> str:
-    """'' when each array of ``got`` is ``want``'s (bit for bit, or within float rounding),
-    else what differs."""
+def _differs(got, want, exact: bool, tolerance: float = 1e-5) -> str:
+    """'' when each array of ``got`` is ``want``'s (bit for bit, or within float rounding:
+    ``tolerance`` of the largest magnitude), else what differs."""
     for g, w in zip(got, want):
         if g.shape != w.shape or g.dtype != w.dtype:
             return f"gave {g.dtype}{g.shape} where {w.dtype}{w.shape} was wanted"
@@ -272,7 +272,7 @@ def _differs(got, want, exact: bool) -> str:
                 return "gave other values"
         else:
             scale = float(abs(w).max()) if w.size else 0.0
-            if float(abs(g - w).max() if g.size else 0.0) > 1e-5 * max(scale, 1e-30):
+            if float(abs(g - w).max() if g.size else 0.0) > tolerance * max(scale, 1e-30):
                 return "differs beyond float rounding"
     return ""
 

@@ -12,7 +12,10 @@ the grouped convolution's), float32, into ``out`` when given. Anything else goes
 ``cupy.matmul``, which a capture refuses, so a graph falls back saying so.
 
 The handle's math mode is cuBLAS's default (no TF32 unless NVIDIA_TF32_OVERRIDE says so), the
-float32 arithmetic CuPy's matmul uses with ``CUPY_TF32`` unset.
+float32 arithmetic CuPy's matmul uses with ``CUPY_TF32`` unset. In another precision
+(:attr:`CublasGemm.precision`, cct/backend/reduced.py) the same float32 matrices go through
+``cublasGemmEx`` with the precision's compute type: the tensor cores round the operands down,
+the sums and the result stay float32.
 """
 from __future__ import annotations
 
@@ -23,7 +26,11 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
+from .reduced import COMPUTE_TYPE
+
 OP_N, OP_T = 0, 1
+CUDA_R_32F = 0
+CUBLAS_GEMM_DEFAULT = -1
 #: The workspace given to each handle: cuBLAS's guide asks for one when capturing (its own
 #: default is at most 32 MiB on Hopper).
 WORKSPACE_BYTES = 32 << 20
@@ -40,10 +47,13 @@ def _library_path() -> str:
 
 
 class CublasGemm:
-    """The handles (one per GPU, with the stream last set and the workspace) and the calls."""
+    """The handles (one per GPU, with the stream last set and the workspace) and the calls;
+    ``precision``: what the GEMMs multiply in (reduced.PRECISIONS), set by the backend's
+    ``set_precision``."""
 
     def __init__(self, cupy):
         self.cupy = cupy
+        self.precision = "float32"
         self._lib = None
         self._lock = threading.Lock()
         self._handles: Dict[int, Tuple[ctypes.c_void_p, object, list]] = {}
@@ -55,12 +65,17 @@ class CublasGemm:
             self.cupy.cuda.device.get_cublas_handle()        # CuPy loads libcublas
             lib = ctypes.CDLL(_library_path())
             for name in ("cublasCreate_v2", "cublasSetStream_v2", "cublasSetWorkspace_v2",
-                         "cublasSgemm_v2"):
+                         "cublasSgemm_v2", "cublasGemmEx"):
                 getattr(lib, name).restype = ctypes.c_int
             lib.cublasSgemm_v2.argtypes = [
                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                 ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                 ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+            lib.cublasGemmEx.argtypes = [
+                ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
             lib.cublasSetStream_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
             lib.cublasSetWorkspace_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
                                                   ctypes.c_size_t]
@@ -146,16 +161,24 @@ class CublasGemm:
         sb = b.strides[0] if b.ndim == 3 else 0
         sc = m * n * 4
         one, zero = ctypes.byref(self._one), ctypes.byref(self._zero)
+        compute = COMPUTE_TYPE[self.precision]
         for i in range(count):
             if k == 0:
                 c[i if c.ndim == 3 else ...].fill(0)
                 continue
-            status = self._lib.cublasSgemm_v2(
-                handle, OP_T if b_t else OP_N, OP_T if a_t else OP_N, n, m, k, one,
-                ctypes.c_void_p(b.data.ptr + i * sb), ldb,
-                ctypes.c_void_p(a.data.ptr + i * sa), lda, zero,
-                ctypes.c_void_p(c.data.ptr + i * sc), n)
-            self._check(status, "Sgemm")
+            op_b, op_a = OP_T if b_t else OP_N, OP_T if a_t else OP_N
+            pb = ctypes.c_void_p(b.data.ptr + i * sb)
+            pa = ctypes.c_void_p(a.data.ptr + i * sa)
+            pc = ctypes.c_void_p(c.data.ptr + i * sc)
+            if self.precision == "float32":
+                status = self._lib.cublasSgemm_v2(handle, op_b, op_a, n, m, k, one, pb, ldb,
+                                                  pa, lda, zero, pc, n)
+                self._check(status, "Sgemm")
+            else:
+                status = self._lib.cublasGemmEx(
+                    handle, op_b, op_a, n, m, k, one, pb, CUDA_R_32F, ldb, pa, CUDA_R_32F,
+                    lda, zero, pc, CUDA_R_32F, n, compute, CUBLAS_GEMM_DEFAULT)
+                self._check(status, f"GemmEx ({self.precision})")
 
 
 _gemm: Optional[CublasGemm] = None

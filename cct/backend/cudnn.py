@@ -14,7 +14,11 @@ dilation as Caffe gives them), built the first time a shape comes and kept:
   same engines whatever the load.
 * **float32 stays float32**: with TF32 off (CuPy's ``CUPY_TF32``, off by default, as Caffe's
   float32), engines whose notes say they convert their inputs down (TF32 tensor cores) are
-  left out.
+  left out. In another precision (:attr:`Convolutions.precision`, cct/backend/reduced.py)
+  ``tf32`` takes them; ``bf16`` and ``fp16`` run the graph on bf16 or half copies of the
+  operands (one cast kernel each, as PyTorch's autocast casts) with float32 accumulation, the
+  result cast back into the float32 blob; an engine must then agree with the lowering path in
+  the same precision to that precision's accuracy (reduced.ACCURACY).
 * **a geometry cuDNN refuses** (no engine for it, a data type it lacks) is remembered and
   runs the lowering path of :mod:`cct.backend.array_kernels`, with one warning naming it.
 
@@ -28,7 +32,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 from ..glog import warning
 from ..install import install_hint
-from . import plans
+from . import plans, reduced
 
 try:
     import cudnn as _fe
@@ -71,6 +75,12 @@ def _tf32_allowed() -> bool:
     return os.environ.get("CUPY_TF32", "0") == "1"
 
 
+def _half_dtype(cupy, precision: str):
+    """The storage of cuDNN's operands in ``precision``: CuPy's float16, or uint16 holding
+    bf16 (CuPy has no bfloat16)."""
+    return cupy.float16 if precision == "fp16" else cupy.uint16
+
+
 def _dense_strides(shape) -> list:
     strides, step = [], 1
     for extent in reversed(shape):
@@ -82,11 +92,12 @@ def _dense_strides(shape) -> list:
 class _Graph:
     """One built cuDNN graph: its frontend graph, the tensors to bind, the chosen plan."""
 
-    __slots__ = ("graph", "inputs", "output", "index", "workspace", "name")
+    __slots__ = ("graph", "inputs", "output", "index", "workspace", "name", "half")
 
-    def __init__(self, graph, inputs, output, index, workspace, name):
+    def __init__(self, graph, inputs, output, index, workspace, name, half=None):
         self.graph, self.inputs, self.output = graph, inputs, output
         self.index, self.workspace, self.name = index, workspace, name
+        self.half = half     # "bf16"/"fp16": the graph's tensors are half copies
 
 
 class Convolutions:
@@ -94,6 +105,10 @@ class Convolutions:
 
     def __init__(self, cupy):
         self.cupy = cupy
+        #: what the convolutions multiply in (cct/backend/reduced.py), the GPU backend's
+        #: set_precision's
+        self.precision = "float32"
+        self._casts = None
         self._graphs: Dict[tuple, Optional[_Graph]] = {}
         self._handles: Dict[int, object] = {}
         self._workspaces: Dict[int, object] = {}
@@ -143,7 +158,7 @@ class Convolutions:
             return None  # the lowering path's dtypes (float64 checks, bf16 rounding) stay there
         device = cupy.cuda.runtime.getDevice()
         key = (op, device, tuple(operands[0].shape), tuple(operands[1].shape), out_shape,
-               tuple(stride), tuple(pad), tuple(dilation), _tf32_allowed(),
+               tuple(stride), tuple(pad), tuple(dilation), self._arithmetic(),
                plans.deterministic())
         graph = self._graphs.get(key, False)
         if graph is None:
@@ -166,6 +181,13 @@ class Convolutions:
             return out
         return target
 
+    def _arithmetic(self) -> str:
+        """The precision the graphs run in: the backend's, TF32 where CuPy's switch asks for
+        it on float32."""
+        if self.precision == "float32" and _tf32_allowed():
+            return "tf32"
+        return self.precision
+
     def _handle(self, device: int):
         handle = self._handles.get(device)
         if handle is None:
@@ -183,12 +205,15 @@ class Convolutions:
 
     def _build(self, key, op, operands, target, stride, pad, dilation, device, lowered):
         F = _fe.data_type.FLOAT
+        arithmetic = key[8]
+        half = arithmetic if arithmetic in reduced.HALF_DTYPE else None
+        io = {None: F, "bf16": _fe.data_type.BFLOAT16, "fp16": _fe.data_type.HALF}[half]
         try:
             handle = self._handle(device)
-            g = _fe.pygraph(io_data_type=F, intermediate_data_type=F, compute_data_type=F,
+            g = _fe.pygraph(io_data_type=io, intermediate_data_type=F, compute_data_type=F,
                             handle=handle)
             a, b = (g.tensor(name=f"in{i}", dim=list(t.shape), stride=_dense_strides(t.shape),
-                             data_type=F) for i, t in enumerate(operands))
+                             data_type=io) for i, t in enumerate(operands))
             attrs = dict(padding=list(pad), stride=list(stride), dilation=list(dilation),
                          compute_data_type=F)
             if op == "fprop":
@@ -197,23 +222,24 @@ class Convolutions:
                 y = g.conv_dgrad(loss=a, filter=b, name="conv", **attrs)
             else:
                 y = g.conv_wgrad(image=a, loss=b, name="conv", **attrs)
-            y.set_output(True).set_data_type(F)
+            y.set_output(True).set_data_type(io)
             y.set_dim(list(target.shape)).set_stride(_dense_strides(target.shape))
             g.validate()
             g.build_operation_graph()
             g.create_execution_plans([_fe.heur_mode.A, _fe.heur_mode.FALLBACK])
-            notes = []
+            # float32 sums in every precision; tensor cores only where the precision allows
+            notes = [_fe.numerical_note.REDUCED_PRECISION_REDUCTION]
             if plans.deterministic():
                 notes.append(_fe.numerical_note.NONDETERMINISTIC)
-            if not _tf32_allowed():
+            if arithmetic == "float32":
                 notes += [_fe.numerical_note.DOWN_CONVERT_INPUTS,
-                          _fe.numerical_note.TENSOR_CORE,
-                          _fe.numerical_note.REDUCED_PRECISION_REDUCTION]
+                          _fe.numerical_note.TENSOR_CORE]
             if notes:
                 g.deselect_numeric_notes(notes)
             g.check_support()
             g.build_plans(_fe.build_plan_policy.ALL)
-            graph = self._choose(key, g, (a, b), y, operands, target, device, lowered())
+            graph = self._choose(key, g, (a, b), y, operands, target, device, lowered(),
+                                 half)
         except Exception as e:  # cudnnGraphNotSupportedError, no engine left, a bad geometry
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             self._refused[key] = reason
@@ -228,7 +254,8 @@ class Convolutions:
         self.table[key] = graph.name
         return graph
 
-    def _choose(self, key, g, tensors, y, operands, target, device, reference) -> _Graph:
+    def _choose(self, key, g, tensors, y, operands, target, device, reference,
+                half=None) -> _Graph:
         """The engine to keep: of the heuristics' engines in their order, those that run and
         agree with the lowering path's ``reference`` within float32 rounding, the first under
         --deterministic, else the fastest of the first MAX_TIMED_PLANS."""
@@ -252,10 +279,11 @@ class Convolutions:
                 if size > WORKSPACE_LIMIT:
                     why[index] = f"a workspace of {size:,} bytes"
                     continue
-                graph = _Graph(g, tensors, y, index, size, str(g.get_plan_name_at_index(index)))
+                graph = _Graph(g, tensors, y, index, size, str(g.get_plan_name_at_index(index)),
+                               half)
                 self._execute(graph, operands, target, device)
                 err = float(self.cupy.abs(target - reference).max()) / scale
-                if not err <= ACCURACY:  # NaN too
+                if not err <= max(ACCURACY, reduced.ACCURACY[key[8]]):  # NaN too
                     why[index] = f"{graph.name} is {err:.1e} off the lowering"
                     continue
                 if index == named_index:
@@ -288,10 +316,33 @@ class Convolutions:
 
     def _execute(self, graph, operands, target, device) -> None:
         a, b = graph.inputs
-        pack = {a: operands[0].data.ptr, b: operands[1].data.ptr, graph.output: target.data.ptr}
+        result = target
+        if graph.half:
+            operands = tuple(self._to_half(x, graph.half) for x in operands)
+            result = self.cupy.empty(target.shape, _half_dtype(self.cupy, graph.half))
+        pack = {a: operands[0].data.ptr, b: operands[1].data.ptr, graph.output: result.data.ptr}
         ws = self._workspace(device, graph.workspace)
         graph.graph.execute_plan_at_index(pack, ws, index=graph.index,
                                           handle=self._handle(device))
+        if graph.half:
+            self._from_half(result, graph.half, target)
+
+    def _cast_kernels(self):
+        if self._casts is None:
+            ek = self.cupy.ElementwiseKernel
+            self._casts = {way: ek(*spec) for way, spec in reduced.BF16_KERNELS.items()}
+        return self._casts
+
+    def _to_half(self, x, half):
+        if half == "fp16":
+            return x.astype(self.cupy.float16)
+        return self._cast_kernels()["to"](x)
+
+    def _from_half(self, h, half, out) -> None:
+        if half == "fp16":
+            out[...] = h           # CuPy's elementwise copy casts float16 to float32
+        else:
+            self._cast_kernels()["from"](h, out)
 
     def refused(self) -> Dict[tuple, str]:
         """The geometries cuDNN refused and why (they run lowered)."""
@@ -299,8 +350,8 @@ class Convolutions:
 
     # -- the plan table (cct/backend/plans.py keeps it with the CPU's) -------------------------
     def rows(self) -> list:
-        """[op, x, w, out shapes, stride, pad, dilation, tf32, deterministic, engine] per
-        graph built: JSON for the machine's cache and a snapshot's side file."""
+        """[op, x, w, out shapes, stride, pad, dilation, precision, deterministic, engine]
+        per graph built: JSON for the machine's cache and a snapshot's side file."""
         return [[*map(_listed, _portable(k)), name] for k, name in sorted(self.table.items())]
 
     def install_rows(self, rows) -> int:
@@ -310,7 +361,7 @@ class Convolutions:
             if not (isinstance(row, list) and len(row) == 10 and isinstance(row[-1], str)
                     and row[0] in ("fprop", "dgrad", "wgrad")):
                 raise ValueError(f"a cudnn plan row is not [op, shapes, stride, pad, dilation, "
-                                 f"tf32, deterministic, engine]: {str(row):.80}")
+                                 f"precision, deterministic, engine]: {str(row):.80}")
             taken[tuple(tuple(v) if isinstance(v, list) else v for v in row[:-1])] = row[-1]
         self.preferred.update(taken)
         return len(taken)

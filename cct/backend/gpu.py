@@ -19,7 +19,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from . import allocation_bytes, cupy_movement, register_device
+from . import allocation_bytes, cupy_movement, reduced, register_device
 from ..glog import warning
 from ..install import install_hint
 from .array_kernels import ArrayKernels
@@ -292,20 +292,38 @@ def _gemm(a, b, out=None):
     """The kernels' GEMM: cct's own cuBLAS handle (capturable, cct/backend/cublas.py), each
     geometry's first call checked against CuPy's matmul (the first calls are eager: a graph
     is captured after warm-up iterations), CuPy's taken for a geometry where they disagree."""
-    key = (a.shape, a.strides, b.shape, b.strides, str(a.dtype), str(b.dtype))
+    precision = _own_gemm.precision
+    key = (a.shape, a.strides, b.shape, b.strides, str(a.dtype), str(b.dtype), precision)
 
     def put(result):
         if out is None:
             return result
         out[...] = result
         return out
+
+    def agree(got, want) -> str:
+        # In a reduced precision CuPy's float32 product is the reference the tensor cores'
+        # must stay near (reduced.ACCURACY).
+        return _caffe_cuda._differs([got], [want], exact=False,
+                                    tolerance=reduced.ACCURACY[precision])
     return _gemm_check(key, lambda into: _own_gemm.matmul(a, b, out=out if into else None),
                        lambda into: cupy.matmul(a, b, out=out if into else None),
-                       _gemm_agree, put)
+                       agree, put)
 
 
-def _gemm_agree(got, want) -> str:
-    return _caffe_cuda._differs([got], [want], exact=False)
+def set_precision(name: str, source: str = "precision") -> str:
+    """What the GEMMs and cuDNN's convolutions multiply in from now on (cct/backend/reduced.py:
+    float32, tf32, bf16, fp16; storage stays float32); returns it. A CUDA graph captured before
+    keeps the precision it was captured in: set it before training starts."""
+    name = reduced.check(name, source)
+    _own_gemm.precision = name
+    if convolutions is not None:
+        convolutions.precision = name
+    return name
+
+
+def precision() -> str:
+    return _own_gemm.precision
 
 
 # A device array's values in host memory (into ``out``: one device-to-host copy); host values

@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import HostTimer, allocation_bytes, cupy_movement, register_device, standin
+from . import HostTimer, allocation_bytes, cupy_movement, reduced, register_device, standin
 from .array_kernels import ArrayKernels
 from .standin import Copies, DeviceArray, OutOfMemoryError, namespace
 
@@ -90,7 +90,31 @@ def out_of_memory(exc: BaseException) -> Optional[int]:
     return exc._size if size is None else size
 
 
+class _Gemm:
+    """The kernels' GEMM: the stand-in's own cuBLAS handle, in the precision set."""
+
+    def __init__(self):
+        self.precision = "float32"
+
+    def __call__(self, a, b, out=None):
+        return standin.own_matmul(a, b, out=out, precision=self.precision)
+
+
+_gemm = _Gemm()
+
+
+def set_precision(name: str, source: str = "precision") -> str:
+    """The GEMMs' arithmetic from now on (cct/backend/reduced.py; the GPU's rounding of the
+    operands, emulated); returns it."""
+    _gemm.precision = reduced.check(name, source)
+    return _gemm.precision
+
+
+def precision() -> str:
+    return _gemm.precision
+
+
 register_device(sys.modules[__name__])
 
-kernels = ArrayKernels(xp, to_host=to_host, gemm=standin.own_matmul)
+kernels = ArrayKernels(xp, to_host=to_host, gemm=_gemm)
 kernels.bind(globals())

@@ -15,7 +15,8 @@ bf16 request times each on a convolution-sized GEMM and keeps the faster, and sa
 engines round differently, so the choice is a kernel plan (cct/backend/plans.py): kept in the
 machine's plan cache and a snapshot's side file, fixed by rule in deterministic mode (cct's
 kernel where the CPU runs it). ``$CCT_BF16_ENGINE`` (``mkl`` or ``avx512bf16``) names one
-instead. The GPU backends run float32.
+instead. ``tf32`` and ``fp16`` are the GPU's tensor cores' (cct/backend/reduced.py, where the
+device backends' precisions are set): asked of the CPU, it says so and stays in float32.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from ..native import _C
-from . import plans
+from . import plans, reduced
 from ..errors import CCTError
 from ..glog import info, warning
 from ..install import install_hint
@@ -160,9 +161,11 @@ def set_precision(name: str, *, emulate: bool = False, source: str = "precision"
     """Sets the CPU backend's GEMM arithmetic to ``name`` ("float32" or "bf16") and returns the
     one in effect: "float32" after a warning saying why when bf16 cannot run here. ``source``
     names where the request came from in that message and in the error for an unknown name."""
-    name = str(name).lower()
+    name = reduced.check(name, source)
     if name not in PRECISIONS:
-        raise CCTError(f"{source}: unknown precision '{name}'; known: {', '.join(PRECISIONS)}")
+        warning("precision.py:0", f"{source}: {name} is a GPU precision (tensor cores); the CPU "
+                f"trains in float32 (its reduced precision is bf16).")
+        name = "float32"
     if name == "float32":
         _C.set_bf16_gemm(False)
         return name

@@ -58,6 +58,8 @@ from typing import Any, Iterator
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+from .reduced import round_operand
+
 IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to "
             "construct a NumPy array explicitly.")
 FILL = "non-scalar numpy.ndarray cannot be used for fill"
@@ -248,14 +250,21 @@ def _run(fn, raw_args, raw_kwargs, copies: "Copies", out=None, name: str = "",
     return wrapped
 
 
-def own_matmul(a: "DeviceArray", b: "DeviceArray", out: "DeviceArray" = None) -> "DeviceArray":
+def own_matmul(a: "DeviceArray", b: "DeviceArray", out: "DeviceArray" = None,
+               precision: str = "float32") -> "DeviceArray":
     """``a @ b`` (into ``out``) as cct's own cuBLAS handle computes it
-    (cct.backend.gpu.CublasGemm): taken by a capture, unlike CuPy's matmul."""
+    (cct.backend.gpu.CublasGemm): taken by a capture, unlike CuPy's matmul; in ``precision``
+    its operands rounded as a tensor core rounds them (cct/backend/reduced.py), the sums
+    float32."""
     for x in (a, b) + (() if out is None else (out,)):
         if not isinstance(x, DeviceArray):
             _refuse_host(x, "a GEMM")
     kwargs = {} if out is None else {"out": out._a}
-    return _run(np.matmul, (a._a, b._a), kwargs, a._copies, out=out)
+    fn = np.matmul
+    if precision != "float32":
+        def fn(x, y, **kw):       # a replay rounds the values its arrays hold then
+            return np.matmul(round_operand(x, precision), round_operand(y, precision), **kw)
+    return _run(fn, (a._a, b._a), kwargs, a._copies, out=out)
 
 
 def _unwrap_kwargs(kwargs: dict, what: str) -> dict:

@@ -32,6 +32,7 @@ from ..graphed import GraphedSource
 from ..proto import caffe_pb2
 from ..solver_rules import (Schedule, SolverUpdate, check_solver_param, copy_schedule_fields,
                             get_rule)
+from .loss_scale import LossScale
 from .checkpoint import (BINARYPROTO, HDF5, SIDE_SUFFIX, Checkpoints,
                          check_snapshot_write_permissions, snapshot_filename)
 from .nets import SolverNets
@@ -120,6 +121,12 @@ class Solver:
         self._tester = Tester(self.param, self.net, self.test_nets, self.dtype)
         self._checkpoints = Checkpoints(self.param, source, self.net, self.test_nets,
                                         self.history, self.rule, self.side_state)
+        # fp16 on a device: backward from a scaled loss (cct/solver/loss_scale.py).
+        self.loss_scale: Optional[LossScale] = None
+        if self.context.precision == "fp16" and self.net.backend.name != "cpu":
+            self.loss_scale = LossScale(self.net, source)
+            self.keep_beside_snapshots("loss_scale", self.loss_scale.state,
+                                       self.loss_scale.load_state)
         if gradient_source is not None:
             self.set_gradient_source(gradient_source)
 
@@ -422,8 +429,13 @@ class Solver:
         iteration, then the update on the train net's params and the history (does not
         advance ``iter``, as in Caffe). ``momentum`` replaces the param's for this update (a
         custom loop's staleness correction). Another parameter set or history, part of the
-        params, no lr line: call :attr:`update` with :meth:`learning_rate`'s rate."""
-        self.update.apply(self.history, self.params, self.learning_rate(), self.iter, momentum)
+        params, no lr line: call :attr:`update` with :meth:`learning_rate`'s rate. Under a
+        loss scale (fp16) the gradients are divided by it first, and an update whose gradients
+        overflowed is skipped (the iteration still counts, as its rate was read)."""
+        rate = self.learning_rate()
+        if self.loss_scale is not None and not self.loss_scale.unscale(self.iter):
+            return
+        self.update.apply(self.history, self.params, rate, self.iter, momentum)
 
     # -- testing -----------------------------------------------------------------------------
     def test_all(self) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from cct.backend import cublas, gpu
+from cct.backend.reduced import COMPUTE_TYPE, round_operand
 
 GPU_OK, GPU_REASON = gpu.available()
 
@@ -75,6 +76,7 @@ class FakeLib:
 
     def __init__(self):
         self.calls = 0
+        self.computes = []
 
     def cublasSgemm_v2(self, handle, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc):
         self.calls += 1
@@ -83,6 +85,23 @@ class FakeLib:
         c = _matrix(C.value, m, n, ldc)
         # alpha and beta: host pointers (byref), as cuBLAS's default pointer mode reads them
         c[...] = alpha._obj.value * (a @ b) + (beta._obj.value * c if beta._obj.value else 0)
+        return 0
+
+
+    def cublasGemmEx(self, handle, ta, tb, m, n, k, alpha, A, a_type, lda, B, b_type, ldb,
+                     beta, C, c_type, ldc, compute, algo):
+        """cublasGemmEx's contract for float32 matrices: the compute type's tensor cores
+        round A and B down (reduced.round_operand), the sums and C stay float32."""
+        assert (a_type, b_type, c_type, algo) == (cublas.CUDA_R_32F,) * 3 + (
+            cublas.CUBLAS_GEMM_DEFAULT,)
+        precision = {v: k for k, v in COMPUTE_TYPE.items()}[compute]
+        self.computes.append(precision)
+        a = _matrix(A.value, k, m, lda).T if ta else _matrix(A.value, m, k, lda)
+        b = _matrix(B.value, n, k, ldb).T if tb else _matrix(B.value, k, n, ldb)
+        c = _matrix(C.value, m, n, ldc)
+        c[...] = alpha._obj.value * (round_operand(np.ascontiguousarray(a), precision)
+                                     @ round_operand(np.ascontiguousarray(b), precision))
+        self.calls += 1
         return 0
 
 
@@ -118,6 +137,21 @@ def test_the_layout_gives_the_product(fake, name, a, b):
     np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("precision", ["tf32", "bf16", "fp16"])
+def test_a_reduced_precision_goes_through_gemm_ex_with_its_compute_type(fake, precision):
+    rs = np.random.RandomState(2)
+    a, b = rs.randn(6, 40), rs.randn(3, 40).T          # b transposed: weight.T
+    fake.precision = precision
+    got = fake.matmul(dev(a), dev(b.T).T)
+    want = (round_operand(np.float32(a), precision).astype(np.float64)
+            @ round_operand(np.ascontiguousarray(b, np.float32), precision))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    assert fake._lib.computes == [precision]
+    fake.precision = "float32"
+    fake.matmul(dev(a), dev(b))
+    assert fake._lib.computes == [precision]           # float32: cublasSgemm, as before
+
+
 def test_what_it_does_not_take_goes_to_cupy(fake):
     with pytest.raises(AssertionError, match="CuPy's matmul"):
         fake.matmul(dev(np.ones((2, 2))).astype(np.float64).view(Dev), dev(np.ones((2, 2))))
@@ -136,3 +170,23 @@ def test_the_real_handle_agrees_with_cupy():
         want = cupy.matmul(da, db)
         got = g.matmul(da, db)
         assert float(abs(got - want).max()) <= 1e-4 * float(abs(want).max())
+
+
+@pytest.mark.skipif(not GPU_OK, reason=f"no usable GPU: {GPU_REASON}")
+@pytest.mark.parametrize("precision", ["tf32", "bf16", "fp16"])
+def test_the_real_handle_in_a_reduced_precision(precision):
+    """cuBLAS's tensor cores in each compute type: near the rounded operands' float64
+    product, and not float32's exact one (the operands were rounded)."""
+    import cupy
+    g = cublas.CublasGemm(cupy)
+    g.precision = precision
+    rs = np.random.RandomState(3)
+    a, b = rs.randn(256, 512).astype(np.float32), rs.randn(512, 128).astype(np.float32)
+    got = cupy.asnumpy(g.matmul(cupy.asarray(a), cupy.asarray(b)))
+    # FAST_16F lets cuBLAS take TF32 instead of half (cublas_api.h): either rounding
+    roundings = [precision] + (["tf32"] if precision == "fp16" else [])
+    wants = [round_operand(a, r).astype(np.float64) @ round_operand(b, r).astype(np.float64)
+             for r in roundings]
+    want = wants[0]
+    assert min(np.abs(got - w).max() for w in wants) <= 1e-4 * np.abs(want).max()
+    assert np.abs(got - a.astype(np.float64) @ b).max() > 1e-6 * np.abs(want).max()

@@ -66,10 +66,10 @@ def test_refused_geometries_and_engine_caffe_run_lowered():
 def test_the_engine_table_goes_with_the_cpus_plans(monkeypatch):
     convs = cudnn.Convolutions(cupy=None)
     key = ("fprop", 0, (64, 20, 12, 12), (50, 20, 5, 5), (64, 50, 8, 8), (1, 1), (0, 0), (1, 1),
-           False, False)
+           "float32", False)
     convs.table[key] = "eng28_k2=4_k3=0"
     row = ["fprop", [64, 20, 12, 12], [50, 20, 5, 5], [64, 50, 8, 8], [1, 1], [0, 0], [1, 1],
-           False, False, "eng28_k2=4_k3=0"]
+           "float32", False, "eng28_k2=4_k3=0"]
     assert convs.rows() == [row]
     monkeypatch.setattr(plans, "_device_tables", {})
     plans.register_device_table("cudnn", convs.rows, convs.install_rows)
