@@ -6,11 +6,15 @@ PyTorch column, a CUDA build of PyTorch; without a usable GPU it says why and ex
 
     python bench/bench_gpu.py                                # fp32, TF32 off on both
     python bench/bench_gpu.py --nets caffenet_b256 --iters 10 --tf32 both --hybrid
+    python bench/bench_gpu.py --precisions float32,bf16,fp16 # against PyTorch's autocast
 
 Full training iterations on synthetic data (forward, backward, SGD update with momentum and
 weight decay), median images/s after warm-up. fp32 with TF32 off on both frameworks
 (``CUPY_TF32=0``, ``torch.backends.*.allow_tf32 = False``); ``--tf32 on``/``both`` adds runs
-with TF32 allowed on both. Each configuration runs in a subprocess of its own. Peak memory:
+with TF32 allowed on both (cct: ``-precision tf32``). ``--precisions`` adds bf16 and fp16
+rows: cct's ``-precision`` (tensor-core GEMMs and convolutions, float32 storage; fp16 with
+its loss scale) against PyTorch's autocast to the same type (fp16 with its GradScaler).
+Each configuration runs in a subprocess of its own. Peak memory:
 what CuPy's pool holds after the run (it keeps what it took) against PyTorch's
 max_memory_reserved. "of peak": the net's training FLOPs per second over the GPU's float32
 GEMM rate measured by `cct device_query` (cct.backend.gpu.describe).
@@ -67,25 +71,34 @@ def _replayed(net, update, warmup: int, iters: int, batch: int) -> dict:
 
 
 def run_cct(net_name: str, devices: str, zoo: str, warmup: int, iters: int,
-            engine: str = "", graphs: bool = False) -> dict:
+            engine: str = "", graphs: bool = False, precision: str = "float32") -> dict:
     """cct's iteration on ``devices`` (a GPU, a CPU+GPU split; the stand-in device too, which
-    is how CI runs this without a GPU)."""
-    from cct.backend import gpu
+    is how CI runs this without a GPU), its GEMMs and convolutions in ``precision``."""
+    from cct.backend import get, gpu
     from cct.devices import parse_devices
     from cct.scheduler import HybridScheduler, master_place
+    from cct.solver.loss_scale import LossScale
 
     rel, batch = NETS[net_name]
     # The nets where cct train puts them: the master (weights, update) on the GPU, the
     # scheduler splitting each batch over the devices when there are several.
     device_list, backend = master_place(parse_devices(devices), "cpu")
     hybrid = device_list is not None
+    if backend != "cpu":
+        get(backend).set_precision(precision)
     net = synthetic_net(pathlib.Path(zoo) / rel, batch, backend=backend, engine=engine)
     flops = training_flops_per_image(net)   # before the scheduler takes the batch apart
     if not hybrid:
         from cct.blob_memory import share_blob_diffs
         share_blob_diffs(net)   # as cct train lays a lone train net's diffs out (less memory)
     scheduler = HybridScheduler(net, device_list) if hybrid else None
-    update = sgd_update(net)
+    # fp16 as the solver trains it: backward from a scaled loss, unscaled before the update
+    scale = LossScale(net) if precision == "fp16" and not hybrid else None
+    sgd = sgd_update(net)
+
+    def update():
+        if scale is None or scale.unscale(0):
+            sgd()
 
     def step():
         net.clear_param_diffs()
@@ -107,29 +120,32 @@ def run_cct(net_name: str, devices: str, zoo: str, warmup: int, iters: int,
     pool = {"pool_mb": gpu.cupy.get_default_memory_pool().total_bytes() / 2**20} \
         if gpu.cupy is not None else {}
     return {"img_s": batch / seconds, "split": split, "copies": copies, **graph, **pool,
-            "flops": flops,
+            "flops": flops, "skipped": scale.skips_total if scale else 0,
             "cudnn_graphs": len(cudnn.table) if cudnn is not None else 0,
             "cudnn_refused": len(cudnn.refused()) if cudnn is not None else 0}
 
 
-def run_torch(net_name: str, zoo: str, warmup: int, iters: int, tf32: bool) -> dict:
+def run_torch(net_name: str, zoo: str, warmup: int, iters: int, tf32: bool,
+              precision: str = "float32") -> dict:
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cudnn.benchmark = True
     rel, batch = NETS[net_name]
-    step = torch_training_step(pathlib.Path(zoo) / rel, batch, device="cuda")
+    step = torch_training_step(pathlib.Path(zoo) / rel, batch, device="cuda",
+                               bf16=precision == "bf16", fp16=precision == "fp16")
     seconds = _timed(step, torch.cuda.synchronize, warmup, iters)
     return {"img_s": batch / seconds, "version": torch.__version__,
             "pool_mb": torch.cuda.max_memory_reserved() / 2**20}
 
 
-def spawn(args, *worker: str, tf32: bool = False) -> dict:
+def spawn(args, *worker: str, tf32: bool = False, precision: str = "float32") -> dict:
     env = dict(os.environ, CUPY_TF32="1" if tf32 else "0")
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", *worker,
            "--zoo", args.zoo, "--iters", str(args.iters), "--warmup", str(args.warmup),
-           "--tf32", "on" if tf32 else "off"] + (["--graph"] if args.graph else [])
+           "--tf32", "on" if tf32 else "off", "--precisions", precision] + (
+               ["--graph"] if args.graph else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                               timeout=args.timeout)
@@ -152,6 +168,8 @@ def main(argv=None) -> None:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--tf32", choices=["off", "on", "both"], default="off")
+    ap.add_argument("--precisions", default="float32",
+                    help="comma list of float32, bf16, fp16: rows against PyTorch's autocast")
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--hybrid", action="store_true", help="add the CPU+GPU hybrid column")
     ap.add_argument("--no-caffe-engine", action="store_true",
@@ -165,11 +183,15 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.worker:
         kind, net, *rest = args.worker
+        # TF32 is a precision of cct's own (its GEMMs are on a cuBLAS handle of its own)
+        precision = "tf32" if args.tf32 == "on" and args.precisions == "float32" \
+            else args.precisions
         if kind == "cct":
             result = run_cct(net, rest[0], args.zoo, args.warmup, args.iters,
-                             rest[1] if len(rest) > 1 else "", args.graph)
+                             rest[1] if len(rest) > 1 else "", args.graph, precision)
         else:
-            result = run_torch(net, args.zoo, args.warmup, args.iters, args.tf32 == "on")
+            result = run_torch(net, args.zoo, args.warmup, args.iters, args.tf32 == "on",
+                               args.precisions)
         print("RESULT " + json.dumps(result))
         return
     from cct.backend import cudnn, gpu
@@ -182,28 +204,39 @@ def main(argv=None) -> None:
           f", SGEMM {d['sgemm_gflops']:.0f} GFLOP/s measured, TF32 off); {cudnn.available()[1]}")
     print(f"# {args.iters} timed iterations after {args.warmup} warm-up, median images/s; "
           "MiB: peak memory held (CuPy's pool / PyTorch's reserved)")
-    print(f"{'net':<14} {'tf32':<4} {'cct gpu':>9} {'graph':>9} {'CAFFE':>9} {'cpu+gpu':>9} "
+    print(f"{'net':<14} {'prec':<7} {'cct gpu':>9} {'graph':>9} {'CAFFE':>9} {'cpu+gpu':>9} "
           f"{'split':>9} {'torch':>9} {'cct/torch':>9} {'of peak':>7} {'cct MiB':>8} "
           f"{'torch MiB':>9}")
     rows = []
-    for tf32 in {"off": [False], "on": [True], "both": [False, True]}[args.tf32]:
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    unknown = set(precisions) - {"float32", "bf16", "fp16"}
+    if unknown:
+        ap.error(f"--precisions: {', '.join(sorted(unknown))}: float32, bf16 or fp16 (TF32: "
+                 f"--tf32)")
+    configs = [(tf32, "float32") for tf32 in
+               {"off": [False], "on": [True], "both": [False, True]}[args.tf32]
+               if "float32" in precisions] + [(False, p) for p in precisions if p != "float32"]
+    for tf32, prec in configs:
+        label = "tf32" if tf32 else prec
         for net in args.nets.split(","):
-            alone = spawn(args, "cct", net, f"gpu{args.gpu}", tf32=tf32)
+            kw = dict(tf32=tf32, precision=prec)
+            alone = spawn(args, "cct", net, f"gpu{args.gpu}", **kw)
             caffe = ({} if args.no_caffe_engine else
-                     spawn(args, "cct", net, f"gpu{args.gpu}", "CAFFE", tf32=tf32))
-            hybrid = spawn(args, "cct", net, f"cpu,gpu{args.gpu}", tf32=tf32) \
+                     spawn(args, "cct", net, f"gpu{args.gpu}", "CAFFE", **kw))
+            hybrid = spawn(args, "cct", net, f"cpu,gpu{args.gpu}", **kw) \
                 if args.hybrid else {}
-            torch_r = spawn(args, "torch", net, tf32=tf32)
+            torch_r = spawn(args, "torch", net, **kw)
             ratio = (f"{alone['img_s'] / torch_r['img_s']:9.2f}"
                      if "img_s" in alone and "img_s" in torch_r else f"{'-':>9}")
             share = (f"{alone['img_s'] * alone['flops'] / peak:7.0%}"
                      if "img_s" in alone else f"{'-':>7}")
             split = "/".join(map(str, hybrid.get("split", []))) or "-"
-            print(f"{net:<14} {'on' if tf32 else 'off':<4} {_fmt(alone)} "
+            print(f"{net:<14} {label:<7} {_fmt(alone)} "
                   f"{_fmt(alone, 'graph_img_s')} {_fmt(caffe)} "
                   f"{_fmt(hybrid)} {split:>9} {_fmt(torch_r)} {ratio} {share} "
                   f"{_fmt(alone, 'pool_mb', 8)} {_fmt(torch_r, 'pool_mb', 9)}", flush=True)
-            rows.append({"net": net, "tf32": tf32, "cct": alone, "caffe_engine": caffe,
+            rows.append({"net": net, "tf32": tf32, "precision": prec, "cct": alone,
+                         "caffe_engine": caffe,
                          "hybrid": hybrid, "torch": torch_r})
             for name, r in (("cct gpu", alone), ("CAFFE", caffe), ("cpu+gpu", hybrid),
                             ("torch", torch_r)):

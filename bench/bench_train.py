@@ -304,10 +304,11 @@ def torch_model(param):
 
 
 def torch_training_step(path: pathlib.Path, batch: int, device: str = "cpu",
-                        bf16: bool = False):
+                        bf16: bool = False, fp16: bool = False):
     """PyTorch's training iteration of the same net on synthetic data: zero_grad, forward,
     backward, SGD step (momentum, weight decay), as a function; with ``bf16`` the forward pass
-    under autocast to bfloat16 (PyTorch's mixed precision: float32 weights and step)."""
+    under autocast to bfloat16 (PyTorch's mixed precision: float32 weights and step); with
+    ``fp16`` under autocast to float16, the loss scaled by a GradScaler (its recipe)."""
     import contextlib
 
     import torch
@@ -328,16 +329,24 @@ def torch_training_step(path: pathlib.Path, batch: int, device: str = "cpu",
                           weight_decay=WEIGHT_DECAY)
 
     def autocast():
-        if bf16:
-            return torch.autocast(device_type=device, dtype=torch.bfloat16)
+        if bf16 or fp16:
+            return torch.autocast(device_type=device,
+                                  dtype=torch.bfloat16 if bf16 else torch.float16)
         return contextlib.nullcontext()
+
+    scaler = torch.amp.GradScaler(device) if fp16 else None
 
     def step():
         opt.zero_grad()
         with autocast():
             loss = model(dict(blobs))
-        loss.backward()
-        opt.step()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
     return step
 
 

@@ -48,12 +48,14 @@ def set_device(device_id: int) -> None:
 
 
 def set_precision(name: str) -> str:
-    """cct's own: the CPU backend's GEMM arithmetic for everything run from now on, "float32"
-    or "bf16" (bf16 operands, float32 accumulation, weights and updates; cct/backend/
-    precision.py). Returns the precision in effect: "float32" where the CPU has no bf16 units
-    (after a warning saying so)."""
-    from .backend.precision import set_precision as _set
-    return _set(name, source="set_precision")
+    """cct's own: the GEMM (and, on a GPU, convolution) arithmetic of the backend that nets
+    made now use, for everything run from now on. On the CPU "float32" or "bf16" (bf16
+    operands, float32 accumulation, weights and updates; cct/backend/precision.py), "float32"
+    in effect where the CPU has no bf16 units (after a warning saying so); in GPU mode also
+    "tf32" and "fp16" (tensor cores; cct/backend/reduced.py; a solver made in fp16 scales its
+    loss). Returns the precision in effect."""
+    from .context import set_precision as _set
+    return _set(name, _backend, source="set_precision")
 
 
 def get_solver_mode() -> str:

@@ -2,15 +2,18 @@
 of the zoo nets (strides, pads, groups, dilation, 1x1), each of forward, backward data and
 backward weight on the same arrays through both, the largest difference relative to the
 result's scale, each path's device time, and the engine cuDNN's plan race kept. Prints one
-line per geometry and operation; exits 1 when a result disagrees or cuDNN is not used.
+line per geometry and operation; exits 1 when a result disagrees or cuDNN is not used. With
+``--precision bf16|fp16|tf32`` both paths run in that precision (cct/backend/reduced.py:
+cuDNN on half copies, the lowering's GEMMs on tensor cores) and agree to its accuracy.
 
-    python scripts/cudnn_probe.py
+    python scripts/cudnn_probe.py [--precision bf16]
 """
+import argparse
 import sys
 
 import numpy as np
 
-from cct.backend import cudnn, gpu
+from cct.backend import cudnn, gpu, reduced
 
 # (N, C, H, W), (O, C/group, kh, kw), stride, pad, dilation, group, where it comes from
 CASES = [
@@ -38,8 +41,12 @@ def timed(fn, repeats=5):
 
 def main() -> int:
     import cupy
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--precision", default="float32", choices=reduced.PRECISIONS)
+    precision = gpu.set_precision(ap.parse_args().precision)
+    tolerance = max(1e-4, reduced.ACCURACY[precision])
     ok, why = cudnn.available()
-    print(f"cudnn: {ok}, {why}")
+    print(f"cudnn: {ok}, {why}; precision {precision} (agreement within {tolerance:g})")
     if not ok:
         return 1
     print("numerical notes:", [n for n in dir(cudnn._fe.numerical_note) if n.isupper()])
@@ -71,7 +78,7 @@ def main() -> int:
             engine = [v for k, v in convs.table.items() if k[0] == op and k[2] in
                       (tuple(x.shape), tuple(dy.shape))]
             used = len(convs.table) > before or engine
-            status = "ok" if err < 1e-4 and used else "BAD"
+            status = "ok" if err < tolerance and used else "BAD"
             bad += status != "ok"
             print(f"{where:<26} {op}: rel err {err:.1e}, cudnn {t_cudnn:.3f} ms, lowered "
                   f"{t_low:.3f} ms ({t_low / t_cudnn:.1f}x), engine "

@@ -7,7 +7,9 @@
 #      hold of an iteration (scripts/capture_probe.py);
 #   3. bench_gpu.py's six nets against PyTorch on the same GPU (graph and CPU+GPU columns);
 #   4. LeNet with -gpu 0 to >= 0.98 (lenet_solver, 2,000 iterations), timed; `cct time -gpu 0`;
-#   5. CPU+GPU Hogbatch, the optimizer's race of places, the strategies' bench on CPU+GPU.
+#   5. mixed precision (issue 29, item 4): cuDNN in bf16 and fp16 against the lowering, LeNet
+#      to >= 0.98 in each, bench_gpu's bf16 and fp16 rows against PyTorch's autocast;
+#   6. CPU+GPU Hogbatch, the optimizer's race of places, the strategies' bench on CPU+GPU.
 # With --bundle DIR (scripts/device_bundle.sh made it here; carry it): installs its wheels
 # into /tmp/site, puts this tree's Python over the wheel's, and reads DIR/shared as
 # CCT_SHARED. Without it, cct must already be importable. Logs go under $OUT (default
@@ -56,7 +58,8 @@ python -c "import cupy, numpy; print('CuPy', cupy.__version__, 'NumPy', numpy.__
 step gpu_tests 180 25 python -m pytest -q -rs -p no:cacheprovider \
     tests/backend/test_standin.py tests/test_gpu_backend.py tests/layers/test_every_layer.py \
     tests/test_solver_on_device.py tests/test_cli_time.py tests/test_gpu_errors.py \
-    tests/test_graphed.py tests/backend/test_cublas.py -k "gpu or cupy or real"
+    tests/test_graphed.py tests/backend/test_cublas.py tests/test_reduced_precision.py \
+    -k "gpu or cupy or real"
 step cudnn_probe 60 25 python "$REPO/scripts/cudnn_probe.py"
 step capture_probe 60 16 python "$REPO/scripts/capture_probe.py"
 step bench_gpu 200 12 python "$REPO/bench/bench_gpu.py" --iters 20 --warmup 3 --graph \
@@ -69,6 +72,15 @@ grep -m 2 'CUDA graph\|the GEMM' "$OUT/logs/lenet_gpu.txt"
 step lenet_gpu_eager 60 3 bash -c 'time cct train --solver=examples/mnist/lenet_solver.prototxt -gpu 0 -cuda-graphs=off'
 step time_lenet 40 24 cct time -model examples/mnist/lenet_train_test.prototxt -gpu 0 \
     -iterations 20
+for p in bf16 fp16; do
+    step cudnn_probe_$p 40 10 python "$REPO/scripts/cudnn_probe.py" --precision $p
+    step lenet_gpu_$p 60 3 bash -c "time cct train --solver=examples/mnist/lenet_solver.prototxt -gpu 0 -precision $p"
+    grep 'Test net output #0' "$OUT/logs/lenet_gpu_$p.txt" | tail -n 1
+    grep -m 3 'CUDA graph\|the GEMM\|overflowed' "$OUT/logs/lenet_gpu_$p.txt"
+done
+step bench_gpu_half 200 16 python "$REPO/bench/bench_gpu.py" --iters 20 --warmup 3 --graph \
+    --precisions bf16,fp16 --no-caffe-engine --timeout 60 \
+    ${CCT_SHARED:+--zoo "$CCT_SHARED/caffe-zoo"} --json "$OUT/logs/bench_gpu_half.json"
 step bench_hybrid 150 6 python "$REPO/bench/bench_gpu.py" --nets lenet,caffenet_b32,caffenet_b256 \
     --iters 10 --warmup 2 --hybrid --no-caffe-engine --timeout 60 ${CCT_SHARED:+--zoo "$CCT_SHARED/caffe-zoo"}
 step hogbatch_cpu_gpu 120 4 cct train --solver=examples/mnist/lenet_solver.prototxt \

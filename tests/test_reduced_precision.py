@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cct.api import Solver
-from cct.backend import host, npdevice, reduced
+from cct.backend import gpu, host, npdevice, reduced
 from cct.errors import CCTError
 from cct.proto import caffe_pb2
 from cct.solver import loss_scale
@@ -17,10 +17,17 @@ from cct.solver import loss_scale
 from .test_scheduler import data_list, solver_param  # noqa: F401
 
 
+GPU_OK, GPU_REASON = gpu.available()
+DEVICES = ["numpy", pytest.param("gpu", marks=pytest.mark.skipif(
+    not GPU_OK, reason=f"no usable GPU: {GPU_REASON}"))]
+
+
 @pytest.fixture(autouse=True)
 def float32_after():
     yield
     npdevice.set_precision("float32")
+    if GPU_OK:
+        gpu.set_precision("float32")
 
 
 def f32(*values):
@@ -108,26 +115,27 @@ def test_a_captured_gemm_rounds_what_its_arrays_hold_at_each_launch():
 
 
 # -- training ----------------------------------------------------------------------------------
-def _solver(data_list, tmp_path, precision, **fields):  # noqa: F811
+def _solver(data_list, tmp_path, precision, backend="numpy", **fields):  # noqa: F811
     param = solver_param(data_list, tmp_path, display=0, **fields)
     param.precision = caffe_pb2.SolverParameter.Precision.Value(precision.upper())
-    return Solver(param, backend="numpy")
+    return Solver(param, backend=backend)
 
 
 def _params(solver):
     return [np.array(host(p.data)) for p in solver.net.learnable_params]
 
 
+@pytest.mark.parametrize("backend", DEVICES)
 @pytest.mark.parametrize("precision", ["tf32", "bf16", "fp16"])
 def test_training_in_a_reduced_precision_stays_near_float32(data_list, tmp_path,  # noqa: F811
-                                                            precision):
+                                                            precision, backend):
     # Two updates: the rounding's difference, not yet the trajectory's drift
-    exact = _solver(data_list, tmp_path, "float32")
+    exact = _solver(data_list, tmp_path, "float32", backend)
     exact.step(2)
     want = _params(exact)
     exact.close()
-    solver = _solver(data_list, tmp_path, precision)
-    assert npdevice.precision() == precision
+    solver = _solver(data_list, tmp_path, precision, backend)
+    assert solver.net.backend.precision() == precision
     solver.step(2)
     got = _params(solver)
     assert all(g.dtype == np.float32 for g in got)      # the weights stay float32
@@ -260,3 +268,30 @@ def test_fp16_with_a_split_batch_is_a_clear_error(data_list, tmp_path):  # noqa:
     assert ("cct: error: -precision fp16 trains with a loss scale on one device (-gpu N, or "
             "-devices with one GPU)" in run.stderr)
     assert "Traceback" not in run.stderr
+
+
+def test_pycaffe_set_precision_in_gpu_mode_scales_a_solvers_loss(data_list, tmp_path,  # noqa: F811
+                                                                 monkeypatch):
+    import cct
+    from cct import api
+    monkeypatch.setattr(api, "_backend", "numpy")      # the stand-in, as GPU mode's device
+    assert cct.set_precision("fp16") == "fp16"
+    assert npdevice.precision() == "fp16"
+    param = solver_param(data_list, tmp_path, display=0)
+    solver = Solver(param, backend="numpy")            # the solver file says no precision
+    assert solver.loss_scale is not None
+    solver.step(1)
+    solver.close()
+
+
+def test_cct_time_on_a_device_in_bf16(data_list, tmp_path):  # noqa: F811
+    import subprocess
+    import sys
+    param = solver_param(data_list, tmp_path)
+    (tmp_path / "net.prototxt").write_text(str(param.net_param))
+    run = subprocess.run([sys.executable, "-m", "cct.cli", "time", "--model=net.prototxt",
+                          "--iterations=2", "--devices=standin", "--precision=bf16"],
+                         cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "Precision bf16 on the numpy backend" in run.stderr
+    assert "Average Forward-Backward" in run.stderr

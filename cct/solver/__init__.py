@@ -121,9 +121,10 @@ class Solver:
         self._tester = Tester(self.param, self.net, self.test_nets, self.dtype)
         self._checkpoints = Checkpoints(self.param, source, self.net, self.test_nets,
                                         self.history, self.rule, self.side_state)
-        # fp16 on a device: backward from a scaled loss (cct/solver/loss_scale.py).
+        # fp16 on a device (the run's, or pycaffe's set_precision before): backward from a
+        # scaled loss (cct/solver/loss_scale.py).
         self.loss_scale: Optional[LossScale] = None
-        if self.context.precision == "fp16" and self.net.backend.name != "cpu":
+        if self.net.backend.name != "cpu" and self.net.backend.precision() == "fp16":
             self.loss_scale = LossScale(self.net, source)
             self.keep_beside_snapshots("loss_scale", self.loss_scale.state,
                                        self.loss_scale.load_state)

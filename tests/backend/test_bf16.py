@@ -190,7 +190,7 @@ def test_inner_product_gradients_at_bf16_tolerance(bf16):
 
 
 def test_unknown_precision_is_refused():
-    with pytest.raises(CCTError, match="unknown precision 'fp8'; known: float32, bf16"):
+    with pytest.raises(CCTError, match="unknown precision 'fp8'; known: float32, tf32, bf16, fp16"):
         precision.set_precision("fp8", source="solver.prototxt: precision")
 
 

@@ -41,3 +41,21 @@ def test_the_graph_column_replays_the_iteration_on_the_stand_in():
         r = bench.run_cct("lenet", "standin", str(zoo), warmup=1, iters=1, graphs=True)
     assert "graph_error" not in r, r.get("graph_error")
     assert r["graph_img_s"] > 0
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_reduced_precision_rows_run_on_the_stand_in(precision):
+    """--precisions' rows: the stand-in's GEMMs in the precision (fp16 under its loss scale),
+    replayed as a graph too; the process's precision is put back after."""
+    zoo = conftest.need(conftest.CAFFE_ZOO)
+    from cct import glog
+    from cct.backend import npdevice
+    try:
+        with glog.quiet():
+            r = bench.run_cct("lenet", "standin", str(zoo), warmup=1, iters=1, graphs=True,
+                              precision=precision)
+        assert npdevice.precision() == precision
+    finally:
+        npdevice.set_precision("float32")
+    assert r["img_s"] > 0 and r["skipped"] == 0
+    assert "graph_error" not in r, r.get("graph_error")
