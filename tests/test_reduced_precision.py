@@ -295,3 +295,21 @@ def test_cct_time_on_a_device_in_bf16(data_list, tmp_path):  # noqa: F811
     assert run.returncode == 0, run.stderr[-2000:]
     assert "Precision bf16 on the numpy backend" in run.stderr
     assert "Average Forward-Backward" in run.stderr
+
+
+@pytest.mark.skipif(not GPU_OK, reason=f"no usable GPU: {GPU_REASON}")
+def test_the_gpus_bf16_casts_are_the_numpy_rounding():
+    """cuDNN's bf16 operands (cudnn.Convolutions' cast kernels, reduced.BF16_KERNELS) hold
+    exactly round_operand's values: ties to even, infinities, NaN."""
+    import cupy
+    kernels = {way: cupy.ElementwiseKernel(*spec) for way, spec in reduced.BF16_KERNELS.items()}
+    a = np.random.RandomState(5).randn(100000).astype(np.float32) * np.float32(100)
+    a[:6] = [1 + 2 ** -8, 1 + 3 * 2 ** -8, 3.4028235e38, np.inf, -np.inf, np.nan]
+    bits = cupy.asnumpy(kernels["to"](cupy.asarray(a)))
+    want = reduced.bf16_bits(a)
+    np.testing.assert_array_equal(bits[6:], want[6:])
+    np.testing.assert_array_equal(reduced.from_bf16_bits(bits[:5]),
+                                  reduced.round_operand(a[:5], "bf16"))
+    assert np.isnan(reduced.from_bf16_bits(bits[5:6]))[0]
+    back = cupy.asnumpy(kernels["from"](cupy.asarray(bits)))
+    np.testing.assert_array_equal(back[:5], reduced.round_operand(a[:5], "bf16"))

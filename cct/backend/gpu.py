@@ -402,6 +402,7 @@ if cupy is not None:
     # each geometry checked once against the array kernels before it is taken
     # (cct/backend/caffe_cuda.py).
     _fused = _caffe_cuda.CaffeKernels(cupy)
+    _gemm_check.release = _fused.release
     _caffe_cuda.wrap_pooling(kernels, _fused, _pair)
     _caffe_cuda.wrap_loss(kernels, _fused)
     _caffe_cuda.wrap_relu(kernels, _fused)

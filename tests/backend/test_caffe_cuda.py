@@ -234,3 +234,18 @@ def test_lrn_is_checked_and_a_backward_into_dy_keeps_its_input(broken):
         np.testing.assert_array_equal(d, want_dx)
     verdicts = {name: list(c.verdicts.values()) for name, c in k.first_use_checks.items()}
     assert verdicts == {"lrn_across_forward": [not broken], "lrn_across_backward": [True]}
+
+
+def test_each_check_hands_its_temporaries_back_once(capfd):
+    """The reference's temporaries (a whole batch's window gathers) go back to the device
+    after each geometry's check, not on the calls after it (CaffeKernels.release)."""
+    x = np.random.default_rng(1).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    k, fast = ArrayKernels(np), FastReLU()
+    released = []
+    fast.release = lambda: released.append(1)
+    caffe_cuda.wrap_relu(k, fast)
+    for _ in range(3):
+        k.relu_forward(x, 0.0)
+    assert len(released) == 1
+    k.relu_forward(x[:1], 0.0)                     # another geometry: its own check
+    assert len(released) == 2
