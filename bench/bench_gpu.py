@@ -108,13 +108,20 @@ def run_cct(net_name: str, devices: str, zoo: str, warmup: int, iters: int,
             net.forward_backward(defer=True)   # as the solver runs it: the loss stays there
         update()
 
-    seconds = _timed(step, net.backend.synchronize, warmup, iters)
-    split = [r.n for r in scheduler.replicas] if scheduler else [batch]
-    # What each replica's copies cost: one after the other (measured at the first split), and
-    # what was left of them while they overlapped its passes (its last iteration's wait)
-    copies = [{"device": r.device.name, "n": r.n, "serial_ms": 1e3 * r.serial_copies,
-               "waited_ms": 1e3 * r.copies.waited}
-              for r in scheduler.replicas if r.copies is not None] if scheduler else []
+    try:
+        seconds = _timed(step, net.backend.synchronize, warmup, iters)
+        split = [r.n for r in scheduler.replicas] if scheduler else [batch]
+        # What each replica's copies cost: one after the other (measured at the first split),
+        # and what was left of them while they overlapped its passes (its last iteration's
+        # wait)
+        copies = [{"device": r.device.name, "n": r.n, "serial_ms": 1e3 * r.serial_copies,
+                   "waited_ms": 1e3 * r.copies.waited}
+                  for r in scheduler.replicas if r.copies is not None] if scheduler else []
+    finally:
+        if scheduler:
+            # gives back the process's BLAS thread count it set for its CPU devices: a later
+            # run in this process (a test) must plan and round with the count it had
+            scheduler.close()
     cudnn = getattr(gpu, "convolutions", None)
     graph = {} if hybrid or not graphs else _replayed(net, update, warmup, iters, batch)
     pool = {"pool_mb": gpu.cupy.get_default_memory_pool().total_bytes() / 2**20} \

@@ -33,3 +33,20 @@ def caffe_fixtures() -> pathlib.Path:
 @pytest.fixture
 def caffe_zoo() -> pathlib.Path:
     return need(CAFFE_ZOO)
+
+
+@pytest.fixture(autouse=True)
+def thread_counts_kept():
+    """A test leaves the process's thread counts as it found them: the GEMMs' plans are keyed
+    by the BLAS's count and OpenBLAS rounds with it, so one left behind (a scheduler never
+    closed) made a later test's bit-for-bit comparison depend on which order a timing race
+    chose."""
+    from cct.native import _C
+    before = (_C.blas_num_threads(), _C.get_num_threads())
+    yield
+    after = (_C.blas_num_threads(), _C.get_num_threads())
+    if after != before:
+        _C.set_blas_num_threads(before[0])
+        _C.set_num_threads(before[1])
+        pytest.fail(f"the test left (BLAS threads, cct threads) at {after}, not {before} (put "
+                    f"back now): close what set them", pytrace=False)
