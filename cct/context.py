@@ -29,8 +29,9 @@ from .proto import caffe_pb2
 class RunContext:
     """``seed``: Caffe's random_seed (None: the generator is left as it is); ``precision``:
     "float32", "bf16", "tf32" or "fp16" (None: as it is; the CPU's GEMMs take float32 and
-    bf16, a device backend's all four, cct/backend/reduced.py); ``deterministic``: plans fixed by rule, no timing
-    (None: as it is); ``backend``: where the solver's nets live ("cpu", "gpu"...);
+    bf16, a device backend's all four, cct/backend/reduced.py); ``deterministic``: plans
+    fixed by rule, no timing (None: as it is); ``backend``: where the solver's nets live
+    ("cpu", "gpu"...);
     ``source``: what the settings came from, for messages (the solver file);
     ``cuda_graphs``: "on" (the default) replays a device net's iteration as a CUDA graph where
     it can (cct/graphed.py), "off" runs it eagerly."""

@@ -39,7 +39,8 @@ def test_bf16_rounds_to_nearest_even():
     one = 1.0
     ulp = 2.0 ** -7                          # bf16 keeps 7 mantissa bits
     got = reduced.round_operand(f32(one + ulp / 2, one + 3 * ulp / 2, one + ulp / 2 + 2 ** -20,
-                                    -(one + 3 * ulp / 2), 3.4028235e38, np.inf, np.nan, 0.0), "bf16")
+                                    -(one + 3 * ulp / 2), 3.4028235e38, np.inf, np.nan, 0.0),
+                                "bf16")
     want = f32(one, one + 2 * ulp, one + ulp, -(one + 2 * ulp), np.inf, np.inf, np.nan, 0.0)
     np.testing.assert_array_equal(got, want)          # ties to even; overflow to infinity
 

@@ -479,7 +479,8 @@ def wrap_pooling(kernels, fast, pair: Callable) -> None:
     several (two layers of the same sizes, other windows) it stays in the array kernels."""
     array_max_f, array_max_b = kernels.max_pool_forward, kernels.max_pool_backward
     array_ave_f, array_ave_b = kernels.ave_pool_forward, kernels.ave_pool_backward
-    checks = {name: FirstUseCheck(f"{name}", release=getattr(fast, "release", None)) for name in
+    release = getattr(fast, "release", None)
+    checks = {name: FirstUseCheck(f"{name}", release=release) for name in
               ("max_pool_forward", "max_pool_backward", "ave_pool_forward", "ave_pool_backward")}
 
     def usable(dt) -> bool:
@@ -577,8 +578,9 @@ def wrap_relu(kernels, fast) -> None:
     """Route ``kernels``' ReLU through ``fast`` (a :class:`CaffeKernels`), each shape once
     checked against the array kernels, to the bit."""
     array_f, array_b = kernels.relu_forward, kernels.relu_backward
-    checks = {"relu_forward": FirstUseCheck("relu_forward", release=getattr(fast, "release", None)),
-              "relu_backward": FirstUseCheck("relu_backward", release=getattr(fast, "release", None))}
+    release = getattr(fast, "release", None)
+    checks = {"relu_forward": FirstUseCheck("relu_forward", release=release),
+              "relu_backward": FirstUseCheck("relu_backward", release=release)}
 
     def exact(got, want):
         return _differs([got], [want], exact=True)
@@ -641,8 +643,9 @@ def wrap_lrn(kernels, fast) -> None:
     """Route ``kernels``' LRN across channels through ``fast`` (a :class:`CaffeKernels`) for
     float32, each shape once checked against the array kernels, to the bit."""
     array_f, array_b = kernels.lrn_across_forward, kernels.lrn_across_backward
-    checks = {"lrn_across_forward": FirstUseCheck("lrn_across_forward", release=getattr(fast, "release", None)),
-              "lrn_across_backward": FirstUseCheck("lrn_across_backward", release=getattr(fast, "release", None))}
+    release = getattr(fast, "release", None)
+    checks = {"lrn_across_forward": FirstUseCheck("lrn_across_forward", release=release),
+              "lrn_across_backward": FirstUseCheck("lrn_across_backward", release=release)}
 
     def lrn_across_forward(x, size, alpha, beta, k, out=None, scale=None):
         if x.dtype != np.float32:
