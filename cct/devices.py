@@ -30,21 +30,46 @@ class BlasThreads:
     """The BLAS's thread count while devices run at once on CPU cores: one number for the
     process, it becomes the smallest group's, so that no device's GEMMs spread beyond its own
     cores (OpenBLAS's worker threads are not pinned with the device's thread). Whoever holds
-    the devices holds this and calls :meth:`release` when they close, giving back the count
-    it replaced, because OpenBLAS rounds differently with another thread count and a later
-    run in the same process must repeat to the bit."""
+    the devices holds this and calls :meth:`release` when they close, because OpenBLAS rounds
+    differently with another thread count (and the GEMMs' plans are keyed by it): a later run
+    in the same process must find the count it had.
+
+    Holders overlap (a scheduler for the next place is built before the last one is closed)
+    and are released in any order, so the count is kept for all of them at once: while any
+    holds it, the smallest any asks for; when the last lets go, the count from before the
+    first. (Releasing each one to "the count it replaced" left 1 thread behind whenever two
+    overlapped and the older went first.)"""
+
+    _lock = threading.Lock()
+    _live: List["BlasThreads"] = []      # the process's holders: the BLAS is one per process
+    _base: Optional[int] = None          # the count before the first of them
 
     def __init__(self, devices: Sequence["Device"]):
-        self.before: Optional[int] = _C.blas_num_threads()
         cpus = [d for d in devices if isinstance(d, CPUDevice)]
-        if cpus:
-            _C.set_blas_num_threads(min(d.threads for d in cpus))
+        self.count: Optional[int] = min(d.threads for d in cpus) if cpus else None
+        self.held = False
+        if self.count is None:
+            return
+        with BlasThreads._lock:
+            if not BlasThreads._live:
+                BlasThreads._base = _C.blas_num_threads()
+            BlasThreads._live.append(self)
+            self.held = True
+            BlasThreads._apply()
+
+    @staticmethod
+    def _apply() -> None:
+        live = BlasThreads._live
+        _C.set_blas_num_threads(min(h.count for h in live) if live else BlasThreads._base)
 
     def release(self) -> None:
-        """Give back the count this replaced (once; later calls do nothing)."""
-        if self.before is not None:
-            _C.set_blas_num_threads(self.before)
-            self.before = None
+        """Let go (once; later calls do nothing)."""
+        with BlasThreads._lock:
+            if not self.held:
+                return
+            self.held = False
+            BlasThreads._live.remove(self)
+            BlasThreads._apply()
 
 
 class DeviceError(SourceLost):

@@ -352,13 +352,19 @@ class HybridScheduler:
         # learnable params' one, which differs once a layer shares a weight but owns its bias.
         self.updated_ids = [row.net_id for row in self.param_table if row.lr_mult != 0]
         self.blas_threads = BlasThreads(self.devices)
-        self.replicas: List[_Replica] = [self._make_replica(d) for d in self.devices]
-        self._free_master_activations()
-        self.split: Optional[List[int]] = None
-        self.fixed_split: Optional[List[int]] = None
-        self.iterations = 0
-        if split is not None:
-            self.set_split(split)
+        self.replicas: List[_Replica] = []
+        try:
+            for d in self.devices:
+                self.replicas.append(self._make_replica(d))
+            self._free_master_activations()
+            self.split: Optional[List[int]] = None
+            self.fixed_split: Optional[List[int]] = None
+            self.iterations = 0
+            if split is not None:
+                self.set_split(split)
+        except BaseException:
+            self.close()        # what was made so far, and the BLAS's thread count
+            raise
 
     # -- construction ------------------------------------------------------------------------
     def _batch_size(self) -> int:

@@ -580,3 +580,22 @@ def test_a_device_with_the_whole_batch_runs_as_the_one_device_path(data_list, tm
     for a, b in zip(want, got):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
     assert want_loss == pytest.approx(float(solver.smoothed_loss), rel=1e-5)
+
+
+def test_overlapping_holders_of_the_blas_count_give_it_back_in_any_order():
+    """A scheduler for the next place is built before the last one closes: the count is the
+    smallest any live holder asks for, and the one from before them all once they are gone
+    (each giving back "the count it replaced" left 1 behind when the older closed first)."""
+    from cct.devices import BlasThreads
+    from cct.native import _C
+    base = _C.blas_num_threads()
+    wide = BlasThreads([CPUDevice([0, 1]), CPUDevice([0, 1])])
+    narrow = BlasThreads([CPUDevice([0]), CPUDevice([1])])
+    assert _C.blas_num_threads() == 1
+    wide.release()
+    assert _C.blas_num_threads() == 1                 # narrow still runs
+    narrow.release()
+    narrow.release()                                  # twice: nothing
+    assert _C.blas_num_threads() == base
+    assert BlasThreads([StandInDevice()]).held is False   # no CPU device: nothing to hold
+    assert _C.blas_num_threads() == base
