@@ -16,8 +16,9 @@ rows: cct's ``-precision`` (tensor-core GEMMs and convolutions, float32 storage;
 its loss scale) against PyTorch's autocast to the same type (fp16 with its GradScaler).
 Each configuration runs in a subprocess of its own. Peak memory:
 what CuPy's pool holds after the run (it keeps what it took) against PyTorch's
-max_memory_reserved. "of peak": the net's training FLOPs per second over the GPU's float32
-GEMM rate measured by `cct device_query` (cct.backend.gpu.describe).
+max_memory_reserved. "of peak": the net's training FLOPs per second over the GPU's GEMM rate
+in the row's precision measured by `cct device_query` (cct.backend.gpu.describe: float32
+through CuPy, TF32/bf16/fp16 through cct's cuBLAS handle on the tensor cores).
 """
 from __future__ import annotations
 
@@ -201,25 +202,26 @@ def main(argv=None) -> None:
                                args.precisions)
         print("RESULT " + json.dumps(result))
         return
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    unknown = set(precisions) - {"float32", "bf16", "fp16"}
+    if unknown:
+        ap.error(f"--precisions: {', '.join(sorted(unknown))}: float32, bf16 or fp16 (TF32: "
+                 f"--tf32)")
     from cct.backend import cudnn, gpu
     ok, reason = gpu.available()
     if not ok:
         raise SystemExit(f"bench_gpu: no usable GPU: {reason}")
     d = gpu.describe(args.gpu)
-    peak = d["sgemm_gflops"] * 1e9
     print(f"# {d['name']} ({d['total_memory'] / 2**30:.0f} GiB, compute {d['compute_capability']}"
-          f", SGEMM {d['sgemm_gflops']:.0f} GFLOP/s measured, TF32 off); {cudnn.available()[1]}")
+          f", GEMM GFLOP/s measured: " + ", ".join(f"{p} {g:.0f}" for p, g in
+                                                    d["gemm_gflops"].items())
+          + f"); {cudnn.available()[1]}")
     print(f"# {args.iters} timed iterations after {args.warmup} warm-up, median images/s; "
           "MiB: peak memory held (CuPy's pool / PyTorch's reserved)")
     print(f"{'net':<14} {'prec':<7} {'cct gpu':>9} {'graph':>9} {'CAFFE':>9} {'cpu+gpu':>9} "
           f"{'split':>9} {'torch':>9} {'cct/torch':>9} {'of peak':>7} {'cct MiB':>8} "
           f"{'torch MiB':>9}")
     rows = []
-    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
-    unknown = set(precisions) - {"float32", "bf16", "fp16"}
-    if unknown:
-        ap.error(f"--precisions: {', '.join(sorted(unknown))}: float32, bf16 or fp16 (TF32: "
-                 f"--tf32)")
     configs = [(tf32, "float32") for tf32 in
                {"off": [False], "on": [True], "both": [False, True]}[args.tf32]
                if "float32" in precisions] + [(False, p) for p in precisions if p != "float32"]
@@ -235,6 +237,8 @@ def main(argv=None) -> None:
             torch_r = spawn(args, "torch", net, **kw)
             ratio = (f"{alone['img_s'] / torch_r['img_s']:9.2f}"
                      if "img_s" in alone and "img_s" in torch_r else f"{'-':>9}")
+            # the share of the GEMM peak of the precision the row runs in
+            peak = d["gemm_gflops"][label] * 1e9
             share = (f"{alone['img_s'] * alone['flops'] / peak:7.0%}"
                      if "img_s" in alone else f"{'-':>7}")
             split = "/".join(map(str, hybrid.get("split", []))) or "-"

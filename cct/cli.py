@@ -721,7 +721,10 @@ def cmd_device_query(argv: List[str]) -> int:
                     ("common.cpp:171", "Total global memory", d["total_memory"]),
                     ("common.cpp:169", "Compute capability", d["compute_capability"]),
                     ("common.cpp:186", "Number of multiprocessors", d["multiprocessors"]),
-                    ("common.cpp:0", "Measured SGEMM", f"{d['sgemm_gflops']:.0f} GFLOP/s")):
+                    ("common.cpp:0", "Measured SGEMM", f"{d['sgemm_gflops']:.0f} GFLOP/s"),
+                    ("common.cpp:0", "Measured tensor-core GEMMs",
+                     ", ".join(f"{p} {g:.0f}" for p, g in d["gemm_gflops"].items()
+                               if p != "float32") + " GFLOP/s (-precision)")):
                 log.info(src, f"{label + ':':<31}{value}")
         return 0
     log.info("caffe.cpp:112", "Querying CPU")

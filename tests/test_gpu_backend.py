@@ -82,6 +82,8 @@ def test_set_mode_gpu_runs_nets_on_the_gpu(fresh_warnings):
 def test_describe_reports_the_device():
     info = gpu.describe(0, gemm_size=1024, repeats=3)
     assert info["name"] and info["total_memory"] > 0 and info["sgemm_gflops"] > 0
+    assert set(info["gemm_gflops"]) == {"float32", "tf32", "bf16", "fp16"}
+    assert all(g > 0 for g in info["gemm_gflops"].values())
     assert info["compute_capability"].count(".") == 1
 
 

@@ -348,17 +348,30 @@ def _device_uniform(shape, rng):
     return entry[1].random_sample(shape, dtype=cupy.float32)
 
 
-def _sgemm_gflops(n: int, repeats: int) -> float:
+def _sgemm_gflops(n: int, repeats: int, precision: str = "float32") -> float:
+    """GFLOP/s of an n x n x n float32 GEMM: CuPy's matmul, or in a reduced precision cct's own
+    cuBLAS handle with that compute type (the GEMMs -precision runs)."""
     a = cupy.random.standard_normal((n, n), dtype=cupy.float32)
     b = cupy.random.standard_normal((n, n), dtype=cupy.float32)
     c = cupy.empty((n, n), cupy.float32)
-    cupy.matmul(a, b, out=c)  # cuBLAS handle and kernel selection, outside the timing
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(repeats):
-        cupy.matmul(a, b, out=c)
-    stop.record()
-    stop.synchronize()
+    if precision == "float32":
+        def gemm():
+            cupy.matmul(a, b, out=c)
+    else:
+        def gemm():
+            _own_gemm.matmul(a, b, out=c)
+    was = _own_gemm.precision
+    _own_gemm.precision = precision
+    try:
+        gemm()  # cuBLAS handle and kernel selection, outside the timing
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(repeats):
+            gemm()
+        stop.record()
+        stop.synchronize()
+    finally:
+        _own_gemm.precision = was
     seconds = cupy.cuda.get_elapsed_time(start, stop) / 1e3
     return 2.0 * n ** 3 * repeats / seconds / 1e9
 
@@ -366,12 +379,14 @@ def _sgemm_gflops(n: int, repeats: int) -> float:
 def describe(device_id: int = 0, gemm_size: int = 4096, repeats: int = 10) -> dict:
     """What ``cct device_query -gpu i`` prints: name, total memory (bytes), compute
     capability, multiprocessors, and the float32 GEMM rate measured on ``gemm_size`` square
-    matrices (GFLOP/s; TF32 only when CUPY_TF32=1 asks for it)."""
+    matrices (GFLOP/s; TF32 only when CUPY_TF32=1 asks for it), with the tensor cores' rates
+    for the reduced precisions (``gemm_gflops``: precision -> GFLOP/s, float32 included)."""
     device_id = _check_device(device_id)
     props = cupy.cuda.runtime.getDeviceProperties(device_id)
     dev_name = props["name"]
     with cupy.cuda.Device(device_id):
-        gflops = _sgemm_gflops(int(gemm_size), int(repeats))
+        rates = {p: _sgemm_gflops(int(gemm_size), int(repeats), p) for p in reduced.PRECISIONS}
+    gflops = rates["float32"]
     return {
         "id": device_id,
         "name": dev_name.decode() if isinstance(dev_name, bytes) else str(dev_name),
@@ -379,6 +394,7 @@ def describe(device_id: int = 0, gemm_size: int = 4096, repeats: int = 10) -> di
         "compute_capability": f"{props['major']}.{props['minor']}",
         "multiprocessors": int(props["multiProcessorCount"]),
         "sgemm_gflops": float(gflops),
+        "gemm_gflops": {p: float(g) for p, g in rates.items()},
     }
 
 
