@@ -27,18 +27,6 @@ CASES = [
 ]
 
 
-def timed(fn, repeats=5):
-    import cupy
-    fn()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(repeats):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return cupy.cuda.get_elapsed_time(start, stop) / repeats
-
-
 def main() -> int:
     import cupy
     ap = argparse.ArgumentParser()
@@ -70,7 +58,8 @@ def main() -> int:
                 got, ref = run("DEFAULT"), run("CAFFE")
                 scale = float(cupy.abs(ref).max()) or 1.0
                 err = float(cupy.abs(got - ref).max()) / scale
-                t_cudnn, t_low = timed(lambda: run("DEFAULT")), timed(lambda: run("CAFFE"))
+                t_cudnn = gpu.milliseconds_per_call(lambda: run("DEFAULT"), 5)
+                t_low = gpu.milliseconds_per_call(lambda: run("CAFFE"), 5)
             except Exception as e:
                 print(f"{where:<26} {op}: FAILED {type(e).__name__}: {e}")
                 bad += 1

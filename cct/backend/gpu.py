@@ -363,17 +363,24 @@ def _sgemm_gflops(n: int, repeats: int, precision: str = "float32") -> float:
     was = _own_gemm.precision
     _own_gemm.precision = precision
     try:
-        gemm()  # cuBLAS handle and kernel selection, outside the timing
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        for _ in range(repeats):
-            gemm()
-        stop.record()
-        stop.synchronize()
+        seconds = milliseconds_per_call(gemm, repeats) / 1e3
     finally:
         _own_gemm.precision = was
-    seconds = cupy.cuda.get_elapsed_time(start, stop) / 1e3
-    return 2.0 * n ** 3 * repeats / seconds / 1e9
+    return 2.0 * n ** 3 / seconds / 1e9
+
+
+def milliseconds_per_call(fn, repeats: int) -> float:
+    """The device time of one call of ``fn`` (CUDA events on the current stream around
+    ``repeats`` calls, after one untimed: handles, kernel selection, first-use checks)."""
+    fn()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    stream = cupy.cuda.get_current_stream()
+    start.record(stream)
+    for _ in range(repeats):
+        fn()
+    stop.record(stream)
+    stop.synchronize()
+    return float(cupy.cuda.get_elapsed_time(start, stop)) / repeats
 
 
 def describe(device_id: int = 0, gemm_size: int = 4096, repeats: int = 10) -> dict:
