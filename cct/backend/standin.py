@@ -260,8 +260,9 @@ def own_matmul(a: "DeviceArray", b: "DeviceArray", out: "DeviceArray" = None,
         if not isinstance(x, DeviceArray):
             _refuse_host(x, "a GEMM")
     kwargs = {} if out is None else {"out": out._a}
-    fn = np.matmul
-    if precision != "float32":
+    if precision == "float32":
+        fn = np.matmul
+    else:
         def fn(x, y, **kw):       # a replay rounds the values its arrays hold then
             return np.matmul(round_operand(x, precision), round_operand(y, precision), **kw)
     return _run(fn, (a._a, b._a), kwargs, a._copies, out=out)
