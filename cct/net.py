@@ -658,6 +658,13 @@ class Net:
         blobs, not pycaffe's host views."""
         return list(self.bottom_vecs[layer_id])
 
+    def loss_tops(self) -> List[Tuple[Layer, Blob, float]]:
+        """(layer, top, loss weight) of every top with a loss weight, in layer order: where
+        backward starts, each top's diff holding its weight (a replica scales it by its share
+        of the batch, fp16 by its loss scale)."""
+        return [(layer, top, w) for i, layer in enumerate(self.layers)
+                for top, w in zip(self.top_vecs[i], layer.loss_weights) if w]
+
     def top_blobs(self, layer_id: int) -> List[Blob]:
         """Layer ``layer_id``'s tops (Caffe's ``top_vecs()[layer_id]``)."""
         return list(self.top_vecs[layer_id])

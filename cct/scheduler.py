@@ -394,14 +394,8 @@ class HybridScheduler:
             raise DeviceError(f"replica of '{self.master.name}' on {device} has "
                               f"{len(net.learnable_params)} learnable params, the net "
                               f"{len(self.master.learnable_params)}")
-        loss_tops = []
-        for i, layer in enumerate(net.layers):
-            tops = net.top_blobs(i)
-            for top, w in zip(tops, layer.loss_weights):
-                if w:
-                    loss_tops.append((layer, top, w))
         outputs = [self.master.blob_names[b] for b in self.master.output_ids()]
-        replica = _Replica(device, net, loss_tops, outputs)
+        replica = _Replica(device, net, net.loss_tops(), outputs)
         replica.n = n
         if not self._shares(replica):
             replica.copies = _Copies(self.master, replica, self.param_table,

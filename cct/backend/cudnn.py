@@ -206,7 +206,7 @@ class Convolutions:
     def _build(self, key, op, operands, target, stride, pad, dilation, device, lowered):
         F = _fe.data_type.FLOAT
         arithmetic = key[8]
-        half = arithmetic if arithmetic in reduced.HALF_DTYPE else None
+        half = arithmetic if arithmetic in reduced.HALF else None
         io = {None: F, "bf16": _fe.data_type.BFLOAT16, "fp16": _fe.data_type.HALF}[half]
         try:
             handle = self._handle(device)

@@ -14,14 +14,16 @@ read and written. What a precision changes is what the GEMMs and the convolution
 
 Rounding the operands is all the difference a tensor core makes that a test can see, so the
 stand-in device (cct/backend/standin.py) rounds its GEMM's operands with :func:`round_operand`
-(round to nearest even, as the hardware's conversions do) and CI trains in these precisions
-without a GPU; the order of the float32 sums differs, as between any two GEMM kernels.
+(round to nearest even, as the hardware's conversions do; bf16 by the CPU's own bf16 rounding,
+csrc/bf16.cpp) and CI trains in these precisions without a GPU; the order of the float32 sums
+differs, as between any two GEMM kernels.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import CCTError
+from ..native import _C
 
 PRECISIONS = ("float32", "tf32", "bf16", "fp16")
 #: cuBLAS's cublasComputeType_t for each (cublas_api.h): float32 inputs and outputs, the
@@ -42,8 +44,8 @@ DESCRIPTION = {
     "fp16": "tensor-core GEMMs and convolutions on fp16 operands, float32 sums, backward "
             "from a dynamically scaled loss; weights, history and update float32",
 }
-#: the storage cuDNN's operands take in each precision (float32 memory in the other two)
-HALF_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
+#: the precisions whose cuDNN operands are 16-bit copies (float32 memory in the other two)
+HALF = ("bf16", "fp16")
 
 
 def check(name: str, source: str = "precision") -> str:
@@ -63,11 +65,14 @@ def round_operand(a: np.ndarray, precision: str) -> np.ndarray:
     if precision == "fp16":
         with np.errstate(over="ignore"):
             return a.astype(np.float16).astype(np.float32)
-    drop = 13 if precision == "tf32" else 16       # mantissa bits dropped: 23 - 10, 23 - 7
-    return _round_mantissa(np.ascontiguousarray(a), drop)
+    if precision == "bf16":
+        return _C.round_to_bf16(a)
+    return _round_tf32(np.ascontiguousarray(a))
 
 
-def _round_mantissa(a: np.ndarray, drop: int) -> np.ndarray:
+def _round_tf32(a: np.ndarray) -> np.ndarray:
+    """To nearest even with 10 mantissa bits (13 of float32's 23 dropped)."""
+    drop = 13
     bits = a.view(np.uint32)
     half = np.uint32((1 << (drop - 1)) - 1)
     odd = (bits >> np.uint32(drop)) & np.uint32(1)

@@ -45,8 +45,7 @@ class LossScale:
         self.good = 0        # updates in a row without an overflow
         self.skipped = 0     # overflows in a row
         self.skips_total = 0
-        self._tops = [(top, w) for i, layer in enumerate(net.layers)
-                      for top, w in zip(net.top_vecs[i], layer.loss_weights) if w]
+        self._tops = [(top, w) for _, top, w in net.loss_tops()]
         self.seed()
 
     def seed(self) -> None:
