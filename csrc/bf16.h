@@ -5,12 +5,16 @@
 // InnerProduct's) rounds its two operands to bf16 (round to nearest even) and multiplies them
 // with float32 accumulation in the bf16 GEMM engine, writing float32 as before.
 //
-// Two engines, which Python picks between by timing them (cct/backend/precision.py):
+// Three engines, which Python picks between by timing them (cct/backend/precision.py):
 // - Intel MKL's cblas_gemm_bf16bf16f32, loaded at run time from the path the Python side
 //   finds (the `mkl` wheel, cct[bf16]): AMX or AVX512-BF16 kernels on Intel CPUs, a float32
 //   emulation elsewhere (correct, but slower than cct's float32: that is why Python turns bf16
 //   on only where the CPU has the units, or when asked to emulate them). On AMD's Zen 4, which
-//   has AVX512-BF16, MKL 2026.2 still emulates: half cct's float32 speed.
+//   has AVX512-BF16, MKL 2026.2 still emulates: half cct's float32 speed. Two ways to call it:
+//   "mkl", blocks of 64 columns of C spread over cct's threads, one MKL thread each (the result
+//   independent of the thread count), and "mkl_threaded", the whole GEMM in one call on MKL's
+//   own OpenMP threads (GNU layer), as AMX wants it; inside a batch partition both are one
+//   call per column block.
 // - cct's own kernel on AVX512-BF16's VDPBF16PS (bf16_kernel.cpp): no library, any CPU with
 //   the instruction. Like VDPBF16PS, it treats denormal bf16 operands as zero.
 #pragma once
@@ -22,12 +26,15 @@ namespace cct {
 // Whether this CPU (and the OS) runs bf16 arithmetic natively: AVX512-BF16 or AMX-BF16.
 bool cpu_has_bf16_units();
 
-// Loads the engine from a shared library's path; returns "" on success, else why it failed.
-std::string load_bf16_engine(const std::string& path);
+// Loads the engine from a shared library's path, with MKL's GNU threading layer when threaded
+// (the caller checked that libgomp loads; else sequential); returns "" on success, else why it
+// failed. The first load holds for the process.
+std::string load_bf16_engine(const std::string& path, bool threaded);
 bool bf16_engine_loaded();
+bool bf16_engine_threaded();  // loaded with the threading layer: "mkl_threaded" can run
 
-// Picks the engine: "mkl" (needs load_bf16_engine) or "avx512bf16" (needs the CPU's
-// support); throws otherwise. MKL until set.
+// Picks the engine: "mkl", "mkl_threaded" (need load_bf16_engine) or "avx512bf16" (needs the
+// CPU's support); throws otherwise. MKL until set.
 void set_bf16_engine(const std::string& name);
 std::string bf16_engine();
 bool bf16_kernel_supported();  // the CPU runs cct's own kernel (AVX512-BF16, -BW, -VL)

@@ -475,11 +475,15 @@ PYBIND11_MODULE(_C, m) {
         "Whether this CPU runs the direct convolution layout (AVX2 and FMA).");
   m.def("cpu_has_bf16_units", &cct::cpu_has_bf16_units,
         "Whether this CPU runs bf16 arithmetic natively (AVX512-BF16 or AMX-BF16).");
-  m.def("load_bf16_engine", &cct::load_bf16_engine, py::arg("path"),
-        "Loads the bf16 GEMM engine (MKL's runtime library) from path: '' or why it failed.");
+  m.def("load_bf16_engine", &cct::load_bf16_engine, py::arg("path"), py::arg("threaded") = false,
+        "Loads the bf16 GEMM engine (MKL's runtime library) from path, with MKL's GNU "
+        "threading layer when threaded: '' or why it failed.");
   m.def("bf16_engine_loaded", &cct::bf16_engine_loaded);
+  m.def("bf16_engine_threaded", &cct::bf16_engine_threaded,
+        "Whether MKL was loaded with its threading layer ('mkl_threaded' can run).");
   m.def("set_bf16_engine", &cct::set_bf16_engine, py::arg("name"),
-        "The bf16 GEMM engine: 'mkl' (loaded first) or 'avx512bf16' (cct's own kernel).");
+        "The bf16 GEMM engine: 'mkl', 'mkl_threaded' (loaded first) or 'avx512bf16' "
+        "(cct's own kernel).");
   m.def("bf16_engine", &cct::bf16_engine);
   m.def("bf16_kernel_supported", &cct::bf16_kernel_supported,
         "Whether this CPU runs cct's own bf16 kernel (AVX512-BF16).");

@@ -49,9 +49,9 @@ FORMAT = 1
 # 3: Winograd; 4: the bf16 GEMM engines; 5: Winograd for 5x5 layers and F(4x4, 3x3); 6: the
 # key's modes renumbered to hold Caffe's engine (an older table's modes would mean others);
 # 7: the phase layouts for strided layers and the direct layout's AVX-512 tile (the modes'
-# radix grew with the layouts).
-KERNEL_PLANS = 7
-BF16_ENGINES = ("avx512bf16", "mkl")
+# radix grew with the layouts); 8: MKL's bf16 GEMMs whole on its own threads (mkl_threaded).
+KERNEL_PLANS = 8
+BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 _CONV_FIELDS = 8
 _GEMM_FIELDS = 8
 # Leading fields of a row that are its key (the rest is the choice): kernel, geometry,

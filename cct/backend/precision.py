@@ -8,22 +8,27 @@ emulates it more slowly than cct's float32, so cct says so and stays in float32,
 ``$CCT_BF16=emulate`` (or ``emulate=True``) asks for the bf16 numerics anyway (tests, accuracy
 checks on any machine).
 
-Two engines: cct's own kernel on AVX512-BF16 (no library; any CPU with the instruction), and
+Three engines: cct's own kernel on AVX512-BF16 (no library; any CPU with the instruction), and
 Intel MKL's ``cblas_gemm_bf16bf16f32``, from the ``mkl`` wheel (the ``bf16`` extra)
-or the library ``$CCT_BF16_LIBRARY`` names (AMX on Intel's CPUs). Where both run, the first
-bf16 request times each on a convolution-sized GEMM and keeps the faster, and says so. The
+or the library ``$CCT_BF16_LIBRARY`` names (AMX on Intel's CPUs), called two ways: ``mkl``,
+column blocks spread over cct's threads, and ``mkl_threaded``, each whole GEMM on MKL's own
+threads (its GNU OpenMP layer), which is how AMX reaches its speed. Where several run, the
+first bf16 request times each on a convolution-sized GEMM and keeps the fastest, and says so. The
 engines round differently, so the choice is a kernel plan (cct/backend/plans.py): kept in the
 machine's plan cache and a snapshot's side file, fixed by rule in deterministic mode (cct's
-kernel where the CPU runs it). ``$CCT_BF16_ENGINE`` (``mkl`` or ``avx512bf16``) names one
+kernel where the CPU runs it, else ``mkl``: results that do not depend on the thread count).
+``$CCT_BF16_ENGINE`` (``avx512bf16``, ``mkl`` or ``mkl_threaded``) names one
 instead. ``tf32`` and ``fp16`` are the GPU's tensor cores' (cct/backend/reduced.py, where the
 device backends' precisions are set): asked of the CPU, it says so and stays in float32.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
 import os
 import time
-from typing import Dict, Optional
+from pathlib import Path
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -70,16 +75,40 @@ def _emulate_requested() -> bool:
     return value == "emulate"
 
 
+def _threading_failure(path: str) -> Optional[str]:
+    """Why MKL cannot run its own threads here (the ``mkl_threaded`` engine), or None: it needs
+    its GNU threading layer beside the library and libgomp, which MKL would otherwise end the
+    process for lacking at its first call."""
+    if not any(Path(path).resolve().parent.glob("libmkl_gnu_thread.so*")):
+        return f"no libmkl_gnu_thread beside {path}"
+    try:
+        ctypes.CDLL("libgomp.so.1")
+    except OSError as e:
+        return f"GNU OpenMP (libgomp.so.1) does not load: {e}"
+    return None
+
+
 def _load_mkl() -> Optional[str]:
-    """Loads MKL's bf16 GEMM; None when loaded, else why not."""
+    """Loads MKL's bf16 GEMM, with its threading layer where it can run; None when loaded,
+    else why not."""
     if _C.bf16_engine_loaded():
         return None
     path = engine_path()
     if path is None:
         return (f"no bf16 GEMM engine: {install_hint('bf16')} (Intel MKL), or set "
                 f"${LIBRARY_ENV} to a libmkl_rt")
-    failure = _C.load_bf16_engine(path)
+    threading = _threading_failure(path)
+    if threading is not None:
+        _chosen["threading"] = threading
+    failure = _C.load_bf16_engine(path, threaded=threading is None)
     return f"the bf16 GEMM engine '{path}' did not load: {failure}" if failure else None
+
+
+def _runnable(named: str, kernel: bool, mkl_failure: Optional[str]) -> List[str]:
+    """The engines that can run here, in ENGINES' order (all of them, or the one named)."""
+    can = {"avx512bf16": kernel, "mkl": mkl_failure is None,
+           "mkl_threaded": mkl_failure is None and bool(_C.bf16_engine_threaded())}
+    return [e for e in ENGINES if can[e] and named in ("", e)]
 
 
 def _gflops(engine: str, repeats: int = 3) -> float:
@@ -106,21 +135,21 @@ def _gflops(engine: str, repeats: int = 3) -> float:
 def _choose_engine() -> Optional[str]:
     """Sets the engine: the one $CCT_BF16_ENGINE names, else the plans' one (chosen earlier
     in this process, or from a cache or a side file: the run repeats its engine), else the
-    only one, else the faster of two (in deterministic mode, the first of ENGINES). None when
-    set, else why none can run."""
+    only one, else the fastest (in deterministic mode, the first of ENGINES, whose results do
+    not depend on the thread count). None when set, else why none can run."""
     named = os.environ.get(ENGINE_ENV, "")
     if named and named not in ENGINES:
         raise CCTError(f"${ENGINE_ENV} must be one of {', '.join(ENGINES)} or unset, "
                        f"got '{named}'")
-    kernel = _C.bf16_kernel_supported()
+    kernel = bool(_C.bf16_kernel_supported())
     if named == "avx512bf16" and not kernel:
         return f"${ENGINE_ENV}=avx512bf16 but this CPU has no AVX512-BF16"
     mkl_failure = _load_mkl() if named != "avx512bf16" else "not asked for"
-    if named == "mkl" and mkl_failure:
-        return mkl_failure
-    runnable = [e for e in ENGINES if (e == "avx512bf16" and kernel and named != "mkl")
-                or (e == "mkl" and not mkl_failure)]
+    runnable = _runnable(named, kernel, mkl_failure)
     if not runnable:
+        if named == "mkl_threaded" and mkl_failure is None:
+            return (f"${ENGINE_ENV}=mkl_threaded but MKL cannot run its own threads here: "
+                    f"{_chosen.get('threading')}")
         return mkl_failure
     engine = plans.bf16_engine()
     if engine not in runnable:
@@ -137,8 +166,11 @@ def _choose_engine() -> Optional[str]:
 def engine_description() -> str:
     """The chosen engine in words, with the speeds that chose it."""
     engine = _C.bf16_engine()
-    words = ("cct's AVX512-BF16 kernel" if engine == "avx512bf16"
-             else f"MKL's cblas_gemm_bf16bf16f32 ({engine_path()})")
+    words = {"avx512bf16": "cct's AVX512-BF16 kernel",
+             "mkl": f"MKL's cblas_gemm_bf16bf16f32 ({engine_path()}) in column blocks on "
+                    f"cct's threads",
+             "mkl_threaded": f"MKL's cblas_gemm_bf16bf16f32 ({engine_path()}), whole GEMMs on "
+                             f"MKL's threads"}[engine]
     speeds = _chosen.get("speeds") or {}
     if speeds:
         m, k, n = RACE_SHAPE

@@ -3,9 +3,13 @@ rounding, and every GEMM-backed kernel against the NumPy reference run in float6
 operands rounded to bf16 (so the check is exactly "bf16 operands, float32 accumulation"), plus
 the kernels' gradients against the exact float64 ones at bf16's tolerance.
 
-Each runs on both engines where they run: cct's own kernel needs a CPU with AVX512-BF16; MKL
+Each runs on every engine that runs here: cct's own kernel needs a CPU with AVX512-BF16; MKL
 needs its wheel (the ``bf16`` extra) and, on a CPU without bf16 units, emulates them
-(the same numerics, more slowly). An engine that cannot run here skips, saying why."""
+(the same numerics, more slowly); MKL on its own threads (``mkl_threaded``) also needs GNU
+OpenMP. An engine that cannot run here skips, saying why."""
+import ctypes
+import re
+
 import numpy as np
 import pytest
 
@@ -21,10 +25,25 @@ NO_KERNEL = "this CPU has no AVX512-BF16 for cct's own bf16 kernel"
 
 
 def skip_unless_runs(engine: str) -> None:
-    if engine == "mkl" and precision.engine_path() is None:
+    if engine.startswith("mkl") and precision.engine_path() is None:
         pytest.skip(NO_MKL)
+    if engine == "mkl_threaded":
+        failure = precision._threading_failure(precision.engine_path())
+        if failure is not None:
+            pytest.skip(f"MKL cannot run its own threads here: {failure}")
     if engine == "avx512bf16" and not _C.bf16_kernel_supported():
         pytest.skip(NO_KERNEL)
+
+
+def runnable_engines():
+    runs = []
+    for engine in precision.ENGINES:
+        try:
+            skip_unless_runs(engine)
+        except pytest.skip.Exception:
+            continue
+        runs.append(engine)
+    return runs
 
 
 @pytest.fixture(params=precision.ENGINES)
@@ -114,13 +133,74 @@ def test_matmul_is_not_float32_while_bf16_is_on(bf16):
 
 
 def test_bf16_gemms_repeat_to_the_bit_on_any_thread_count(bf16):
-    a, b = rand((96, 300), np.float32, 1), rand((300, 1000), np.float32, 2)
-    results = []
+    """Column blocks (cct's kernel, MKL on cct's threads): the same bits whatever the thread
+    count. MKL on its own threads splits a whole GEMM as the count says, so its bits follow
+    the count; at one count they repeat (MKL told not to change the count it is given)."""
+    a, b = rand((384, 1200), np.float32, 1), rand((1200, 700), np.float32, 2)
+    results = {}
     for threads in (1, 2, 3):
         _C.set_num_threads(threads)
-        results.append(cpu.matmul(a, b))
-    for r in results[1:]:
-        np.testing.assert_array_equal(r, results[0])
+        results[threads] = cpu.matmul(a, b)
+        np.testing.assert_array_equal(cpu.matmul(a, b), results[threads])
+    if bf16 != "mkl_threaded":
+        for threads in (2, 3):
+            np.testing.assert_array_equal(results[threads], results[1])
+
+
+def mkl_calls(capfd, run):
+    """The (n, threads) of every bf16 GEMM MKL ran during run(), from its verbose mode (MKL
+    writes a line per call to the process's stdout)."""
+    library = ctypes.CDLL(precision.engine_path())  # the handle cct loaded: same library
+    capfd.readouterr()
+    library.MKL_Verbose(1)
+    try:
+        run()
+    finally:
+        library.MKL_Verbose(0)
+    lines = capfd.readouterr().out.splitlines()
+    calls = []
+    for line in lines:
+        # GEMM_BF16BF16F32(N,N,<n>,<m>,<k>,...) for a row-major call (MKL prints it column-major)
+        match = re.search(r"GEMM_BF16BF16F32\(\w,\w,(\d+),.*NThr:(\d+)", line)
+        if match:
+            calls.append((int(match.group(1)), int(match.group(2))))
+    return calls
+
+
+def test_mkl_threaded_runs_whole_gemms_on_mkls_threads(capfd, monkeypatch):
+    """mkl_threaded hands MKL each GEMM whole with cct's thread count (AMX wants whole GEMMs);
+    mkl cuts it into column blocks of 64, one MKL thread each; inside a batch partition (one
+    core's share) both make one-thread calls."""
+    for engine in ("mkl", "mkl_threaded"):
+        skip_unless_runs(engine)
+    a, b = rand((96, 363), np.float32, 1), rand((363, 700), np.float32, 2)
+    monkeypatch.setitem(plans._state, "bf16", None)
+    try:
+        for engine, want in (("mkl_threaded", [(700, 2)]),
+                             ("mkl", [(64, 1)] * 10 + [(700 - 640, 1)])):
+            monkeypatch.setenv(precision.ENGINE_ENV, engine)
+            plans._state["bf16"] = None
+            assert precision.set_precision("bf16", emulate=True) == "bf16"
+            assert _C.bf16_engine() == engine
+            _C.set_gemm_order(1)
+            _C.set_num_threads(2)
+            got = []
+            calls = mkl_calls(capfd, lambda: got.append(cpu.matmul(a, b)))
+            assert sorted(calls) == sorted(want), engine
+            close(got[0], (rounded(a) @ rounded(b)).astype(np.float32), np.float32)
+        # A batch partitioned over the two threads: each partition's GEMMs in blocks on one.
+        _C.set_conv_layout(1)
+        _C.set_partition_mode(2)
+        x, weight, bias, _, geom = conv_arrays(CONV_CASES[0], np.float32)
+        calls = mkl_calls(capfd, lambda: cpu.conv_forward(x, weight, bias, *geom))
+        assert calls and all(threads == 1 and n <= 64 for n, threads in calls)
+    finally:
+        precision.set_precision("float32")
+        precision._chosen.clear()
+        _C.set_gemm_order(0)
+        _C.set_conv_layout(0)
+        _C.set_partition_mode(0)
+        _C.set_num_threads(0)
 
 
 @pytest.mark.parametrize("case", CONV_CASES + random_conv_cases(12, seed=16))
@@ -216,10 +296,8 @@ def test_output_is_written_not_read_when_not_accumulating(bf16):
     close(out, (rounded(a) @ rounded(b)).astype(np.float32), np.float32)
 
 
-def test_the_faster_engine_is_chosen_by_timing_both(monkeypatch):
-    runnable = [e for e in precision.ENGINES
-                if (e == "mkl" and precision.engine_path() is not None)
-                or (e == "avx512bf16" and _C.bf16_kernel_supported())]
+def test_the_fastest_engine_is_chosen_by_timing_each(monkeypatch):
+    runnable = runnable_engines()
     if len(runnable) < 2:
         pytest.skip(f"one bf16 engine runs here ({', '.join(runnable) or 'none'}): no race")
     monkeypatch.delenv(precision.ENGINE_ENV, raising=False)
@@ -242,7 +320,8 @@ def test_an_unknown_engine_is_refused(monkeypatch):
     precision._chosen.clear()
     with pytest.raises(CCTError, match=r"\$CCT_BF16_ENGINE must be one of avx512bf16, mkl"):
         precision.set_precision("bf16", emulate=True)
-    with pytest.raises(RuntimeError, match="unknown bf16 engine 'amx'"):
+    with pytest.raises(RuntimeError, match="unknown bf16 engine 'amx' "
+                       r"\(expected mkl, mkl_threaded or avx512bf16\)"):
         _C.set_bf16_engine("amx")
 
 
