@@ -505,8 +505,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("blas_has_batch_strided", &cct::blas_has_batch_strided,
         "Whether the linked BLAS has a strided batched GEMM (else one GEMM per item).");
   m.def("gemm_choices", &cct::gemm_choices,
-        "(trans_a, trans_b, m, n, k, itemsize, BLAS threads, choice) per shape measured; choice "
-        "0 direct, 1 transposed, 2 and 3 the same in float32 under bf16.");
+        "(trans_a, trans_b, m, n, k, itemsize, BLAS threads, accumulate, choice) per shape "
+        "measured; choice 0 direct, 1 transposed, 2 and 3 the same in float32 under bf16.");
   m.def("conv_plan_table", &cct::conv_plan_table,
         "(kernel, geometry, itemsize, threads, modes, partitions, layout, cache_chunks) per "
         "convolution plan in the table.");

@@ -23,8 +23,8 @@ keep the choice fixed:
   (bench/RESULTS.md).
 
 A table is ``{"conv": [[kernel, geometry(16), itemsize, threads, modes, partitions, layout,
-cache_chunks], ...], "gemm": [[trans_a, trans_b, m, n, k, itemsize, threads, transposed],
-...], "bf16": engine}``: the C++ tables' keys and choices as they are (layout 0 lowered, 1
+cache_chunks], ...], "gemm": [[trans_a, trans_b, m, n, k, itemsize, threads, accumulate,
+transposed], ...], "bf16": engine}``: the C++ tables' keys and choices as they are (layout 0 lowered, 1
 pointwise, 2 direct, 3 Winograd F(2x2, 3x3) or F(2x2, 5x5), 4 Winograd F(4x4, 3x3); a GEMM's
 choice true/false for its operand order, 2 or 3 for the same orders run in float32 under
 bf16), and the bf16 GEMM engine once one was chosen
@@ -53,10 +53,11 @@ FORMAT = 1
 KERNEL_PLANS = 8
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 _CONV_FIELDS = 8
-_GEMM_FIELDS = 8
+_GEMM_FIELDS = 9
+_GEMM_FIELDS_BEFORE_ACCUMULATE = 8  # tables written before adding and overwriting were apart
 # Leading fields of a row that are its key (the rest is the choice): kernel, geometry,
 # itemsize, threads, modes; trans_a, trans_b, m, n, k, itemsize, threads.
-_KEY_FIELDS = {"conv": 5, "gemm": 7}
+_KEY_FIELDS = {"conv": 5, "gemm": 8}
 
 _state = {"loaded": False, "path": None, "saved_count": None, "bf16": None, "bf16_saved": None}
 
@@ -79,8 +80,8 @@ def table() -> dict:
             for k, geom, size, threads, modes, parts, layout, chunks in _C.conv_plan_table()]
     # choice: true/false (the operand order transposed or not); under bf16 also 2 and 3, the
     # same orders in float32
-    gemm = [[bool(ta), bool(tb), m, n, k, size, threads, bool(ch) if ch < 2 else ch]
-            for ta, tb, m, n, k, size, threads, ch in _C.gemm_choices()]
+    gemm = [[bool(ta), bool(tb), m, n, k, size, threads, bool(acc), bool(ch) if ch < 2 else ch]
+            for ta, tb, m, n, k, size, threads, acc, ch in _C.gemm_choices()]
     tab = {"conv": conv, "gemm": gemm}
     if _state["bf16"] is not None:
         tab["bf16"] = _state["bf16"]
@@ -106,10 +107,25 @@ def _rows(tab, key: str, width: int) -> list:
     rows = tab.get(key, [])
     if not isinstance(rows, list):
         raise ValueError(f"'{key}' is not a list")
+    if key == "gemm":
+        rows = _gemm_rows_now(rows)
     for row in rows:
         if not isinstance(row, list) or len(row) != width:
             raise ValueError(f"a '{key}' entry is not a list of {width} values: {row!r:.80}")
     return rows
+
+
+def _gemm_rows_now(rows: list) -> list:
+    """GEMM rows in today's form: a row of a table written before adding into C and
+    overwriting it were timed apart held one choice for both, and a run resumed from it
+    keeps that choice for both."""
+    now = []
+    for row in rows:
+        if isinstance(row, list) and len(row) == _GEMM_FIELDS_BEFORE_ACCUMULATE:
+            now += [row[:7] + [False, row[7]], row[:7] + [True, row[7]]]
+        else:
+            now.append(row)
+    return now
 
 
 def _conv_row(row) -> tuple:
@@ -125,14 +141,14 @@ def _conv_row(row) -> tuple:
 
 
 def _gemm_row(row) -> tuple:
-    ta, tb, m, n, k, size, threads, choice = row
-    if not all(isinstance(v, bool) for v in (ta, tb)):
+    ta, tb, m, n, k, size, threads, accumulate, choice = row
+    if not all(isinstance(v, bool) for v in (ta, tb, accumulate)):
         raise ValueError(f"a GEMM order's flags are not true/false: {row!r:.80}")
     if not (isinstance(choice, bool) or choice in (2, 3) and isinstance(choice, int)):
         raise ValueError(f"a GEMM order's choice is not true/false, 2 or 3: {row!r:.80}")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (m, n, k, size, threads)):
         raise ValueError(f"a GEMM order holds a size that is not an integer: {row!r:.80}")
-    return ta, tb, m, n, k, size, threads, int(choice)
+    return ta, tb, m, n, k, size, threads, accumulate, int(choice)
 
 
 def install(tab) -> int:

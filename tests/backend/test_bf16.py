@@ -334,15 +334,15 @@ def test_measured_gemms_may_choose_float32(bf16):
     a, b = rand((24, 300), np.float32, 1), rand((300, 200), np.float32, 2)
     got = cpu.matmul(a, b)
     (row,) = [r for r in plans.table()["gemm"] if r[2:5] == [24, 200, 300]]
-    assert row[5] == 2 and row[7] in (False, True, 2, 3)
+    assert row[5] == 2 and row[7] is False and row[8] in (False, True, 2, 3)
     again = cpu.matmul(a, b)
     np.testing.assert_array_equal(got, again)
     for choice, expect_float32 in ((False, False), (True, False), (2, True), (3, True)):
         _C.clear_plans()
-        plans.install({"gemm": [row[:7] + [choice]]})
+        plans.install({"gemm": [row[:8] + [choice]]})
         out = cpu.matmul(a, b)
         want = (a.astype(np.float64) @ b) if expect_float32 else rounded(a) @ rounded(b)
         close(out, want.astype(np.float32), np.float32)
     _C.clear_plans()
     with pytest.raises(ValueError, match="choice"):
-        plans.install({"gemm": [row[:7] + [4]]})
+        plans.install({"gemm": [row[:8] + [4]]})

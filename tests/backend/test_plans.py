@@ -9,7 +9,7 @@ import pytest
 from cct import _C
 from cct.backend import cpu, plans
 
-from .kernel_cases import conv_arrays
+from .kernel_cases import close, conv_arrays, rand
 
 # Big enough that both partitionings and both GEMM orders are candidates, small enough to be quick.
 GEOMETRY = (6, 5, 11, 11, 7, (3, 3), (1, 1), (1, 1), (1, 1), 1)
@@ -86,6 +86,25 @@ def test_table_round_trips_through_json(fresh_plans):
     assert plans.table() == table
 
 
+def test_adding_into_c_and_overwriting_it_are_measured_apart(fresh_plans):
+    """One shape, two races: OpenBLAS overwrites C in two passes and a bf16 kernel adds in one
+    that reads C, so which order (and precision) is faster depends on beta."""
+    a, b = rand((24, 300), np.float32, 1), rand((300, 200), np.float32, 2)
+    out = np.zeros((24, 200), np.float32)
+    cpu.matmul(a, b, out=out)
+    cpu.matmul(a, b, out=out, accumulate=True)
+    rows = [r for r in plans.table()["gemm"] if r[2:5] == [24, 200, 300]]
+    assert sorted(r[7] for r in rows) == [False, True]
+    close(out, 2 * (a.astype(np.float64) @ b).astype(np.float32), np.float32)
+
+
+def test_a_table_from_before_beta_was_in_the_key_holds_its_choice_for_both(fresh_plans):
+    old = {"gemm": [[False, True, 24, 200, 300, 4, 1, True]]}
+    assert plans.install(old) == 2
+    assert sorted(plans.table()["gemm"]) == [[False, True, 24, 200, 300, 4, 1, False, True],
+                                             [False, True, 24, 200, 300, 4, 1, True, True]]
+
+
 @pytest.mark.parametrize("bad", [
     [], {"conv": 3}, {"conv": [[0, [1] * 16, 4, 1, 0, 1, 0]]},
     {"conv": [[0, [1] * 15, 4, 1, 0, 1, 0, False]]},
@@ -95,6 +114,8 @@ def test_table_round_trips_through_json(fresh_plans):
     {"conv": [[0, [1] * 16, 4, 1, 0, 1, 0, False]], "gemm": [[True, False, 1, 2, 3, 4, 1, 1]]},
     {"gemm": [[True, False, 1.5, 2, 3, 4, 1, True]]},
     {"gemm": [[True, False, 2 ** 70, 2, 3, 4, 1, True]]},
+    {"gemm": [[True, False, 1, 2, 3, 4, 1, 0, True]]},
+    {"gemm": [[True, False, 1, 2, 3, 4, 1, True, 2]]},
     {"conv": [], "bf16": "amx"},
 ], ids=str)
 def test_a_damaged_table_is_refused_whole(fresh_plans, bad):
@@ -114,7 +135,7 @@ def test_deterministic_mode_gives_the_rule_plan_without_timing(fresh_plans):
     layout = 2 if _C.cpu_has_direct_conv() else 0
     assert {tuple(r[5:8]) for r in table["conv"]} == {(2, layout, False)}
     assert all(r[4] >= 15 for r in table["conv"])     # never taken for a measured plan
-    assert not any(r[7] for r in table["gemm"])       # the direct operand order
+    assert not any(r[8] for r in table["gemm"])       # the direct operand order
     plans.set_deterministic(False)
     _C.set_gemm_order(1)
     try:
