@@ -44,14 +44,7 @@ constexpr int64_t kColumnBlock = 64;
 __attribute__((target_clones("avx2", "default")))
 #endif
 void round_block(const float* src, uint16_t* dst, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) {
-    uint32_t u;
-    std::memcpy(&u, &src[i], sizeof(u));
-    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    // A NaN's payload may sit in the low half only: keep it a (quiet) NaN, not infinity.
-    const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
-    dst[i] = uint16_t(nan ? (u >> 16) | 0x40u : rounded);
-  }
+  for (int64_t i = 0; i < count; ++i) dst[i] = to_bf16(src[i]);
 }
 
 // The rows x cols matrix at src (leading dimension ld) as contiguous bf16, rounded by cct's
@@ -158,19 +151,15 @@ void widen_bf16(const uint16_t* src, float* dst, int64_t count) {
   }
 }
 
-void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const int chosen = g_engine.load();
-  if (chosen == kKernel)
-    return gemm_bf16_kernel(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+namespace {
+
+// MKL on operands already in bf16 (contiguous rows, a16's of a_cols values, b16's of b_ld):
+// whole on MKL's threads (mkl_threaded, outside a partition), else one call per column block.
+void mkl_gemm(int chosen, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+              const uint16_t* a16, int64_t a_cols, const uint16_t* b16, int64_t b_ld, float beta,
+              float* c, int64_t ldc) {
   const GemmBf16 engine = g_gemm.load();
   if (engine == nullptr) throw std::runtime_error("bf16 GEMM without its engine loaded");
-  // Separate from thread_workspace(): the lowered matrix being multiplied lives there.
-  thread_local std::vector<uint16_t> a_buffer, b_buffer;
-  const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
-  const int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
-  const uint16_t* a16 = rounded_copy(a_buffer, a, a_rows, a_cols, lda);
-  const uint16_t* b16 = rounded_copy(b_buffer, b, b_rows, b_cols, ldb);
   const int threads = num_threads();  // 1 inside a partition (SerialScope)
   if (chosen == kMklThreaded && threads > 1) {
     // The whole GEMM in one call on MKL's own threads: AMX's tiles want large, whole GEMMs
@@ -180,7 +169,7 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
     const SetIntLocal set_local = g_set_threads_local.load();
     const int before = set_local(threads);
     engine(kMklRowMajor, ta ? kMklTrans : kMklNoTrans, tb ? kMklTrans : kMklNoTrans, int(m),
-           int(n), int(k), alpha, a16, int(a_cols), b16, int(b_cols), beta, c, int(ldc));
+           int(n), int(k), alpha, a16, int(a_cols), b16, int(b_ld), beta, c, int(ldc));
     set_local(before);
     return;
   }
@@ -191,10 +180,43 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
     for (int64_t block = begin; block < end; ++block) {
       const int64_t j0 = block * kColumnBlock, j1 = std::min(n, j0 + kColumnBlock);
       engine(kMklRowMajor, ta ? kMklTrans : kMklNoTrans, tb ? kMklTrans : kMklNoTrans, int(m),
-             int(j1 - j0), int(k), alpha, a16, int(a_cols), b16 + (tb ? j0 * b_cols : j0),
-             int(b_cols), beta, c + j0, int(ldc));
+             int(j1 - j0), int(k), alpha, a16, int(a_cols), b16 + (tb ? j0 * b_ld : j0),
+             int(b_ld), beta, c + j0, int(ldc));
     }
   });
+}
+
+}  // namespace
+
+void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const int chosen = g_engine.load();
+  if (chosen == kKernel)
+    return gemm_bf16_kernel(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (g_gemm.load() == nullptr) throw std::runtime_error("bf16 GEMM without its engine loaded");
+  // Separate from thread_workspace(): the lowered matrix being multiplied lives there.
+  thread_local std::vector<uint16_t> a_buffer, b_buffer;
+  const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+  const int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+  const uint16_t* a16 = rounded_copy(a_buffer, a, a_rows, a_cols, lda);
+  const uint16_t* b16 = rounded_copy(b_buffer, b, b_rows, b_cols, ldb);
+  mkl_gemm(chosen, ta, tb, m, n, k, alpha, a16, a_cols, b16, b_cols, beta, c, ldc);
+}
+
+bool bf16_takes_rounded_operands() {
+  return g_on.load(std::memory_order_relaxed) && g_engine.load() != kKernel;
+}
+
+void gemm_bf16_rounded_b(bool ta, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                         int64_t lda, const uint16_t* b16, int64_t ldb, float beta, float* c,
+                         int64_t ldc) {
+  const int chosen = g_engine.load();
+  if (chosen == kKernel || g_gemm.load() == nullptr)
+    throw std::runtime_error("gemm_bf16_rounded_b needs an MKL engine (bf16_takes_rounded_operands)");
+  thread_local std::vector<uint16_t> a_buffer;
+  const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+  const uint16_t* a16 = rounded_copy(a_buffer, a, a_rows, a_cols, lda);
+  mkl_gemm(chosen, ta, false, m, n, k, alpha, a16, a_cols, b16, ldb, beta, c, ldc);
 }
 
 }  // namespace cct

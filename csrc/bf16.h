@@ -19,6 +19,7 @@
 //   the instruction. Like VDPBF16PS, it treats denormal bf16 operands as zero.
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 namespace cct {
@@ -43,7 +44,15 @@ bool bf16_kernel_supported();  // the CPU runs cct's own kernel (AVX512-BF16, -B
 void set_bf16_gemm(bool on);
 bool bf16_gemm_enabled();
 
-// float32 -> bf16, round to nearest even; NaN stays NaN.
+// float32 -> bf16, round to nearest even; NaN stays NaN (a payload in the low half only would
+// round to infinity: it is kept a quiet NaN).
+inline uint16_t to_bf16(float value) {
+  uint32_t u;
+  std::memcpy(&u, &value, sizeof(u));
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+  return uint16_t(nan ? (u >> 16) | 0x40u : rounded);
+}
 void round_to_bf16(const float* src, uint16_t* dst, int64_t count);
 // bf16 -> float32 (exact).
 void widen_bf16(const uint16_t* src, float* dst, int64_t count);
@@ -51,6 +60,15 @@ void widen_bf16(const uint16_t* src, float* dst, int64_t count);
 // gemm()'s float32 contract (row-major C = alpha op(A) op(B) + beta C) with bf16 operands.
 void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// Whether bf16 GEMMs are on with an MKL engine, which multiplies operands already in bf16: a
+// caller that makes the B operand itself (the lowered convolution's im2col) can write it in
+// bf16 and call gemm_bf16_rounded_b, sparing a float32 copy written and read back to be
+// rounded. cct's kernel rounds while it packs: no such copy to spare.
+bool bf16_takes_rounded_operands();
+// gemm_bf16 with op(B) = B given in bf16 (k x n, leading dimension ldb): the same bits.
+void gemm_bf16_rounded_b(bool ta, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                         int64_t lda, const uint16_t* b16, int64_t ldb, float beta, float* c,
+                         int64_t ldc);
 // The same on cct's own kernel, whatever engine is chosen (bf16_kernel_supported() only).
 void gemm_bf16_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta,

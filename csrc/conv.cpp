@@ -104,9 +104,20 @@ inline void valid_range(int64_t offset, int64_t stride, int64_t size, int64_t ou
   *hi = std::max(*lo, std::min(h, out));
 }
 
-// Rows (c, i, j) of group `grp`, columns (image n0 .. n1, output pixel) into cols (K x M).
-template <typename T>
-void im2col(const T* x, const ConvGeom& g, int64_t grp, int64_t n0, int64_t n1, T* cols) {
+// A bottom value as the lowered matrix holds it: itself, or (Out uint16_t) rounded to bf16.
+template <typename Out, typename T>
+inline Out lowered(T value) {
+  if constexpr (std::is_same_v<Out, uint16_t>) {
+    return to_bf16(value);
+  } else {
+    return value;
+  }
+}
+
+// Rows (c, i, j) of group `grp`, columns (image n0 .. n1, output pixel) into cols (K x M), in
+// T or (Out uint16_t, from float) in bf16.
+template <typename T, typename Out = T>
+void im2col(const T* x, const ConvGeom& g, int64_t grp, int64_t n0, int64_t n1, Out* cols) {
   const int64_t cg = g.c / g.group, taps = int64_t(g.kh) * g.kw, k = cg * taps;
   const int64_t nb = n1 - n0, p = g.ho * g.wo, m = nb * p, plane = g.h * g.w;
   parallel_for(k * nb, p, [&](int64_t begin, int64_t end) {
@@ -114,26 +125,26 @@ void im2col(const T* x, const ConvGeom& g, int64_t grp, int64_t n0, int64_t n1, 
       const int64_t nn = item / k, r = item % k;
       const int64_t cl = r / taps, i = (r / g.kw) % g.kh, j = r % g.kw;
       const T* src = x + ((n0 + nn) * g.c + grp * cg + cl) * plane;
-      T* dst = cols + r * m + nn * p;
+      Out* dst = cols + r * m + nn * p;
       const int64_t off_w = j * g.dw - g.pw;
       int64_t lo, hi;
       valid_range(off_w, g.sw, g.w, g.wo, &lo, &hi);
       for (int64_t oh = 0; oh < g.ho; ++oh, dst += g.wo) {
         const int64_t ih = oh * g.sh - g.ph + i * g.dh;
         if (ih < 0 || ih >= g.h) {
-          std::fill(dst, dst + g.wo, T(0));
+          std::fill(dst, dst + g.wo, Out(0));
           continue;
         }
         // Plain loops, not memcpy/fill: rows are short (16 to 55 values in the zoo's nets) and
         // a library call per row cost as much as the copy.
         const T* row = src + ih * g.w + off_w;
-        for (int64_t ow = 0; ow < lo; ++ow) dst[ow] = T(0);
+        for (int64_t ow = 0; ow < lo; ++ow) dst[ow] = Out(0);
         if (g.sw == 1) {
-          for (int64_t ow = lo; ow < hi; ++ow) dst[ow] = row[ow];
+          for (int64_t ow = lo; ow < hi; ++ow) dst[ow] = lowered<Out>(row[ow]);
         } else {
-          for (int64_t ow = lo; ow < hi; ++ow) dst[ow] = row[ow * g.sw];
+          for (int64_t ow = lo; ow < hi; ++ow) dst[ow] = lowered<Out>(row[ow * g.sw]);
         }
-        for (int64_t ow = hi; ow < g.wo; ++ow) dst[ow] = T(0);
+        for (int64_t ow = hi; ow < g.wo; ++ow) dst[ow] = Out(0);
       }
     }
   });
@@ -268,17 +279,30 @@ void forward_range(const T* x, const T* weight, const T* bias, T* y, const ConvG
     const int64_t n1 = std::min(end, n0 + step);
     const Buffers buf = workspace_for<T>(g, n1 - n0);
     const bool single = n1 - n0 == 1, direct = single && is_pointwise(g);
+    // bf16 on an MKL engine: lowered straight into bf16, which the engine multiplies, rather
+    // than into float32 written, read back and rounded (bf16.h); the same bits.
+    const bool in_bf16 = std::is_same_v<T, float> && !direct && bf16_takes_rounded_operands();
     for (int64_t grp = 0; grp < g.group; ++grp) {
-      const T* cols = direct ? x + (n0 * g.c + grp * cg) * p : buf.cols<T>();
-      if (!direct) im2col(x, g, grp, n0, n1, buf.cols<T>());
       const T* w = weight + grp * buf.og * buf.k;
+      // One image: its top block in y is the product (buf.m == p); else buf's top, scattered.
+      T* top = single ? y + (n0 * g.o + grp * buf.og) * p : buf.top<T>();
+      if constexpr (std::is_same_v<T, float>) {
+        if (in_bf16) {
+          uint16_t* cols16 = buf.cols<uint16_t>();
+          im2col(x, g, grp, n0, n1, cols16);
+          gemm_bf16_rounded_b(false, buf.og, buf.m, buf.k, 1.0f, w, buf.k, cols16, buf.m, 0.0f,
+                              top, buf.m);
+        }
+      }
+      if (!in_bf16) {
+        const T* cols = direct ? x + (n0 * g.c + grp * cg) * p : buf.cols<T>();
+        if (!direct) im2col(x, g, grp, n0, n1, buf.cols<T>());
+        gemm(false, false, buf.og, buf.m, buf.k, T(1), w, buf.k, cols, buf.m, T(0), top,
+             buf.m);
+      }
       if (single) {
-        gemm(false, false, buf.og, p, buf.k, T(1), w, buf.k, cols, p, T(0),
-             y + (n0 * g.o + grp * buf.og) * p, p);
         if (bias) add_bias(bias, g, grp, n0, y);
       } else {
-        gemm(false, false, buf.og, buf.m, buf.k, T(1), w, buf.k, cols, buf.m, T(0),
-             buf.top<T>(), buf.m);
         scatter_top(buf.top<T>(), bias, g, grp, n0, n1, y);
       }
     }

@@ -218,6 +218,25 @@ def test_convolution_multiplies_bf16_operands(bf16, case):
           reference.conv_backward_weight(xr, dyr, *geom).astype(np.float32), np.float32)
 
 
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_lowering_straight_into_bf16_gives_the_gemms_bits(bf16, case):
+    """On MKL's engines the lowered forward writes its columns in bf16 (no float32 copy to
+    round); its product is the bf16 GEMM's on the float32 columns to the bit: the same
+    rounding, the same engine calls. One partition, one chunk: one GEMM per group."""
+    _C.set_conv_layout(1)
+    _C.set_partition_mode(1)
+    _C.set_gemm_order(1)  # matmul: the direct order in bf16, not a float32 choice
+    x, weight, bias, _, geom = conv_arrays(case, np.float32)
+    got = cpu.conv_forward(x, weight, None, *geom)
+    cols, ho, wo = reference._lower(x, *geom)
+    group = geom[4]
+    w = weight.reshape(group, weight.shape[0] // group, -1)
+    n = x.shape[0]
+    want = np.stack([cpu.matmul(w[g], cols[g]) for g in range(group)])  # (group, O/g, N*P)
+    want = want.reshape(group, -1, n, ho * wo).transpose(2, 0, 1, 3).reshape(got.shape)
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("layout", [3, 4])
 def test_forced_float32_layouts_stay_float32_under_bf16(bf16, layout):
     """The direct and Winograd layouts are float32 kernels (the Winograd's GEMMs included):
