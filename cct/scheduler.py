@@ -24,6 +24,9 @@ split would be predicted faster by more than ``rebalance_margin`` (10%, checked 
 ``rebalance_every`` = 20 iterations: a LeNet-sized net's slice times jitter by 5-10%, and each
 re-split is a log line and a reshape), and leaves out a device whose images do not pay for the
 cost of sending it params and gathering its gradients. It logs every split with its reason.
+In deterministic mode (``--deterministic``) nothing is timed: :func:`rule_split` fixes the
+split from the devices alone and it is never rebalanced, so two runs sum the same slices'
+gradients and agree to the bit.
 A replica whose memory is not the master's (a CPU beside a GPU master) gets its slice and the
 weights, and sends its gradients back, on a copier thread pipelined with its passes
 (:class:`_Copies`); what the copies still keep it waiting counts as its per-batch overhead.
@@ -46,7 +49,7 @@ import numpy as np
 from . import glog
 from .devices import (BlasThreads, CPUDevice, Device, DeviceError, available_cores,
                       parse_devices)
-from .backend import alongside, copy as copy_array, host
+from .backend import alongside, copy as copy_array, host, plans
 from .errors import CCTError, bug_report, is_bug
 from .params import GradientSource, NetSource
 
@@ -104,6 +107,24 @@ def choose_devices(total: int, speeds: Sequence[float], overheads: Sequence[floa
         why += (f"; left out device(s) {', '.join(names[i] for i in left_out)}: predicted "
                 f"{t:.3g} s/batch without them, {alone:.3g} s with all")
     return split, why
+
+
+def rule_split(total: int, devices: Sequence[Device]) -> Tuple[List[int], str]:
+    """Deterministic mode's split of ``total``, by a rule and not by timing (a measured split
+    moves with the machine's load, and the split decides how the batch's gradient is summed,
+    so two runs would differ in their last bits): with a GPU (or the stand-in) among the
+    devices, the accelerators share the batch equally and CPU groups beside them take
+    nothing (a GPU alone is the fast one: issue 30's CaffeNet, 2,277 img/s against the CPU's
+    255); else each CPU group in proportion to its cores. And a sentence saying so."""
+    cores = [len(getattr(d, "cores", ())) for d in devices]
+    if any(c == 0 for c in cores):
+        weights = [1.0 if c == 0 else 0.0 for c in cores]
+        why = "the accelerators equally, none to the CPU groups beside them"
+    else:
+        weights = [float(c) for c in cores]
+        why = "in proportion to each CPU group's cores"
+    return proportional_split(total, weights), \
+        f"deterministic mode's rule, nothing timed: {why}"
 
 
 def gradient_source(net, devices) -> GradientSource:
@@ -325,7 +346,8 @@ class HybridScheduler:
     def __init__(self, master, devices: Sequence[Device], *, rebalance_margin: float = 0.1,
                  rebalance_every: int = 20, probe_iters: int = 2, smoothing: float = 0.2,
                  split: Optional[Sequence[int]] = None,
-                 throughput: Optional[Dict[Tuple[str, str, tuple], float]] = None):
+                 throughput: Optional[Dict[Tuple[str, str, tuple], float]] = None,
+                 deterministic: Optional[bool] = None):
         if not devices:
             raise DeviceError("the hybrid scheduler needs at least one device")
         self.master = master
@@ -339,6 +361,9 @@ class HybridScheduler:
         self.rebalance_every = rebalance_every
         self.probe_iters = probe_iters
         self.smoothing = smoothing
+        # Deterministic mode (cct train --deterministic: the kernels' plans by rule too): the
+        # split by rule_split, never timed nor rebalanced.
+        self.by_rule = plans.deterministic() if deterministic is None else deterministic
         if len(master.source_layers()) == len(master.layers):
             raise DeviceError(f"net '{master.name}' has nothing to split across devices: every "
                               f"layer is a data layer.")
@@ -493,6 +518,9 @@ class HybridScheduler:
             self.replicas[0].speed = 1.0
             self._apply_split([self.batch])
             return
+        if self.by_rule:
+            self._resplit("first split")
+            return
         self._fill_inputs_all()
         failed = []
         for r in self.replicas:
@@ -541,6 +569,13 @@ class HybridScheduler:
 
     # -- splitting ---------------------------------------------------------------------------
     def _resplit(self, reason: str) -> None:
+        if self.by_rule:
+            split, why = rule_split(self.batch, [r.device for r in self.replicas])
+            self._apply_split(split)
+            parts = ", ".join(f"{r.device} {r.n}" for r in self.replicas)
+            glog.info("scheduler.py:0", f"Hybrid split of {self.batch} ({reason}): {parts}; "
+                      f"{why}")
+            return
         speeds = [r.speed for r in self.replicas]
         split, why = choose_devices(self.batch, speeds, [r.overhead for r in self.replicas],
                                     [r.device.name for r in self.replicas])
@@ -573,7 +608,8 @@ class HybridScheduler:
                     blob.reshape((n,) + tuple(blob.shape[1:]))
 
     def _maybe_rebalance(self) -> None:
-        if self.fixed_split is not None or self.iterations % self.rebalance_every:
+        if (self.fixed_split is not None or self.by_rule
+                or self.iterations % self.rebalance_every):
             return
         speeds = [r.speed for r in self.replicas]
         overheads = [r.overhead for r in self.replicas]

@@ -16,7 +16,9 @@ from cct.errors import CCTError
 from cct.install import install_hint
 from cct.proto import caffe_pb2
 from cct.api import Solver
-from cct.scheduler import HybridScheduler, batch_seconds, choose_devices, proportional_split
+from cct.backend import plans
+from cct.scheduler import (HybridScheduler, batch_seconds, choose_devices, proportional_split,
+                           rule_split)
 
 BATCH = 16
 
@@ -122,6 +124,45 @@ def test_choose_devices_leaves_out_a_device_that_does_not_pay():
         split, _ = choose_devices(64, speeds, over)
         alone = batch_seconds([64] + [0] * (len(speeds) - 1), speeds, over)
         assert batch_seconds(split, speeds, over) <= alone
+
+
+def test_deterministic_modes_split_is_a_rule_of_the_devices():
+    cores = available_cores()
+    two = [CPUDevice([cores[0]]), CPUDevice([cores[-1]])]
+    assert rule_split(64, two)[0] == [32, 32]
+    wide = CPUDevice([cores[0]])
+    wide.cores = (0, 1, 2)            # three cores' worth: the rule reads the count only
+    split, why = rule_split(64, [wide, two[0]])
+    assert split == [48, 16] and "in proportion to each CPU group's cores" in why
+    split, why = rule_split(64, [two[0], StandInDevice(), two[1]])
+    assert split == [0, 64, 0] and "none to the CPU groups" in why
+    assert "nothing timed" in why
+
+
+def test_deterministic_mode_splits_by_rule_and_repeats_to_the_bit(data_list, tmp_path, capsys):
+    """--deterministic: no probe, no rebalancing (a slow device keeps its share), and two runs
+    give the same params to the bit, as the measured split (which follows the machine's
+    load) cannot promise."""
+    param = solver_param(data_list, tmp_path, max_iter=30)
+    whole, _, _ = train(param, iters=30)
+    cores = available_cores()
+    plans.set_deterministic(True)
+    try:
+        runs = []
+        for _ in range(2):
+            capsys.readouterr()
+            devices = [CPUDevice([cores[0]]), SlowCPU([cores[-1]], delay=0.002)]
+            runs.append(train(param, devices, iters=30))
+            text = capsys.readouterr().err
+            assert "alone (slice of" not in text and "rebalanced" not in text
+            assert "Hybrid split of 16 (first split): cpu:" in text
+            assert "deterministic mode's rule, nothing timed" in text
+            assert [r.n for r in runs[-1][2].replicas] == [8, 8]
+    finally:
+        plans.set_deterministic(False)
+    for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1]):
+        np.testing.assert_array_equal(a, b)
+    assert_same_params(whole, runs[0][0], rtol=5e-5)
 
 
 # -- the update --------------------------------------------------------------------------------
