@@ -193,7 +193,6 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   const int chosen = g_engine.load();
   if (chosen == kKernel)
     return gemm_bf16_kernel(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  if (g_gemm.load() == nullptr) throw std::runtime_error("bf16 GEMM without its engine loaded");
   // Separate from thread_workspace(): the lowered matrix being multiplied lives there.
   thread_local std::vector<uint16_t> a_buffer, b_buffer;
   const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
@@ -207,16 +206,15 @@ bool bf16_takes_rounded_operands() {
   return g_on.load(std::memory_order_relaxed) && g_engine.load() != kKernel;
 }
 
-void gemm_bf16_rounded_b(bool ta, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+void gemm_bf16_rounded_b(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                          int64_t lda, const uint16_t* b16, int64_t ldb, float beta, float* c,
                          int64_t ldc) {
   const int chosen = g_engine.load();
-  if (chosen == kKernel || g_gemm.load() == nullptr)
-    throw std::runtime_error("gemm_bf16_rounded_b needs an MKL engine (bf16_takes_rounded_operands)");
+  if (chosen == kKernel)
+    throw std::runtime_error("gemm_bf16_rounded_b without an MKL engine");
   thread_local std::vector<uint16_t> a_buffer;
-  const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
-  const uint16_t* a16 = rounded_copy(a_buffer, a, a_rows, a_cols, lda);
-  mkl_gemm(chosen, ta, false, m, n, k, alpha, a16, a_cols, b16, ldb, beta, c, ldc);
+  const uint16_t* a16 = rounded_copy(a_buffer, a, m, k, lda);
+  mkl_gemm(chosen, false, false, m, n, k, alpha, a16, k, b16, ldb, beta, c, ldc);
 }
 
 }  // namespace cct

@@ -290,8 +290,8 @@ void forward_range(const T* x, const T* weight, const T* bias, T* y, const ConvG
         if (in_bf16) {
           uint16_t* cols16 = buf.cols<uint16_t>();
           im2col(x, g, grp, n0, n1, cols16);
-          gemm_bf16_rounded_b(false, buf.og, buf.m, buf.k, 1.0f, w, buf.k, cols16, buf.m, 0.0f,
-                              top, buf.m);
+          gemm_bf16_rounded_b(buf.og, buf.m, buf.k, 1.0f, w, buf.k, cols16, buf.m, 0.0f, top,
+                              buf.m);
         }
       }
       if (!in_bf16) {

@@ -24,8 +24,9 @@ keep the choice fixed:
 
 A table is ``{"conv": [[kernel, geometry(16), itemsize, threads, modes, partitions, layout,
 cache_chunks], ...], "gemm": [[trans_a, trans_b, m, n, k, itemsize, threads, accumulate,
-transposed], ...], "bf16": engine}``: the C++ tables' keys and choices as they are (layout 0 lowered, 1
-pointwise, 2 direct, 3 Winograd F(2x2, 3x3) or F(2x2, 5x5), 4 Winograd F(4x4, 3x3); a GEMM's
+transposed], ...], "bf16": engine}``: the C++ tables' keys and choices as they are (layout 0
+lowered, 1 pointwise, 2 direct, 3 Winograd F(2x2, 3x3) or F(2x2, 5x5), 4 Winograd F(4x4,
+3x3); a GEMM's accumulate: whether it adds into C (raced apart from overwriting it), its
 choice true/false for its operand order, 2 or 3 for the same orders run in float32 under
 bf16), and the bf16 GEMM engine once one was chosen
 (cct/backend/precision.py times them: the engines round differently too).
