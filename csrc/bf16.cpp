@@ -206,7 +206,7 @@ bool bf16_takes_rounded_operands() {
   return g_on.load(std::memory_order_relaxed) && g_engine.load() != kKernel;
 }
 
-void gemm_bf16_rounded_b(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+void gemm_bf16_rounded_b(bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                          int64_t lda, const uint16_t* b16, int64_t ldb, float beta, float* c,
                          int64_t ldc) {
   const int chosen = g_engine.load();
@@ -214,7 +214,7 @@ void gemm_bf16_rounded_b(int64_t m, int64_t n, int64_t k, float alpha, const flo
     throw std::runtime_error("gemm_bf16_rounded_b without an MKL engine");
   thread_local std::vector<uint16_t> a_buffer;
   const uint16_t* a16 = rounded_copy(a_buffer, a, m, k, lda);
-  mkl_gemm(chosen, false, false, m, n, k, alpha, a16, k, b16, ldb, beta, c, ldc);
+  mkl_gemm(chosen, false, tb, m, n, k, alpha, a16, k, b16, ldb, beta, c, ldc);
 }
 
 }  // namespace cct

@@ -65,8 +65,9 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
 // bf16 and call gemm_bf16_rounded_b, sparing a float32 copy written and read back to be
 // rounded. cct's kernel rounds while it packs: no such copy to spare.
 bool bf16_takes_rounded_operands();
-// gemm_bf16 untransposed with B given in bf16 (k x n, leading dimension ldb): the same bits.
-void gemm_bf16_rounded_b(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+// gemm_bf16 with A untransposed and B given in bf16 (k x n, or n x k with tb; leading
+// dimension ldb): the same bits.
+void gemm_bf16_rounded_b(bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                          int64_t lda, const uint16_t* b16, int64_t ldb, float beta, float* c,
                          int64_t ldc);
 // The same on cct's own kernel, whatever engine is chosen (bf16_kernel_supported() only).

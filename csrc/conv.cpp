@@ -290,8 +290,8 @@ void forward_range(const T* x, const T* weight, const T* bias, T* y, const ConvG
         if (in_bf16) {
           uint16_t* cols16 = buf.cols<uint16_t>();
           im2col(x, g, grp, n0, n1, cols16);
-          gemm_bf16_rounded_b(buf.og, buf.m, buf.k, 1.0f, w, buf.k, cols16, buf.m, 0.0f, top,
-                              buf.m);
+          gemm_bf16_rounded_b(false, buf.og, buf.m, buf.k, 1.0f, w, buf.k, cols16, buf.m, 0.0f,
+                              top, buf.m);
         }
       }
       if (!in_bf16) {
@@ -341,13 +341,29 @@ void backward_weight_range(const T* x, const T* dy, T* dweight, const ConvGeom& 
     const int64_t n1 = std::min(end, n0 + step);
     const Buffers buf = workspace_for<T>(g, n1 - n0);
     const bool single = n1 - n0 == 1, direct = single && is_pointwise(g);
+    const T beta = n0 == begin && !accumulate ? T(0) : T(1);
+    // bf16 on an MKL engine, the shape's race run and won by the bf16 GEMM in this order: the
+    // columns lowered straight into bf16, as the forward does (the race itself, and float32
+    // or the other order where they won, need the float32 columns).
+    const bool in_bf16 = std::is_same_v<T, float> && !direct && bf16_takes_rounded_operands() &&
+                         gemm_known_choice<T>(false, true, og, k, buf.m, beta) == 0;
     for (int64_t grp = 0; grp < g.group; ++grp) {
-      const T* cols = direct ? x + (n0 * g.c + grp * cg) * p : buf.cols<T>();
-      if (!direct) im2col(x, g, grp, n0, n1, buf.cols<T>());
       const T* dyt = single ? dy + (n0 * g.o + grp * og) * p : buf.top<T>();
       if (!single) gather_top(dy, g, grp, n0, n1, buf.top<T>());
-      gemm_measured(false, true, og, k, buf.m, T(1), dyt, buf.m, cols, buf.m,
-                    n0 == begin && !accumulate ? T(0) : T(1), dweight + grp * og * k, k);
+      if constexpr (std::is_same_v<T, float>) {
+        if (in_bf16) {
+          uint16_t* cols16 = buf.cols<uint16_t>();
+          im2col(x, g, grp, n0, n1, cols16);
+          gemm_bf16_rounded_b(true, og, k, buf.m, 1.0f, dyt, buf.m, cols16, buf.m, beta,
+                              dweight + grp * og * k, k);
+        }
+      }
+      if (!in_bf16) {
+        const T* cols = direct ? x + (n0 * g.c + grp * cg) * p : buf.cols<T>();
+        if (!direct) im2col(x, g, grp, n0, n1, buf.cols<T>());
+        gemm_measured(false, true, og, k, buf.m, T(1), dyt, buf.m, cols, buf.m, beta,
+                      dweight + grp * og * k, k);
+      }
     }
   }
 }

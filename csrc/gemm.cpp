@@ -67,6 +67,14 @@ void gemm_transposed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha,
   add_transposed(scratch.data(), m, n, beta, c, ldc);
 }
 
+// The table's key of a call: bf16 GEMMs (bf16.h) take their own orders (element size 2).
+template <typename T>
+Key key_of(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T beta) {
+  const bool bf16 = std::is_same_v<T, float> && bf16_gemm_enabled();
+  return Key{ta, tb, m, n, k, bf16 ? 2 : int64_t(sizeof(T)), blas_get_num_threads(),
+             beta != T(0)};
+}
+
 template <typename T>
 int choose_order(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
                  const T* b, int64_t ldb, T beta, const T* c, int64_t ldc,
@@ -80,8 +88,7 @@ int choose_order(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, 
   // make.
   const bool bf16 = std::is_same_v<T, float> && bf16_gemm_enabled();
   const bool accumulate = beta != T(0);
-  const Key key{ta, tb, m, n, k, bf16 ? 2 : int64_t(sizeof(T)), blas_get_num_threads(),
-                accumulate};
+  const Key key = key_of(ta, tb, m, n, k, beta);
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     auto it = g_transposed.find(key);
@@ -132,6 +139,14 @@ void gemm_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, c
   }
 }
 
+template <typename T>
+int gemm_known_choice(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T beta) {
+  if (g_order != 0) return g_order == 2 ? 1 : 0;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_transposed.find(key_of(ta, tb, m, n, k, beta));
+  return it == g_transposed.end() ? -1 : it->second;
+}
+
 std::vector<GemmChoice> gemm_choices() {
   std::lock_guard<std::mutex> lock(g_mutex);
   std::vector<GemmChoice> out;
@@ -166,6 +181,7 @@ void set_gemm_order(int order) {
   g_order = order;
 }
 
+template int gemm_known_choice<float>(bool, bool, int64_t, int64_t, int64_t, float);
 template void gemm_measured<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,
                                    int64_t, const float*, int64_t, float, float*, int64_t);
 template void gemm_measured<double>(bool, bool, int64_t, int64_t, int64_t, double,

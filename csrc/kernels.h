@@ -78,6 +78,10 @@ void gemm_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, con
 template <typename T>
 void gemm_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                    int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+// The choice gemm_measured would run for this call (the forced order, or the table's), -1
+// before the shape's first call has raced the candidates.
+template <typename T>
+int gemm_known_choice(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T beta);
 // The orders chosen so far: (ta, tb, m, n, k, element size, BLAS threads, accumulate (beta !=
 // 0), choice): 0 the direct order, 1 transposed; under bf16 also 2 and 3, the same in float32.
 using GemmChoice =

@@ -237,6 +237,22 @@ def test_lowering_straight_into_bf16_gives_the_gemms_bits(bf16, case):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_weight_gradient_lowered_straight_into_bf16_gives_the_gemms_bits(bf16, case):
+    """The weight gradient's columns too, once its GEMM's race is known to have gone to the
+    bf16 GEMM in the direct order (forced here): dW_g = dY_g cols_g^T, to the bit."""
+    _C.set_conv_layout(1)
+    _C.set_partition_mode(1)
+    _C.set_gemm_order(1)
+    x, weight, _, dy, geom = conv_arrays(case, np.float32)
+    got = cpu.conv_backward_weight(x, dy, *geom)
+    cols, ho, wo = reference._lower(x, *geom)
+    group, n = geom[4], x.shape[0]
+    dyg = dy.reshape(n, group, -1, ho * wo).transpose(1, 2, 0, 3).reshape(group, -1, n * ho * wo)
+    want = np.stack([cpu.matmul(dyg[g], cols[g].T) for g in range(group)])
+    np.testing.assert_array_equal(got, want.reshape(got.shape))
+
+
 @pytest.mark.parametrize("layout", [3, 4])
 def test_forced_float32_layouts_stay_float32_under_bf16(bf16, layout):
     """The direct and Winograd layouts are float32 kernels (the Winograd's GEMMs included):
