@@ -163,6 +163,11 @@ class _LRU:
         return value
 
 
+#: :attr:`ArrayKernels.col_budget`'s default: large enough that a chunk's GEMM stays large
+#: (CaffeNet b256's conv2: 8 chunks of 32 images, each 128 x 1,200 x 23,328 per group).
+COL_BUDGET = 256 << 20
+
+
 class ArrayKernels:
     """The kernels bound to one array module. ``device`` returns a key for the device that
     arrays are allocated on now (index arrays are cached per device); ``index_dtype`` is the
@@ -173,8 +178,13 @@ class ArrayKernels:
     def __init__(self, xp, device: Callable[[], Hashable] = lambda: None,
                  index_dtype=np.intp, cache_size: int = 256,
                  to_host: Callable = np.asarray, uniform: Optional[Callable] = None,
-                 gemm: Optional[Callable] = None):
+                 gemm: Optional[Callable] = None, col_budget: int = COL_BUDGET):
         self.xp = xp
+        # Bytes of lowered columns (or column diffs) one convolution call holds at once: a
+        # batch whose columns pass it is lowered in chunks of images (the CPU's
+        # col_buffer_limit, csrc/conv.cpp). Whole, CaffeNet's conv2 at batch 256 held 1.8 GB
+        # of column diffs and as much again gathered back, on top of the net's 2.7 GB.
+        self.col_budget = int(col_budget)
         # ``a @ b`` (2-D, or stacks of the same count), into ``out`` when given: the GPU's
         # through a cuBLAS handle of cct's own, which a CUDA graph's capture takes (CuPy's
         # matmul refuses a capturing stream), the stand-in's likewise; else xp.matmul.
@@ -254,11 +264,18 @@ class ArrayKernels:
         t = self.xp.ascontiguousarray(dy.reshape(n, o, -1).transpose(1, 2, 0))
         return t.reshape(group, o // group, -1)
 
+    def _chunks(self, n: int, per_image: int):
+        """[n0, n1) slices of a batch of ``n`` whose ``per_image`` bytes each fit the column
+        budget together (at least one image a chunk; one chunk when the batch fits)."""
+        step = max(1, min(n, self.col_budget // max(1, per_image)))
+        return [(n0, min(n, n0 + step)) for n0 in range(0, n, step)] or [(0, 0)]
+
     def conv_forward(self, x, weight, bias, kernel, stride, pad, dilation, group, out=None,
                      engine="DEFAULT"):
         """y = conv(x, weight) + bias. x (N, C, H, W), weight (O, C/group, kh, kw), bias (O,)
         or None; y (N, O, Ho, Wo), written into ``out`` when given. Every ``engine`` is
-        Caffe's here: these kernels only lower (im2col and one GEMM per group)."""
+        Caffe's here: these kernels only lower (im2col and one GEMM per group), in chunks of
+        images within the column budget."""
         xp = self.xp
         dt = _dtype(x, _FAMILY)
         _disjoint(self.xp, "conv_forward", out, x=x, weight=weight, bias=bias)
@@ -267,15 +284,17 @@ class ArrayKernels:
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (_pair(kernel), _pair(stride), _pair(pad),
                                                   _pair(dilation))
         ho, wo = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
-        cols = self._columns(x, kernel, stride, pad, dilation, group)
-        ymat = self._gemm(weight.reshape(group, o // group, -1).astype(dt, copy=False), cols)
-        yt = ymat.reshape(o, ho * wo, n).transpose(2, 0, 1)
+        wmat = weight.reshape(group, o // group, -1).astype(dt, copy=False)
         buf, dest = _target(self.xp, out, (n, o, ho, wo), dt)
-        if bias is None:
-            buf.reshape(n, o, ho * wo)[...] = yt
-        else:
-            xp.add(yt, bias.reshape(1, o, 1).astype(dt, copy=False),
-                   out=buf.reshape(n, o, ho * wo))
+        per_image = c * kh * kw * ho * wo * np.dtype(dt).itemsize
+        for n0, n1 in self._chunks(n, per_image):
+            cols = self._columns(x[n0:n1], kernel, stride, pad, dilation, group)
+            yt = self._gemm(wmat, cols).reshape(o, ho * wo, n1 - n0).transpose(2, 0, 1)
+            top = buf[n0:n1].reshape(n1 - n0, o, ho * wo)
+            if bias is None:
+                top[...] = yt
+            else:
+                xp.add(yt, bias.reshape(1, o, 1).astype(dt, copy=False), out=top)
         return _result(buf, dest)
 
     def conv_backward_data(self, dy, weight, x_shape, kernel, stride, pad, dilation, group,
@@ -292,16 +311,20 @@ class ArrayKernels:
         wmat = weight.reshape(group, o // group, -1).astype(dt, copy=False)
         k = wmat.shape[2]
         p = dy.shape[2] * dy.shape[3]
-        # Column diffs for the whole batch, with one zero row for the inverse index's padding.
-        dcols = xp.empty((group * k * p + 1, n), dt)
-        self._gemm(wmat.transpose(0, 2, 1), self._top_batch_last(dy, group),
-                   out=dcols[:-1].reshape(group, k, p * n))
-        dcols[-1] = 0
         inv = self._index(("col2im",) + geom, lambda: inverse_index(
             conv_columns_index(*geom), c * h * w, exclude=c * h * w))
-        dxt = xp.take(dcols, inv, axis=0).sum(axis=1)                     # (C*H*W, N)
         buf, dest = _target(self.xp, out, (n, c, h, w), dt)
-        buf.reshape(n, c * h * w)[...] = dxt.T
+        # A chunk holds its column diffs and what the inverse index gathers from them.
+        per_image = (group * k * p + inv.size) * np.dtype(dt).itemsize
+        for n0, n1 in self._chunks(n, per_image):
+            nb = n1 - n0
+            # The chunk's column diffs, with one zero row for the inverse index's padding.
+            dcols = xp.empty((group * k * p + 1, nb), dt)
+            self._gemm(wmat.transpose(0, 2, 1), self._top_batch_last(dy[n0:n1], group),
+                       out=dcols[:-1].reshape(group, k, p * nb))
+            dcols[-1] = 0
+            dxt = xp.take(dcols, inv, axis=0).sum(axis=1)                 # (C*H*W, nb)
+            buf[n0:n1].reshape(nb, c * h * w)[...] = dxt.T
         return _result(buf, dest)
 
     def conv_backward_weight(self, x, dy, kernel, stride, pad, dilation, group, out=None,
@@ -313,9 +336,14 @@ class ArrayKernels:
         _accumulating("conv_backward_weight", out, accumulate)
         _disjoint(self.xp, "conv_backward_weight", out, x=x, dy=dy)
         o = dy.shape[1]
-        cols = self._columns(x, kernel, stride, pad, dilation, group)
-        dw = self._gemm(self._top_batch_last(dy, group), cols.transpose(0, 2, 1))
         kh, kw = _pair(kernel)
+        per_image = x.shape[1] * kh * kw * dy.shape[2] * dy.shape[3] * x.dtype.itemsize
+        dw = None
+        # Chunks' gradients added in batch order (one chunk: the whole batch's GEMM).
+        for n0, n1 in self._chunks(x.shape[0], per_image):
+            cols = self._columns(x[n0:n1], kernel, stride, pad, dilation, group)
+            part = self._gemm(self._top_batch_last(dy[n0:n1], group), cols.transpose(0, 2, 1))
+            dw = part if dw is None else self.xp.add(dw, part, out=dw)
         return _store(dw.reshape(o, x.shape[1] // group, kh, kw), out, accumulate)
 
     conv_out_size = staticmethod(conv_out_size)
@@ -332,12 +360,6 @@ class ArrayKernels:
         fill = -np.inf if for_max else 0.0
         return self.xp.take(self._batch_last(x, h * w, fill), idx, axis=0), idx  # (P, T, N*C)
 
-    def _planes_first(self, t, shape, out):
-        """(P, N*C) -> (N, C, Ho, Wo) of ``shape``, written into ``out`` when given."""
-        buf, dest = _target(self.xp, out, shape, t.dtype)
-        buf.reshape(shape[0] * shape[1], t.shape[0])[...] = t.T
-        return _result(buf, dest)
-
     def max_pool_forward(self, x, kernel, stride, pad, pooled, out=None, mask=None):
         """Max over each window of the unpadded bottom, in row-major window order with a
         strict ``>`` as Caffe does (ties go to the first element, NaN never wins).
@@ -353,18 +375,23 @@ class ArrayKernels:
         geoms = self._pool_geometries.get(key, frozenset())
         if (kernel, stride, pad) not in geoms:
             self._pool_geometries[key] = geoms | {(kernel, stride, pad)}
-        win, idx = self._windows(x, kernel, stride, pad, pooled, for_max=True)
-        xp.fmax(win, -np.inf, out=win)           # NaN never wins
-        arg = win.argmax(axis=1)                 # first maximum in window order
-        y = xp.take_along_axis(win, arg[:, None, :], axis=1)[:, 0]
-        taps = idx.shape[1]
-        where = xp.take(idx.reshape(-1), arg + (xp.arange(idx.shape[0]) * taps)[:, None])
-        lowest = dt.type(-np.finfo(dt).max)
-        found = y > lowest
-        y = xp.where(found, y, lowest)
-        where = xp.where(found, where, -1).astype(np.int32)
         shape = (n, c) + pooled
-        return self._planes_first(y, shape, out), self._planes_first(where, shape, mask)
+        ybuf, ydest = _target(xp, out, shape, dt)
+        mbuf, mdest = _target(xp, mask, shape, np.dtype(np.int32))
+        p, taps = pooled[0] * pooled[1], kernel[0] * kernel[1]
+        lowest = dt.type(-np.finfo(dt).max)
+        # A chunk holds its windows' taps and, per window, the argmax, index, top and mask.
+        for n0, n1 in self._chunks(n, c * p * (taps * dt.itemsize + 32)):
+            win, idx = self._windows(x[n0:n1], kernel, stride, pad, pooled, for_max=True)
+            xp.fmax(win, -np.inf, out=win)           # NaN never wins
+            arg = win.argmax(axis=1)                 # first maximum in window order
+            y = xp.take_along_axis(win, arg[:, None, :], axis=1)[:, 0]
+            where = xp.take(idx.reshape(-1), arg + (xp.arange(idx.shape[0]) * taps)[:, None])
+            found = y > lowest
+            planes = (n1 - n0) * c
+            ybuf[n0:n1].reshape(planes, p)[...] = xp.where(found, y, lowest).T
+            mbuf[n0:n1].reshape(planes, p)[...] = xp.where(found, where, -1).astype(np.int32).T
+        return _result(ybuf, ydest), _result(mbuf, mdest)
 
     def max_pool_backward(self, dy, mask, x_shape, out=None):
         """Route each top diff to the bottom element that won its window (sums where windows
@@ -384,12 +411,17 @@ class ArrayKernels:
                                f"the windows are unknown")
         inv = self._index(("max_members", h, w, pooled, geoms),
                           lambda: pool_members_index(h, w, sorted(geoms), pooled))
-        g = self._batch_last(dy.astype(dt, copy=False), p)               # (P + 1, N*C)
-        m = self._batch_last(xp.asarray(mask), p, fill=-1)
-        here = xp.arange(h * w, dtype=m.dtype)[:, None, None]
-        dxt = xp.where(xp.take(m, inv, axis=0) == here, xp.take(g, inv, axis=0),
-                       dt.type(0)).sum(axis=1)
-        return self._planes_first(dxt, (n, c, h, w), out)
+        mask = xp.asarray(mask)
+        here = xp.arange(h * w, dtype=mask.dtype)[:, None, None]
+        buf, dest = _target(xp, out, (n, c, h, w), dt)
+        # A chunk holds the gathered diffs and masks of every bottom element's windows.
+        for n0, n1 in self._chunks(n, c * inv.size * (dt.itemsize + mask.dtype.itemsize + 1)):
+            g = self._batch_last(dy[n0:n1].astype(dt, copy=False), p)    # (P + 1, nb*C)
+            m = self._batch_last(mask[n0:n1], p, fill=-1)
+            dxt = xp.where(xp.take(m, inv, axis=0) == here, xp.take(g, inv, axis=0),
+                           dt.type(0)).sum(axis=1)
+            buf[n0:n1].reshape((n1 - n0) * c, h * w)[...] = dxt.T
+        return _result(buf, dest)
 
     def _divisors(self, h, w, kernel, stride, pad, pooled, dt):
         """AVE's window divisors as a (P, 1) device array of dtype ``dt``."""
@@ -406,9 +438,13 @@ class ArrayKernels:
         _disjoint(self.xp, "ave_pool_forward", out, x=x)
         n, c, h, w = x.shape
         kernel, stride, pad, pooled = _pair(kernel), _pair(stride), _pair(pad), _pair(pooled)
-        win, _ = self._windows(x, kernel, stride, pad, pooled, for_max=False)
         div = self._divisors(h, w, kernel, stride, pad, pooled, dt)
-        return self._planes_first(win.sum(axis=1) / div, (n, c) + pooled, out)
+        p = pooled[0] * pooled[1]
+        buf, dest = _target(self.xp, out, (n, c) + pooled, dt)
+        for n0, n1 in self._chunks(n, c * p * kernel[0] * kernel[1] * dt.itemsize):
+            win, _ = self._windows(x[n0:n1], kernel, stride, pad, pooled, for_max=False)
+            buf[n0:n1].reshape((n1 - n0) * c, p)[...] = (win.sum(axis=1) / div).T
+        return _result(buf, dest)
 
     def ave_pool_backward(self, dy, x_shape, kernel, stride, pad, pooled, out=None):
         """Each top diff, divided by its window's divisor, added to every bottom element of
@@ -419,13 +455,17 @@ class ArrayKernels:
         n, c, h, w = (int(s) for s in x_shape)
         kernel, stride, pad, pooled = _pair(kernel), _pair(stride), _pair(pad), _pair(pooled)
         p = pooled[0] * pooled[1]
-        g = self._batch_last(dy.astype(dt, copy=False), p)
-        g[:p] /= self._divisors(h, w, kernel, stride, pad, pooled, dt)
+        div = self._divisors(h, w, kernel, stride, pad, pooled, dt)
         geom = (h, w, kernel, stride, pad, pooled)
         inv = self._index(("ave_members", geom),
                           lambda: pool_members_index(h, w, [(kernel, stride, pad)], pooled))
-        dxt = xp.take(g, inv, axis=0).sum(axis=1)                         # (H*W, N*C)
-        return self._planes_first(dxt, (n, c, h, w), out)
+        buf, dest = _target(xp, out, (n, c, h, w), dt)
+        for n0, n1 in self._chunks(n, c * inv.size * dt.itemsize):
+            g = self._batch_last(dy[n0:n1].astype(dt, copy=False), p)
+            g[:p] /= div
+            dxt = xp.take(g, inv, axis=0).sum(axis=1)                     # (H*W, nb*C)
+            buf[n0:n1].reshape((n1 - n0) * c, h * w)[...] = dxt.T
+        return _result(buf, dest)
 
     # -- ReLU --------------------------------------------------------------------------------
     def relu_forward(self, x, negative_slope, out=None):

@@ -70,6 +70,40 @@ def test_conv_matches_reference(case, dtype):
     check_conv(K, x, weight, bias, dy, geom, dtype, no_bias=True)
 
 
+@pytest.mark.parametrize("case", [c for c in ALL_CONV if c[0] > 1], ids=str)
+def test_conv_lowered_in_chunks_of_images_gives_the_whole_batchs_values(case, monkeypatch):
+    """A batch whose columns pass the column budget is lowered a chunk of images at a time
+    (here one image: the smallest budget): the same values, to rounding (a GEMM of fewer
+    columns, a sum over the taps vectorized by the chunk's width, the weight gradient added
+    chunk by chunk may each move the last bits)."""
+    dtype = np.float32
+    x, weight, bias, dy, geom = conv_arrays(case, dtype)
+    kernels = K.backend.kernels
+    xd, wd, bd, dyd = (K.xp.asarray(a) for a in (x, weight, bias, dy))
+    whole = [K.backend.to_host(a) for a in (
+        kernels.conv_forward(xd, wd, bd, *geom), kernels.conv_backward_data(dyd, wd, x.shape, *geom),
+        kernels.conv_backward_weight(xd, dyd, *geom))]
+    monkeypatch.setattr(kernels, "col_budget", 1)
+    assert len(kernels._chunks(x.shape[0], 4)) == x.shape[0]
+    chunked = [K.backend.to_host(a) for a in (
+        kernels.conv_forward(xd, wd, bd, *geom), kernels.conv_backward_data(dyd, wd, x.shape, *geom),
+        kernels.conv_backward_weight(xd, dyd, *geom))]
+    close(chunked[0], whole[0], dtype)
+    close(chunked[0], reference.conv_forward(x, weight, bias, *geom), dtype)
+    close(chunked[1], whole[1], dtype)
+    close(chunked[1], reference.conv_backward_data(dy, weight, x.shape, *geom), dtype)
+    close(chunked[2], whole[2], dtype)
+    close(chunked[2], reference.conv_backward_weight(x, dy, *geom), dtype)
+
+
+def test_the_column_budget_bounds_a_chunk():
+    k = ArrayKernels(np, col_budget=100)
+    assert k._chunks(10, 30) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert k._chunks(4, 1000) == [(0, 1), (1, 2), (2, 3), (3, 4)]   # at least one image
+    assert k._chunks(4, 10) == [(0, 4)]
+    assert k._chunks(0, 10) == [(0, 0)]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_conv_writes_into_out_and_accumulates(dtype):
     x, weight, bias, dy, geom = conv_arrays(CONV_CASES[2], dtype)
@@ -155,6 +189,17 @@ def test_max_pool_matches_cpu_and_reference(case, dtype):
     x, _, geom = pool_arrays(case, dtype)
     if not has_empty_window(x.shape[2:], geom):  # the reference knows no empty windows
         check_max_pool(K, reference, case, dtype)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+@pytest.mark.parametrize("case", [c for c in ALL_POOL if c[0] > 1], ids=str)
+def test_pooling_in_chunks_of_images_matches_cpu(case, monkeypatch):
+    """The pooling kernels' gathers take a chunk of images at a time past the column budget
+    (one image here): MAX's tops and masks to the bit, the rest as the CPU's."""
+    monkeypatch.setattr(K.backend.kernels, "col_budget", 1)
+    check_max_pool(K, cpu, case, np.float32)
+    check_ave_pool(K, cpu, case, np.float32)
 
 
 # A window wholly beyond the padded bottom has divisor 0 (or less), as in Caffe.
