@@ -180,10 +180,11 @@ class ArrayKernels:
                  to_host: Callable = np.asarray, uniform: Optional[Callable] = None,
                  gemm: Optional[Callable] = None, col_budget: int = COL_BUDGET):
         self.xp = xp
-        # Bytes of lowered columns (or column diffs) one convolution call holds at once: a
-        # batch whose columns pass it is lowered in chunks of images (the CPU's
+        # Bytes one convolution or pooling call gathers at once (lowered columns, column
+        # diffs, windows): a batch that passes it goes a chunk of images at a time (the CPU's
         # col_buffer_limit, csrc/conv.cpp). Whole, CaffeNet's conv2 at batch 256 held 1.8 GB
-        # of column diffs and as much again gathered back, on top of the net's 2.7 GB.
+        # of column diffs and as much again gathered back, its MAX pooling's backward 2.7 GB,
+        # on top of the net's 2.7 GB.
         self.col_budget = int(col_budget)
         # ``a @ b`` (2-D, or stacks of the same count), into ``out`` when given: the GPU's
         # through a cuBLAS handle of cct's own, which a CUDA graph's capture takes (CuPy's
