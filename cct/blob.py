@@ -160,6 +160,11 @@ class Blob:
     def share_diff(self, other: "Blob") -> None:
         self._diff = other._diff_array().reshape(self.shape)
 
+    def diff_in(self, memory) -> None:
+        """Make this blob's diff the first ``count`` elements of ``memory`` (an array of this
+        blob's module and dtype), in its shape: cct/blob_memory.py's shared buffers."""
+        self._diff = memory[:self.count].reshape(self.shape)
+
     def array_ids(self) -> tuple:
         """The identities of the arrays that hold the data and the diff now (the diff's None
         when none was made): a CUDA graph reads and writes those very arrays, so a blob that
@@ -290,6 +295,11 @@ class DeviceBlob(Blob):
     def share_diff(self, other: "Blob") -> None:
         super().share_diff(other)
         self._diff_mem = other._diff_synced()
+
+    def diff_in(self, memory) -> None:
+        super().diff_in(memory)
+        # Its own head: only the backward pass, on the device, touches a shared buffer.
+        self._diff_mem = SyncedMemory(self._diff, device_of_xp(self.xp))
 
     def __repr__(self) -> str:
         return f"DeviceBlob(shape={self.shape}, dtype={self.dtype}, xp={self.xp.__name__})"

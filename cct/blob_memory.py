@@ -20,7 +20,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from .blob import Blob
+from .blob import Blob, DeviceBlob
 
 
 def _lifetimes(net) -> Dict[int, Tuple[int, int]]:
@@ -49,7 +49,7 @@ def _lifetimes(net) -> Dict[int, Tuple[int, int]]:
         consumed = any(b in ids for ids in bottoms)
         blob = net.blobs_list[b]
         if (b in refused or b in loss or b in inputs or b not in produced or not consumed
-                or not net.blob_need_backward[b] or type(blob) is not Blob):
+                or not net.blob_need_backward[b] or type(blob) not in (Blob, DeviceBlob)):
             continue
         out[b] = (min(steps), max(steps))
     return out
@@ -91,10 +91,11 @@ def share_blob_diffs(net) -> Tuple[int, int]:
     own = shared = 0
     for size, ids in plan(net):
         first = net.blobs_list[ids[0]]
-        memory = np.zeros(size // first.dtype.itemsize, first.dtype)
+        # In the blobs' own memory: the host's, or a device's (the GPU's, the stand-in's).
+        memory = first.xp.zeros(size // first.dtype.itemsize, first.dtype)
         shared += size
         for b in ids:
             blob = net.blobs_list[b]
             own += blob.count * blob.dtype.itemsize
-            blob._diff = memory[:blob.count].reshape(blob.shape)
+            blob.diff_in(memory)
     return own, shared

@@ -129,6 +129,31 @@ def test_no_two_blobs_in_one_buffer_are_alive_together():
             assert end < start
 
 
+def test_shared_diffs_on_a_device_backend_give_the_same_param_diffs():
+    """On a device backend (the stand-in: the GPU's kernels behind CuPy's rules) the shared
+    buffers are device arrays, each blob's diff a view with its own host-sync head, and the
+    backward pass gives the param diffs of a diff per blob, to the bit."""
+    param = net_from_text(BRANCHY)
+    set_quiet(True)
+    try:
+        plain, shared = (Net(param, phase=cct.TRAIN, backend="numpy") for _ in range(2))
+    finally:
+        set_quiet(False)
+    for a, b in zip(plain.params_list, shared.params_list):
+        b.data[...] = a.data
+    own, used = blob_memory.share_blob_diffs(shared)
+    assert 0 < used < own
+    xp = shared.backend.xp
+    for _, ids in blob_memory.plan(shared):
+        for b in ids:
+            blob = shared.blobs_list[b]
+            assert type(blob._diff) is type(xp.zeros(1)), "the buffer is the device's"
+            blob._diff[...] = np.nan    # a diff read before the pass writes it would show
+    for got, want in zip(param_diffs_after_passes(shared), param_diffs_after_passes(plain)):
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(shared.backend.to_host(g), plain.backend.to_host(w))
+
+
 def test_caffenet_shares_about_half_its_diffs():
     path = CAFFE_ZOO / "models/bvlc_reference_caffenet/train_val.prototxt"
     if not path.exists():

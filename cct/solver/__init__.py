@@ -135,8 +135,8 @@ class Solver:
     def _share_blob_diffs(self) -> None:
         """The train net's blob diffs in shared memory (cct/blob_memory.py), where nothing but
         the backward pass reads them: not with debug_info (it prints them) nor Python layers
-        (they may read any blob), nor on a device backend."""
-        if (self.backend != "cpu" or self.param.debug_info
+        (they may read any blob). On every backend: a GPU's memory is the scarcer."""
+        if (self.param.debug_info
                 or any(layer.type == "Python" for layer in self.net.layers)):
             return
         own, shared = blob_memory.share_blob_diffs(self.net)
