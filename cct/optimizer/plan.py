@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -252,6 +253,7 @@ class Optimizer:
         # where start() draws its plan's probes (report.plot), refused now, before any probe
         self.plot = report.check_plot_path(plot) if plot else None
         self.he: Dict[tuple, float] = {}
+        self._rates: Dict[tuple, List[float]] = {}      # HE's measurements (_refine_he)
         self.implicit: Dict[tuple, float] = {}
         # One group's places (race_places): the solver's own nets, each device alone, and the
         # hybrid split over all of them; the fastest trains every one-group candidate.
@@ -421,21 +423,42 @@ class Optimizer:
 
     def measure_he(self, cand: Candidate) -> float:
         """Seconds per iteration of ``cand``'s (strategy, groups, batch), cached: two warm-up
-        iterations, then ``he_iters`` timed ones (the mean of the second half's gaps between
-        iterations, as Omnivore's second half of its display lines)."""
+        iterations, then ``he_iters`` timed ones (at least a round of every group: as
+        Omnivore's second half of its display lines), counted over whole rounds of the groups.
+        Groups that run in step update in bursts of one each: a span from the second update of
+        a burst to the first of another counted two groups' 4 gaps as 5 (measured here: LeNet's
+        two 1-core groups at 5.2 ms per update over 6 updates, 7.2 ms over 40), and a 10% gain
+        (HE_GAIN) was then noise."""
         key = cand.config
         if key not in self.he:
-            record = self._branch(cand, 2 + self.he_iters).record
-            times = [t for t, _ in record[2:]] or [t for t, _ in record]
-            if len(times) >= 2:
-                self.he[key] = (times[-1] - times[0]) / (len(times) - 1)
-            else:
-                self.he[key] = math.inf
-            if self.he_model is not None:
-                self.he[key] = self.he_model(cand, self.he[key])
+            record = self._branch(cand, 2 + max(self.he_iters, cand.groups + 1)).record
+            rate = _rate(record, cand.groups, 1)
+            if rate is None:
+                times = [t for t, _ in record]
+                rate = ((times[-1] - times[0]) / (len(times) - 1) if len(times) >= 2
+                        else math.inf)
+            self._rates[key] = [rate]
+            self._set_he(cand, rate)
             self.implicit.setdefault(key, 0.0)
         cand.he = self.he[key]
         return cand.he
+
+    def _set_he(self, cand: Candidate, measured: float) -> None:
+        self.he[cand.config] = (self.he_model(cand, measured) if self.he_model is not None
+                                else measured)
+
+    def _refine_he(self, cand: Candidate, record: List[Tuple[float, float]]) -> None:
+        """A probe's own iterations refine the HE of its configuration: the median of the
+        measurement and of every probe's rate (past its first two iterations, whole rounds).
+        The first measurement of a run is its very first iterations: measured here, LeNet's
+        one group at 8.3 ms per iteration there and 6.5-6.9 ms in its probes, which had two
+        1-core groups (6.2 ms) pass HE_GAIN against it."""
+        key = cand.config
+        rate = _rate(record, cand.groups, MIN_PROBE // 2)
+        if rate is None or key not in self._rates:
+            return
+        self._rates[key].append(rate)
+        self._set_he(cand, statistics.median(self._rates[key]))
 
     def probe(self, cand: Candidate, iters: int, keep: bool = False) -> Candidate:
         """An SE probe of ``cand`` (see the module doc), or ``iters`` more of it when it was
@@ -449,6 +472,8 @@ class Optimizer:
         branch = self._branch(cand, iters, start=start, keep=keep)
         cand.probe_seconds += time.perf_counter() - began
         cand.probed += iters
+        if not branch.diverged:
+            self._refine_he(cand, branch.record)
         cand.losses += [v for _, v in branch.record]
         cand.state = branch.state
         cand.lines += branch.lines
@@ -584,6 +609,8 @@ class Optimizer:
                     grid = _unique([self._candidate(g, batch, lr, centre + o)
                                     for lr in (prev.lr / 3.0, prev.lr)
                                     for o in self.momentum_offsets])
+                    if prev_he is not None:
+                        prev_he = self.he.get(prev.config, prev_he)     # refined by probes
                     if g > 1 and prev_he is not None and he > prev_he / (1 + HE_GAIN):
                         # Omnivore stops adding groups here; measuring HE costs seconds, so
                         # the larger counts are still measured (HE need not be monotone in g:
@@ -594,7 +621,15 @@ class Optimizer:
                                         f"than {prev_he:.3g} with fewer groups")
                         plan.candidates.extend(grid)
                         continue
-                    probe_all(grid, he, prev, centre, diverged_at)
+                    stand_in = self._borrow(plan, grid, he, prev, centre, diverged_at) \
+                        if g > 1 else None
+                    if stand_in is None:
+                        probe_all(grid, he, prev, centre, diverged_at)
+                    else:
+                        at = len(plan.candidates)
+                        if stand_in.status == "not probed":
+                            probe_all([stand_in], he, prev, centre, diverged_at)
+                        plan.candidates[at:] = grid
                 best_here = self._score(plan, [c for c in grid if c.status == "kept"])
                 if best_here is not None and batch == self.batches[0]:
                     prev, prev_he = best_here, he
@@ -605,6 +640,7 @@ class Optimizer:
         plan.winner = self._halve(plan, kept, began, spend, limit)
         plan.winner.status = "chosen"
         for c in plan.candidates:
+            c.he = self.he.get(c.config, c.he)      # the table shows the refined HE
             if c is not plan.winner:
                 c.drop_branch()
         plan.reason = self._reason(plan)
@@ -761,6 +797,48 @@ class Optimizer:
                 raise CCTError("optimizer: every probe diverged when it went on; lower base_lr "
                                "in the solver")
 
+    def _borrow(self, plan: Plan, grid: List[Candidate], he: float, prev: Candidate,
+                centre: float, diverged_at: List[Tuple[float, float]]) -> Optional[Candidate]:
+        """Issue 33, item 3: a group count's candidates predicted from their one-group twins
+        (:meth:`_extrapolate`, the implicit momentum measured with the HE) instead of a probe
+        each: their own 20-iteration probes rarely leave the staleness' first transient (LeNet,
+        two groups: 27-490 iterations predicted where the twin's said 2-13). The best of them
+        (fewest predicted seconds) is returned to be probed, standing for the count in the
+        halving, whose longer probes let it speak for itself; the rest keep their borrowed
+        prediction in the table, unprobed. One predicted over CONTENDER x the plan's leader is
+        not probed either (the halving's first round would drop it). None when no candidate
+        has a twin (Adam's beta1, momenta far from every probed one): then each is probed."""
+        leader = self._score(plan, [c for c in plan.candidates if c.status == "kept"])
+        flat = FLAT * max(1, int(self.solver.param.max_iter))
+        ref = plan.reference_loss
+        live = []
+        for c in grid:
+            c.he = he
+            why = self._pruned(c, prev, centre, diverged_at)
+            if why:
+                c.status = "pruned: " + why
+                continue
+            c.iters, c.basis = None, ""
+            if ref is not None:
+                self._extrapolate(plan, c, ref, flat)
+            if c.basis:
+                c.seconds = c.iters * he
+                live.append(c)
+        if not live:
+            return None
+        best = min(live, key=lambda c: (c.seconds, self._rank(c)))
+        bar = CONTENDER * leader.seconds if leader is not None and leader.seconds else math.inf
+        for c in live:
+            if c is best and c.seconds <= bar:
+                continue
+            c.status = (f"not probed: predicted {num_text(c.seconds, '.3g')} s from its twin; "
+                        + (f"over {CONTENDER:g}x the leader's {num_text(leader.seconds, '.3g')}"
+                           " s" if c.seconds > bar else f"{best.describe()} stands for "
+                           f"{c.groups} groups"))
+        for c in grid:
+            if c.status == "not probed" and c not in live:
+                c.status = "not probed: no one-group twin to predict it from"
+        return best
     def _probe_unless_pruned(self, c: Candidate, prev: Optional[Candidate], centre: float,
                              diverged_at: List[Tuple[float, float]], iters: int,
                              keep: bool = False) -> None:
@@ -802,6 +880,7 @@ class Optimizer:
         plan.reference_loss = ref
         flat = FLAT * max(1, int(self.solver.param.max_iter))
         for c in kept:
+            c.he = self.he.get(c.config, c.he)      # refined by the probes (_refine_he)
             c.iters = c.fit.iterations_to(ref)
             if c.iters > flat:          # a curve this flat says "not in this run"; its digits
                 c.iters = math.inf      # are noise, not a ranking
@@ -1101,11 +1180,37 @@ def _rank(c: Candidate, base_lr: float) -> Tuple[float, float, float, float]:
     already reached: 0) the lower loss at the probe's end, the probes being paired (the same
     start, the same batches), losses within LOSS_TIE of each other counting as equal; then,
     the probes having said nothing, the lr nearest the solver's own (a plateau does not say
-    which step will leave it), the larger first."""
-    last = c.fit.last if c.fit and c.fit.last > 0 else math.inf
+    which step will leave it), the larger first. The loss compared is the mean of the
+    probe's second half (:func:`_settled`)."""
+    last = _settled(c)
     bucket = (math.floor(math.log(last) / math.log1p(LOSS_TIE)) if math.isfinite(last)
               else math.inf)
     return (c.seconds, bucket, abs(math.log(c.lr / base_lr)), -c.lr)
+
+
+def _settled(c: Candidate) -> float:
+    """The level a probe's losses sit at: the mean of its second half. Its smoothed loss at the
+    end averages a fifth of it, and Caffe's average_loss is often 1 (lenet_solver's): at
+    LeNet's re-tunes four batches' losses decided between lr 0.09 and 0.03 (0.0406 against
+    0.0224, 0.0522 against 0.0523) where ten of each, paired, sit apart by the step's noise."""
+    tail = [v for v in c.losses[len(c.losses) // 2:] if math.isfinite(v)]
+    if len(tail) >= 2:
+        level = sum(tail) / len(tail)
+    else:
+        level = c.fit.last if c.fit else math.inf
+    return level if level > 0 else math.inf
+
+
+def _rate(record: List[Tuple[float, float]], groups: int, least: int) -> Optional[float]:
+    """Seconds per iteration of a branch's record past its first two iterations, counted over
+    whole rounds of the groups (at least ``least`` gaps and a round); None when too short."""
+    times = [t for t, _ in record[2:]]
+    g = max(1, groups)
+    gaps = len(times) - 1
+    gaps -= gaps % g
+    if gaps < max(least, 1) or gaps < g:
+        return None
+    return (times[gaps] - times[0]) / gaps
 
 
 def _probe_end(fit: CurveFit) -> float:

@@ -193,3 +193,97 @@ def test_retunes_do_not_take_the_lr_below_the_solvers(data_list, tmp_path):  # n
     finally:
         o.close()
         solver.close()
+
+
+class Falling:
+    """Fake probes that fall as a power law whose exponent depends on the total momentum
+    (explicit + the implicit momentum of the candidate's groups), peaking at 0.9; records the
+    (groups, lr, momentum) each probe ran."""
+
+    def __init__(self, opt):
+        self.opt, self.ran = opt, []
+
+    def __call__(self, cand, iters, keep=False):
+        cand.probed += iters
+        self.ran.append((cand.groups, round(cand.lr, 6), round(cand.momentum, 4)))
+        mu = cand.momentum + self.opt.implicit.get(cand.config, 0.0)
+        c = 0.8 - abs(mu - 0.9) - abs(math.log(cand.lr / 0.03)) / 10
+        cand.losses = [2.3 * (t / 5.0) ** -c for t in range(1, cand.probed + 1)]
+        cand.state = {"fake": cand.probed} if keep else None
+        cand.fit = fit_power_law(cand.losses, self.opt.solver.iter)
+        cand.status = "kept"
+        return cand
+
+
+def test_a_group_count_is_probed_once_its_candidates_borrow_their_twins_predictions(opt):
+    """Issue 33, item 3: the two-group candidates are predicted from their one-group twins
+    without a probe each; the best of them alone is probed and stands for two groups."""
+    opt.groups = [1, 2]
+    opt.momentum_offsets = [-0.225, 0.0, 0.225]
+    opt.lr_multiples = [1.0, 3.0, 9.0]
+    opt.target_loss = 0.3
+
+    def he(c):
+        c.he = 0.01 if c.groups == 1 else 0.005
+        opt.implicit[c.config] = 0.0 if c.groups == 1 else 0.5
+        return c.he
+    opt.measure_he = he
+    fake = Falling(opt)
+    opt.probe = fake
+    plan = opt.make_plan(limit=10 ** 6)
+    two = [c for c in plan.candidates if c.groups == 2]
+    assert len(two) == 6
+    assert sum(1 for g, _, _ in fake.ran if g == 2) >= 1
+    assert len({(lr, mu) for g, lr, mu in fake.ran if g == 2}) == 1     # one candidate only
+    probed = next(c for c in two if c.probed)
+    borrowed = [c for c in two if c.status.startswith("not probed: predicted")]
+    assert borrowed and all(c.probed == 0 and math.isfinite(c.iters) for c in borrowed)
+    assert all(probed.seconds <= c.seconds for c in borrowed)
+    assert f"{probed.describe()} stands for 2 groups" in borrowed[0].status
+    rows = plan.table()
+    assert any("not probed: predicted" in r for r in rows)
+
+
+def test_without_a_twin_every_candidate_of_the_count_is_probed(opt):
+    """Adam's beta1 is no velocity: no twin, no borrowed prediction, each probed as before."""
+    opt.groups = [1, 2]
+    opt.momentum_offsets = [-0.225, 0.0, 0.225]
+    opt.lr_multiples = [1.0, 3.0]
+    opt.target_loss = 0.3
+    opt.solver.type = "Adam"
+
+    def he(c):
+        c.he = 0.01 if c.groups == 1 else 0.005
+        return c.he
+    opt.measure_he = he
+    fake = Falling(opt)
+    opt.probe = fake
+    plan = opt.make_plan(limit=10 ** 6)
+    two = [c for c in plan.candidates if c.groups == 2]
+    assert two and all(c.probed or c.status.startswith("pruned") for c in two)
+
+
+def test_he_counts_whole_rounds_of_groups_in_step():
+    """Two groups updating in bursts (one update each, then a gap): counted over whole rounds
+    the rate is half a burst's period; a span from a burst's second update to a burst's first
+    made it 20% faster than it is."""
+    from cct.optimizer.plan import _rate
+    bursts = [(t + d, 1.0) for t in range(6) for d in (0.0, 0.001)]   # 12 updates, 6 rounds
+    assert _rate(bursts, 2, 1) == pytest.approx(0.5, rel=1e-2)
+    even = [(t * 0.1, 1.0) for t in range(10)]
+    assert _rate(even, 1, 1) == pytest.approx(0.1)
+    assert _rate(even[:3], 2, 1) is None                # no whole round past the warm-up
+
+
+def test_probes_refine_a_configurations_he(opt):
+    """The run's first measurement is its first iterations (slow); its probes' own rates
+    outvote it: HE is the median of the measurement and of every probe's rate."""
+    from cct.optimizer import Candidate
+    c = Candidate("sync", 1, 16, 0.01, 0.9)
+    opt._rates[c.config] = [0.02]
+    opt.he[c.config] = 0.02
+    for rate in (0.010, 0.011):
+        opt._refine_he(c, [(t * rate, 1.0) for t in range(20)])
+    assert opt.he[c.config] == pytest.approx(0.011)
+    opt._refine_he(c, [(t * 0.5, 1.0) for t in range(5)])     # too short to count
+    assert len(opt._rates[c.config]) == 3
