@@ -8,7 +8,10 @@ Time to target = HE x iterations to target (Omnivore's hardware and statistical 
   a :class:`~cct.driver.Driver` (``async``; ``hogbatch`` when the batch differs) built on the
   same solver.
 * **HE** (seconds per iteration) is measured once per (strategy, groups, batch): a few warm-up
-  iterations, then a few timed ones, on a branch that is thrown away. The same run measures the
+  iterations, then a few timed ones over whole rounds of the groups, on a branch that is
+  thrown away; each probe's own iterations refine it (the median of all: the run's first
+  measurement is its first iterations, slower than the rest, and made two 1-core groups look
+  10% faster than one 2-core group where they were not). The same run measures the
   staleness of a driven configuration: its implicit momentum E[tau]/(1+E[tau]) moved the
   momentum search's centre (negative values allowed). On the simulated engine the groups run
   one after another in this thread, so its HE is that of one group: the simulated engine is
@@ -21,7 +24,8 @@ Time to target = HE x iterations to target (Omnivore's hardware and statistical 
   predicts the iterations to the reference loss: the target loss, or, without one (or with a
   target accuracy, which a probe does not measure), 0.9 x the lowest fitted loss at any
   probe's end. Predicted seconds = HE x predicted iterations; the fewest wins, ties (flat
-  curves: inf) going to the lower loss at the probe's end.
+  curves: inf) going to the lower level of the probe's second half (paired: the same
+  batches).
 * **Successive halving**: the first round probes every candidate for a short while (the probe
   share of the run spread over the rounds, at least MIN_PROBE iterations); then the better
   half, less any candidate predicted at over CONTENDER x the leader's time, goes on from where
@@ -51,11 +55,13 @@ Time to target = HE x iterations to target (Omnivore's hardware and statistical 
   settings, from the end of their probe. The momenta are left to the re-tunes then, which
   start past the plateau. Ties elsewhere (flat curves, losses within LOSS_TIE) go to the
   solver's lr as before. The probes not kept cost at most the probe share of the horizon.
-* **Multi-group candidates** whose 20-iteration probes predict "never" (staleness g - 1 from
-  the first update: their curves bend later) borrow the prediction of their one-group twin at
-  momentum + the implicit momentum measured for them (:meth:`Optimizer._extrapolate`); that
-  keeps them in the halving, whose longer probes then speak for themselves, but a borrowed
-  prediction never wins on its own (:meth:`Optimizer._halve`).
+* **Multi-group candidates** are predicted from their one-group twin at momentum + the
+  implicit momentum measured with their HE (:meth:`Optimizer._extrapolate`): their own
+  20-iteration probes mostly predict "never" (staleness g - 1 from the first update: their
+  curves bend later). Only the best-predicted candidate of a group count is probed
+  (:meth:`Optimizer._borrow`); it stands for the count in the halving, whose longer probes
+  then speak for themselves, and a borrowed prediction never wins on its own
+  (:meth:`Optimizer._halve`). Without a twin (Adam's beta1 is no velocity) each is probed.
 * **Re-tuning** every ``retune_every`` iterations (default an epoch or a tenth of max_iter,
   but never so often that a re-tune's first round costs more than the probe share of the
   interval), or when the measured seconds per iteration drift by more than 25% from the
@@ -66,7 +72,8 @@ Time to target = HE x iterations to target (Omnivore's hardware and statistical 
   iteration 400 took lr 0.001) at the current group count, halving as the plan does, and
   (Omnivore's steady state) halves the groups when the best momentum is not positive.
   A prediction without evidence (a slope within two standard errors of flat) is no
-  prediction: it ties with the flat ones, and the paired losses at the probes' end decide. lr changes are a multiple
+  prediction: it ties with the flat ones, and the paired losses of the probes' second halves
+  decide. lr changes are a multiple
   of the solver's base_lr; momentum and groups are applied by rebuilding the driver on the
   same solver, in the same process.
 * **Recovery**: a probe is short, and a step size can look best for 20 iterations and blow up
@@ -106,7 +113,7 @@ HE_GAIN = 0.10          # Omnivore's "FC saturation": more groups must cut HE by
 DRIFT = 0.25            # re-tune when seconds/iteration drift by more than this
 MU_RANGE = (-0.9, 0.99)
 FLAT = 100               # predictions beyond this many runs of max_iter count as never
-LOSS_TIE = 0.01          # losses at a probe's end closer than this (relative) are a tie
+LOSS_TIE = 0.01          # probes' levels (_settled) closer than this (relative) are a tie
 CONTENDER = 3.0          # a candidate predicted over this multiple of the leader's time drops out
 MIN_PROBE = 20           # iterations: shorter probes rank candidates by noise
 MAX_RECOVERIES = 3       # divergences in training the optimizer steps back from
@@ -691,12 +698,14 @@ class Optimizer:
         What is left without a fall keeps the solver's lr, the tie rule of :func:`_rank`:
         no evidence, no change."""
         g, batch, mu = first.groups, first.batch, first.momentum
+        level = sum(first.losses) / max(1, len(first.losses))     # the plateau's loss
         ladder, at = [first], first.lr
         for _ in range(LR_STEPS):
             at *= LR_STEP
             c = self._candidate(g, batch, at, mu)
             probe(c)
             ladder.append(c)
+            _blew_up(c, level)
             if c.status != "kept":
                 break
             if leaving(c.losses):
@@ -717,6 +726,7 @@ class Optimizer:
                               f"a longer probe would pass iteration {limit}") + ")")
                 break
             self.probe(top, more, keep=self._fit_in_memory(2))
+            _blew_up(top, level)
             if top.status != "kept":
                 log.append(f"lr {top.lr:.4g} diverged at {top.probed} iterations")
                 alive.pop(0)
@@ -936,8 +946,8 @@ class Optimizer:
         end = w.fit.t_last
         if w.iters is None or not math.isfinite(w.iters):
             line = (f"{w.describe()} wins: no probe is predicted to reach the {ref} in this "
-                    f"run (flat loss curves); it ranks first by its smoothed loss "
-                    f"{w.fit.last:.4g} at its probe's end, iteration {end}")
+                    f"run (flat loss curves); it ranks first by its loss "
+                    f"{_settled(w):.4g} over its probe's second half, to iteration {end}")
         elif w.iters == 0:
             line = (f"{w.describe()} wins: predicted at the {ref} already: its probe reached "
                     f"it (smoothed loss {w.fit.last:.4g} at iteration {end})")
@@ -1186,6 +1196,23 @@ def _rank(c: Candidate, base_lr: float) -> Tuple[float, float, float, float]:
     bucket = (math.floor(math.log(last) / math.log1p(LOSS_TIE)) if math.isfinite(last)
               else math.inf)
     return (c.seconds, bucket, abs(math.log(c.lr / base_lr)), -c.lr)
+
+
+def _blew_up(c: Candidate, level: float) -> None:
+    """On a plateau the losses sit at its level within 0.1%: a rung whose loss passed
+    DIVERGENCE_RATIO x that level has diverged, even when it comes back. Measured:
+    CIFAR10-quick at lr 0.027 (momentum 0.9) went from 2.303 to 17.0 between iterations 40
+    and 80 and back to 2.30, chance, where it stayed; judged by its end alone it was alive,
+    and the escape spent its whole share doubling it."""
+    if c.status != "kept" or not (level > 0 and math.isfinite(level)):
+        return
+    peak = max((v for v in c.losses if math.isfinite(v)), default=0.0)
+    if peak > DIVERGENCE_RATIO * level:
+        c.status = (f"pruned: diverged (loss {peak:.4g} past {DIVERGENCE_RATIO:g}x the "
+                    f"plateau's {level:.4g}, then back)")
+        if c.fit is not None:
+            c.fit.diverged = True
+        c.drop_branch()
 
 
 def _settled(c: Candidate) -> float:

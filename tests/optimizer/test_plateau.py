@@ -287,3 +287,25 @@ def test_probes_refine_a_configurations_he(opt):
     assert opt.he[c.config] == pytest.approx(0.011)
     opt._refine_he(c, [(t * 0.5, 1.0) for t in range(5)])     # too short to count
     assert len(opt._rates[c.config]) == 3
+
+
+def test_a_rung_that_blows_up_and_comes_back_to_the_plateau_has_diverged(opt):
+    """CIFAR10-quick at lr 0.027 went from 2.303 to 17.0 and back to 2.30, where it stayed:
+    alive by its end, dead in fact. The escape drops it and the next lower rung goes on."""
+    fake = Plateau(opt, escape=lambda lr: 2.7 / lr, diverge=1e9)     # 0.009: 300 iterations
+    inner = fake.losses
+
+    def spiking(lr, n):
+        out = inner(lr, n)
+        if lr > 0.02:                   # 0.027 and up: a spike at 22-26, then the plateau
+            out = [17.0 if 22 <= t < 27 else (2.3 if t >= 27 else v)
+                   for t, v in enumerate(out, 1)]
+        return out
+    fake.losses = spiking
+    opt.probe = fake
+    plan = opt.make_plan(limit=10 ** 6)
+    assert plan.winner.lr == pytest.approx(0.009)
+    assert leaving(plan.winner.losses)
+    blown = next(c for c in plan.candidates if c.lr == pytest.approx(0.027))
+    assert blown.status.startswith("pruned: diverged (loss 17 past 1.5x the plateau's")
+    assert "lr 0.027 diverged at" in plan.plateau
