@@ -434,8 +434,8 @@ class Optimizer:
         Omnivore's second half of its display lines), counted over whole rounds of the groups.
         Groups that run in step update in bursts of one each: a span from the second update of
         a burst to the first of another counted two groups' 4 gaps as 5 (measured here: LeNet's
-        two 1-core groups at 5.2 ms per update over 6 updates, 7.2 ms over 40), and a 10% gain
-        (HE_GAIN) was then noise."""
+        two 1-core groups at 5.2 ms per update over 6 updates, where their 40-update probes
+        ran at 6.6-7.2 ms), and a 10% gain (HE_GAIN) was then noise."""
         key = cand.config
         if key not in self.he:
             record = self._branch(cand, 2 + max(self.he_iters, cand.groups + 1)).record
@@ -559,6 +559,9 @@ class Optimizer:
         start_lr = self.base_lr if self.current is None else self.current.lr
         first = self._candidate(1, self.batches[0], start_lr, self.base_momentum)
         he1 = self.measure_he(first)
+        # A group count's grid is five probes after pruning; where its candidates have
+        # one-group twins (_borrow) one is probed, and the share left goes to the halving's
+        # longer rounds.
         n_probes = (len(self.lr_multiples or (1, 1, 1)) + 2 * (len(self.momentum_offsets) - 1)) * \
             len(self.batches) + 5 * (len(self.groups) - 1)
         plan.probe_iters = self._probe_iters(n_probes, self._horizon(he1), he1)
@@ -849,6 +852,7 @@ class Optimizer:
             if c.status == "not probed" and c not in live:
                 c.status = "not probed: no one-group twin to predict it from"
         return best
+
     def _probe_unless_pruned(self, c: Candidate, prev: Optional[Candidate], centre: float,
                              diverged_at: List[Tuple[float, float]], iters: int,
                              keep: bool = False) -> None:
@@ -1187,11 +1191,11 @@ class Optimizer:
 # -- helpers -----------------------------------------------------------------------------------
 def _rank(c: Candidate, base_lr: float) -> Tuple[float, float, float, float]:
     """Fewest predicted seconds first; on a tie (curves still flat: inf; or the reference
-    already reached: 0) the lower loss at the probe's end, the probes being paired (the same
-    start, the same batches), losses within LOSS_TIE of each other counting as equal; then,
+    already reached: 0) the lower level of the probe's second half (:func:`_settled`), the
+    probes being paired (the same start, the same batches), levels within LOSS_TIE of each
+    other counting as equal; then,
     the probes having said nothing, the lr nearest the solver's own (a plateau does not say
-    which step will leave it), the larger first. The loss compared is the mean of the
-    probe's second half (:func:`_settled`)."""
+    which step will leave it), the larger first."""
     last = _settled(c)
     bucket = (math.floor(math.log(last) / math.log1p(LOSS_TIE)) if math.isfinite(last)
               else math.inf)
@@ -1217,9 +1221,9 @@ def _blew_up(c: Candidate, level: float) -> None:
 
 def _settled(c: Candidate) -> float:
     """The level a probe's losses sit at: the mean of its second half. Its smoothed loss at the
-    end averages a fifth of it, and Caffe's average_loss is often 1 (lenet_solver's): at
-    LeNet's re-tunes four batches' losses decided between lr 0.09 and 0.03 (0.0406 against
-    0.0224, 0.0522 against 0.0523) where ten of each, paired, sit apart by the step's noise."""
+    end averages a fifth of it, four batches' losses when Caffe's average_loss is 1
+    (lenet_solver's): at LeNet's re-tunes those decided between lr 0.09 and 0.03 (0.0406
+    against 0.0224, 0.0522 against 0.0523), by the batches' noise more than by the steps."""
     tail = [v for v in c.losses[len(c.losses) // 2:] if math.isfinite(v)]
     if len(tail) >= 2:
         level = sum(tail) / len(tail)
