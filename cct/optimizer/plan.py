@@ -103,7 +103,7 @@ from ..params import NetSource
 from ..scheduler import gradient_source
 from . import report
 from .report import num_text
-from .curve import DIVERGENCE_RATIO, SE_MULTIPLE, CurveFit, fit_power_law, leaving
+from .curve import DIVERGENCE_RATIO, CurveFit, fit_power_law, leaving
 
 SRC = "optimizer.py:0"
 LR_STEP = 3.0           # the cold start's lr search: x3 up (or /3 down) while it pays,
@@ -773,7 +773,7 @@ class Optimizer:
             self._score(plan, live)
             live.sort(key=self._rank)
             own = [c for c in live if not c.basis]
-            leader = self._first(own or live)
+            leader = own[0] if own else live[0]
             if len(live) == 1:
                 return leader
             spent = time.perf_counter() - began - leader.probe_seconds
@@ -907,7 +907,7 @@ class Optimizer:
             if c.groups > 1 and math.isinf(c.iters):
                 self._extrapolate(plan, c, ref, flat)
             c.seconds = c.iters * c.he if math.isfinite(c.iters) else math.inf
-        return self._first(sorted(kept, key=self._rank))
+        return min(kept, key=self._rank)
 
     def _extrapolate(self, plan: Plan, c: Candidate, ref: float, flat: float) -> None:
         """A driven candidate whose own short probe predicts "never" (a 20-iteration probe of
@@ -938,25 +938,6 @@ class Optimizer:
 
     def _rank(self, c: Candidate):
         return _rank(c, self.base_lr)
-
-    def _first(self, ranked: List[Candidate]) -> Candidate:
-        """The first of ``ranked`` (sorted by :meth:`_rank`), unless the probes cannot tell it
-        from another with the same predicted time (flat curves: inf): when their paired losses
-        differ by less than their noise (:func:`_paired_tie`), the one nearer the solver's own
-        settings goes on. No evidence, no change: late in LeNet's run the re-tunes' 20-
-        iteration probes of lr 0.09 and 0.03 told the two apart by their batches' noise, and
-        kept the larger step where a third of it crosses 98% some 300 iterations sooner
-        (measured, bench/RESULTS.md)."""
-        top = ranked[0]
-        tied = [c for c in ranked[1:]
-                if (c.seconds == top.seconds or (c.seconds is not None and top.seconds is not None
-                                                 and math.isinf(c.seconds)
-                                                 and math.isinf(top.seconds)))
-                and _paired_tie(top, c)]
-        if not tied:
-            return top
-        return min([top] + tied, key=lambda c: (abs(math.log(c.lr / self.base_lr)),
-                                                abs(c.momentum - self.base_momentum), -c.lr))
 
     def _reason(self, plan: Plan) -> str:
         w = plan.winner
@@ -1236,23 +1217,6 @@ def _blew_up(c: Candidate, level: float) -> None:
         if c.fit is not None:
             c.fit.diverged = True
         c.drop_branch()
-
-
-def _paired_tie(a: Candidate, b: Candidate) -> bool:
-    """Whether two probes' second halves differ by less than their noise: the mean of the
-    per-iteration differences (paired: probes of one plan or re-tune start from one point
-    and see the same batches) within two of its standard errors, or within LOSS_TIE of the
-    level."""
-    n = min(len(a.losses), len(b.losses))
-    pairs = [(x, y) for x, y in zip(a.losses[n // 2:n], b.losses[n // 2:n])
-             if math.isfinite(x) and math.isfinite(y)]
-    if len(pairs) < 4:
-        return False
-    d = [x - y for x, y in pairs]
-    mean = sum(d) / len(d)
-    se = math.sqrt(sum((v - mean) ** 2 for v in d) / (len(d) - 1) / len(d))
-    level = min(sum(x for x, _ in pairs), sum(y for _, y in pairs)) / len(pairs)
-    return abs(mean) <= max(SE_MULTIPLE * se, LOSS_TIE * abs(level))
 
 
 def _settled(c: Candidate) -> float:

@@ -309,24 +309,3 @@ def test_a_rung_that_blows_up_and_comes_back_to_the_plateau_has_diverged(opt):
     blown = next(c for c in plan.candidates if c.lr == pytest.approx(0.027))
     assert blown.status.startswith("pruned: diverged (loss 17 past 1.5x the plateau's")
     assert "lr 0.027 diverged at" in plan.plateau
-
-
-def test_probes_that_cannot_be_told_apart_go_to_the_settings_nearer_the_solvers(opt):
-    """Late in a run flat probes differ by their batches' noise: within two standard errors
-    of their paired differences the lr nearer the solver's goes on; a clear gap decides."""
-    from cct.optimizer import Candidate, CurveFit, Plan
-    rng = np.random.default_rng(3)
-    batches = 0.05 * np.exp(0.5 * rng.standard_normal(20))     # the shared batches' losses
-
-    def flat(lr, losses):
-        return Candidate("sync", 1, 16, lr, 0.9, he=0.01, probed=20, status="kept",
-                         losses=list(losses), fit=CurveFit(0.05, 0.0, 420, float(losses[-1]),
-                                                           c_se=math.inf))
-    noise = 0.004 * rng.standard_normal(20)
-    big = flat(0.003, batches * 0.99 + noise)          # 1% lower, within the noise
-    small = flat(0.001, batches - noise)
-    assert opt.base_lr == pytest.approx(0.001)
-    assert opt._score(Plan(candidates=[big, small]), [big, small]) is small
-    clear = flat(0.003, batches * 0.7)                  # 30% lower on every batch
-    small2 = flat(0.001, batches - noise)
-    assert opt._score(Plan(candidates=[clear, small2]), [clear, small2]) is clear
