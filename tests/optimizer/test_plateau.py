@@ -215,12 +215,12 @@ class Falling:
         return cand
 
 
-def test_a_group_count_is_probed_once_its_candidates_borrow_their_twins_predictions(opt):
-    """Issue 33, item 3: the two-group candidates are predicted from their one-group twins
-    without a probe each; the best of them alone is probed and stands for two groups."""
+def _two_group_plan(opt, lr_multiples):
+    """A plan over one and two groups on Falling probes: two groups twice as fast per
+    iteration, with an implicit momentum of 0.5 (staleness 1)."""
     opt.groups = [1, 2]
     opt.momentum_offsets = [-0.225, 0.0, 0.225]
-    opt.lr_multiples = [1.0, 3.0, 9.0]
+    opt.lr_multiples = lr_multiples
     opt.target_loss = 0.3
 
     def he(c):
@@ -230,7 +230,13 @@ def test_a_group_count_is_probed_once_its_candidates_borrow_their_twins_predicti
     opt.measure_he = he
     fake = Falling(opt)
     opt.probe = fake
-    plan = opt.make_plan(limit=10 ** 6)
+    return opt.make_plan(limit=10 ** 6), fake
+
+
+def test_a_group_count_is_probed_once_its_candidates_borrow_their_twins_predictions(opt):
+    """Issue 33, item 3: the two-group candidates are predicted from their one-group twins
+    without a probe each; the best of them alone is probed and stands for two groups."""
+    plan, fake = _two_group_plan(opt, [1.0, 3.0, 9.0])
     two = [c for c in plan.candidates if c.groups == 2]
     assert len(two) == 6
     assert sum(1 for g, _, _ in fake.ran if g == 2) >= 1
@@ -246,19 +252,8 @@ def test_a_group_count_is_probed_once_its_candidates_borrow_their_twins_predicti
 
 def test_without_a_twin_every_candidate_of_the_count_is_probed(opt):
     """Adam's beta1 is no velocity: no twin, no borrowed prediction, each probed as before."""
-    opt.groups = [1, 2]
-    opt.momentum_offsets = [-0.225, 0.0, 0.225]
-    opt.lr_multiples = [1.0, 3.0]
-    opt.target_loss = 0.3
     opt.solver.type = "Adam"
-
-    def he(c):
-        c.he = 0.01 if c.groups == 1 else 0.005
-        return c.he
-    opt.measure_he = he
-    fake = Falling(opt)
-    opt.probe = fake
-    plan = opt.make_plan(limit=10 ** 6)
+    plan, _ = _two_group_plan(opt, [1.0, 3.0])
     two = [c for c in plan.candidates if c.groups == 2]
     assert two and all(c.probed or c.status.startswith("pruned") for c in two)
 
