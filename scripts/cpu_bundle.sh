@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Prepares what the lent device machine's host CPU (an Intel Xeon with AMX) needs to run
+# scripts/cpu_check.sh: run here, from the repository root, with a Python 3.12 that can build
+# the wheel (the device's Python), then carry the folder:
+#
+#   scripts/cpu_bundle.sh [python3.12]     # makes .cpu-bundle/ (git-ignored), ~53 MB
+#   device run, carry [".cpu-bundle"]:  bash scripts/cpu_check.sh --bundle .cpu-bundle
+#
+# .cpu-bundle/whl: cct's wheel for cp312, lmdb and protobuf 6.31.1; .cpu-bundle/mkl.tar.xz:
+# the MKL libraries the bf16 engines load (libmkl_rt, the LP64 interface, core, sequential,
+# gnu_thread and the AVX-512 kernels, which hold AMX's; 255 MB, 45 MB in xz: the whole `mkl`
+# wheel would not fit the 64 MiB a device call carries, and the device has no network);
+# .cpu-bundle/shared:
+# the model zoo's prototxts (bench_train, bench_layers).
+set -euo pipefail
+PY=${1:-$HOME/.pyenv/versions/3.12.1/bin/python}
+SHARED=${CCT_SHARED:-../shared}
+rm -rf .cpu-bundle && mkdir -p .cpu-bundle/whl .cpu-bundle/shared
+"$PY" -m pip wheel -q --no-deps . -w .cpu-bundle/whl
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d .cpu-bundle/whl lmdb "protobuf==6.31.1"
+MKL=$(python3 -c "
+import importlib.metadata as md, pathlib
+f = [f for f in md.files('mkl') if f.name.startswith('libmkl_rt.so')][0]
+print(pathlib.Path(f.locate()).resolve().parent)")
+tar -C "$MKL" -cf - libmkl_rt.so.3 libmkl_core.so.3 libmkl_sequential.so.3 \
+    libmkl_gnu_thread.so.3 libmkl_intel_lp64.so.3 libmkl_avx512.so.3 | xz -T0 -6 \
+    > .cpu-bundle/mkl.tar.xz
+cp -r "$SHARED/caffe-zoo" .cpu-bundle/shared/
+chmod -R u+w .cpu-bundle
+du -sh .cpu-bundle

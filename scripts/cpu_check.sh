@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The Intel/AMX CPU measurements (issues 34 and 33) as one script for the lent device
+# machine's host CPU, on two of its cores (`taskset -c 0,1`, as issue 34's tables were
+# taken), each step under its own time limit, in order of what matters most, stopping before
+# DEADLINE seconds:
+#   1. the bf16 engine race (cct's AVX512-BF16 kernel, MKL in column blocks, MKL's own
+#      threads) on a fresh plan cache, with the CPU's flags;
+#   2. bench_train --precision bf16 on LeNet, CIFAR10-quick and CaffeNet b32 against PyTorch
+#      (issue 34's first table, the three nets with a 1.5x target);
+#   3. issue 33's LeNet to 98% by its own protocol (bench_cli_time_to_accuracy.py, 3 seeds);
+#   4. bench_train --precision bf16 on CaffeNet b256, AlexNet b32 and GoogLeNet b32;
+#   5. bench_layers on CIFAR10-quick and CaffeNet b32 (issue 34's second table).
+# With --bundle DIR (scripts/cpu_bundle.sh made it here; carry it): installs its wheels into
+# /tmp/site, unpacks MKL into /tmp/mkl (CCT_BF16_LIBRARY), puts this tree's Python over the
+# wheel's and reads DIR/shared as CCT_SHARED. Logs go under $OUT (default ./cpu_check_out)
+# and into $OUT/logs.tgz after each step; the last lines of each step are printed.
+#
+#   DEADLINE=540 bash scripts/cpu_check.sh --bundle .cpu-bundle
+set -u
+REPO=$(pwd)
+OUT=${OUT:-cpu_check_out}
+DEADLINE=${DEADLINE:-540}
+PIN=${PIN:-taskset -c 0,1}
+T0=$(date +%s)
+mkdir -p "$OUT/logs"
+if [ "${1:-}" = "--bundle" ]; then
+    BUNDLE=$(cd "$2" && pwd)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+        "$BUNDLE"/whl/*.whl > "$OUT/logs/install.txt" 2>&1 || { cat "$OUT/logs/install.txt"; exit 1; }
+    cp -r cct/. /tmp/site/cct/         # this tree's Python over the wheel's (its _C stays)
+    mkdir -p /tmp/mkl && tar -C /tmp/mkl -xJf "$BUNDLE/mkl.tar.xz"
+    export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH CCT_SHARED=$BUNDLE/shared \
+        CCT_BF16_LIBRARY=/tmp/mkl/libmkl_rt.so.3 LD_LIBRARY_PATH=/tmp/mkl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=$(mktemp -d)     # plans timed afresh, as a user's
+[ -d "${CCT_SHARED:-../shared}" ] && export CCT_SHARED=$(cd "${CCT_SHARED:-../shared}" && pwd)
+OUT=$(cd "$OUT" && pwd)
+
+# step NAME SECONDS LINES CMD...: as scripts/gpu_check.sh's
+step() {
+    local name=$1 secs=$2 lines=$3 left
+    shift 3
+    left=$(( DEADLINE - ($(date +%s) - T0) ))
+    if [ "$left" -lt 20 ]; then echo "== $name: skipped (deadline)"; return; fi
+    [ "$secs" -gt "$left" ] && secs=$left
+    local t=$(date +%s)
+    timeout -k 5 "$secs" "$@" > "$OUT/logs/$name.txt" 2>&1
+    echo "== $name: exit $?, $(( $(date +%s) - t )) s"
+    tail -n "$lines" "$OUT/logs/$name.txt"
+    (cd "$OUT" && tar czf logs.tgz logs)
+}
+
+echo "== $(lscpu | grep 'Model name' | sed 's/  */ /g'); flags: $(grep -o -w \
+    'amx_bf16\|amx_tile\|avx512_bf16\|avx512f' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+# -P: not the tree's own cct/ (no compiled _C) ahead of the installed one
+python3 -P -c "import numpy, cct; print('NumPy', numpy.__version__, 'cct', cct.__file__)"
+cd "$REPO"
+# MKL ends the process when a kernel library it dispatches to is missing (AMD CPUs take
+# libmkl_def, AVX10 ones libmkl_avx10, neither in the bundle): probe one bf16 GEMM per MKL
+# engine first, and without MKL measure cct's own AVX512-BF16 kernel, saying so.
+if [ -n "${CCT_BF16_LIBRARY:-}" ] && ! $PIN python3 -P -c "
+from cct.backend import precision
+from cct.native import _C
+why = precision._load_mkl()
+if why:
+    raise SystemExit(why)
+for e in ('mkl', 'mkl_threaded') if _C.bf16_engine_threaded() else ('mkl',):
+    print(e, round(precision._gflops(e, 0)), 'GFLOP/s')" > "$OUT/logs/mkl_probe.txt" 2>&1; then
+    echo "== MKL does not run here; cct's own bf16 kernel only:"; tail -n 3 "$OUT/logs/mkl_probe.txt"
+    unset CCT_BF16_LIBRARY
+else
+    echo "== MKL probe:"; tail -n 3 "$OUT/logs/mkl_probe.txt" 2>/dev/null
+fi
+step engine_race 60 6 $PIN python3 -P -c "
+from cct.backend import precision
+print('bf16:', precision.set_precision('bf16', source='cpu_check'))
+print(precision.engine_description())"
+step bench_train_bf16 200 12 $PIN python3 bench/bench_train.py \
+    --nets lenet,cifar10_quick,caffenet_b32 --iters 5 --precision bf16
+step time_to_98 150 12 $PIN python3 bench/bench_cli_time_to_accuracy.py --seeds 1701-1703 \
+    --json "$OUT/logs/time_to_98.json"
+step bench_train_bf16_big 300 12 $PIN python3 bench/bench_train.py \
+    --nets caffenet_b256,alexnet_b32,googlenet_b32 --iters 3 --warmup 1 --precision bf16
+step bench_layers 150 40 $PIN python3 bench/bench_layers.py --nets cifar10_quick,caffenet_b32 \
+    --iters 5
+echo "== done at $(( $(date +%s) - T0 )) s; logs in $OUT/logs.tgz"
