@@ -419,7 +419,7 @@ def spawn(kind: str, net: str, args) -> dict:
            "--zoo", str(args.zoo), "--iters", str(args.iters), "--warmup", str(args.warmup)]
     if args.batch:
         cmd += ["--batch", str(args.batch)]
-    return run_worker(cmd, f"the {kind} run of {net}")
+    return run_worker(cmd, f"the {kind} run of {net}" if net else f"the {kind} run")
 
 
 def machine() -> str:
