@@ -36,19 +36,7 @@ export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=$(mktemp -d)     # plans timed afresh, 
 [ -d "${CCT_SHARED:-../shared}" ] && export CCT_SHARED=$(cd "${CCT_SHARED:-../shared}" && pwd)
 OUT=$(cd "$OUT" && pwd)
 
-# step NAME SECONDS LINES CMD...: as scripts/gpu_check.sh's
-step() {
-    local name=$1 secs=$2 lines=$3 left
-    shift 3
-    left=$(( DEADLINE - ($(date +%s) - T0) ))
-    if [ "$left" -lt 20 ]; then echo "== $name: skipped (deadline)"; return; fi
-    [ "$secs" -gt "$left" ] && secs=$left
-    local t=$(date +%s)
-    timeout -k 5 "$secs" "$@" > "$OUT/logs/$name.txt" 2>&1
-    echo "== $name: exit $?, $(( $(date +%s) - t )) s"
-    tail -n "$lines" "$OUT/logs/$name.txt"
-    (cd "$OUT" && tar czf logs.tgz logs)
-}
+. "$REPO/scripts/check_step.sh"      # step NAME SECONDS LINES CMD...
 
 echo "== $(lscpu | grep 'Model name' | sed 's/  */ /g'); flags: $(grep -o -w \
     'amx_bf16\|amx_tile\|avx512_bf16\|avx512f' /proc/cpuinfo | sort -u | tr '\n' ' ')"

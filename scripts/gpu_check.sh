@@ -41,20 +41,7 @@ work=$(mktemp -d)
 cp -r tests examples "$work"/
 cd "$work"
 
-# step NAME SECONDS LINES CMD...: run CMD under min(SECONDS, what is left), its output in
-# $OUT/logs/NAME.txt, its last LINES lines printed
-step() {
-    local name=$1 secs=$2 lines=$3 left
-    shift 3
-    left=$(( DEADLINE - ($(date +%s) - T0) ))
-    if [ "$left" -lt 20 ]; then echo "== $name: skipped (deadline)"; return; fi
-    [ "$secs" -gt "$left" ] && secs=$left
-    local t=$(date +%s)
-    timeout -k 5 "$secs" "$@" > "$OUT/logs/$name.txt" 2>&1
-    echo "== $name: exit $?, $(( $(date +%s) - t )) s"
-    tail -n "$lines" "$OUT/logs/$name.txt"
-    (cd "$OUT" && tar czf logs.tgz logs)
-}
+. "$REPO/scripts/check_step.sh"      # step NAME SECONDS LINES CMD...
 
 echo "== $(nvidia-smi -L 2>&1 | head -n 1); $(lscpu | grep 'Model name' | sed 's/  */ /g')"
 python -c "import cupy, numpy; print('CuPy', cupy.__version__, 'NumPy', numpy.__version__)"
