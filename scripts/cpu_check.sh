@@ -23,20 +23,17 @@ DEADLINE=${DEADLINE:-540}
 PIN=${PIN:-taskset -c 0,1}
 T0=$(date +%s)
 mkdir -p "$OUT/logs"
+. "$REPO/scripts/check_common.sh"    # install_bundle DIR; step NAME SECONDS LINES CMD...
 if [ "${1:-}" = "--bundle" ]; then
-    BUNDLE=$(cd "$2" && pwd)
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-        "$BUNDLE"/whl/*.whl > "$OUT/logs/install.txt" 2>&1 || { cat "$OUT/logs/install.txt"; exit 1; }
-    cp -r cct/. /tmp/site/cct/         # this tree's Python over the wheel's (its _C stays)
+    install_bundle "$2"
     mkdir -p /tmp/mkl && tar -C /tmp/mkl -xJf "$BUNDLE/mkl.tar.xz"
-    export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH CCT_SHARED=$BUNDLE/shared \
-        CCT_BF16_LIBRARY=/tmp/mkl/libmkl_rt.so.3 LD_LIBRARY_PATH=/tmp/mkl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export CCT_BF16_LIBRARY=/tmp/mkl/libmkl_rt.so.3 \
+        LD_LIBRARY_PATH=/tmp/mkl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=$(mktemp -d)     # plans timed afresh, as a user's
 [ -d "${CCT_SHARED:-../shared}" ] && export CCT_SHARED=$(cd "${CCT_SHARED:-../shared}" && pwd)
 OUT=$(cd "$OUT" && pwd)
 
-. "$REPO/scripts/check_step.sh"      # step NAME SECONDS LINES CMD...
 
 echo "== $(lscpu | grep 'Model name' | sed 's/  */ /g'); flags: $(grep -o -w \
     'amx_bf16\|amx_tile\|avx512_bf16\|avx512f' /proc/cpuinfo | sort -u | tr '\n' ' ')"

@@ -27,13 +27,8 @@ DEADLINE=${DEADLINE:-420}
 PART=${PART:-1}
 T0=$(date +%s)
 mkdir -p "$OUT/logs"
-if [ "${1:-}" = "--bundle" ]; then
-    BUNDLE=$(cd "$2" && pwd)
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-        "$BUNDLE"/whl/*.whl > "$OUT/logs/install.txt" 2>&1 || { cat "$OUT/logs/install.txt"; exit 1; }
-    cp -r cct/. /tmp/site/cct/         # this tree's Python over the wheel's (its _C stays)
-    export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH CCT_SHARED=$BUNDLE/shared
-fi
+. "$REPO/scripts/check_common.sh"    # install_bundle DIR; step NAME SECONDS LINES CMD...
+[ "${1:-}" = "--bundle" ] && install_bundle "$2"
 export PYTHONUNBUFFERED=1
 [ -d "${CCT_SHARED:-../shared}" ] && export CCT_SHARED=$(cd "${CCT_SHARED:-../shared}" && pwd)
 OUT=$(cd "$OUT" && pwd)
@@ -41,7 +36,6 @@ work=$(mktemp -d)
 cp -r tests examples "$work"/
 cd "$work"
 
-. "$REPO/scripts/check_step.sh"      # step NAME SECONDS LINES CMD...
 
 echo "== $(nvidia-smi -L 2>&1 | head -n 1); $(lscpu | grep 'Model name' | sed 's/  */ /g')"
 python -c "import cupy, numpy; print('CuPy', cupy.__version__, 'NumPy', numpy.__version__)"

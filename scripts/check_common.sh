@@ -1,4 +1,15 @@
 # Sourced by scripts/gpu_check.sh and scripts/cpu_check.sh (they set OUT, DEADLINE and T0).
+
+# install_bundle DIR: the bundle's wheels into /tmp/site, this tree's Python over the wheel's
+# (its compiled _C stays), DIR/shared as CCT_SHARED.
+install_bundle() {
+    BUNDLE=$(cd "$1" && pwd)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+        "$BUNDLE"/whl/*.whl > "$OUT/logs/install.txt" 2>&1 || { cat "$OUT/logs/install.txt"; exit 1; }
+    cp -r cct/. /tmp/site/cct/
+    export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH CCT_SHARED=$BUNDLE/shared
+}
+
 # step NAME SECONDS LINES CMD...: run CMD under min(SECONDS, what is left of DEADLINE), its
 # output in $OUT/logs/NAME.txt, its last LINES lines printed, the logs tarred after each step
 # (a device run returns at most 8 files).
