@@ -571,16 +571,14 @@ class HybridScheduler:
     def _resplit(self, reason: str) -> None:
         if self.by_rule:
             split, why = rule_split(self.batch, [r.device for r in self.replicas])
-            self._apply_split(split)
-            parts = ", ".join(f"{r.device} {r.n}" for r in self.replicas)
-            glog.info("scheduler.py:0", f"Hybrid split of {self.batch} ({reason}): {parts}; "
-                      f"{why}")
-            return
-        speeds = [r.speed for r in self.replicas]
-        split, why = choose_devices(self.batch, speeds, [r.overhead for r in self.replicas],
-                                    [r.device.name for r in self.replicas])
+        else:
+            split, why = choose_devices(self.batch, [r.speed for r in self.replicas],
+                                        [r.overhead for r in self.replicas],
+                                        [r.device.name for r in self.replicas])
         self._apply_split(split)
-        parts = ", ".join(f"{r.device} {r.n} ({r.speed:.4g} img/s)" for r in self.replicas)
+        parts = ", ".join(f"{r.device} {r.n}" + ("" if self.by_rule else
+                                                  f" ({r.speed:.4g} img/s)")
+                          for r in self.replicas)
         glog.info("scheduler.py:0", f"Hybrid split of {self.batch} ({reason}): {parts}; {why}")
 
     def set_split(self, split: Optional[Sequence[int]]) -> None:

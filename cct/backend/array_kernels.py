@@ -163,6 +163,12 @@ class _LRU:
         return value
 
 
+def _planes_into(buf, n0: int, n1: int, t) -> None:
+    """A chunk's (P, planes) result, one column per (image, channel) plane, into images
+    n0 .. n1 of ``buf`` (N, C, ...), each plane's P values in a row."""
+    buf[n0:n1].reshape(-1, t.shape[0])[...] = t.T
+
+
 #: :attr:`ArrayKernels.col_budget`'s default: large enough that a chunk's GEMM stays large
 #: (CaffeNet b256's conv2: 8 chunks of 32 images, each 128 x 1,200 x 23,328 per group).
 COL_BUDGET = 256 << 20
@@ -389,9 +395,8 @@ class ArrayKernels:
             y = xp.take_along_axis(win, arg[:, None, :], axis=1)[:, 0]
             where = xp.take(idx.reshape(-1), arg + (xp.arange(idx.shape[0]) * taps)[:, None])
             found = y > lowest
-            planes = (n1 - n0) * c
-            ybuf[n0:n1].reshape(planes, p)[...] = xp.where(found, y, lowest).T
-            mbuf[n0:n1].reshape(planes, p)[...] = xp.where(found, where, -1).astype(np.int32).T
+            _planes_into(ybuf, n0, n1, xp.where(found, y, lowest))
+            _planes_into(mbuf, n0, n1, xp.where(found, where, -1).astype(np.int32))
         return _result(ybuf, ydest), _result(mbuf, mdest)
 
     def max_pool_backward(self, dy, mask, x_shape, out=None):
@@ -419,9 +424,8 @@ class ArrayKernels:
         for n0, n1 in self._chunks(n, c * inv.size * (dt.itemsize + mask.dtype.itemsize + 1)):
             g = self._batch_last(dy[n0:n1].astype(dt, copy=False), p)    # (P + 1, nb*C)
             m = self._batch_last(mask[n0:n1], p, fill=-1)
-            dxt = xp.where(xp.take(m, inv, axis=0) == here, xp.take(g, inv, axis=0),
-                           dt.type(0)).sum(axis=1)
-            buf[n0:n1].reshape((n1 - n0) * c, h * w)[...] = dxt.T
+            _planes_into(buf, n0, n1, xp.where(xp.take(m, inv, axis=0) == here,
+                                               xp.take(g, inv, axis=0), dt.type(0)).sum(axis=1))
         return _result(buf, dest)
 
     def _divisors(self, h, w, kernel, stride, pad, pooled, dt):
@@ -444,7 +448,7 @@ class ArrayKernels:
         buf, dest = _target(self.xp, out, (n, c) + pooled, dt)
         for n0, n1 in self._chunks(n, c * p * kernel[0] * kernel[1] * dt.itemsize):
             win, _ = self._windows(x[n0:n1], kernel, stride, pad, pooled, for_max=False)
-            buf[n0:n1].reshape((n1 - n0) * c, p)[...] = (win.sum(axis=1) / div).T
+            _planes_into(buf, n0, n1, win.sum(axis=1) / div)
         return _result(buf, dest)
 
     def ave_pool_backward(self, dy, x_shape, kernel, stride, pad, pooled, out=None):
@@ -464,8 +468,7 @@ class ArrayKernels:
         for n0, n1 in self._chunks(n, c * inv.size * dt.itemsize):
             g = self._batch_last(dy[n0:n1].astype(dt, copy=False), p)
             g[:p] /= div
-            dxt = xp.take(g, inv, axis=0).sum(axis=1)                     # (H*W, nb*C)
-            buf[n0:n1].reshape((n1 - n0) * c, h * w)[...] = dxt.T
+            _planes_into(buf, n0, n1, xp.take(g, inv, axis=0).sum(axis=1))   # (H*W, nb*C)
         return _result(buf, dest)
 
     # -- ReLU --------------------------------------------------------------------------------
