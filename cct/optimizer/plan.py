@@ -179,6 +179,7 @@ class Plan:
     rounds: List[str] = field(default_factory=list)    # "12 x 20", "6 x 40", ...
     stopped: str = ""          # why the halving stopped before one candidate was left
     plateau: str = ""          # what the plateau search did (module doc), when it ran
+    edge: str = ""             # why the lr search left the solver's settings standing
     places: List[Tuple[str, float]] = field(default_factory=list)   # one group's, by HE
 
     def table(self) -> List[str]:
@@ -600,8 +601,9 @@ class Optimizer:
                     ranked = sorted((c for c in sweep if c.status == "kept"),
                                     key=self._rank)
                     # On a plateau the momenta would have to leave it too, each probe as long
-                    # as the escape: they are left to the re-tunes, which start past it.
-                    grid = [] if plan.plateau else \
+                    # as the escape: they are left to the re-tunes, which start past it. At
+                    # the edge (_lr_search) the solver's settings stand.
+                    grid = [] if plan.plateau or plan.edge else \
                         _unique([self._candidate(g, batch, c.lr, centre + o)
                                  for c in ranked[:2] for o in self.momentum_offsets
                                  if o != 0.0])
@@ -686,6 +688,13 @@ class Optimizer:
                 best = c
             if best is not first:
                 break
+        up = [c for c in tried if c.lr > first.lr and c.status != "kept"]
+        down = [c for c in tried if c.lr < first.lr and c.status == "kept"]
+        if best is first and up and down:
+            plan.edge = (f"the lr search left the solver's lr {first.lr:.4g} standing: "
+                         f"lr {up[0].lr:.4g} diverged and lr {down[0].lr:.4g} ranked "
+                         f"behind; no momentum grid (the settings are at the edge of "
+                         f"stability already)")
         return sorted(tried, key=lambda c: c.lr)
 
     def _escape(self, plan: Plan, first: Candidate, probe: Callable[[Candidate], None],
@@ -986,6 +995,8 @@ class Optimizer:
                                                          self.own_place))
         if plan.plateau:
             info(SRC, f"Optimizer: {plan.plateau}")
+        if plan.edge:
+            info(SRC, f"Optimizer: {plan.edge}")
         info(SRC, f"Optimizer: {plan.reason}")
 
     # -- training ----------------------------------------------------------------------------

@@ -304,3 +304,55 @@ def test_a_rung_that_blows_up_and_comes_back_to_the_plateau_has_diverged(opt):
     blown = next(c for c in plan.candidates if c.lr == pytest.approx(0.027))
     assert blown.status.startswith("pruned: diverged (loss 17 past 1.5x the plateau's")
     assert "lr 0.027 diverged at" in plan.plateau
+
+
+class Edge:
+    """Fake probes around an lr ``best``: a power law whose exponent falls with the distance
+    from ``best`` (in decades) and from momentum 0.675; at or above ``diverge`` the loss blows
+    up. Records the (lr, momentum) each probe ran."""
+
+    def __init__(self, opt, best, diverge):
+        self.opt, self.best, self.diverge, self.ran = opt, best, diverge, []
+
+    def __call__(self, cand, iters, keep=False):
+        cand.probed += iters
+        self.ran.append((round(cand.lr, 6), round(cand.momentum, 4)))
+        if cand.lr >= self.diverge * (1 - 1e-9):
+            cand.losses = [2.3 * 1.5 ** t for t in range(cand.probed)]
+        else:
+            c = 1.0 - abs(math.log10(cand.lr / self.best)) - abs(cand.momentum - 0.675)
+            cand.losses = [2.3 * ((t + 10) / 10.0) ** -c for t in range(1, cand.probed + 1)]
+        cand.state = {"fake": cand.probed} if keep and cand.lr < self.diverge else None
+        cand.fit = fit_power_law(cand.losses, self.opt.solver.iter)
+        cand.status = "pruned: diverged" if cand.fit.diverged else "kept"
+        return cand
+
+
+def test_settings_at_the_edge_of_stability_stand_without_a_momentum_grid(data_list, tmp_path):  # noqa: F811
+    """Issue 33's 0.9x floor: settings already good (LeNet at lr 0.09 momentum 0.675, the
+    plan's own choice) lost 10-20% of a short run to the momentum grid's four probes, which
+    chose the solver's settings again. When x3 the solver's lr diverges and a third of it
+    ranks behind, the solver's settings stand: no momentum probes, and the log says why."""
+    solver = Solver(solver_param(data_list, tmp_path, max_iter=100000, base_lr=0.09,
+                                 momentum=0.675, display=0))
+    o = Optimizer(solver, engine="simulated", groups=[1], probe_iters=20)
+    o.measure_he = lambda c: setattr(c, "he", 0.01) or 0.01
+    try:
+        fake = Edge(o, best=0.09, diverge=0.27)
+        o.probe = fake
+        plan = o.make_plan(limit=10 ** 6)
+        assert plan.winner.lr == pytest.approx(0.09)
+        assert plan.winner.momentum == pytest.approx(0.675)
+        assert sorted(fake.ran) == [(0.03, 0.675), (0.09, 0.675), (0.27, 0.675)]
+        assert "lr 0.27 diverged and lr 0.03 ranked behind" in plan.edge
+        # the same solver lr with room above it: the lr moves, the momenta are probed
+        o.plan = None
+        fake = Edge(o, best=0.27, diverge=2.43)
+        o.probe = fake
+        plan = o.make_plan(limit=10 ** 6)
+        assert plan.edge == ""
+        assert {mu for _, mu in fake.ran} == {0.45, 0.675, 0.9}
+        assert plan.winner.lr == pytest.approx(0.27)
+    finally:
+        o.close()
+        solver.close()
