@@ -55,6 +55,11 @@ Time to target = HE x iterations to target (Omnivore's hardware and statistical 
   settings, from the end of their probe. The momenta are left to the re-tunes then, which
   start past the plateau. Ties elsewhere (flat curves, losses within LOSS_TIE) go to the
   solver's lr as before. The probes not kept cost at most the probe share of the horizon.
+  Settings at the edge of stability stand: when x LR_STEP the solver's lr diverges and a
+  third of it ranks behind, no momentum grid follows (``Plan.edge``). LeNet at lr 0.09
+  momentum 0.675 (the plan's own choice as the solver's settings) spent four momentum probes
+  choosing those settings again: 10-20% of a 500-900-iteration run, against which a plan
+  planning at iteration 0 cannot know the run is short.
 * **Multi-group candidates** are predicted from their one-group twin at momentum + the
   implicit momentum measured with their HE (:meth:`Optimizer._extrapolate`): their own
   20-iteration probes mostly predict "never" (staleness g - 1 from the first update: their
