@@ -107,6 +107,8 @@ def solver_for(job: dict):
             param = lenet_solver(train, test, 0.01, job["cap"])
     if job.get("seed") is not None:
         param.random_seed = job["seed"]
+    for name, value in job.get("solver_args", {}).items():
+        setattr(param, name, value)         # checked against the schema in main
     return Solver(param)
 
 
@@ -269,6 +271,17 @@ def plot(runs: List[dict], work: str, arms: List[str], path: str) -> None:
     plt.close(fig)
 
 
+def json_object(ap: argparse.ArgumentParser, flag: str, text: str, example: str) -> dict:
+    """A flag's JSON object, or the parser's error naming the flag and an example."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        ap.error(f"{flag} {text!r} is not JSON ({e}); give an object, e.g. '{example}'")
+    if not isinstance(value, dict):
+        ap.error(f"{flag} must be a JSON object, got {text!r}; e.g. '{example}'")
+    return value
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", default=",".join(WORKS), help=f"of {', '.join(WORKS)}")
@@ -286,6 +299,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--optimize-args", default="{}",
                     help="JSON object of keyword arguments for cct.optimizer.Optimizer "
                          "(after --probe-iters and --retune-every, which it overrides)")
+    ap.add_argument("--solver-args", default="{}",
+                    help="JSON object of SolverParameter fields replacing each work's, e.g. "
+                         "'{\"base_lr\": 0.009}' for CIFAR10-quick at the lr --optimize "
+                         "chooses: settings already good, which the optimizer must not cost "
+                         "more than 10%% of")
     ap.add_argument("--seed-per-round", action="store_true",
                     help="round r's solvers (every arm's) seeded 1701 + r instead of 1701 for "
                          "all: rounds sample the initial weights instead of repeating one (a "
@@ -308,14 +326,21 @@ def main(argv: Optional[List[str]] = None) -> int:
                  f"arms {', '.join(ARMS)}")
     if args.runs < 1:
         ap.error(f"--runs must be at least 1, got {args.runs}")
-    try:
-        optimize_args = json.loads(args.optimize_args)
-    except json.JSONDecodeError as e:
-        ap.error(f"--optimize-args {args.optimize_args!r} is not JSON ({e}); give an object, "
-                 f"e.g. '{{\"probe_share\": 0.05}}'")
-    if not isinstance(optimize_args, dict):
-        ap.error(f"--optimize-args must be a JSON object of keyword arguments, got "
-                 f"{args.optimize_args!r}")
+    optimize_args = json_object(ap, "--optimize-args", args.optimize_args,
+                                '{"probe_share": 0.05}')
+    solver_args = json_object(ap, "--solver-args", args.solver_args, '{"base_lr": 0.009}')
+    from cct.proto import caffe_pb2
+    blank = caffe_pb2.SolverParameter()
+    for name, value in solver_args.items():
+        # a repeated field reads as a container, a message as a message: neither is scalar;
+        # protobuf's own setter refuses a value of the wrong type
+        try:
+            if not isinstance(getattr(blank, name, None), (int, float, str)):
+                raise TypeError("not a scalar field")
+            setattr(blank, name, value)
+        except (TypeError, ValueError) as e:
+            ap.error(f"--solver-args: {name!r} = {value!r} is not a value of a scalar field "
+                     f"of Caffe's SolverParameter ({e})")
     caps = QUICK if args.quick else FULL
     every = args.every or (10 if args.quick else 100)
     probe_iters = args.probe_iters or (10 if args.quick else None)
@@ -332,7 +357,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         meta = {"date": now.date().isoformat(), "cpu": cpu_model(), "cores": os.cpu_count(),
                 "quick": args.quick, "work": work, "arms": arms, "runs": args.runs,
                 "target": args.target, "loss": args.loss, "omnivore_probe": omnivore_probe,
-                "optimize_args": optimize_args, "seed_per_round": args.seed_per_round}
+                "optimize_args": optimize_args, "solver_args": solver_args,
+                "seed_per_round": args.seed_per_round}
         runs: List[dict] = []
         for rnd in range(args.runs):
             for arm in arms:
@@ -340,7 +366,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                        "every": every, "target": args.target, "loss": args.loss,
                        "omnivore_probe": omnivore_probe, "probe_iters": probe_iters,
                        "retune_every": retune, "optimize_args": optimize_args,
-                       "data_dir": args.data_dir, "zoo": args.zoo,
+                       "solver_args": solver_args, "data_dir": args.data_dir, "zoo": args.zoo,
                        "seed": 1701 + rnd if args.seed_per_round else None}
                 runs.append(spawn(job))
                 p = to_target(runs[-1], args.target, args.loss)

@@ -90,3 +90,23 @@ def test_seed_per_round_seeds_every_arm_of_a_round_alike(monkeypatch):
     assert bench.solver_for(job).random_seed == 1701
     assert bench.solver_for({**job, "seed": None}).random_seed == 1701
     assert bench.solver_for({**job, "seed": 1703}).random_seed == 1703
+
+
+def test_solver_args_replace_the_works_settings(monkeypatch, capsys):
+    """--solver-args: settings already good (e.g. CIFAR10-quick at lr 0.009) replace the
+    work's; a name that is not a scalar field of SolverParameter is refused by name."""
+    import cct.api
+    from cct.proto import caffe_pb2
+    monkeypatch.setattr(bench, "mnist_lmdbs", lambda d: ("train", "test"))
+    monkeypatch.setattr(bench, "lenet_solver",
+                        lambda *a: caffe_pb2.SolverParameter(base_lr=0.01, momentum=0.9))
+    monkeypatch.setattr(cct.api, "Solver", lambda param: param)
+    job = {"work": "lenet", "cap": 10, "data_dir": "d", "zoo": "z",
+           "solver_args": {"base_lr": 0.09, "momentum": 0.675}}
+    param = bench.solver_for(job)
+    assert param.base_lr == pytest.approx(0.09) and param.momentum == pytest.approx(0.675)
+    for bad in ('{"base_lrr": 0.1}', '{"test_iter": 5}', '{"base_lr": [0.1]}', '[0.1]',
+                '{"base_lr": "fast"}'):
+        with pytest.raises(SystemExit):
+            bench.main(["--solver-args", bad])
+        assert "--solver-args" in capsys.readouterr().err
