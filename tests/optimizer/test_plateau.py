@@ -302,8 +302,36 @@ def test_a_rung_that_blows_up_and_comes_back_to_the_plateau_has_diverged(opt):
     assert plan.winner.lr == pytest.approx(0.009)
     assert leaving(plan.winner.losses)
     blown = next(c for c in plan.candidates if c.lr == pytest.approx(0.027))
-    assert blown.status.startswith("pruned: diverged (loss 17 past 1.5x the plateau's")
+    assert blown.status.startswith("pruned: diverged (loss 17 at its iteration 22, over the "
+                                   "plateau's 2.3")
     assert "lr 0.027 diverged at" in plan.plateau
+
+
+def test_a_rung_noisy_above_the_plateau_has_left_it_upward(opt):
+    """CIFAR10-quick from lr 0.009: lr 0.729 sat at 2.30-2.42 for 640 iterations, never 1.5x
+    the plateau's 2.303, and the escape spent its whole share doubling it (0.21x of the
+    solver's settings, which leave the plateau at 110). A loss more than 1% (and six of the
+    solver's own plateau deviations) above the plateau is off it, upward: that rung is out
+    within its first probe, and the solver's lr, which does leave, goes on and wins."""
+    fake = Plateau(opt, escape=lambda lr: 100 if lr < 0.002 else 1e9, diverge=1e9)
+    inner = fake.losses
+
+    def noisy(lr, n):
+        out = inner(lr, n)
+        if lr > 0.002:                  # every larger lr: jitter up to 5% above, never falling
+            rng = np.random.default_rng(3)
+            out = [2.3 + abs(0.06 * rng.standard_normal()) if t > 3 else v
+                   for t, v in enumerate(out, 1)]
+        return out
+    fake.losses = noisy
+    opt.probe = fake
+    plan = opt.make_plan(limit=10 ** 6)
+    assert plan.winner.lr == pytest.approx(0.001)
+    assert leaving(plan.winner.losses)
+    above = [c for c in plan.candidates if c.lr > 0.002]
+    assert above and all("over the plateau's 2.3 by more than its noise" in c.status
+                         for c in above)
+    assert all(fake.iters[(1, c.lr)] == 20 for c in above)     # one probe each, no doubling
 
 
 class Edge:
