@@ -282,6 +282,22 @@ def json_object(ap: argparse.ArgumentParser, flag: str, text: str, example: str)
     return value
 
 
+def check_solver_args(ap: argparse.ArgumentParser, solver_args: dict) -> None:
+    """--solver-args' fields, each a scalar field of SolverParameter taking its value (the
+    parser's error otherwise, before any run): a repeated field reads as a container and a
+    message as a message; protobuf's own setter refuses a value of the wrong type."""
+    from cct.proto import caffe_pb2
+    blank = caffe_pb2.SolverParameter()
+    for name, value in solver_args.items():
+        try:
+            if not isinstance(getattr(blank, name, None), (int, float, str)):
+                raise TypeError("not a scalar field")
+            setattr(blank, name, value)
+        except (TypeError, ValueError) as e:
+            ap.error(f"--solver-args: {name!r} = {value!r} is not a value of a scalar field "
+                     f"of Caffe's SolverParameter ({e})")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", default=",".join(WORKS), help=f"of {', '.join(WORKS)}")
@@ -329,18 +345,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     optimize_args = json_object(ap, "--optimize-args", args.optimize_args,
                                 '{"probe_share": 0.05}')
     solver_args = json_object(ap, "--solver-args", args.solver_args, '{"base_lr": 0.009}')
-    from cct.proto import caffe_pb2
-    blank = caffe_pb2.SolverParameter()
-    for name, value in solver_args.items():
-        # a repeated field reads as a container, a message as a message: neither is scalar;
-        # protobuf's own setter refuses a value of the wrong type
-        try:
-            if not isinstance(getattr(blank, name, None), (int, float, str)):
-                raise TypeError("not a scalar field")
-            setattr(blank, name, value)
-        except (TypeError, ValueError) as e:
-            ap.error(f"--solver-args: {name!r} = {value!r} is not a value of a scalar field "
-                     f"of Caffe's SolverParameter ({e})")
+    check_solver_args(ap, solver_args)
     caps = QUICK if args.quick else FULL
     every = args.every or (10 if args.quick else 100)
     probe_iters = args.probe_iters or (10 if args.quick else None)
