@@ -55,6 +55,11 @@ class Plateau:
             out.append(v + 0.002 * rng.standard_normal())
         return out
 
+    def reshape(self, above, change):
+        """Probes of an lr over ``above`` give ``change(losses)`` instead."""
+        inner = self.losses
+        self.losses = lambda lr, n: change(inner(lr, n)) if lr > above else inner(lr, n)
+
     def __call__(self, cand, iters, keep=False):
         cand.probed += iters
         self.iters[(cand.groups, cand.lr)] = cand.probed
@@ -288,15 +293,9 @@ def test_a_rung_that_blows_up_and_comes_back_to_the_plateau_has_diverged(opt):
     """CIFAR10-quick at lr 0.027 went from 2.303 to 17.0 and back to 2.30, where it stayed:
     alive by its end, dead in fact. The escape drops it and the next lower rung goes on."""
     fake = Plateau(opt, escape=lambda lr: 2.7 / lr, diverge=1e9)     # 0.009: 300 iterations
-    inner = fake.losses
-
-    def spiking(lr, n):
-        out = inner(lr, n)
-        if lr > 0.02:                   # 0.027 and up: a spike at 22-26, then the plateau
-            out = [17.0 if 22 <= t < 27 else (2.3 if t >= 27 else v)
-                   for t, v in enumerate(out, 1)]
-        return out
-    fake.losses = spiking
+    # 0.027 and up: a spike at 22-26, then the plateau
+    fake.reshape(0.02, lambda out: [17.0 if 22 <= t < 27 else (2.3 if t >= 27 else v)
+                                    for t, v in enumerate(out, 1)])
     opt.probe = fake
     plan = opt.make_plan(limit=10 ** 6)
     assert plan.winner.lr == pytest.approx(0.009)
@@ -314,16 +313,10 @@ def test_a_rung_noisy_above_the_plateau_has_left_it_upward(opt):
     solver's own plateau deviations) above the plateau is off it, upward: that rung is out
     within its first probe, and the solver's lr, which does leave, goes on and wins."""
     fake = Plateau(opt, escape=lambda lr: 100 if lr < 0.002 else 1e9, diverge=1e9)
-    inner = fake.losses
-
-    def noisy(lr, n):
-        out = inner(lr, n)
-        if lr > 0.002:                  # every larger lr: jitter up to 5% above, never falling
-            rng = np.random.default_rng(3)
-            out = [2.3 + abs(0.06 * rng.standard_normal()) if t > 3 else v
-                   for t, v in enumerate(out, 1)]
-        return out
-    fake.losses = noisy
+    rng = np.random.default_rng(3)
+    # every larger lr: jitter of several percent above the plateau, never falling
+    fake.reshape(0.002, lambda out: [2.3 + abs(0.06 * rng.standard_normal()) if t > 3 else v
+                                     for t, v in enumerate(out, 1)])
     opt.probe = fake
     plan = opt.make_plan(limit=10 ** 6)
     assert plan.winner.lr == pytest.approx(0.001)
