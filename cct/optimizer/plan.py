@@ -168,11 +168,13 @@ class Candidate:
 
 class Branch(NamedTuple):
     """What a branch of the run left: the (time, smoothed loss) of each iteration, whether it
-    diverged, and, when asked to keep it, its end (Solver.capture) and its held log lines."""
+    diverged, and, when asked to keep it, its end (Solver.capture) and its held log lines;
+    ``cut`` when it stopped early, its loss past the plateau escape's ceiling."""
     record: List[Tuple[float, float]]
     diverged: bool
     state: Optional[dict] = None
     lines: list = []
+    cut: bool = False
 
 
 @dataclass
@@ -286,16 +288,34 @@ class Optimizer:
         self._probing = False
         self._fresh = False
         self._record: Optional[List[Tuple[float, float]]] = None
+        # While the plateau escape runs, a probe whose loss passes this stops at the end of
+        # that iteration (_hurt would drop it anyway: its remaining iterations are waste).
+        self._ceiling: Optional[float] = None
+        self._over = False          # the probe now running passed the ceiling
+        self._cut = False           # ... and _action stopped it
+        self._held: List[str] = []  # the user's requests made during probes (_action)
         self._user_action = solver.action_request
         solver.action_request = self._action
         solver.add_callback(self._on_start, self._on_gradients_ready)
 
     # -- hooks on the solver -----------------------------------------------------------------
     def _action(self) -> str:
-        user = self._user_action() if self._user_action is not None else "none"
-        if self.reached and not self._probing and user == "none":
+        user = (self._user_action() if self._user_action is not None else None) or "none"
+        if self._probing:
+            # A request (SIGINT's stop, SIGHUP's snapshot) is the run's, not a probe's: a
+            # snapshot of a branch is not the run's state, and the capture a probe returns to
+            # forgets a stop. Held, it takes effect at the first iteration of training.
+            if user != "none":
+                self._held.append(user)
+            if self._over:
+                self._cut = True
+                return "stop"
+            return "none"
+        if user == "none" and self._held:
+            user = self._held.pop(0)
+        if self.reached and user == "none":
             return "stop"
-        return user or "none"
+        return user
 
     def _on_start(self) -> None:
         s = self.solver
@@ -311,6 +331,9 @@ class Optimizer:
         s = self.solver
         if self._record is not None:
             self._record.append((time.perf_counter(), float(s.smoothed_loss)))
+        if self._probing and self._ceiling is not None and \
+                float(s.smoothed_loss) > self._ceiling:
+            self._over = True
         if self._probing or self.target_loss is None or self.reached:
             return
         if float(s.smoothed_loss) <= self.target_loss:
@@ -429,12 +452,13 @@ class Optimizer:
                 # a one-group place's scheduler stays for the next probe there (configure)
         finally:
             record, self._record = self._record, None
+            cut, self._cut, self._over = self._cut, False, False
             for k, v in saved.items():
                 setattr(s.param, k, v)
             s.set_schedule(schedule)
             s.restore_capture(captured)
             self._probing = False
-        return Branch(record, diverged, state, list(lines or []))
+        return Branch(record, diverged, state, list(lines or []), cut)
 
     def measure_he(self, cand: Candidate) -> float:
         """Seconds per iteration of ``cand``'s (strategy, groups, batch), cached: two warm-up
@@ -486,7 +510,7 @@ class Optimizer:
         began = time.perf_counter()
         branch = self._branch(cand, iters, start=start, keep=keep)
         cand.probe_seconds += time.perf_counter() - began
-        cand.probed += iters
+        cand.probed += len(branch.record) if branch.cut else iters
         if not branch.diverged:
             self._refine_he(cand, branch.record)
         cand.losses += [v for _, v in branch.record]
@@ -721,37 +745,42 @@ class Optimizer:
         # what a rung may rise above it by and still be on it (_hurt)
         ceiling = level + max(LOSS_TIE * level, HURT_SIGMAS * (
             statistics.pstdev(first.losses) if len(first.losses) > 1 else 0.0))
-        ladder, at = [first], first.lr
-        for _ in range(LR_STEPS):
-            at *= LR_STEP
-            c = self._candidate(g, batch, at, mu)
-            probe(c)
-            ladder.append(c)
-            _hurt(c, level, ceiling)
-            if c.status != "kept":
-                break
-            if leaving(c.losses):
-                break
-        home = self.solver.iter
-        alive = sorted((c for c in ladder if c.status == "kept"), key=lambda c: -c.lr)
-        log = []
-        while alive and not leaving(alive[0].losses):
-            top = alive[0]
-            more = min(top.probed, limit - home - top.probed)
-            # wall time, or the iterations' worth at the measured HE where that is more (a
-            # probe's own clock can miss what its branch cost around it)
-            spent = max(time.perf_counter() - began,
-                        sum(c.probed * (c.he or 0.0) for c in ladder))
-            if spent >= spend or more < 1:
-                log.append(f"stopped at lr {top.lr:.4g} after {top.probed} iterations ("
-                           + ("the probes' share spent" if more >= 1 else
-                              f"a longer probe would pass iteration {limit}") + ")")
-                break
-            self.probe(top, more, keep=self._fit_in_memory(2))
-            _hurt(top, level, ceiling)
-            if top.status != "kept":
-                log.append(f"lr {top.lr:.4g} diverged at {top.probed} iterations")
-                alive.pop(0)
+        # a probe past the ceiling stops there (_action): what it would run on is waste
+        self._ceiling = ceiling if math.isfinite(ceiling) else None
+        try:
+            ladder, at = [first], first.lr
+            for _ in range(LR_STEPS):
+                at *= LR_STEP
+                c = self._candidate(g, batch, at, mu)
+                probe(c)
+                ladder.append(c)
+                _hurt(c, level, ceiling)
+                if c.status != "kept":
+                    break
+                if leaving(c.losses):
+                    break
+            home = self.solver.iter
+            alive = sorted((c for c in ladder if c.status == "kept"), key=lambda c: -c.lr)
+            log = []
+            while alive and not leaving(alive[0].losses):
+                top = alive[0]
+                more = min(top.probed, limit - home - top.probed)
+                # wall time, or the iterations' worth at the measured HE where that is more (a
+                # probe's own clock can miss what its branch cost around it)
+                spent = max(time.perf_counter() - began,
+                            sum(c.probed * (c.he or 0.0) for c in ladder))
+                if spent >= spend or more < 1:
+                    log.append(f"stopped at lr {top.lr:.4g} after {top.probed} iterations ("
+                               + ("the probes' share spent" if more >= 1 else
+                                  f"a longer probe would pass iteration {limit}") + ")")
+                    break
+                self.probe(top, more, keep=self._fit_in_memory(2))
+                _hurt(top, level, ceiling)
+                if top.status != "kept":
+                    log.append(f"lr {top.lr:.4g} diverged at {top.probed} iterations")
+                    alive.pop(0)
+        finally:
+            self._ceiling = None
         if alive and leaving(alive[0].losses):
             w = alive[0]
             for c in ladder:

@@ -377,3 +377,31 @@ def test_settings_at_the_edge_of_stability_stand_without_a_momentum_grid(data_li
     finally:
         o.close()
         solver.close()
+
+
+def test_a_probe_past_the_escapes_ceiling_stops_there(data_list, tmp_path):  # noqa: F811
+    """While the escape runs, a probe whose loss passes the plateau's ceiling stops at the end
+    of that iteration (its remaining iterations would be waste: _hurt drops it); the run is
+    left as it was. A stop the user asks for during a probe is held for the run."""
+    solver = Solver(solver_param(data_list, tmp_path, max_iter=400, display=0))
+    o = Optimizer(solver, engine="simulated", groups=[1])
+    try:
+        c = o._candidate(1, o.data_batch, 0.05, 0.9)
+        o._ceiling = 0.0                 # every loss is past it
+        branch = o._branch(c, 10, keep=True)
+        assert branch.cut and len(branch.record) == 1
+        assert solver.iter == 0 and not solver.requested_early_exit
+        assert o.probe(c, 10).probed == 1          # the iterations it ran, not the asked
+        o._ceiling = None
+        assert len(o._branch(c, 10).record) == 10
+        # the user's stop during a probe is the run's: held, it stops training's first
+        # iteration, not the probe (whose capture would forget it)
+        asked = ["stop"]
+        o._user_action = lambda: asked.pop() if asked else "none"
+        branch = o._branch(c, 10)
+        assert not branch.cut and len(branch.record) == 10
+        assert not solver.requested_early_exit and o._action() == "stop"
+        assert o._action() == "none"
+    finally:
+        o.close()
+        solver.close()
