@@ -117,6 +117,31 @@ def test_retune_changes_lr_and_momentum_in_this_process(data_list, tmp_path, cap
         solver.close()
 
 
+def test_a_retune_due_where_a_callers_step_ends_comes_in_the_next(data_list, tmp_path,  # noqa: F811
+                                                                   capfd):
+    """A caller stepping a re-tune interval at a time (pycaffe's `solver.step(100)` loops, the
+    bench's evaluations) ends each call on a re-tune's iteration; the re-tune comes at the
+    start of the next call instead of never (LeNet with Adam trained 2,600 iterations without
+    one)."""
+    solver = _solver(data_list, tmp_path, max_iter=100)
+    opt = Optimizer(solver, engine="simulated", groups=[1], probe_iters=5,
+                    lr_multiples=(1.0,), retune_every=10)
+    try:
+        opt.start(limit=0)              # nothing kept: training starts at iteration 0
+        assert solver.iter == 0
+        capfd.readouterr()
+        for _ in range(3):
+            opt.step(10)
+        err = capfd.readouterr().err
+        assert "Optimizer re-tune at iteration 10 (every 10 iterations)" in err
+        assert "Optimizer re-tune at iteration 20 (every 10 iterations)" in err
+        assert "re-tune at iteration 30" not in err        # due when the next call starts
+        assert opt.retunes == 2 and solver.iter == 30
+    finally:
+        opt.close()
+        solver.close()
+
+
 def test_target_loss_stops_the_run_and_says_so(data_list, tmp_path, capfd):  # noqa: F811
     path = _solver_file(data_list, tmp_path, max_iter=400, display=10)
     assert cli.main(["train", "-solver", path, "--optimize", "--target-loss", "1.2",
