@@ -28,14 +28,14 @@ Arms, each in a fresh process on this machine's cores (threads engine):
 Each (work, arm) runs ``--runs`` times, in rounds: within a round every arm runs once, in
 ``--arms`` order, so a drift of the machine's speed hits every arm alike. Wall time = probes +
 training; the held-out evaluations (at every multiple of ``--every`` iterations, for every arm
-alike) are not timed. Printed: the CPU
-and the date, then per work a table with a row per arm: each run's seconds (and iterations) to
-the target, their median, each run's ratio to the caffe run of its round, the ratio of the
-medians (a run that never reached the target counts as infinitely slow), the probe seconds and
-the choices. Written after every run, per work: ``--json`` with every run and its curve and
-``--png`` with the held-out accuracy (LeNet) or loss (CIFAR10-quick) against wall time, a
-colour per arm, lighter for the repeats. ``{work}`` in either path is the work's name; a path
-without it gets ``_<work>`` before its suffix when more than one work runs.
+alike) are not timed. Printed: the CPU and the date, then per work a table with a row per arm:
+each run's seconds (and iterations) to the target, their median, each run's ratio to the caffe
+run of its round, the ratio of the medians (a run that never reached the target counts as
+infinitely slow), the probe seconds and the choices. Written after every run, per work:
+``--json`` with every run and its curve and ``--png`` with the held-out accuracy (LeNet) or
+loss (CIFAR10-quick) against wall time, a colour per arm, lighter for the repeats. ``{work}``
+in either path is the work's name; a path without it gets ``_<work>`` before its suffix when
+more than one work runs.
 """
 from __future__ import annotations
 
