@@ -1105,9 +1105,9 @@ class Optimizer:
         every = self._retune_every()
         check = max(10, min(every, 100))
         # A due re-tune carries over from one call to the next: a caller stepping 100 at a
-        # time (pycaffe's loops, the bench's evaluations) ends a call on each re-tune's
-        # iteration, and a boundary counted from each call's own start was never reached
-        # (LeNet with Adam: no re-tune in 2,600 iterations, hovering at 94-98%).
+        # time (a Python loop of step(100), the bench's evaluations) ends a call on each
+        # re-tune's iteration, and a boundary counted from each call's own start was never
+        # reached (LeNet with Adam: no re-tune in 2,600 iterations, hovering at 94-98%).
         if self._next_retune is None:
             self._next_retune = (s.iter // every + 1) * every
         while s.iter < stop and not s.requested_early_exit and not self.reached:

@@ -119,7 +119,7 @@ def test_retune_changes_lr_and_momentum_in_this_process(data_list, tmp_path, cap
 
 def test_a_retune_due_where_a_callers_step_ends_comes_in_the_next(data_list, tmp_path,  # noqa: F811
                                                                    capfd):
-    """A caller stepping a re-tune interval at a time (pycaffe's `solver.step(100)` loops, the
+    """A caller stepping a re-tune interval at a time (a Python loop of `step(100)`, the
     bench's evaluations) ends each call on a re-tune's iteration; the re-tune comes at the
     start of the next call instead of never (LeNet with Adam trained 2,600 iterations without
     one)."""
