@@ -291,8 +291,7 @@ class Optimizer:
         # While the plateau escape runs, a probe whose loss passes this stops at the end of
         # that iteration (_hurt would drop it anyway: its remaining iterations are waste).
         self._ceiling: Optional[float] = None
-        self._over = False          # the probe now running passed the ceiling
-        self._cut = False           # ... and _action stopped it
+        self._over = False          # the probe now running passed it: _action stops it
         self._held: List[str] = []  # the user's requests made during probes (_action)
         self._next_retune: Optional[int] = None     # the iteration the next one is due (step)
         self._user_action = solver.action_request
@@ -308,10 +307,7 @@ class Optimizer:
             # forgets a stop. Held, it takes effect at the first iteration of training.
             if user != "none":
                 self._held.append(user)
-            if self._over:
-                self._cut = True
-                return "stop"
-            return "none"
+            return "stop" if self._over else "none"
         if user == "none" and self._held:
             user = self._held.pop(0)
         if self.reached and user == "none":
@@ -453,7 +449,7 @@ class Optimizer:
                 # a one-group place's scheduler stays for the next probe there (configure)
         finally:
             record, self._record = self._record, None
-            cut, self._cut, self._over = self._cut, False, False
+            cut, self._over = self._over, False
             for k, v in saved.items():
                 setattr(s.param, k, v)
             s.set_schedule(schedule)
@@ -1112,9 +1108,8 @@ class Optimizer:
             self._next_retune = (s.iter // every + 1) * every
         while s.iter < stop and not s.requested_early_exit and not self.reached:
             if s.iter >= self._next_retune:
-                self._next_retune = (s.iter // every + 1) * every
                 self.retune(f"every {every} iterations", self._limit(stop))
-                self._next_retune = max(self._next_retune, (s.iter // every + 1) * every)
+                self._next_retune = (s.iter // every + 1) * every   # past a kept probe's end
                 continue
             n = min(stop, self._next_retune, s.iter + check) - s.iter
             began, first = time.perf_counter(), s.iter
