@@ -14,6 +14,7 @@ from cct.api import Solver
 from cct.optimizer import Optimizer
 from cct.optimizer.curve import fit_power_law
 from cct.optimizer.curve import leaving
+from cct.optimizer.plan import TRUNK
 
 from ..test_scheduler import data_list, solver_param  # noqa: F401  (fixture)
 
@@ -92,10 +93,12 @@ def test_a_plateau_climbs_the_ladder_and_keeps_the_largest_lr_that_leaves_it(opt
     plan = opt.make_plan(limit=10 ** 6)
     assert plan.winner.lr == pytest.approx(0.027)
     assert leaving(plan.winner.losses)
-    # the ladder went up from the solver's lr to the first that diverged (0.081), which went
-    # on until it did; 0.027 then doubled until it fell; the lower rungs stayed at 20
+    # the solver's own lr went on first, doubling to TRUNK probes (it would leave at 2,700);
+    # then the ladder went up from it to the first that diverged (0.081), which went on
+    # until it did; 0.027 then doubled until it fell; the rungs between stayed at 20
     probed = {round(lr, 6): n for (_, lr), n in fake.iters.items()}
-    assert probed[0.001] == probed[0.003] == probed[0.009] == 20
+    assert probed[0.001] == TRUNK * 20
+    assert probed[0.003] == probed[0.009] == 20
     assert probed[0.081] >= 40 and probed[0.027] >= 100
     assert "plateau at lr 0.001: lr 0.027 left it" in plan.plateau
     assert "lr 0.081 diverged" in plan.plateau
@@ -113,8 +116,41 @@ def test_no_fall_within_the_probe_share_trains_with_the_solver_settings(opt):
     assert plan.winner.lr == pytest.approx(0.001)
     assert plan.winner.momentum == pytest.approx(0.9)
     assert "training with the solver's settings" in plan.plateau
-    # and the spending stopped: the top rung doubled a bounded number of times
-    assert max(fake.iters.values()) <= 40
+    # and the spending stopped: the solver's own lr (the trunk) at most TRUNK probes, the
+    # ladder's rungs no doubling past the share
+    probed = {round(lr, 6): n for (_, lr), n in fake.iters.items()}
+    assert probed.pop(0.001) <= TRUNK * 20
+    assert max(probed.values()) <= 40
+
+
+def test_the_solvers_lr_leaving_the_plateau_on_its_own_stands(opt):
+    """CIFAR10-quick at lr 0.009: the solver's own probe leaves the plateau at 110 and the
+    escape's ladder cost 0.6x of the solver's time to the target finding nothing better. The
+    solver's lr goes on first (it is training): when it leaves within TRUNK probes, nothing
+    else is probed, its settings stand and the log says why. Larger lrs would have left
+    sooner here (30 iterations): the trunk gives that up for a plateau costing nothing."""
+    fake = Plateau(opt, escape=lambda lr: 100 if lr < 0.002 else 30, diverge=1e9)
+    opt.probe = fake
+    plan = opt.make_plan(limit=10 ** 6)
+    assert plan.winner.lr == pytest.approx(0.001)
+    assert plan.winner.momentum == pytest.approx(0.9)
+    probed = {round(lr, 6): n for (_, lr), n in fake.iters.items()}
+    assert list(probed) == [0.001] and probed[0.001] <= TRUNK * 20
+    assert plan.winner.state is not None         # kept: training goes on from its end
+    assert "the solver's lr left it within" in plan.plateau
+    assert "its settings stand" in plan.plateau
+
+
+def test_a_solver_lr_rising_off_the_plateau_searches_below_it(opt):
+    """A trunk whose loss rises past the plateau's ceiling is the solver's lr diverging: no
+    escape upward from it; the lr search goes down."""
+    fake = Plateau(opt, escape=lambda lr: 1e9, diverge=1e9)
+    fake.reshape(0.0005, lambda out: [v if t <= 30 else 2.6 for t, v in enumerate(out, 1)])
+    opt.probe = fake
+    plan = opt.make_plan(limit=10 ** 6)
+    probed = {round(lr, 6): n for (_, lr), n in fake.iters.items()}
+    assert plan.winner.lr == pytest.approx(0.001 / 3)
+    assert probed == {0.001: 40, 0.000333: 20}       # hurt at its first doubling; then down
 
 
 def test_limit_stops_the_escape_before_a_test_or_snapshot(opt):
@@ -311,8 +347,9 @@ def test_a_rung_noisy_above_the_plateau_has_left_it_upward(opt):
     the plateau's 2.303, and the escape spent its whole share doubling it (0.21x of the
     solver's settings, which leave the plateau at 110). A loss more than 1% (and six of the
     solver's own plateau deviations) above the plateau is off it, upward: that rung is out
-    within its first probe, and the solver's lr, which does leave, goes on and wins."""
-    fake = Plateau(opt, escape=lambda lr: 100 if lr < 0.002 else 1e9, diverge=1e9)
+    within its first probe, and the solver's lr, which does leave (after its trunk: at 200),
+    goes on and wins."""
+    fake = Plateau(opt, escape=lambda lr: 200 if lr < 0.002 else 1e9, diverge=1e9)
     rng = np.random.default_rng(3)
     # every larger lr: jitter of several percent above the plateau, never falling
     fake.reshape(0.002, lambda out: [2.3 + abs(0.06 * rng.standard_normal()) if t > 3 else v
