@@ -81,7 +81,7 @@ def opt(data_list, tmp_path):  # noqa: F811
                                  display=0))
     o = Optimizer(solver, engine="simulated", groups=[1], momentum_offsets=(0.0,),
                   probe_iters=20)
-    o.measure_he = lambda c: setattr(c, "he", 0.01) or 0.01
+    o.measure_he = lambda c, keep=False: setattr(c, "he", 0.01) or 0.01
     yield o
     o.close()
     solver.close()
@@ -159,6 +159,34 @@ def test_limit_stops_the_escape_before_a_test_or_snapshot(opt):
     plan = opt.make_plan(limit=60)
     assert all(n <= 60 for n in fake.iters.values())
     assert "a longer probe would pass iteration 60" in plan.plateau
+
+
+def test_the_first_probe_goes_on_from_the_kept_he_branch(data_list, tmp_path):  # noqa: F811
+    """The plan's first HE measurement runs the solver's own settings: kept, the first probe
+    of those settings begins as it (its iterations are not run twice) and sees what a probe
+    from the start would: the same losses."""
+    solver = Solver(solver_param(data_list, tmp_path, max_iter=400, display=0))
+    o = Optimizer(solver, engine="simulated", groups=[1])
+    try:
+        c = o._candidate(1, o.data_batch, 0.01, 0.9)
+        o.measure_he(c, keep=True)
+        assert solver.iter == 0 and o._warm is not None
+        ran = []
+        step = o._step
+        o._step = lambda n: ran.append(n) or step(n)
+        warm = o.probe(o._candidate(1, o.data_batch, 0.01, 0.9), 20)
+        assert warm.probed == 20 and o._warm is None
+        assert ran == [20 - (2 + o.he_iters)]      # the HE branch's iterations not again
+        fresh = o.probe(o._candidate(1, o.data_batch, 0.01, 0.9), 20)
+        np.testing.assert_allclose(warm.losses, fresh.losses, rtol=1e-5)
+        # another candidate does not take it
+        o.he.clear()
+        o.measure_he(c, keep=True)
+        other = o.probe(o._candidate(1, o.data_batch, 0.03, 0.9), 20)
+        assert other.probed == 20 and o._warm is not None
+    finally:
+        o.close()
+        solver.close()
 
 
 def test_a_real_plateau_on_the_tiny_net_keeps_the_solver_settings(data_list, tmp_path):  # noqa: F811
@@ -264,7 +292,7 @@ def _two_group_plan(opt, lr_multiples):
     opt.lr_multiples = lr_multiples
     opt.target_loss = 0.3
 
-    def he(c):
+    def he(c, keep=False):
         c.he = 0.01 if c.groups == 1 else 0.005
         opt.implicit[c.config] = 0.0 if c.groups == 1 else 0.5
         return c.he
@@ -394,7 +422,7 @@ def test_settings_at_the_edge_of_stability_stand_without_a_momentum_grid(data_li
     solver = Solver(solver_param(data_list, tmp_path, max_iter=100000, base_lr=0.09,
                                  momentum=0.675, display=0))
     o = Optimizer(solver, engine="simulated", groups=[1], probe_iters=20)
-    o.measure_he = lambda c: setattr(c, "he", 0.01) or 0.01
+    o.measure_he = lambda c, keep=False: setattr(c, "he", 0.01) or 0.01
     try:
         fake = Edge(o, best=0.09, diverge=0.27)
         o.probe = fake
