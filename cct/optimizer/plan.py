@@ -9,7 +9,8 @@ Time to target = HE x iterations to target (Omnivore's hardware and statistical 
   same solver.
 * **HE** (seconds per iteration) is measured once per (strategy, groups, batch): a few warm-up
   iterations, then a few timed ones over whole rounds of the groups, on a branch that is
-  thrown away; each probe's own iterations refine it (the median of all: the run's first
+  thrown away (the plan's first, the solver's own settings, is kept: their first probe goes
+  on from it); each probe's own iterations refine it (the median of all: the run's first
   measurement is its first iterations, slower than the rest, and made two 1-core groups look
   10% faster than one 2-core group where they were not). The same run measures the
   staleness of a driven configuration: its implicit momentum E[tau]/(1+E[tau]) moved the
@@ -47,7 +48,10 @@ Time to target = HE x iterations to target (Omnivore's hardware and statistical 
 * **No evidence, no spending** (issue 33). A plateau (the solver's own first probe does not
   fall: :func:`.curve.leaving`, a drop of its last fifth below its first beyond 2% and three
   standard errors) makes probes of any length rank by noise: CIFAR10-quick sits at 2.303 for
-  110 iterations at lr 0.009 and over 400 at 0.001. Leaving it takes fewer iterations the
+  110 iterations at lr 0.009 and over 400 at 0.001. The solver's own probe goes on first,
+  doubling, to TRUNK first probes (:meth:`Optimizer._trunk`): it is training, so when it
+  leaves the plateau nothing was spent and its settings stand. When it does not: leaving
+  takes fewer iterations the
   larger the step, up to the step that diverges, so the lr search becomes an escape: the
   ladder x LR_STEP upward to the first lr that diverges, then the largest lr still alive goes
   on, its probe doubling from where it ended, until it falls (it wins; its probe is
