@@ -7,7 +7,8 @@
 #      threads) on a fresh plan cache, with the CPU's flags;
 #   2. bench_train --precision bf16 on LeNet, CIFAR10-quick and CaffeNet b32 against PyTorch
 #      (issue 34's first table, the three nets with a 1.5x target);
-#   3. issue 33's LeNet to 98% by its own protocol (bench_cli_time_to_accuracy.py, 3 seeds);
+#   3. issue 33's LeNet to 98% by its own protocol (bench_cli_time_to_accuracy.py, 3 seeds),
+#      then CIFAR10-quick to loss 0.3 with settings already good and with Caffe's, one round;
 #   4. bench_train --precision bf16 on CaffeNet b256, AlexNet b32 and GoogLeNet b32;
 #   5. bench_layers on CIFAR10-quick and CaffeNet b32 (issue 34's second table).
 # With --bundle DIR (scripts/cpu_bundle.sh made it here; carry it): installs its wheels into
@@ -64,6 +65,14 @@ step bench_train_bf16 200 12 $PIN python3 bench/bench_train.py \
     --nets lenet,cifar10_quick,caffenet_b32 --iters 5 --precision bf16
 step time_to_98 150 12 $PIN python3 bench/bench_cli_time_to_accuracy.py --seeds 1701-1703 \
     --json "$OUT/logs/time_to_98.json"
+# issue 33's 0.9x floor (CIFAR10-quick at lr 0.009, settings already good) and its 1.3x
+# (Caffe's settings), one round each: the synthetic CIFAR data is written on first use
+step time_to_loss_cifar 120 8 $PIN python3 bench/bench_time_to_accuracy.py --work cifar10_quick \
+    --arms caffe,optimize --runs 1 \
+    --solver-args '{"base_lr": 0.009}' --json "$OUT/logs/cifar_good.json" --png "$OUT/logs/cifar_good.png"
+step time_to_loss_cifar_caffe 120 8 $PIN python3 bench/bench_time_to_accuracy.py \
+    --work cifar10_quick --arms caffe,optimize --runs 1 \
+    --json "$OUT/logs/cifar_caffe.json" --png "$OUT/logs/cifar_caffe.png"
 step bench_train_bf16_big 300 12 $PIN python3 bench/bench_train.py \
     --nets caffenet_b256,alexnet_b32,googlenet_b32 --iters 3 --warmup 1 --precision bf16
 step bench_layers 150 40 $PIN python3 bench/bench_layers.py --nets cifar10_quick,caffenet_b32 \
