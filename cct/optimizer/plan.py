@@ -195,6 +195,7 @@ class Plan:
     stopped: str = ""          # why the halving stopped before one candidate was left
     plateau: str = ""          # what the plateau search did (module doc), when it ran
     edge: str = ""             # why the lr search left the solver's settings standing
+    left_alone: Optional[Candidate] = None    # the solver's own probe, off a plateau by itself
     places: List[Tuple[str, float]] = field(default_factory=list)   # one group's, by HE
 
     def table(self) -> List[str]:
@@ -787,6 +788,7 @@ class Optimizer:
         plan.plateau = (f"plateau at lr {first.lr:.4g}: the solver's lr left it within "
                         f"{first.probed} iterations; its settings stand (its probe is "
                         f"training; the re-tunes probe around them past the plateau)")
+        plan.left_alone = first
         return True
 
     def _escape(self, plan: Plan, first: Candidate, probe: Callable[[Candidate], None],
@@ -1054,7 +1056,12 @@ class Optimizer:
         # compares); the line gives the iteration of the run they lead to, which a reader can
         # hold against the log, not a bare count ("x 2 iterations", for a run of hundreds).
         end = w.fit.t_last
-        if w.iters is None or not math.isfinite(w.iters):
+        if w is plan.left_alone and (w.iters is None or not math.isfinite(w.iters)):
+            # a curve with a plateau and then a fall fits no power law: the fit says "flat"
+            line = (f"{w.describe()} wins: the solver's own settings left the plateau by "
+                    f"themselves (its probe, to iteration {end}, is training); no other "
+                    f"lr was probed against them")
+        elif w.iters is None or not math.isfinite(w.iters):
             line = (f"{w.describe()} wins: no probe is predicted to reach the {ref} in this "
                     f"run (flat loss curves); it ranks first by its loss "
                     f"{_settled(w):.4g} over its probe's second half, to iteration {end}")

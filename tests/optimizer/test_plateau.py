@@ -139,6 +139,11 @@ def test_the_solvers_lr_leaving_the_plateau_on_its_own_stands(opt):
     assert plan.winner.state is not None         # kept: training goes on from its end
     assert "the solver's lr left it within" in plan.plateau
     assert "its settings stand" in plan.plateau
+    assert plan.left_alone is plan.winner
+    # a plateau then a fall fits no power law well: when the fit says flat, the reason says
+    # what happened instead of "flat loss curves"
+    plan.winner.iters = math.inf
+    assert "left the plateau by themselves" in opt._reason(plan)
 
 
 def test_a_solver_lr_rising_off_the_plateau_searches_below_it(opt):
