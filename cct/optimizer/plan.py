@@ -103,6 +103,7 @@ import math
 import os
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -756,6 +757,16 @@ class Optimizer:
                          f"stability already)")
         return sorted(tried, key=lambda c: c.lr)
 
+    @contextmanager
+    def _capped(self, ceiling: float):
+        """While the plateau's probes run, one whose loss passes ``ceiling`` stops at the end
+        of that iteration (_action): what it would run on is waste (_hurt drops it)."""
+        self._ceiling = ceiling if math.isfinite(ceiling) else None
+        try:
+            yield
+        finally:
+            self._ceiling = None
+
     def _trunk(self, plan: Plan, first: Candidate, began: float, spend: float,
                limit: int) -> bool:
         """A plateau: the solver's own probe goes on first, doubling from where it ended, to
@@ -770,19 +781,15 @@ class Optimizer:
         iteration 390, and the escape's lr 0.009 reaches the target at 200. A trunk that rises
         off the plateau (:func:`_hurt`) is the solver's lr diverging: False, not kept."""
         level, ceiling = _plateau(first)
-        self._ceiling = ceiling if math.isfinite(ceiling) else None
         home = self.solver.iter
-        try:
+        with self._capped(ceiling):
             while first.status == "kept" and not leaving(first.losses):
                 more = min(first.probed, TRUNK * plan.probe_iters - first.probed,
                            limit - home - first.probed)
-                spent = max(time.perf_counter() - began, first.probed * (first.he or 0.0))
-                if more < 1 or spent >= spend:
+                if more < 1 or _spent(began, [first]) >= spend:
                     return False
                 self.probe(first, more, keep=self._fit_in_memory(1))
                 _hurt(first, level, ceiling)
-        finally:
-            self._ceiling = None
         if first.status != "kept":
             return False
         plan.plateau = (f"plateau at lr {first.lr:.4g}: the solver's lr left it within "
@@ -805,9 +812,7 @@ class Optimizer:
         no evidence, no change."""
         g, batch, mu = first.groups, first.batch, first.momentum
         level, ceiling = _plateau(first)
-        # a probe past the ceiling stops there (_action): what it would run on is waste
-        self._ceiling = ceiling if math.isfinite(ceiling) else None
-        try:
+        with self._capped(ceiling):
             ladder, at = [first], first.lr
             for _ in range(LR_STEPS):
                 at *= LR_STEP
@@ -825,11 +830,7 @@ class Optimizer:
             while alive and not leaving(alive[0].losses):
                 top = alive[0]
                 more = min(top.probed, limit - home - top.probed)
-                # wall time, or the iterations' worth at the measured HE where that is more (a
-                # probe's own clock can miss what its branch cost around it)
-                spent = max(time.perf_counter() - began,
-                            sum(c.probed * (c.he or 0.0) for c in ladder))
-                if spent >= spend or more < 1:
+                if _spent(began, ladder) >= spend or more < 1:
                     log.append(f"stopped at lr {top.lr:.4g} after {top.probed} iterations ("
                                + ("the probes' share spent" if more >= 1 else
                                   f"a longer probe would pass iteration {limit}") + ")")
@@ -839,8 +840,6 @@ class Optimizer:
                 if top.status != "kept":
                     log.append(f"lr {top.lr:.4g} diverged at {top.probed} iterations")
                     alive.pop(0)
-        finally:
-            self._ceiling = None
         if alive and leaving(alive[0].losses):
             w = alive[0]
             for c in ladder:
@@ -1324,6 +1323,13 @@ def _rank(c: Candidate, base_lr: float) -> Tuple[float, float, float, float]:
     bucket = (math.floor(math.log(last) / math.log1p(LOSS_TIE)) if math.isfinite(last)
               else math.inf)
     return (c.seconds, bucket, abs(math.log(c.lr / base_lr)), -c.lr)
+
+
+def _spent(began: float, probed: List[Candidate]) -> float:
+    """What the probes have cost: the wall time since ``began``, or their iterations' worth at
+    the measured HE where that is more (a probe's own clock can miss what its branch cost
+    around it)."""
+    return max(time.perf_counter() - began, sum(c.probed * (c.he or 0.0) for c in probed))
 
 
 def _plateau(first: Candidate) -> Tuple[float, float]:
