@@ -32,8 +32,11 @@ Time to target = HE x iterations to target (Omnivore's hardware and statistical 
   half, less any candidate predicted at over CONTENDER x the leader's time, goes on from where
   its probe ended for as many iterations again, until one is left or the probes have cost the
   probe share. The winner's probe is kept: training goes on from its end and its held display
-  lines are written, so its iterations are not spent twice. A kept probe never passes a test,
-  a snapshot or the end of the current step (it would skip them); probe ends beyond
+  lines are written, so its iterations are not spent twice. A kept probe never passes a
+  snapshot or the end of the current step (it would skip them), nor a test but on a plateau
+  (below): its long probes stop at each test's iteration for a capture and go on, and the
+  winner's tests run when it is applied, each on its weights there and in its place in the
+  log (:meth:`Optimizer._apply`), no test running for a probe thrown away; probe ends beyond
   BRANCH_MEMORY bytes are not kept (a longer probe then starts again).
 * **Search and pruning** follow Omnivore's cold start (../shared/research/omnivore.md
   section 1.4) where it is sound: groups from 1 upward, skipping (not stopping at, as Omnivore
@@ -156,6 +159,9 @@ class Candidate:
     state: Optional[dict] = field(default=None, repr=False)
     lines: list = field(default_factory=list, repr=False)
     basis: str = ""            # where ``iters`` comes from when not its own probe's fit
+    # The tests due inside its kept probe (the plateau's long probes pass them: _branch):
+    # where each falls in ``lines`` and the run's capture at its iteration, for _apply to run.
+    tests: List[Tuple[int, dict]] = field(default_factory=list, repr=False)
     # Where one group computes (a devices spelling for the hybrid scheduler, or one device);
     # None: the solver's own nets, where cct train placed them (:meth:`Optimizer.race_places`)
     place: Optional[str] = None
@@ -170,18 +176,20 @@ class Candidate:
                 f"{self.lr:.4g} momentum {self.momentum:.4g}")
 
     def drop_branch(self) -> None:
-        self.state, self.lines = None, []
+        self.state, self.lines, self.tests = None, [], []
 
 
 class Branch(NamedTuple):
     """What a branch of the run left: the (time, smoothed loss) of each iteration, whether it
     diverged, and, when asked to keep it, its end (Solver.capture) and its held log lines;
-    ``cut`` when it stopped early, its loss past the plateau escape's ceiling."""
+    ``cut`` when it stopped early, its loss past the plateau escape's ceiling; ``tests``: the
+    tests it passed (_branch), each as (its place in ``lines``, the capture at its iteration)."""
     record: List[Tuple[float, float]]
     diverged: bool
     state: Optional[dict] = None
     lines: list = []
     cut: bool = False
+    tests: list = []
 
 
 @dataclass
@@ -411,12 +419,21 @@ class Optimizer:
 
     # -- branches ----------------------------------------------------------------------------
     def _branch(self, cand: Candidate, iters: int, seconds: Optional[float] = None,
-                start: Optional[dict] = None, keep: bool = False) -> Branch:
+                start: Optional[dict] = None, keep: bool = False,
+                tests: bool = False) -> Branch:
         """Run ``cand`` for ``iters`` iterations (with ``seconds``: chunks of ``iters`` until
         that much wall time has passed, Omnivore's probes) on a branch of the run, from
         ``start`` (a capture where an earlier branch ended) or from where the run is, and leave
         the run as it was. With ``keep`` the branch's end and its log lines are kept (display
-        on, lines held), so that training can go on from there."""
+        on, lines held), so that training can go on from there.
+
+        With ``keep`` and ``tests`` it may pass the solver's tests: none runs on a branch (it
+        would cost a test for a probe thrown away, and its scores would reach the run's
+        observers, the run summary's best among them); the branch stops at each test's
+        iteration for a capture and goes on, and :meth:`_apply` runs the tests of the probe
+        it applies there, in the log's order. A test due where the branch begins is the run's
+        when it begins where the run is (``_apply`` runs it), the branch's when it goes on
+        from ``start``."""
         s = self.solver
         saved = {k: getattr(s.param, k) for k in ("test_interval", "display", "snapshot",
                                                   "momentum", "snapshot_after_train")}
@@ -424,9 +441,11 @@ class Optimizer:
         captured = s.capture()
         self._probing = True
         self._record = []
-        diverged = False
+        diverged = short = False
         state = None
         lines: list = []
+        due: list = []
+        ti = int(s.param.test_interval) if keep and tests and seconds is None else 0
         try:
             s.param.test_interval = 0
             s.param.snapshot = 0
@@ -439,7 +458,11 @@ class Optimizer:
             with (held() if keep else quiet()) as lines:
                 try:
                     began = time.perf_counter()
-                    self._step(iters)
+                    if ti:
+                        short = self._step_past_tests(iters, ti, start is not None, lines,
+                                                      due, len(cand.tests))
+                    else:
+                        self._step(iters)
                     while seconds is not None and time.perf_counter() - began < seconds:
                         self._step(iters)
                 except CCTError as e:
@@ -448,6 +471,8 @@ class Optimizer:
                     diverged = True
             if keep and not diverged:
                 state = s.capture()
+            else:
+                due = []
             with quiet():
                 if self.driver is not None:
                     stats = self.driver.store.stats
@@ -458,13 +483,35 @@ class Optimizer:
                 # a one-group place's scheduler stays for the next probe there (configure)
         finally:
             record, self._record = self._record, None
-            cut, self._over = self._over, False
+            cut, self._over = self._over or short, False
             for k, v in saved.items():
                 setattr(s.param, k, v)
             s.set_schedule(schedule)
             s.restore_capture(captured)
             self._probing = False
-        return Branch(record, diverged, state, list(lines or []), cut)
+        return Branch(record, diverged, state, list(lines or []), cut, due)
+
+    def _step_past_tests(self, iters: int, ti: int, own_first: bool, lines: list,
+                         due: list, held: int) -> bool:
+        """``iters`` iterations of a branch in pieces that end where a test is due (every
+        ``ti``), each test noted in ``due`` as (its place in the held ``lines``, the capture
+        there); one due at the first iteration only when ``own_first`` (_branch). True when it
+        stopped short at a test whose capture would not fit BRANCH_MEMORY beside the ``held``
+        ones of the probe's earlier tests, the run's capture, the branch's end and one other
+        probe's."""
+        s = self.solver
+        first, stop = s.iter, s.iter + iters
+        while s.iter < stop and not self._over:
+            at = s.iter
+            if at % ti == 0 and (at > 0 or s.param.test_initialization) and \
+                    (own_first or at != first):
+                if not self._fit_in_memory(held + len(due) + 4):
+                    return True
+                due.append((len(lines), s.capture()))
+            self._step(min(stop, (at // ti + 1) * ti) - at)
+            if s.iter == at:
+                return True     # no iteration ran: stopped short all the same
+        return False
 
     def measure_he(self, cand: Candidate, keep: bool = False) -> float:
         """Seconds per iteration of ``cand``'s (strategy, groups, batch), cached: two warm-up
@@ -511,12 +558,14 @@ class Optimizer:
         self._rates[key].append(rate)
         self._set_he(cand, statistics.median(self._rates[key]))
 
-    def probe(self, cand: Candidate, iters: int, keep: bool = False) -> Candidate:
+    def probe(self, cand: Candidate, iters: int, keep: bool = False,
+              tests: bool = False) -> Candidate:
         """An SE probe of ``cand`` (see the module doc), or ``iters`` more of it when it was
         probed before: from where its probe ended when that was kept, else again from the run's
-        position, longer. Fills ``fit`` and ``status``; with ``keep`` its end is kept. A first
-        probe of the settings whose HE branch was kept (:meth:`measure_he`) begins as that
-        branch and runs the rest of ``iters``."""
+        position, longer. Fills ``fit`` and ``status``; with ``keep`` its end is kept (and
+        with ``tests`` it may pass the run's tests: :meth:`_branch`). A first probe of the
+        settings whose HE branch was kept (:meth:`measure_he`) begins as that branch and runs
+        the rest of ``iters``."""
         warm = self._warm
         if warm is not None and not cand.probed and \
                 warm[:3] == (cand.config, cand.lr, cand.momentum):
@@ -528,15 +577,16 @@ class Optimizer:
         start = cand.state
         if cand.probed and start is None:
             iters += cand.probed
-            cand.probed, cand.losses, cand.lines = 0, [], []
+            cand.probed, cand.losses, cand.lines, cand.tests = 0, [], [], []
         began = time.perf_counter()
-        branch = self._branch(cand, iters, start=start, keep=keep)
+        branch = self._branch(cand, iters, start=start, keep=keep, tests=tests)
         cand.probe_seconds += time.perf_counter() - began
         cand.probed += len(branch.record) if branch.cut else iters
-        if not branch.diverged:
+        if not branch.diverged and not branch.tests:     # a capture's time is in its gaps
             self._refine_he(cand, branch.record)
         cand.losses += [v for _, v in branch.record]
         cand.state = branch.state
+        cand.tests += [(len(cand.lines) + k, c) for k, c in branch.tests]
         cand.lines += branch.lines
         cand.fit = fit_power_law(cand.losses, self.solver.iter)
         if branch.diverged or cand.fit.diverged:
@@ -554,12 +604,13 @@ class Optimizer:
                + sum(int(h.nbytes) for h in s.history))
         return states * one <= BRANCH_MEMORY
 
-    def _limit(self, stop: Optional[int] = None) -> int:
-        """The last iteration a kept probe may end at: one that skips no test or snapshot of
-        the run and ends inside the current step (``stop``) and max_iter."""
+    def _limit(self, stop: Optional[int] = None, tests: bool = True) -> int:
+        """The last iteration a kept probe may end at: one that skips no test (unless
+        ``tests`` is False: a probe that passes them, _branch) or snapshot of the run and ends
+        inside the current step (``stop``) and max_iter."""
         s, p = self.solver, self.solver.param
         last = min(int(p.max_iter), stop if stop is not None else int(p.max_iter))
-        if p.test_interval:
+        if p.test_interval and tests:
             last = min(last, (s.iter // p.test_interval + 1) * p.test_interval)
         if p.snapshot:
             last = min(last, (s.iter // p.snapshot + 1) * p.snapshot - 1)
@@ -567,24 +618,43 @@ class Optimizer:
 
     def _apply(self, cand: Candidate) -> None:
         """Train as ``cand`` from here, or from where its kept probe ended: then the test due
-        now runs first (on the weights it is due for), the probe's held log lines are written
-        and the run goes on from the probe's end."""
+        now runs first (on the weights it is due for), the probe's held log lines are written,
+        the tests due inside it (_branch) run where they fall, each on the probe's weights at
+        its iteration, and the run goes on from the probe's end. A test at the target accuracy,
+        or a stop requested during one, ends the run at that test's iteration, as it would
+        without the probe."""
         s = self.solver
         if cand.state is not None:
-            p = s.param
-            if (p.test_interval and s.iter % p.test_interval == 0
-                    and (s.iter > 0 or p.test_initialization)):
-                s.test_all()
-                self._on_start()
-                if self.reached:            # the target came with this test: stop here
+            first, written = s.iter, 0
+            for k, at in [(0, None)] + cand.tests:
+                release(cand.lines[written:k])
+                written = k
+                if at is not None:
+                    s.restore_capture(at, test_data=False)  # the tests so far are the run's
+                if not self._test_due():
                     self.configure(cand)
                     return
-            first = s.iter
-            s.restore_capture(cand.state)
-            release(cand.lines)
+            s.restore_capture(cand.state, test_data=False)
+            release(cand.lines[written:])
             info(SRC, f"Optimizer: training goes on from the winner's probe: iterations "
-                 f"{first} to {s.iter} are its")
+                 f"{first} to {s.iter} are its" + (f" (its {len(cand.tests)} test"
+                                                  f"{'s' if len(cand.tests) > 1 else ''} "
+                                                  f"run in their place above)"
+                                                  if cand.tests else ""))
         self.configure(cand)
+
+    def _test_due(self) -> bool:
+        """The test due at the run's iteration, if one is, and the iteration's callbacks after
+        it (the solver's begin_iteration: the target check, the run summary); False when the
+        run ends there: the target came with it or a stop was requested during it."""
+        s, p = self.solver, self.solver.param
+        if not (p.test_interval and s.iter % p.test_interval == 0
+                and (s.iter > 0 or p.test_initialization)):
+            return True
+        if not s.begin_iteration(clear_diffs=False) or self.reached:
+            s.requested_early_exit = True
+            return False
+        return True
 
     # -- the plan ----------------------------------------------------------------------------
     def _probe_iters(self, probes: int, seconds: float, he: float) -> int:
@@ -601,11 +671,14 @@ class Optimizer:
         s = self.solver
         return self.budget if self.budget else max(1, s.param.max_iter - s.iter) * he
 
-    def make_plan(self, limit: Optional[int] = None) -> Plan:
+    def make_plan(self, limit: Optional[int] = None, stop: Optional[int] = None) -> Plan:
         """The cold-start search (module doc): measure, probe, prune, halve, choose. A kept
-        probe may end at iteration ``limit`` at most (default: :meth:`_limit`)."""
+        probe ends inside the current step (``stop``) and before the run's next test or
+        snapshot (:meth:`_limit`), but for the plateau's (:meth:`_trunk`, :meth:`_escape`),
+        which pass tests; or at iteration ``limit`` at most, when given, every one."""
         began = time.perf_counter()
-        limit = self._limit() if limit is None else limit
+        limit, reach = ((limit, limit) if limit is not None else
+                        (self._limit(stop), self._limit(stop, tests=False)))
         plan = Plan()
         if self.plan is not None:
             plan.places = self.plan.places      # raced once: a re-plan keeps the choice
@@ -650,7 +723,7 @@ class Optimizer:
                         sweep = self._lr_search(plan, g, batch, start_lr, centre,
                                                 lambda c: probe_all([c], he, None, centre,
                                                                     diverged_at),
-                                                began, spend, limit)
+                                                began, spend, limit, reach)
                     self._score(plan, [c for c in sweep if c.status == "kept"])
                     ranked = sorted((c for c in sweep if c.status == "kept"),
                                     key=self._rank)
@@ -717,7 +790,8 @@ class Optimizer:
 
     def _lr_search(self, plan: Plan, g: int, batch: int, lr: float, mu: float,
                    probe: Callable[[Candidate], None], began: float = 0.0,
-                   spend: float = math.inf, limit: Optional[int] = None) -> List[Candidate]:
+                   spend: float = math.inf, limit: Optional[int] = None,
+                   reach: Optional[int] = None) -> List[Candidate]:
         """The lr at momentum ``mu``: from ``lr``, up by LR_STEP while each step ranks better
         than the best so far (at most LR_STEPS steps), else down the same way: a grid of four
         decades in three to five probes, and no ceiling at 3x the solver's lr. When the first
@@ -727,10 +801,11 @@ class Optimizer:
         directions = (LR_STEP, 1.0 / LR_STEP)
         if first.status == "kept" and not leaving(first.losses):
             limit = self._limit() if limit is None else limit
-            if self._trunk(plan, first, began, spend, limit):
+            reach = limit if reach is None else reach
+            if self._trunk(plan, first, began, spend, limit, reach):
                 return [first]
             if first.status == "kept":
-                return self._escape(plan, first, probe, began, spend, limit)
+                return self._escape(plan, first, probe, began, spend, limit, reach)
             directions = (1.0 / LR_STEP,)   # the solver's lr rose off the plateau: go down
         tried, best = [first], first
         for step in directions:
@@ -768,7 +843,7 @@ class Optimizer:
             self._ceiling = None
 
     def _trunk(self, plan: Plan, first: Candidate, began: float, spend: float,
-               limit: int) -> bool:
+               limit: int, reach: Optional[int] = None) -> bool:
         """A plateau: the solver's own probe goes on first, doubling from where it ended, to
         TRUNK probes' length. It is training (kept), so when it leaves the plateau nothing was
         spent, and its settings stand (True); when it does not, the escape (:meth:`_escape`)
@@ -779,17 +854,25 @@ class Optimizer:
         ladder's x3 rung needs 73 iterations to show it fails, and the ladder cost 0.6x of the
         solver's time to the target); at Caffe's lr 0.001 the solver's lr is still at 2.290 at
         iteration 390, and the escape's lr 0.009 reaches the target at 200. A trunk that rises
-        off the plateau (:func:`_hurt`) is the solver's lr diverging: False, not kept."""
+        off the plateau (:func:`_hurt`) is the solver's lr diverging: False, not kept.
+
+        It passes the run's tests up to ``reach`` (_branch: they run when it is applied), so
+        that a test interval under its length does not cut it (``limit``, the next test, cut
+        it at 100 iterations where CIFAR10-quick tested every 100, and the escape after it:
+        0.64x the solver's own settings at lr 0.009)."""
         level, ceiling = _plateau(first)
         home = self.solver.iter
+        reach = limit if reach is None else reach
         with self._capped(ceiling):
             while first.status == "kept" and not leaving(first.losses):
                 more = min(first.probed, TRUNK * plan.probe_iters - first.probed,
-                           limit - home - first.probed)
+                           reach - home - first.probed)
                 if more < 1 or _spent(began, [first]) >= spend:
                     return False
-                self.probe(first, more, keep=self._fit_in_memory(1))
+                had = first.probed
+                self.probe(first, more, keep=self._fit_in_memory(1), tests=True)
                 _hurt(first, level, ceiling)
+                reach = _short(first, had, more, home, reach)
         if first.status != "kept":
             return False
         plan.plateau = (f"plateau at lr {first.lr:.4g}: the solver's lr left it within "
@@ -799,7 +882,8 @@ class Optimizer:
         return True
 
     def _escape(self, plan: Plan, first: Candidate, probe: Callable[[Candidate], None],
-                began: float, spend: float, limit: int) -> List[Candidate]:
+                began: float, spend: float, limit: int,
+                reach: Optional[int] = None) -> List[Candidate]:
         """A plateau (the solver's own probe does not fall): probes of any length rank by
         noise there, and every candidate must leave the plateau before its curve says
         anything. Leaving takes fewer iterations the larger the step, up to the step that
@@ -807,10 +891,12 @@ class Optimizer:
         steps, ending at the first that diverges), then the largest lr that has not diverged
         goes on, doubling its probe from where it ended, until it falls (it then ranks first
         and its probe is training), diverges (the next lower goes on), or the probes have
-        cost the probe share (``spend`` seconds since ``began``) or would pass ``limit``.
+        cost the probe share (``spend`` seconds since ``began``) or would pass ``reach`` (the
+        rungs' first probes stop at ``limit``; the doubling passes tests, as the trunk's).
         What is left without a fall keeps the solver's lr, the tie rule of :func:`_rank`:
         no evidence, no change."""
         g, batch, mu = first.groups, first.batch, first.momentum
+        reach = limit if reach is None else reach
         level, ceiling = _plateau(first)
         with self._capped(ceiling):
             ladder, at = [first], first.lr
@@ -829,14 +915,16 @@ class Optimizer:
             log = []
             while alive and not leaving(alive[0].losses):
                 top = alive[0]
-                more = min(top.probed, limit - home - top.probed)
+                more = min(top.probed, reach - home - top.probed)
                 if _spent(began, ladder) >= spend or more < 1:
                     log.append(f"stopped at lr {top.lr:.4g} after {top.probed} iterations ("
                                + ("the probes' share spent" if more >= 1 else
-                                  f"a longer probe would pass iteration {limit}") + ")")
+                                  f"a longer probe would pass iteration {reach}") + ")")
                     break
-                self.probe(top, more, keep=self._fit_in_memory(2))
+                had = top.probed
+                self.probe(top, more, keep=self._fit_in_memory(2), tests=True)
                 _hurt(top, level, ceiling)
+                reach = _short(top, had, more, home, reach)
                 if top.status != "kept":
                     log.append(f"lr {top.lr:.4g} diverged at {top.probed} iterations")
                     alive.pop(0)
@@ -1103,10 +1191,10 @@ class Optimizer:
         info(SRC, f"Optimizer: {plan.reason}")
 
     # -- training ----------------------------------------------------------------------------
-    def start(self, limit: Optional[int] = None) -> Plan:
-        """Plan (a kept probe ending at iteration ``limit`` at most), log the plan, and train
-        as the winner says from here on (from the end of its probe when that was kept)."""
-        plan = self.make_plan(limit)
+    def start(self, limit: Optional[int] = None, stop: Optional[int] = None) -> Plan:
+        """Plan (``limit`` and ``stop`` as in :meth:`make_plan`), log the plan, and train as
+        the winner says from here on (from the end of its probe when that was kept)."""
+        plan = self.make_plan(limit, stop)
         self.lr_floor = min(self.lr_floor, plan.winner.lr)
         self.log_plan(plan)
         if self.plot:
@@ -1130,7 +1218,7 @@ class Optimizer:
             if not planned:
                 planned = True
                 stop = s.iter + iters
-                self.start(self._limit(stop))
+                self.start(stop=stop)
                 iters = stop - s.iter
             self.step(iters)
 
@@ -1339,6 +1427,14 @@ def _plateau(first: Candidate) -> Tuple[float, float]:
     ceiling = level + max(LOSS_TIE * level, HURT_SIGMAS * (
         statistics.pstdev(first.losses) if len(first.losses) > 1 else 0.0))
     return level, ceiling
+
+
+def _short(c: Candidate, had: int, more: int, home: int, reach: int) -> int:
+    """How far the plateau's probes may still go once ``c`` went on from ``had`` iterations
+    for ``more`` (from ``home``) and :func:`_hurt` judged it: ``reach``, or where ``c`` stopped
+    when it stopped short and stands (at a test whose capture would not fit BRANCH_MEMORY:
+    _branch; one cut by the plateau's ceiling is pruned), so that none goes on from there."""
+    return home + c.probed if c.status == "kept" and c.probed - had < more else reach
 
 
 def _hurt(c: Candidate, level: float, ceiling: float) -> None:

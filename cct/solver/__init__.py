@@ -509,10 +509,12 @@ class Solver:
                          "displayed": self._iterations_last})
         return captured
 
-    def restore_capture(self, captured: dict) -> None:
+    def restore_capture(self, captured: dict, test_data: bool = True) -> None:
         """Return to a :meth:`capture`: params and history bit for bit, the iteration, the
-        random generator and the data layers' positions (their prefetch restarts there)."""
-        self._checkpoints.restore_capture(captured)
+        random generator and the data layers' positions (their prefetch restarts there). With
+        ``test_data`` False the test nets' data layers stay where they are: the tests run since
+        the capture belong to the run (the optimizer's kept probe, cct/optimizer/plan.py)."""
+        self._checkpoints.restore_capture(captured, test_data)
         self.iter, self.current_step = captured["iter"], captured["current_step"]
         losses, self.smoothed_loss, self._start_iter = captured["losses"]
         self._losses = list(losses)

@@ -121,9 +121,11 @@ class Checkpoints:
                                             os.path.basename(prefix) + "_iter_"):
             info("solver.cpp:0", f"Removed {path}, left by an interrupted snapshot")
 
-    def data_layers(self):
-        """(net key, layer name, layer) of every layer that can save its data position."""
-        nets = [("train", self.net)] + [(f"test{i}", n) for i, n in enumerate(self.test_nets)]
+    def data_layers(self, test_data: bool = True):
+        """(net key, layer name, layer) of every layer that can save its data position (the
+        test nets' too unless ``test_data`` is False)."""
+        nets = [("train", self.net)] + [(f"test{i}", n) for i, n in enumerate(self.test_nets)
+                                        if test_data]
         for key, net in nets:
             for name, layer in zip(net.layer_names, net.layers):
                 if callable(getattr(layer, "data_state", None)):
@@ -245,16 +247,17 @@ class Checkpoints:
                 "rng": rng.get_rng().bit_generator.state,
                 "data": {(k, n): layer.data_state() for k, n, layer in self.data_layers()}}
 
-    def restore_capture(self, captured: dict) -> None:
+    def restore_capture(self, captured: dict, test_data: bool = True) -> None:
         """Back to a :meth:`capture`: params and history bit for bit, the random generator and
-        the data layers' positions (their prefetch restarts there)."""
+        the data layers' positions (their prefetch restarts there); with ``test_data`` False
+        the test nets' data layers stay where they are."""
         xp = self.net.backend.xp
         for p, a in zip(self.net.params_list, captured["params"]):
             p.data[...] = xp.asarray(a)
         for h, a in zip(self.history, captured["history"]):
             h[...] = xp.asarray(a)
         rng.get_rng().bit_generator.state = captured["rng"]
-        for key, name, layer in self.data_layers():
+        for key, name, layer in self.data_layers(test_data):
             state = captured["data"].get((key, name))
             if state is not None and callable(getattr(layer, "load_data_state", None)):
                 layer.load_data_state(state)

@@ -3,6 +3,7 @@ simulated engine: probes branch and restore exactly, the plan and its reason rea
 `cct plan` writes nothing, a re-tune changes lr/momentum in this process, a target stops the
 run."""
 import os
+import re
 
 import numpy as np
 import pytest
@@ -137,6 +138,102 @@ def test_a_retune_due_where_a_callers_step_ends_comes_in_the_next(data_list, tmp
         assert "Optimizer re-tune at iteration 20 (every 10 iterations)" in err
         assert "re-tune at iteration 30" not in err        # due when the next call starts
         assert opt.retunes == 2 and solver.iter == 30
+    finally:
+        opt.close()
+        solver.close()
+
+
+def _tested(data_list, tmp_path, **fields):  # noqa: F811
+    """The tiny solver with its own test net: two batches of 16 of the 64 samples a test, so
+    that where the test data stands matters."""
+    fields.setdefault("display", 5)
+    p = solver_param(data_list, tmp_path, max_iter=100, test_interval=10, **fields)
+    p.test_iter.append(2)
+    return Solver(p)
+
+
+TESTED_LINES = re.compile(r"Iteration (\d+), Testing net|Test net output #\d+: .*|"
+                          r"Iteration (\d+)[^,]*, loss = \S+|Train net output #\d+: .*")
+
+
+def _run_lines(err):
+    return [m.group(0) for m in TESTED_LINES.finditer(err)]
+
+
+def test_a_probe_passing_tests_runs_them_when_applied_as_the_run_would(data_list, tmp_path,  # noqa: F811
+                                                                       capfd):
+    """The plateau's probes pass the run's tests (_branch): none runs on the branch; applied,
+    each runs in its place, on the probe's weights there. Weights, history, iteration, the
+    log's display and test lines and the test data's position are those of the solver
+    trained without the optimizer."""
+    plain = _tested(data_list, tmp_path / "p")
+    solver = _tested(data_list, tmp_path)
+    opt = Optimizer(solver, engine="simulated", groups=[1])
+    try:
+        capfd.readouterr()
+        plain.step(35)
+        want = _run_lines(capfd.readouterr().err)
+        cand = opt._candidate(1, opt.data_batch, 0.05, 0.9)     # the solver's own settings
+        opt.probe(cand, 5, keep=True)         # from where the run is: its test at 0 is the run's
+        opt.probe(cand, 30, keep=True, tests=True)     # passes those at 10, 20 and 30
+        assert solver.iter == 0 and len(cand.tests) == 3 and cand.probed == 35
+        assert "Testing net" not in capfd.readouterr().err     # none ran on a branch
+        opt._apply(cand)
+        err = capfd.readouterr().err
+        assert solver.iter == 35
+        assert _run_lines(err) == want
+        assert [line for line in want if "Testing net" in line] == [
+            f"Iteration {i}, Testing net" for i in (0, 10, 20, 30)]
+        for a, b in zip(_state(plain)[0] + _state(plain)[1],
+                        _state(solver)[0] + _state(solver)[1]):
+            assert np.array_equal(a, b)
+        plain.step(10)                        # the test at 40: the same test batches
+        solver.step(10)
+        assert solver.test_scores == plain.test_scores
+    finally:
+        opt.close()
+        solver.close()
+        plain.close()
+
+
+def test_a_test_at_the_target_inside_the_winners_probe_ends_the_run_there(  # noqa: F811
+        data_list, tmp_path, capfd):
+    plain = _tested(data_list, tmp_path / "p")
+    solver = _tested(data_list, tmp_path)
+    opt = Optimizer(solver, engine="simulated", groups=[1], target_accuracy=1e-6)
+    try:
+        plain.step(10)
+        cand = opt._candidate(1, opt.data_batch, 0.05, 0.9)
+        opt.probe(cand, 5, keep=True)
+        opt.probe(cand, 30, keep=True, tests=True)
+        capfd.readouterr()
+        opt._apply(cand)
+        err = capfd.readouterr().err
+        assert "target accuracy 1e-06 reached at iteration 10" in err
+        assert "Iteration 20, Testing net" not in err
+        assert solver.iter == 10 and solver.requested_early_exit
+        for a, b in zip(_state(plain)[0], _state(solver)[0]):
+            assert np.array_equal(a, b)
+    finally:
+        opt.close()
+        solver.close()
+        plain.close()
+
+
+def test_a_probe_stops_at_a_test_whose_capture_would_not_fit(data_list, tmp_path,  # noqa: F811
+                                                             monkeypatch):
+    from cct.optimizer import plan as plan_module
+    solver = _tested(data_list, tmp_path)
+    opt = Optimizer(solver, engine="simulated", groups=[1])
+    try:
+        one = (sum(int(p.data.nbytes) for p in solver.net.params_list)
+               + sum(int(h.nbytes) for h in solver.history))
+        monkeypatch.setattr(plan_module, "BRANCH_MEMORY", 4 * one)    # one test's capture
+        cand = opt._candidate(1, opt.data_batch, 0.05, 0.9)
+        opt.probe(cand, 5, keep=True)
+        opt.probe(cand, 30, keep=True, tests=True)
+        assert cand.probed == 20 and len(cand.tests) == 1 and cand.state is not None
+        assert len(cand.losses) == 20
     finally:
         opt.close()
         solver.close()

@@ -14,7 +14,7 @@ from cct.api import Solver
 from cct.optimizer import Optimizer
 from cct.optimizer.curve import fit_power_law
 from cct.optimizer.curve import leaving
-from cct.optimizer.plan import TRUNK
+from cct.optimizer.plan import TRUNK, _short
 
 from ..test_scheduler import data_list, solver_param  # noqa: F401  (fixture)
 
@@ -61,7 +61,7 @@ class Plateau:
         inner = self.losses
         self.losses = lambda lr, n: change(inner(lr, n)) if lr > above else inner(lr, n)
 
-    def __call__(self, cand, iters, keep=False):
+    def __call__(self, cand, iters, keep=False, tests=False):
         cand.probed += iters
         self.iters[(cand.groups, cand.lr)] = cand.probed
         cand.losses = self.losses(cand.lr, cand.probed)
@@ -164,6 +164,45 @@ def test_limit_stops_the_escape_before_a_test_or_snapshot(opt):
     plan = opt.make_plan(limit=60)
     assert all(n <= 60 for n in fake.iters.values())
     assert "a longer probe would pass iteration 60" in plan.plateau
+
+
+def test_the_plateaus_probes_pass_a_test_interval_under_their_length(opt):
+    """A test every 100 iterations cut the trunk at 100 and the escape after it (CIFAR10-quick
+    at lr 0.009: 0.64x the solver's own settings). The trunk and the escape's doubling pass
+    the run's tests (their branches stop at each for a capture: _branch); the rungs' first
+    probes still end before the next test."""
+    fake = Plateau(opt, escape=lambda lr: 2.7 / lr, diverge=0.05)
+    asked = []
+
+    def probe(cand, iters, keep=False, tests=False):
+        asked.append((round(cand.lr, 6), cand.probed + iters, tests))
+        return fake(cand, iters, keep, tests)
+
+    opt.probe = probe
+    opt.solver.param.test_interval = 100
+    assert opt._limit(10 ** 6) == 100 and opt._limit(10 ** 6, tests=False) == 100000
+    plan = opt.make_plan(stop=10 ** 6)
+    assert plan.winner.lr == pytest.approx(0.027)
+    probed = {round(lr, 6): n for (_, lr), n in fake.iters.items()}
+    assert probed[0.001] == TRUNK * 20 > 100
+    assert probed[0.027] > 100
+    assert "a longer probe would pass" not in plan.plateau
+    past = [(lr, n) for lr, n, tests in asked if n > 100]
+    assert past and all(tests for lr, n, tests in asked if n > 100)
+    assert all(n <= 100 for lr, n, tests in asked if not tests)
+
+
+def test_a_plateau_probe_stopped_short_limits_the_rest_only_while_it_stands(opt):
+    """A probe that stopped short at a test (its capture would not fit: _branch) and stands
+    ends the plateau's reach there; one cut by the plateau's ceiling is pruned (_hurt) and
+    leaves the reach to the next (the first form of this rule read the cut as a stop, and
+    the escape's next lr stopped at 76 iterations on CIFAR10-quick)."""
+    c = opt._candidate(1, opt.data_batch, 0.027, 0.9)
+    c.status, c.probed = "kept", 76
+    assert _short(c, 40, 40, 0, 5000) == 76
+    assert _short(c, 36, 40, 0, 5000) == 5000
+    c.status = "pruned: diverged"
+    assert _short(c, 40, 40, 0, 5000) == 5000
 
 
 def test_the_first_probe_goes_on_from_the_kept_he_branch(data_list, tmp_path):  # noqa: F811
@@ -277,7 +316,7 @@ class Falling:
     def __init__(self, opt):
         self.opt, self.ran = opt, []
 
-    def __call__(self, cand, iters, keep=False):
+    def __call__(self, cand, iters, keep=False, tests=False):
         cand.probed += iters
         self.ran.append((cand.groups, round(cand.lr, 6), round(cand.momentum, 4)))
         mu = cand.momentum + self.opt.implicit.get(cand.config, 0.0)
@@ -405,7 +444,7 @@ class Edge:
     def __init__(self, opt, best, diverge):
         self.opt, self.best, self.diverge, self.ran = opt, best, diverge, []
 
-    def __call__(self, cand, iters, keep=False):
+    def __call__(self, cand, iters, keep=False, tests=False):
         cand.probed += iters
         self.ran.append((round(cand.lr, 6), round(cand.momentum, 4)))
         if cand.lr >= self.diverge * (1 - 1e-9):
