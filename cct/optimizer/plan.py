@@ -632,6 +632,10 @@ class Optimizer:
                 if at is not None:
                     s.restore_capture(at, test_data=False)  # the tests so far are the run's
                 if not self._test_due():
+                    if at is not None:
+                        info(SRC, f"Optimizer: the run ends at iteration {s.iter}, where the "
+                             f"winner's probe passed this test (its later iterations are not "
+                             f"kept)")
                     self.configure(cand)
                     return
             s.restore_capture(cand.state, test_data=False)
@@ -802,10 +806,10 @@ class Optimizer:
         if first.status == "kept" and not leaving(first.losses):
             limit = self._limit() if limit is None else limit
             reach = limit if reach is None else reach
-            if self._trunk(plan, first, began, spend, limit, reach):
+            if self._trunk(plan, first, began, spend, reach):
                 return [first]
             if first.status == "kept":
-                return self._escape(plan, first, probe, began, spend, limit, reach)
+                return self._escape(plan, first, probe, began, spend, reach)
             directions = (1.0 / LR_STEP,)   # the solver's lr rose off the plateau: go down
         tried, best = [first], first
         for step in directions:
@@ -843,7 +847,7 @@ class Optimizer:
             self._ceiling = None
 
     def _trunk(self, plan: Plan, first: Candidate, began: float, spend: float,
-               limit: int, reach: Optional[int] = None) -> bool:
+               reach: int) -> bool:
         """A plateau: the solver's own probe goes on first, doubling from where it ended, to
         TRUNK probes' length. It is training (kept), so when it leaves the plateau nothing was
         spent, and its settings stand (True); when it does not, the escape (:meth:`_escape`)
@@ -856,13 +860,12 @@ class Optimizer:
         iteration 390, and the escape's lr 0.009 reaches the target at 200. A trunk that rises
         off the plateau (:func:`_hurt`) is the solver's lr diverging: False, not kept.
 
-        It passes the run's tests up to ``reach`` (_branch: they run when it is applied), so
-        that a test interval under its length does not cut it (``limit``, the next test, cut
-        it at 100 iterations where CIFAR10-quick tested every 100, and the escape after it:
-        0.64x the solver's own settings at lr 0.009)."""
+        It goes on to iteration ``reach`` at most, passing the run's tests (_branch: they run
+        when it is applied): the next test had cut it at 100 iterations where CIFAR10-quick
+        tested every 100, and the escape after it (0.64x the solver's own settings at lr
+        0.009)."""
         level, ceiling = _plateau(first)
         home = self.solver.iter
-        reach = limit if reach is None else reach
         with self._capped(ceiling):
             while first.status == "kept" and not leaving(first.losses):
                 more = min(first.probed, TRUNK * plan.probe_iters - first.probed,
@@ -882,8 +885,7 @@ class Optimizer:
         return True
 
     def _escape(self, plan: Plan, first: Candidate, probe: Callable[[Candidate], None],
-                began: float, spend: float, limit: int,
-                reach: Optional[int] = None) -> List[Candidate]:
+                began: float, spend: float, reach: int) -> List[Candidate]:
         """A plateau (the solver's own probe does not fall): probes of any length rank by
         noise there, and every candidate must leave the plateau before its curve says
         anything. Leaving takes fewer iterations the larger the step, up to the step that
@@ -892,11 +894,11 @@ class Optimizer:
         goes on, doubling its probe from where it ended, until it falls (it then ranks first
         and its probe is training), diverges (the next lower goes on), or the probes have
         cost the probe share (``spend`` seconds since ``began``) or would pass ``reach`` (the
-        rungs' first probes stop at ``limit``; the doubling passes tests, as the trunk's).
+        doubling passes the run's tests, as the trunk does; the rungs' first probes are
+        ``probe``'s, which stop before the next).
         What is left without a fall keeps the solver's lr, the tie rule of :func:`_rank`:
         no evidence, no change."""
         g, batch, mu = first.groups, first.batch, first.momentum
-        reach = limit if reach is None else reach
         level, ceiling = _plateau(first)
         with self._capped(ceiling):
             ladder, at = [first], first.lr

@@ -211,6 +211,7 @@ def test_a_test_at_the_target_inside_the_winners_probe_ends_the_run_there(  # no
         err = capfd.readouterr().err
         assert "target accuracy 1e-06 reached at iteration 10" in err
         assert "Iteration 20, Testing net" not in err
+        assert "the run ends at iteration 10, where the winner's probe passed this test" in err
         assert solver.iter == 10 and solver.requested_early_exit
         for a, b in zip(_state(plain)[0], _state(solver)[0]):
             assert np.array_equal(a, b)
