@@ -322,6 +322,28 @@ def test_displayed_loss_is_caffes_smoothed_loss(average_loss, capsys):
     assert s.smoothed_loss == _emulate_smoothing(losses, average_loss)[-1]
 
 
+def test_steps_as_one_go_on_as_one_caffe_step():
+    """Step calls are each a Caffe Step (the smoothed loss starts again, as pycaffe's
+    solver.step(n) in a loop does); inside steps_as_one they are pieces of one (the
+    optimizer's chunks): the smoothed loss of step(3) + step(4) is step(7)'s."""
+    data = batches(7, seed=11)
+
+    def smoothed(pieces, one):
+        s = make(display=0, average_loss=3, max_iter=7)
+        out = []
+        s.add_callback(lambda: feed(s, *data[s.iter]), lambda: out.append(s.smoothed_loss))
+        s.start_steps()
+        with s.steps_as_one(one):
+            for n in pieces:
+                s.step(n)
+        return out
+
+    whole = smoothed([7], False)
+    assert smoothed([3, 4], True) == whole
+    apart = smoothed([3, 4], False)
+    assert apart[:3] == whole[:3] and apart[3] != whole[3]
+
+
 def test_iter_size_loss_is_the_mean_over_passes(capsys):
     x, t = batches(1, n=8, seed=12)[0]
     s = make(net=chunk_net("loss_halves", x.astype(np.float32), t.astype(np.float32), 4),

@@ -446,49 +446,54 @@ class Optimizer:
         lines: list = []
         due: list = []
         ti = int(s.param.test_interval) if keep and tests and seconds is None else 0
-        try:
-            s.param.test_interval = 0
-            s.param.snapshot = 0
-            if not keep:
-                s.param.display = 0
-            with quiet():
-                if start is not None:
-                    s.restore_capture(start)
-                self.configure(cand)
-            with (held() if keep else quiet()) as lines:
-                try:
-                    began = time.perf_counter()
-                    if ti:
-                        short = self._step_past_tests(iters, ti, start is not None, lines,
-                                                      due, len(cand.tests))
+        # A probe is one Step from its start through every piece and extension (the solver's
+        # steps_as_one): its smoothed losses and held display lines read as the run's would.
+        with s.steps_as_one():
+            try:
+                s.param.test_interval = 0
+                s.param.snapshot = 0
+                if not keep:
+                    s.param.display = 0
+                with quiet():
+                    if start is not None:
+                        s.restore_capture(start)
                     else:
-                        self._step(iters)
-                    while seconds is not None and time.perf_counter() - began < seconds:
-                        self._step(iters)
-                except CCTError as e:
-                    if "loss is" not in str(e):
-                        raise
-                    diverged = True
-            if keep and not diverged:
-                state = s.capture()
-            else:
-                due = []
-            with quiet():
-                if self.driver is not None:
-                    stats = self.driver.store.stats
-                    self.implicit[cand.config] = stats.mean() / (1.0 + stats.mean())
-                    s.set_gradient_source(NetSource(s.net))     # closes the driver
-                    self._source_place = None
-                    self.driver = None
-                # a one-group place's scheduler stays for the next probe there (configure)
-        finally:
-            record, self._record = self._record, None
-            cut, self._over = self._over or short, False
-            for k, v in saved.items():
-                setattr(s.param, k, v)
-            s.set_schedule(schedule)
-            s.restore_capture(captured)
-            self._probing = False
+                        s.start_steps(own=True)
+                    self.configure(cand)
+                with (held() if keep else quiet()) as lines:
+                    try:
+                        began = time.perf_counter()
+                        if ti:
+                            short = self._step_past_tests(iters, ti, start is not None, lines,
+                                                          due, len(cand.tests))
+                        else:
+                            self._step(iters)
+                        while seconds is not None and time.perf_counter() - began < seconds:
+                            self._step(iters)
+                    except CCTError as e:
+                        if "loss is" not in str(e):
+                            raise
+                        diverged = True
+                if keep and not diverged:
+                    state = s.capture()
+                else:
+                    due = []
+                with quiet():
+                    if self.driver is not None:
+                        stats = self.driver.store.stats
+                        self.implicit[cand.config] = stats.mean() / (1.0 + stats.mean())
+                        s.set_gradient_source(NetSource(s.net))     # closes the driver
+                        self._source_place = None
+                        self.driver = None
+                    # a one-group place's scheduler stays for the next probe there (configure)
+            finally:
+                record, self._record = self._record, None
+                cut, self._over = self._over or short, False
+                for k, v in saved.items():
+                    setattr(s.param, k, v)
+                s.set_schedule(schedule)
+                s.restore_capture(captured)
+                self._probing = False
         return Branch(record, diverged, state, list(lines or []), cut, due)
 
     def _step_past_tests(self, iters: int, ti: int, own_first: bool, lines: list,
@@ -1220,8 +1225,10 @@ class Optimizer:
             if not planned:
                 planned = True
                 stop = s.iter + iters
+                s.start_steps()     # Caffe's one Step; the plan's kept probe its beginning
                 self.start(stop=stop)
-                iters = stop - s.iter
+                self.step(stop - s.iter, fresh=False)
+                return
             self.step(iters)
 
         try:
@@ -1251,8 +1258,19 @@ class Optimizer:
         cur = cur or self.current
         return self.momentum_offsets if cur is not None and cur.groups > 1 else (0.0,)
 
-    def step(self, iters: int) -> None:
-        """Solver.step's contract: ``iters`` iterations in chunks, re-tuning between them."""
+    def step(self, iters: int, fresh: bool = True) -> None:
+        """Solver.step's contract: ``iters`` iterations in chunks, re-tuning between them. The
+        chunks are one Caffe Step (Solver.steps_as_one): a new one unless ``fresh`` is False
+        (:meth:`solve`'s, begun before the plan); a chunk that began a Step of its own reset
+        the smoothed loss, so that with average_loss 40 (GoogLeNet's solvers) a target loss
+        was checked, after each chunk's start, against one batch's loss."""
+        s = self.solver
+        if fresh:
+            s.start_steps()
+        with s.steps_as_one():
+            self._steps(iters)
+
+    def _steps(self, iters: int) -> None:
         s = self.solver
         stop = s.iter + iters
         every = self._retune_every()

@@ -14,6 +14,7 @@ loss) and passes it down.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Callable, Dict, List, Optional, Tuple
@@ -108,6 +109,7 @@ class Solver:
         self._iterations_last = 0
         self._start_iter = 0
         self._timer = time.perf_counter()
+        self._one_step = False      # steps_as_one
         self.requested_early_exit = False
         self.last_snapshot: Optional[str] = None   # the last solver state written or restored
         # Each test net's last scores, (output name, value) as the log printed them.
@@ -280,8 +282,25 @@ class Solver:
     # (test when due, callbacks), the gradient, its loss (display), the rate and the update,
     # and the end (iter, snapshot, signals). Caffe's log lines come out in Caffe's order
     # either way.
-    def start_steps(self) -> None:
-        """Reset the smoothed loss and the display timer, as each Caffe Step call does."""
+    @contextlib.contextmanager
+    def steps_as_one(self, on: bool = True):
+        """While inside, step calls go on from one to the next as pieces of one Caffe Step (a
+        caller that trains in chunks, the optimizer between its re-tunes): no reset of the
+        smoothed loss and the display timer (:meth:`start_steps`) but the caller's own, so the
+        display lines and the smoothed loss (what a target loss is checked against) read as
+        one ``caffe train`` Step's; with ``on`` False each call is its own Step again (a
+        branch of the run, inside)."""
+        outer, self._one_step = self._one_step, on
+        try:
+            yield
+        finally:
+            self._one_step = outer
+
+    def start_steps(self, own: bool = False) -> None:
+        """Reset the smoothed loss and the display timer, as each Caffe Step call does (not
+        inside :meth:`steps_as_one` unless ``own``: the caller's Step starting)."""
+        if self._one_step and not own:
+            return
         self._start_iter = self.iter
         self._losses = []
         self.smoothed_loss = self.dtype.type(0)
@@ -500,13 +519,15 @@ class Solver:
         net param (learnable or not, BatchNorm's statistics too), the history, ``iter``,
         ``current_step``, the random generator, the data layers' positions, the smoothed
         loss and the iteration of the last display line (whose rate the next one gives).
-        Nothing is written to disk; :meth:`restore_capture` puts it all back."""
+        Nothing is written to disk; :meth:`restore_capture` puts it all back (the display
+        timer too: as far on as it was)."""
         self.read_pending_losses()
         self._pull_statistics()
         captured = self._checkpoints.capture()
         captured.update({"iter": self.iter, "current_step": self.current_step,
                          "losses": (list(self._losses), self.smoothed_loss, self._start_iter),
-                         "displayed": self._iterations_last})
+                         "displayed": (self._iterations_last,
+                                       time.perf_counter() - self._timer)})
         return captured
 
     def restore_capture(self, captured: dict, test_data: bool = True) -> None:
@@ -519,7 +540,10 @@ class Solver:
         losses, self.smoothed_loss, self._start_iter = captured["losses"]
         self._losses = list(losses)
         self._pending_losses = []   # the abandoned branch's
-        self._iterations_last = captured["displayed"]
+        # the display timer as far on as it was: the next display's rate counts the
+        # iterations since the last display line at the speed they ran, not the time away
+        self._iterations_last, lapse = captured["displayed"]
+        self._timer = time.perf_counter() - lapse
         self.requested_early_exit = False
         self.gradient_source.refresh()
 

@@ -152,12 +152,14 @@ def _tested(data_list, tmp_path, **fields):  # noqa: F811
     return Solver(p)
 
 
-TESTED_LINES = re.compile(r"Iteration (\d+), Testing net|Test net output #\d+: .*|"
-                          r"Iteration (\d+)[^,]*, loss = \S+|Train net output #\d+: .*")
+TESTED_LINES = re.compile(r"Iteration \d+, Testing net|Test net output #\d+: .*|"
+                          r"Iteration \d+ \([^)]*\), loss = \S+|Train net output #\d+: .*")
 
 
 def _run_lines(err):
-    return [m.group(0) for m in TESTED_LINES.finditer(err)]
+    """The log's test, display and train-output lines, without the display's rate."""
+    return [re.sub(r" \([^)]*iter/s[^)]*\)", "", m.group(0))
+            for m in TESTED_LINES.finditer(err)]
 
 
 def test_a_probe_passing_tests_runs_them_when_applied_as_the_run_would(data_list, tmp_path,  # noqa: F811
@@ -238,6 +240,30 @@ def test_a_probe_stops_at_a_test_whose_capture_would_not_fit(data_list, tmp_path
     finally:
         opt.close()
         solver.close()
+
+
+def test_the_optimizers_chunks_are_one_caffe_step(data_list, tmp_path, capfd):  # noqa: F811
+    """Trained in chunks between re-tunes, the run's smoothed loss (what a target loss is
+    checked against) and display lines are one Step's: with average_loss 10 a chunk that
+    began a Step of its own started the mean again from one batch."""
+    plain = _solver(data_list, tmp_path / "p", max_iter=400, display=50, average_loss=10)
+    solver = _solver(data_list, tmp_path, max_iter=400, display=50, average_loss=10)
+    opt = Optimizer(solver, engine="simulated", groups=[1], retune_every=1000)
+    seen = {id(plain): [], id(solver): []}
+    for s in (plain, solver):
+        s.add_callback(lambda: None, lambda s=s: seen[id(s)].append(float(s.smoothed_loss)))
+    try:
+        opt.configure(opt._candidate(1, opt.data_batch, 0.05, 0.9))    # the solver's own
+        capfd.readouterr()
+        plain.step(250)
+        want = _run_lines(capfd.readouterr().err)
+        opt.step(250)                         # chunks of 100
+        assert _run_lines(capfd.readouterr().err) == want
+        assert seen[id(solver)] == seen[id(plain)]
+    finally:
+        opt.close()
+        solver.close()
+        plain.close()
 
 
 def test_target_loss_stops_the_run_and_says_so(data_list, tmp_path, capfd):  # noqa: F811
