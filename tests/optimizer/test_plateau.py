@@ -14,7 +14,7 @@ from cct.api import Solver
 from cct.optimizer import Optimizer
 from cct.optimizer.curve import fit_power_law
 from cct.optimizer.curve import leaving
-from cct.optimizer.plan import TRUNK, _short
+from cct.optimizer.plan import TRUNK, _fastest_round, _short
 
 from ..test_scheduler import data_list, solver_param  # noqa: F401  (fixture)
 
@@ -203,6 +203,30 @@ def test_a_plateau_probe_stopped_short_limits_the_rest_only_while_it_stands(opt)
     assert _short(c, 36, 40, 0, 5000) == 5000
     c.status = "pruned: diverged"
     assert _short(c, 40, 40, 0, 5000) == 5000
+
+
+@pytest.mark.parametrize("two_fast, pruned", [(0.029, True), (0.020, False)])
+def test_more_groups_must_be_faster_in_the_quietest_rounds_too(opt, two_fast, pruned):
+    """Two groups measured once in a quiet moment (0.0365 s/iter) pass HE_GAIN against one
+    group's median over loaded probes (0.0404), not against its fastest rounds (0.024): the
+    plan then prunes them (CIFAR10-quick under a load that comes and goes, 0.44x before)."""
+    opt.groups = [1, 2]
+    he = {1: (0.0404, 0.024), 2: (0.0365, two_fast)}
+
+    def measure(c, keep=False):
+        c.he, opt.he[c.config] = he[c.groups][0], he[c.groups][0]
+        opt._fast[c.config] = he[c.groups][1]
+        return c.he
+
+    opt.measure_he = measure
+    opt.probe = Plateau(opt, escape=lambda lr: 0, diverge=1e9)
+    plan = opt.make_plan(limit=10 ** 6)
+    two = [c for c in plan.candidates if c.groups == 2]
+    assert two
+    gone = [c.status.endswith("with fewer groups in their fastest rounds") for c in two]
+    assert all(gone) if pruned else not any(gone)
+    assert _fastest_round([(0.0, 1), (1.0, 1), (2.0, 1), (2.5, 1), (2.7, 1), (3.6, 1)], 2) \
+        == pytest.approx(0.35)        # its one whole round past the first two: 0.7 / 2
 
 
 def test_the_first_probe_goes_on_from_the_kept_he_branch(data_list, tmp_path):  # noqa: F811
