@@ -40,7 +40,9 @@ Time to target = HE x iterations to target (Omnivore's hardware and statistical 
   BRANCH_MEMORY bytes are not kept (a longer probe then starts again).
 * **Search and pruning** follow Omnivore's cold start (../shared/research/omnivore.md
   section 1.4) where it is sound: groups from 1 upward, skipping (not stopping at, as Omnivore
-  does) a group count whose HE is not 10% better than the last probed one's; for one group an
+  does) a group count whose HE is not 10% better than the last probed one's, by the medians
+  and in the fastest whole rounds seen (:meth:`Optimizer._quietest`: one measurement of more
+  groups is a moment of the machine's load); for one group an
   lr search at the solver's momentum (x3 up from base_lr while each step ranks better, else /3
   down: Omnivore's four decades in fewer probes and without its fixed ceiling), then momenta
   around the solver's at the search's two best lrs; for more groups
