@@ -161,9 +161,10 @@ class Candidate:
     state: Optional[dict] = field(default=None, repr=False)
     lines: list = field(default_factory=list, repr=False)
     basis: str = ""            # where ``iters`` comes from when not its own probe's fit
-    # The tests due inside its kept probe (the plateau's long probes pass them: _branch):
-    # where each falls in ``lines`` and the run's capture at its iteration, for _apply to run.
-    tests: List[Tuple[int, dict]] = field(default_factory=list, repr=False)
+    # The snapshots and tests due inside its kept probe (the plateau's long probes pass them:
+    # _branch): where each falls in ``lines``, the run's capture at its iteration, and which
+    # of the two is due there, for _apply to write and run.
+    due: List[Tuple[int, dict, bool, bool]] = field(default_factory=list, repr=False)
     # Where one group computes (a devices spelling for the hybrid scheduler, or one device);
     # None: the solver's own nets, where cct train placed them (:meth:`Optimizer.race_places`)
     place: Optional[str] = None
@@ -178,20 +179,21 @@ class Candidate:
                 f"{self.lr:.4g} momentum {self.momentum:.4g}")
 
     def drop_branch(self) -> None:
-        self.state, self.lines, self.tests = None, [], []
+        self.state, self.lines, self.due = None, [], []
 
 
 class Branch(NamedTuple):
     """What a branch of the run left: the (time, smoothed loss) of each iteration, whether it
     diverged, and, when asked to keep it, its end (Solver.capture) and its held log lines;
-    ``cut`` when it stopped early, its loss past the plateau escape's ceiling; ``tests``: the
-    tests it passed (_branch), each as (its place in ``lines``, the capture at its iteration)."""
+    ``cut`` when it stopped early, its loss past the plateau escape's ceiling; ``due``: the
+    snapshots and tests it passed (_branch), each as (its place in ``lines``, the capture at
+    its iteration, a snapshot due, a test due)."""
     record: List[Tuple[float, float]]
     diverged: bool
     state: Optional[dict] = None
     lines: list = []
     cut: bool = False
-    tests: list = []
+    due: list = []
 
 
 @dataclass
@@ -423,20 +425,19 @@ class Optimizer:
     # -- branches ----------------------------------------------------------------------------
     def _branch(self, cand: Candidate, iters: int, seconds: Optional[float] = None,
                 start: Optional[dict] = None, keep: bool = False,
-                tests: bool = False) -> Branch:
+                due: bool = False) -> Branch:
         """Run ``cand`` for ``iters`` iterations (with ``seconds``: chunks of ``iters`` until
         that much wall time has passed, Omnivore's probes) on a branch of the run, from
         ``start`` (a capture where an earlier branch ended) or from where the run is, and leave
         the run as it was. With ``keep`` the branch's end and its log lines are kept (display
         on, lines held), so that training can go on from there.
 
-        With ``keep`` and ``tests`` it may pass the solver's tests: none runs on a branch (it
-        would cost a test for a probe thrown away, and its scores would reach the run's
-        observers, the run summary's best among them); the branch stops at each test's
-        iteration for a capture and goes on, and :meth:`_apply` runs the tests of the probe
-        it applies there, in the log's order. A test due where the branch begins is the run's
-        when it begins where the run is (``_apply`` runs it), the branch's when it goes on
-        from ``start``."""
+        With ``keep`` and ``due`` it may pass the run's snapshots and tests: none is written or
+        run on a branch (a probe thrown away would cost a test, and write files that are not
+        the run's; its scores would reach the run's observers, the run summary's best among
+        them); the branch stops at each one's iteration for a capture and goes on, and
+        :meth:`_apply` writes and runs those of the probe it applies there, in the log's
+        order (_step_past_due)."""
         s = self.solver
         saved = {k: getattr(s.param, k) for k in ("test_interval", "display", "snapshot",
                                                   "momentum", "snapshot_after_train")}
@@ -447,8 +448,8 @@ class Optimizer:
         diverged = short = False
         state = None
         lines: list = []
-        due: list = []
-        ti = int(s.param.test_interval) if keep and tests and seconds is None else 0
+        passed: list = []
+        passing = keep and due and seconds is None
         # A probe is one Step from its start through every piece and extension (the solver's
         # steps_as_one): its smoothed losses and held display lines read as the run's would.
         with s.steps_as_one():
@@ -466,9 +467,10 @@ class Optimizer:
                 with (held() if keep else quiet()) as lines:
                     try:
                         began = time.perf_counter()
-                        if ti:
-                            short = self._step_past_tests(iters, ti, start is not None, lines,
-                                                          due, len(cand.tests))
+                        if passing:
+                            short = self._step_past_due(
+                                iters, int(saved["test_interval"]), int(saved["snapshot"]),
+                                start is not None, lines, passed, len(cand.due))
                         else:
                             self._step(iters)
                         while seconds is not None and time.perf_counter() - began < seconds:
@@ -480,7 +482,7 @@ class Optimizer:
                 if keep and not diverged:
                     state = s.capture()
                 else:
-                    due = []
+                    passed = []
                 with quiet():
                     if self.driver is not None:
                         stats = self.driver.store.stats
@@ -497,29 +499,36 @@ class Optimizer:
                 s.set_schedule(schedule)
                 s.restore_capture(captured)
                 self._probing = False
-        return Branch(record, diverged, state, list(lines or []), cut, due)
+        return Branch(record, diverged, state, list(lines or []), cut, passed)
 
-    def _step_past_tests(self, iters: int, ti: int, own_first: bool, lines: list,
-                         due: list, held: int) -> bool:
-        """``iters`` iterations of a branch in pieces that end where a test is due (every
-        ``ti``), each test noted in ``due`` as (its place in the held ``lines``, the capture
-        there); one due at the first iteration only when ``own_first`` (_branch). True when it
-        stopped short at a test whose capture would not fit BRANCH_MEMORY beside the ``held``
-        ones of the probe's earlier tests, the run's capture, the branch's end and one other
-        probe's."""
+    def _step_past_due(self, iters: int, ti: int, si: int, own_first: bool, lines: list,
+                       due: list, held: int) -> bool:
+        """``iters`` iterations of a branch (its snapshot and test intervals off) in pieces that
+        end where the run's snapshot (every ``si``) or test (every ``ti``) falls, each noted in ``due`` as (its place in the
+        held ``lines``, the capture there, a snapshot due, a test due), in Caffe's order: a
+        snapshot ends an iteration (at the branch's end too), a test begins one (not at its
+        end: the run's next step, or the probe going on, begins there; at its first only when
+        ``own_first``, a probe going on from ``start``: where the run is, it is the run's).
+        True when it stopped short at one whose capture would not fit BRANCH_MEMORY beside the
+        ``held`` ones of the probe's earlier pieces, the run's capture, the branch's end and one
+        other probe's."""
         s = self.solver
         first, stop = s.iter, s.iter + iters
-        while s.iter < stop and not self._over:
+        while True:
             at = s.iter
-            if at % ti == 0 and (at > 0 or s.param.test_initialization) and \
-                    (own_first or at != first):
+            snap = bool(si) and at % si == 0 and at != first
+            test = bool(ti) and at < stop and at % ti == 0 and \
+                (at > 0 or s.param.test_initialization) and (own_first or at != first)
+            if snap or test:
                 if not self._fit_in_memory(held + len(due) + 4):
                     return True
-                due.append((len(lines), s.capture()))
-            self._step(min(stop, (at // ti + 1) * ti) - at)
+                due.append((len(lines), s.capture(), snap, test))
+            if at >= stop or self._over:
+                return False
+            ends = [stop] + [(at // k + 1) * k for k in (ti, si) if k]
+            self._step(min(ends) - at)
             if s.iter == at:
                 return True     # no iteration ran: stopped short all the same
-        return False
 
     def measure_he(self, cand: Candidate, keep: bool = False) -> float:
         """Seconds per iteration of ``cand``'s (strategy, groups, batch), cached: two warm-up
@@ -583,11 +592,11 @@ class Optimizer:
             self._fast[key] = min(fast, self._fast.get(key, fast))
 
     def probe(self, cand: Candidate, iters: int, keep: bool = False,
-              tests: bool = False) -> Candidate:
+              due: bool = False) -> Candidate:
         """An SE probe of ``cand`` (see the module doc), or ``iters`` more of it when it was
         probed before: from where its probe ended when that was kept, else again from the run's
         position, longer. Fills ``fit`` and ``status``; with ``keep`` its end is kept (and
-        with ``tests`` it may pass the run's tests: :meth:`_branch`). A first probe of the
+        with ``due`` it may pass the run's snapshots and tests: :meth:`_branch`). A first probe of the
         settings whose HE branch was kept (:meth:`measure_he`) begins as that branch and runs
         the rest of ``iters``."""
         warm = self._warm
@@ -601,16 +610,16 @@ class Optimizer:
         start = cand.state
         if cand.probed and start is None:
             iters += cand.probed
-            cand.probed, cand.losses, cand.lines, cand.tests = 0, [], [], []
+            cand.probed, cand.losses, cand.lines, cand.due = 0, [], [], []
         began = time.perf_counter()
-        branch = self._branch(cand, iters, start=start, keep=keep, tests=tests)
+        branch = self._branch(cand, iters, start=start, keep=keep, due=due)
         cand.probe_seconds += time.perf_counter() - began
         cand.probed += len(branch.record) if branch.cut else iters
-        if not branch.diverged and not branch.tests:     # a capture's time is in its gaps
+        if not branch.diverged and not branch.due:       # a capture's time is in its gaps
             self._refine_he(cand, branch.record)
         cand.losses += [v for _, v in branch.record]
         cand.state = branch.state
-        cand.tests += [(len(cand.lines) + k, c) for k, c in branch.tests]
+        cand.due += [(len(cand.lines) + k, *rest) for k, *rest in branch.due]
         cand.lines += branch.lines
         cand.fit = fit_power_law(cand.losses, self.solver.iter)
         if branch.diverged or cand.fit.diverged:
@@ -628,13 +637,15 @@ class Optimizer:
                + sum(int(h.nbytes) for h in s.history))
         return states * one <= BRANCH_MEMORY
 
-    def _limit(self, stop: Optional[int] = None, tests: bool = True) -> int:
-        """The last iteration a kept probe may end at: one that skips no test (unless
-        ``tests`` is False: a probe that passes them, _branch) or snapshot of the run and ends
-        inside the current step (``stop``) and max_iter."""
+    def _limit(self, stop: Optional[int] = None, due: bool = True) -> int:
+        """The last iteration a kept probe may end at: one that skips no test or snapshot of
+        the run (unless ``due`` is False: a probe that passes them, _branch) and ends inside
+        the current step (``stop``) and max_iter."""
         s, p = self.solver, self.solver.param
         last = min(int(p.max_iter), stop if stop is not None else int(p.max_iter))
-        if p.test_interval and tests:
+        if not due:
+            return last
+        if p.test_interval:
             last = min(last, (s.iter // p.test_interval + 1) * p.test_interval)
         if p.snapshot:
             last = min(last, (s.iter // p.snapshot + 1) * p.snapshot - 1)
@@ -643,19 +654,23 @@ class Optimizer:
     def _apply(self, cand: Candidate) -> None:
         """Train as ``cand`` from here, or from where its kept probe ended: then the test due
         now runs first (on the weights it is due for), the probe's held log lines are written,
-        the tests due inside it (_branch) run where they fall, each on the probe's weights at
-        its iteration, and the run goes on from the probe's end. A test at the target accuracy,
-        or a stop requested during one, ends the run at that test's iteration, as it would
-        without the probe."""
+        the snapshots and tests due inside it (_branch) are written and run where they fall,
+        each from the probe's state at its iteration, and the run goes on from the probe's
+        end. A test at the target accuracy, or a stop requested during one, ends the run at
+        that test's iteration, as it would without the probe."""
         s = self.solver
         if cand.state is not None:
             first, written = s.iter, 0
-            for k, at in [(0, None)] + cand.tests:
+            for k, at, snap, test in [(0, None, False, True)] + cand.due:
                 release(cand.lines[written:k])
                 written = k
                 if at is not None:
                     s.restore_capture(at, test_data=False)  # the tests so far are the run's
-                if not self._test_due():
+                if snap:
+                    s.snapshot()
+                    if not test:
+                        s.call_on_start()       # the run summary counts it
+                if test and not self._test_due():
                     if at is not None:
                         info(SRC, f"Optimizer: the run ends at iteration {s.iter}, where the "
                              f"winner's probe passed this test (its later iterations are not "
@@ -664,11 +679,12 @@ class Optimizer:
                     return
             s.restore_capture(cand.state, test_data=False)
             release(cand.lines[written:])
+            done = [f"{n} {what}{'s' if n > 1 else ''}" for what, n in (
+                ("snapshot", sum(d[2] for d in cand.due)), ("test", sum(d[3] for d in cand.due)))
+                if n]
             info(SRC, f"Optimizer: training goes on from the winner's probe: iterations "
-                 f"{first} to {s.iter} are its" + (f" (its {len(cand.tests)} test"
-                                                  f"{'s' if len(cand.tests) > 1 else ''} "
-                                                  f"run in their place above)"
-                                                  if cand.tests else ""))
+                 f"{first} to {s.iter} are its" + (f" (its {' and '.join(done)} written and "
+                                                  f"run in their place above)" if done else ""))
         self.configure(cand)
 
     def _test_due(self) -> bool:
@@ -706,7 +722,7 @@ class Optimizer:
         which pass tests; or at iteration ``limit`` at most, when given, every one."""
         began = time.perf_counter()
         limit, reach = ((limit, limit) if limit is not None else
-                        (self._limit(stop), self._limit(stop, tests=False)))
+                        (self._limit(stop), self._limit(stop, due=False)))
         plan = Plan()
         if self.plan is not None:
             plan.places = self.plan.places      # raced once: a re-plan keeps the choice
@@ -911,7 +927,7 @@ class Optimizer:
                 if more < 1 or _spent(began, [first]) >= spend:
                     return False
                 had = first.probed
-                self.probe(first, more, keep=self._fit_in_memory(1), tests=True)
+                self.probe(first, more, keep=self._fit_in_memory(1), due=True)
                 _hurt(first, level, ceiling)
                 reach = _short(first, had, more, home, reach)
         if first.status != "kept":
@@ -962,7 +978,7 @@ class Optimizer:
                                   f"a longer probe would pass iteration {reach}") + ")")
                     break
                 had = top.probed
-                self.probe(top, more, keep=self._fit_in_memory(2), tests=True)
+                self.probe(top, more, keep=self._fit_in_memory(2), due=True)
                 _hurt(top, level, ceiling)
                 reach = _short(top, had, more, home, reach)
                 if top.status != "kept":

@@ -318,9 +318,14 @@ class Solver:
             self.test_all()
             if self.requested_early_exit:
                 return False
+        self.call_on_start()
+        return True
+
+    def call_on_start(self) -> None:
+        """The on_start callbacks (an iteration's start, after its test): also for a snapshot
+        written out of the loop (the optimizer's applied probe), which the run summary counts."""
         for on_start, _ in self._callbacks:
             on_start()
-        return True
 
     def compute_gradients(self):
         """``iter_size`` forward/backward passes of the gradient source into the param diffs;

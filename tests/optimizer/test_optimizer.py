@@ -177,8 +177,8 @@ def test_a_probe_passing_tests_runs_them_when_applied_as_the_run_would(data_list
         want = _run_lines(capfd.readouterr().err)
         cand = opt._candidate(1, opt.data_batch, 0.05, 0.9)     # the solver's own settings
         opt.probe(cand, 5, keep=True)         # from where the run is: its test at 0 is the run's
-        opt.probe(cand, 30, keep=True, tests=True)     # passes those at 10, 20 and 30
-        assert solver.iter == 0 and len(cand.tests) == 3 and cand.probed == 35
+        opt.probe(cand, 30, keep=True, due=True)     # passes those at 10, 20 and 30
+        assert solver.iter == 0 and len(cand.due) == 3 and cand.probed == 35
         assert "Testing net" not in capfd.readouterr().err     # none ran on a branch
         opt._apply(cand)
         err = capfd.readouterr().err
@@ -198,6 +198,40 @@ def test_a_probe_passing_tests_runs_them_when_applied_as_the_run_would(data_list
         plain.close()
 
 
+def test_a_probe_passing_snapshots_writes_them_when_applied_as_the_run_would(  # noqa: F811
+        data_list, tmp_path, capfd):
+    """The same for snapshots (every 10, with the tests): none is written on a branch; the
+    applied probe's are written in their place, from its state at each, and equal the plain
+    run's, byte for byte (and a snapshot at the probe's end is written too)."""
+    (tmp_path / "p").mkdir()
+    plain = _tested(data_list, tmp_path / "p", snapshot=10)
+    solver = _tested(data_list, tmp_path, snapshot=10)
+    opt = Optimizer(solver, engine="simulated", groups=[1])
+    try:
+        capfd.readouterr()
+        plain.step(30)
+        want = _run_lines(capfd.readouterr().err)
+        cand = opt._candidate(1, opt.data_batch, 0.05, 0.9)
+        opt.probe(cand, 5, keep=True)
+        opt.probe(cand, 25, keep=True, due=True)   # snapshots at 10, 20, 30; tests at 10, 20
+        assert not list(tmp_path.glob("snap_iter_*"))       # none written on a branch
+        assert [(snap, test) for _, _, snap, test in cand.due] == \
+            [(True, True), (True, True), (True, False)]
+        opt._apply(cand)
+        err = capfd.readouterr().err
+        assert solver.iter == 30 and _run_lines(err) == want
+        assert [m.group(1) for m in re.finditer(r"Snapshotting to binary proto file .*_iter_"
+                                                r"(\d+)\.caffemodel", err)] == ["10", "20", "30"]
+        for n in (10, 20, 30):
+            assert (tmp_path / f"snap_iter_{n}.caffemodel").read_bytes() == \
+                (tmp_path / "p" / f"snap_iter_{n}.caffemodel").read_bytes()
+        assert solver.last_snapshot.endswith("snap_iter_30.solverstate")
+    finally:
+        opt.close()
+        solver.close()
+        plain.close()
+
+
 def test_a_test_at_the_target_inside_the_winners_probe_ends_the_run_there(  # noqa: F811
         data_list, tmp_path, capfd):
     plain = _tested(data_list, tmp_path / "p")
@@ -207,7 +241,7 @@ def test_a_test_at_the_target_inside_the_winners_probe_ends_the_run_there(  # no
         plain.step(10)
         cand = opt._candidate(1, opt.data_batch, 0.05, 0.9)
         opt.probe(cand, 5, keep=True)
-        opt.probe(cand, 30, keep=True, tests=True)
+        opt.probe(cand, 30, keep=True, due=True)
         capfd.readouterr()
         opt._apply(cand)
         err = capfd.readouterr().err
@@ -234,8 +268,8 @@ def test_a_probe_stops_at_a_test_whose_capture_would_not_fit(data_list, tmp_path
         monkeypatch.setattr(plan_module, "BRANCH_MEMORY", 4 * one)    # one test's capture
         cand = opt._candidate(1, opt.data_batch, 0.05, 0.9)
         opt.probe(cand, 5, keep=True)
-        opt.probe(cand, 30, keep=True, tests=True)
-        assert cand.probed == 20 and len(cand.tests) == 1 and cand.state is not None
+        opt.probe(cand, 30, keep=True, due=True)
+        assert cand.probed == 20 and len(cand.due) == 1 and cand.state is not None
         assert len(cand.losses) == 20
     finally:
         opt.close()

@@ -61,7 +61,7 @@ class Plateau:
         inner = self.losses
         self.losses = lambda lr, n: change(inner(lr, n)) if lr > above else inner(lr, n)
 
-    def __call__(self, cand, iters, keep=False, tests=False):
+    def __call__(self, cand, iters, keep=False, due=False):
         cand.probed += iters
         self.iters[(cand.groups, cand.lr)] = cand.probed
         cand.losses = self.losses(cand.lr, cand.probed)
@@ -174,13 +174,13 @@ def test_the_plateaus_probes_pass_a_test_interval_under_their_length(opt):
     fake = Plateau(opt, escape=lambda lr: 2.7 / lr, diverge=0.05)
     asked = []
 
-    def probe(cand, iters, keep=False, tests=False):
-        asked.append((round(cand.lr, 6), cand.probed + iters, tests))
-        return fake(cand, iters, keep, tests)
+    def probe(cand, iters, keep=False, due=False):
+        asked.append((round(cand.lr, 6), cand.probed + iters, due))
+        return fake(cand, iters, keep, due)
 
     opt.probe = probe
     opt.solver.param.test_interval = 100
-    assert opt._limit(10 ** 6) == 100 and opt._limit(10 ** 6, tests=False) == 100000
+    assert opt._limit(10 ** 6) == 100 and opt._limit(10 ** 6, due=False) == 100000
     plan = opt.make_plan(stop=10 ** 6)
     assert plan.winner.lr == pytest.approx(0.027)
     probed = {round(lr, 6): n for (_, lr), n in fake.iters.items()}
@@ -340,7 +340,7 @@ class Falling:
     def __init__(self, opt):
         self.opt, self.ran = opt, []
 
-    def __call__(self, cand, iters, keep=False, tests=False):
+    def __call__(self, cand, iters, keep=False, due=False):
         cand.probed += iters
         self.ran.append((cand.groups, round(cand.lr, 6), round(cand.momentum, 4)))
         mu = cand.momentum + self.opt.implicit.get(cand.config, 0.0)
@@ -468,7 +468,7 @@ class Edge:
     def __init__(self, opt, best, diverge):
         self.opt, self.best, self.diverge, self.ran = opt, best, diverge, []
 
-    def __call__(self, cand, iters, keep=False, tests=False):
+    def __call__(self, cand, iters, keep=False, due=False):
         cand.probed += iters
         self.ran.append((round(cand.lr, 6), round(cand.momentum, 4)))
         if cand.lr >= self.diverge * (1 - 1e-9):
