@@ -32,11 +32,11 @@ Time to target = HE x iterations to target (Omnivore's hardware and statistical 
   half, less any candidate predicted at over CONTENDER x the leader's time, goes on from where
   its probe ended for as many iterations again, until one is left or the probes have cost the
   probe share. The winner's probe is kept: training goes on from its end and its held display
-  lines are written, so its iterations are not spent twice. A kept probe never passes a
-  snapshot or the end of the current step (it would skip them), nor a test but on a plateau
-  (below): its long probes stop at each test's iteration for a capture and go on, and the
-  winner's tests run when it is applied, each on its weights there and in its place in the
-  log (:meth:`Optimizer._apply`), no test running for a probe thrown away; probe ends beyond
+  lines are written, so its iterations are not spent twice. A kept probe never passes the end
+  of the current step, nor a test or a snapshot (it would skip them) but on a plateau
+  (below): its long probes stop at each one's iteration for a capture and go on, and the
+  winner's are written and run when it is applied, each from its state there and in its
+  place in the log (:meth:`Optimizer._apply`), none for a probe thrown away; probe ends beyond
   BRANCH_MEMORY bytes are not kept (a longer probe then starts again).
 * **Search and pruning** follow Omnivore's cold start (../shared/research/omnivore.md
   section 1.4) where it is sound: groups from 1 upward, skipping (not stopping at, as Omnivore
@@ -914,10 +914,10 @@ class Optimizer:
         iteration 390, and the escape's lr 0.009 reaches the target at 200. A trunk that rises
         off the plateau (:func:`_hurt`) is the solver's lr diverging: False, not kept.
 
-        It goes on to iteration ``reach`` at most, passing the run's tests (_branch: they run
-        when it is applied): the next test had cut it at 100 iterations where CIFAR10-quick
-        tested every 100, and the escape after it (0.64x the solver's own settings at lr
-        0.009)."""
+        It goes on to iteration ``reach`` at most, passing the run's tests and snapshots
+        (_branch: they run and are written when it is applied): the next test had cut it at
+        100 iterations where CIFAR10-quick tested every 100, and the escape after it (0.64x
+        the solver's own settings at lr 0.009; a snapshot every 100, 0.65x)."""
         level, ceiling = _plateau(first)
         home = self.solver.iter
         with self._capped(ceiling):
@@ -948,8 +948,8 @@ class Optimizer:
         goes on, doubling its probe from where it ended, until it falls (it then ranks first
         and its probe is training), diverges (the next lower goes on), or the probes have
         cost the probe share (``spend`` seconds since ``began``) or would pass ``reach`` (the
-        doubling passes the run's tests, as the trunk does; the rungs' first probes are
-        ``probe``'s, which stop before the next).
+        doubling passes the run's tests and snapshots, as the trunk does; the rungs' first
+        probes are ``probe``'s, which stop before the next).
         What is left without a fall keeps the solver's lr, the tie rule of :func:`_rank`:
         no evidence, no change."""
         g, batch, mu = first.groups, first.batch, first.momentum
