@@ -504,31 +504,40 @@ class Optimizer:
     def _step_past_due(self, iters: int, ti: int, si: int, own_first: bool, lines: list,
                        due: list, held: int) -> bool:
         """``iters`` iterations of a branch (its snapshot and test intervals off) in pieces that
-        end where the run's snapshot (every ``si``) or test (every ``ti``) falls, each noted in ``due`` as (its place in the
-        held ``lines``, the capture there, a snapshot due, a test due), in Caffe's order: a
-        snapshot ends an iteration (at the branch's end too), a test begins one (not at its
-        end: the run's next step, or the probe going on, begins there; at its first only when
-        ``own_first``, a probe going on from ``start``: where the run is, it is the run's).
-        True when it stopped short at one whose capture would not fit BRANCH_MEMORY beside the
-        ``held`` ones of the probe's earlier pieces, the run's capture, the branch's end and one
-        other probe's."""
+        end where the run's snapshot (every ``si``) or test (every ``ti``) falls, each noted in
+        ``due`` as (its place in the held ``lines``, the capture there, a snapshot due, a test
+        due), in Caffe's order: a snapshot ends an iteration (at the branch's end too), a test
+        begins one (not at its end: the run's next step, or the probe going on, begins there;
+        at its first only when ``own_first``, a probe going on from ``start``: where the run
+        is, it is the run's). True when it stopped short because a capture would not fit
+        BRANCH_MEMORY beside the ``held`` ones of the probe's earlier pieces, the run's
+        capture, the branch's end and one other probe's: at a test, or one iteration before a
+        snapshot (the run's own step then writes it), so that none is lost."""
         s = self.solver
         first, stop = s.iter, s.iter + iters
+
+        def fits() -> bool:
+            return self._fit_in_memory(held + len(due) + 4)
+
         while True:
             at = s.iter
             snap = bool(si) and at % si == 0 and at != first
             test = bool(ti) and at < stop and at % ti == 0 and \
                 (at > 0 or s.param.test_initialization) and (own_first or at != first)
             if snap or test:
-                if not self._fit_in_memory(held + len(due) + 4):
-                    return True
+                if not fits():
+                    return True         # a test's (a snapshot had room: below)
                 due.append((len(lines), s.capture(), snap, test))
             if at >= stop or self._over:
                 return False
-            ends = [stop] + [(at // k + 1) * k for k in (ti, si) if k]
-            self._step(min(ends) - at)
-            if s.iter == at:
-                return True     # no iteration ran: stopped short all the same
+            end = min([stop] + [(at // k + 1) * k for k in (ti, si) if k])
+            short = bool(si) and end % si == 0 and not fits()
+            if short:
+                end -= 1
+            if end > at:
+                self._step(end - at)
+            if short or s.iter == at:
+                return True     # (no iteration ran: stopped short all the same)
 
     def measure_he(self, cand: Candidate, keep: bool = False) -> float:
         """Seconds per iteration of ``cand``'s (strategy, groups, batch), cached: two warm-up

@@ -232,6 +232,36 @@ def test_a_probe_passing_snapshots_writes_them_when_applied_as_the_run_would(  #
         plain.close()
 
 
+def test_a_snapshot_whose_capture_would_not_fit_is_left_to_the_run(data_list, tmp_path,  # noqa: F811
+                                                                      monkeypatch):
+    """A probe that cannot keep a snapshot's capture ends one iteration before it, so that the
+    run's own step writes it: no snapshot is lost."""
+    from cct.optimizer import plan as plan_module
+    (tmp_path / "p").mkdir()
+    plain = _tested(data_list, tmp_path / "p", snapshot=10)
+    solver = _tested(data_list, tmp_path, snapshot=10)
+    opt = Optimizer(solver, engine="simulated", groups=[1])
+    try:
+        one = (sum(int(p.data.nbytes) for p in solver.net.params_list)
+               + sum(int(h.nbytes) for h in solver.history))
+        monkeypatch.setattr(plan_module, "BRANCH_MEMORY", 4 * one)    # one capture's room
+        plain.step(21)
+        cand = opt._candidate(1, opt.data_batch, 0.05, 0.9)
+        opt.probe(cand, 5, keep=True)
+        opt.probe(cand, 25, keep=True, due=True)
+        assert cand.probed == 19 and len(cand.due) == 1
+        opt._apply(cand)
+        assert solver.iter == 19
+        solver.step(2)
+        for n in (10, 20):
+            assert (tmp_path / f"snap_iter_{n}.caffemodel").read_bytes() == \
+                (tmp_path / "p" / f"snap_iter_{n}.caffemodel").read_bytes()
+    finally:
+        opt.close()
+        solver.close()
+        plain.close()
+
+
 def test_a_test_at_the_target_inside_the_winners_probe_ends_the_run_there(  # noqa: F811
         data_list, tmp_path, capfd):
     plain = _tested(data_list, tmp_path / "p")
