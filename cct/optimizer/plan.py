@@ -728,7 +728,7 @@ class Optimizer:
         """The cold-start search (module doc): measure, probe, prune, halve, choose. A kept
         probe ends inside the current step (``stop``) and before the run's next test or
         snapshot (:meth:`_limit`), but for the plateau's (:meth:`_trunk`, :meth:`_escape`),
-        which pass tests; or at iteration ``limit`` at most, when given, every one."""
+        which pass them; or at iteration ``limit`` at most, when given, every one."""
         began = time.perf_counter()
         limit, reach = ((limit, limit) if limit is not None else
                         (self._limit(stop), self._limit(stop, due=False)))
