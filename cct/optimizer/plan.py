@@ -776,7 +776,7 @@ class Optimizer:
                         sweep = self._lr_search(plan, g, batch, start_lr, centre,
                                                 lambda c: probe_all([c], he, None, centre,
                                                                     diverged_at),
-                                                began, spend, limit, reach)
+                                                began, spend, reach)
                     self._score(plan, [c for c in sweep if c.status == "kept"])
                     ranked = sorted((c for c in sweep if c.status == "kept"),
                                     key=self._rank)
@@ -857,18 +857,18 @@ class Optimizer:
 
     def _lr_search(self, plan: Plan, g: int, batch: int, lr: float, mu: float,
                    probe: Callable[[Candidate], None], began: float = 0.0,
-                   spend: float = math.inf, limit: Optional[int] = None,
-                   reach: Optional[int] = None) -> List[Candidate]:
+                   spend: float = math.inf, reach: Optional[int] = None) -> List[Candidate]:
         """The lr at momentum ``mu``: from ``lr``, up by LR_STEP while each step ranks better
         than the best so far (at most LR_STEPS steps), else down the same way: a grid of four
         decades in three to five probes, and no ceiling at 3x the solver's lr. When the first
-        probe shows no fall (:func:`leaving`), the run is on a plateau: :meth:`_escape`."""
+        probe shows no fall (:func:`leaving`), the run is on a plateau: :meth:`_trunk`, then
+        :meth:`_escape`, their probes going on to iteration ``reach`` at most (default
+        :meth:`_limit`)."""
         first = self._candidate(g, batch, lr, mu)
         probe(first)
         directions = (LR_STEP, 1.0 / LR_STEP)
         if first.status == "kept" and not leaving(first.losses):
-            limit = self._limit() if limit is None else limit
-            reach = limit if reach is None else reach
+            reach = self._limit() if reach is None else reach
             if self._trunk(plan, first, began, spend, reach):
                 return [first]
             if first.status == "kept":
@@ -1551,26 +1551,29 @@ def _settled(c: Candidate) -> float:
     return level if level > 0 else math.inf
 
 
+def _round_ends(record: List[Tuple[float, float]], groups: int) -> Tuple[List[float], int]:
+    """The times of a branch's record past its first two iterations at which whole rounds of
+    the groups end (every g-th from the first), and g."""
+    g = max(1, groups)
+    return [t for t, _ in record[2:]][::g], g
+
+
 def _rate(record: List[Tuple[float, float]], groups: int, least: int) -> Optional[float]:
     """Seconds per iteration of a branch's record past its first two iterations, counted over
     whole rounds of the groups (at least ``least`` gaps and a round); None when too short."""
-    times = [t for t, _ in record[2:]]
-    g = max(1, groups)
-    gaps = len(times) - 1
-    gaps -= gaps % g
+    ends, g = _round_ends(record, groups)
+    gaps = (len(ends) - 1) * g
     if gaps < max(least, 1) or gaps < g:
         return None
-    return (times[gaps] - times[0]) / gaps
+    return (ends[-1] - ends[0]) / gaps
 
 
 def _fastest_round(record: List[Tuple[float, float]], groups: int) -> Optional[float]:
     """Seconds per iteration of a branch's fastest whole round of the groups (past its first
     two iterations, rounds counted from there as :func:`_rate` counts them); None when it has
     no round."""
-    times = [t for t, _ in record[2:]]
-    g = max(1, groups)
-    rounds = [(times[k + g] - times[k]) / g for k in range(0, len(times) - g, g)]
-    return min(rounds) if rounds else None
+    ends, g = _round_ends(record, groups)
+    return min((b - a) / g for a, b in zip(ends, ends[1:])) if len(ends) > 1 else None
 
 
 def _probe_end(fit: CurveFit) -> float:

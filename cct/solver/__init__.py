@@ -283,14 +283,13 @@ class Solver:
     # and the end (iter, snapshot, signals). Caffe's log lines come out in Caffe's order
     # either way.
     @contextlib.contextmanager
-    def steps_as_one(self, on: bool = True):
+    def steps_as_one(self):
         """While inside, step calls go on from one to the next as pieces of one Caffe Step (a
         caller that trains in chunks, the optimizer between its re-tunes): no reset of the
         smoothed loss and the display timer (:meth:`start_steps`) but the caller's own, so the
         display lines and the smoothed loss (what a target loss is checked against) read as
-        one ``caffe train`` Step's; with ``on`` False each call is its own Step again (a
-        branch of the run, inside)."""
-        outer, self._one_step = self._one_step, on
+        one ``caffe train`` Step's."""
+        outer, self._one_step = self._one_step, True
         try:
             yield
         finally:
