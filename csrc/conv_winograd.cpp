@@ -209,44 +209,58 @@ void transform_filters(const Shape& s, Weight&& weight, float* u) {
 }
 
 // The transforms are separable (an a x a transform is one along rows, then one along columns)
-// and are computed that way, a whole row of tiles at a time: every inner loop then runs over
-// the tiles of a row, contiguous in V, M and D, which the compiler vectorizes (CCT_VECTOR_CLONES:
-// for AVX2 too). The a rows a loop reads and writes never overlap: ivdep says so where the
-// compiler cannot see it.
+// and are computed that way: the pass along each row of the plane over the tiles of that row,
+// and the pass across rows over every tile of the plane at once. That second loop is the long
+// one the compiler vectorizes well (CCT_VECTOR_CLONES: for AVX2 too): a plane's tiles are
+// contiguous in V, M and D, so it reads and writes whole runs of th x tw floats. Looping over
+// a row of tiles instead (8 on CIFAR10-quick's conv2, 4 on its conv3) left the loop mostly
+// overhead: the input transform took more time than the GEMMs on an Intel Xeon (2 MiB L2),
+// bench/RESULTS.md. For that, `rows` keeps the along-row results by plane row in "phases":
+// row r of the row pass at phase r % m, place r / m, so the a rows m * ty + k that tile row ty
+// reads are, for one k, at one phase and consecutive places for consecutive ty. The a rows a
+// loop reads and writes never overlap: ivdep says so where the compiler cannot see it. Each
+// output is the same expression of the same inputs as before: the same bits.
+
+// Floats of the `rows` buffer of the transforms of one plane (the input's, the larger).
+template <typename T>
+int64_t rows_floats(const Shape& s) {
+  constexpr int a = T::a, m = T::m;
+  const int64_t per_phase = (m * s.tiles_h() + a - m + m - 1) / m;
+  return a * m * per_phase * s.tiles_w();
+}
 
 // One channel of one image: out[e * step + ty * tw + tx] = (B^T d B)[e] of tile (ty, tx).
-// `rows` (a x (m * th + a - m) x tw floats) holds each bottom row's transform along columns;
+// `rows` (rows_floats) holds each bottom row's transform along columns by phase;
 // `padded` the bottom with its pad, (m * th + a - m) x (m * tw + a - m) floats.
 template <typename T>
 CCT_VECTOR_CLONES void transform_input_plane(const float* plane, const Shape& s, float* rows,
                                              float* padded, float* out, int64_t step) {
   constexpr int a = T::a, m = T::m;
   const int64_t th = s.tiles_h(), tw = s.tiles_w(), width = m * tw + a - m;
-  const int64_t height = m * th + a - m;
+  const int64_t height = m * th + a - m, phase = (height + m - 1) / m * tw, column = m * phase;
   // The bottom with its pad as zeros, from (-ph, -pw), copied whole before the row pass reads
   // it (copied row by row, one load took 20% of this function's samples: store forwarding).
   pad_plane(plane, s.h, s.w, s.ph, s.pw, padded, height, width);
   for (int64_t r = 0; r < height; ++r) {
     const float* d = padded + r * width;
-    float* h = rows + r * a * tw;
+    float* h = rows + (r % m) * phase + (r / m) * tw;
 #pragma GCC ivdep
     for (int64_t tx = 0; tx < tw; ++tx) {  // d B, along the row
       float v[a];
       T::input(d + m * tx, v);
-      for (int k = 0; k < a; ++k) h[k * tw + tx] = v[k];
+      for (int k = 0; k < a; ++k) h[k * column + tx] = v[k];
     }
   }
-  for (int64_t ty = 0; ty < th; ++ty) {  // B^T (d B), across a rows
-    const float* h = rows + m * ty * a * tw;
-    float* o = out + ty * tw;
-    for (int j = 0; j < a; ++j) {
+  const int64_t n = th * tw;
+  for (int j = 0; j < a; ++j) {  // B^T (d B), across a rows, every tile of the plane
+    const float* h = rows + j * column;
+    float* o = out + j * step;
 #pragma GCC ivdep
-      for (int64_t tx = 0; tx < tw; ++tx) {
-        float d[a], v[a];
-        for (int k = 0; k < a; ++k) d[k] = h[k * a * tw + j * tw + tx];
-        T::input(d, v);
-        for (int k = 0; k < a; ++k) o[(k * a + j) * step + tx] = v[k];
-      }
+    for (int64_t t = 0; t < n; ++t) {
+      float d[a], v[a];
+      for (int k = 0; k < a; ++k) d[k] = h[(k % m) * phase + (k / m) * tw + t];
+      T::input(d, v);
+      for (int k = 0; k < a; ++k) o[k * a * step + t] = v[k];
     }
   }
 }
@@ -260,7 +274,7 @@ template <typename T, typename Plane>
 void each_plane(int64_t channels, int64_t nb, const Shape& s, Plane&& plane) {
   constexpr int a = T::a, m = T::m;
   parallel_for(channels, nb * s.tiles() * a * a, [&](int64_t c0, int64_t c1) {
-    float* rows = grown(t_rows, size_t(a * (m * s.tiles_h() + a - m) * s.tiles_w()));
+    float* rows = grown(t_rows, size_t(rows_floats<T>(s)));
     float* padded = grown(t_padded, size_t((m * s.tiles_h() + a - m) *
                                                (m * s.tiles_w() + a - m)));
     for (int64_t c = c0; c < c1; ++c)
@@ -290,35 +304,35 @@ void transform_input(const float* x, int64_t x_image, const Shape& s, int64_t nb
 }
 
 // One channel of one image: plane (ho x wo) = (A^T M A) of each tile + b, cut at the edge.
-// `rows` holds m x a x tw floats (one row of tiles transformed along columns), `padded` the
+// `rows` holds m x a x th x tw floats (every tile transformed across its rows), `padded` the
 // top's m * th x m * tw pixels.
 template <typename T>
 CCT_VECTOR_CLONES void transform_output_plane(const float* in, int64_t step, float b,
                                               const Shape& s, float* rows, float* padded,
                                               float* plane) {
   constexpr int a = T::a, m = T::m;
-  const int64_t th = s.tiles_h(), tw = s.tiles_w();
+  const int64_t th = s.tiles_h(), tw = s.tiles_w(), n = th * tw;
   const bool whole = m * tw == s.wo;
-  for (int64_t ty = 0; ty < th; ++ty) {
-    const float* t = in + ty * tw;
-    for (int j = 0; j < a; ++j) {  // A^T t, across the tile's rows
-      float* r = rows + j * tw;
+  for (int j = 0; j < a; ++j) {  // A^T t, across the tile's rows, every tile of the plane
+    const float* t = in + j * step;
+    float* r = rows + j * n;
 #pragma GCC ivdep
-      for (int64_t tx = 0; tx < tw; ++tx) {
-        float d[a], y[m];
-        for (int k = 0; k < a; ++k) d[k] = t[(k * a + j) * step + tx];
-        T::output(d, y);
-        for (int i = 0; i < m; ++i) r[i * a * tw + tx] = y[i];
-      }
+    for (int64_t q = 0; q < n; ++q) {
+      float d[a], y[m];
+      for (int k = 0; k < a; ++k) d[k] = t[k * a * step + q];
+      T::output(d, y);
+      for (int i = 0; i < m; ++i) r[i * a * n + q] = y[i];
     }
+  }
+  for (int64_t ty = 0; ty < th; ++ty) {
     for (int i = 0; i < m && m * ty + i < s.ho; ++i) {  // (A^T t) A, along the row
-      const float* r = rows + i * a * tw;
+      const float* r = rows + i * a * n + ty * tw;
       // a row of whole tiles goes straight to the top
       float* out = whole ? plane + (m * ty + i) * s.wo : padded + (m * ty + i) * m * tw;
 #pragma GCC ivdep
       for (int64_t tx = 0; tx < tw; ++tx) {
         float d[a], y[m];
-        for (int k = 0; k < a; ++k) d[k] = r[k * tw + tx];
+        for (int k = 0; k < a; ++k) d[k] = r[k * n + tx];
         T::output(d, y);
         for (int q = 0; q < m; ++q) out[m * tx + q] = y[q] + b;
       }
@@ -371,14 +385,14 @@ void winograd(const float* x, int64_t x_image, int64_t x_group, const float* bia
 }
 
 // One channel of one image's top diff: out[e * step + ty * tw + tx] = (A g A^T)[e] of its
-// m x m tile (ty, tx), zero past the edge. `rows` holds m x a x tw floats, `padded`
-// m * th x m * tw (the plane with zeros past its edge, copied whole first, as
-// transform_input_plane does).
+// m x m tile (ty, tx), zero past the edge. `rows` holds m x a x th x tw floats (each tile
+// row's transform along the row), `padded` m * th x m * tw (the plane with zeros past its
+// edge, copied whole first, as transform_input_plane does).
 template <typename T>
 CCT_VECTOR_CLONES void transform_top_diff_plane(const float* plane, const Shape& s, float* rows,
                                                 float* padded, float* out, int64_t step) {
   constexpr int a = T::a, m = T::m;
-  const int64_t th = s.tiles_h(), tw = s.tiles_w();
+  const int64_t th = s.tiles_h(), tw = s.tiles_w(), n = th * tw;
   // A top diff of whole tiles is read in place; else from its copy with zeros past the edge.
   const bool whole = m * tw == s.wo && m * th == s.ho;
   if (!whole) pad_plane(plane, s.ho, s.wo, 0, 0, padded, m * th, m * tw);
@@ -386,24 +400,24 @@ CCT_VECTOR_CLONES void transform_top_diff_plane(const float* plane, const Shape&
   for (int64_t ty = 0; ty < th; ++ty) {
     for (int i = 0; i < m; ++i) {  // g A^T, along each of the tile's m rows
       const float* g = top + (m * ty + i) * m * tw;
-      float* r = rows + i * a * tw;
+      float* r = rows + i * a * n + ty * tw;
 #pragma GCC ivdep
       for (int64_t tx = 0; tx < tw; ++tx) {
         float t[a];
         T::top_diff(g + m * tx, t);
-        for (int k = 0; k < a; ++k) r[k * tw + tx] = t[k];
+        for (int k = 0; k < a; ++k) r[k * n + tx] = t[k];
       }
     }
-    float* o = out + ty * tw;
-    for (int j = 0; j < a; ++j) {  // A (g A^T), across the m rows
-      const float* r = rows + j * tw;
+  }
+  for (int j = 0; j < a; ++j) {  // A (g A^T), across the m rows, every tile of the plane
+    const float* r = rows + j * n;
+    float* o = out + j * step;
 #pragma GCC ivdep
-      for (int64_t tx = 0; tx < tw; ++tx) {
-        float g[m], t[a];
-        for (int i = 0; i < m; ++i) g[i] = r[i * a * tw + tx];
-        T::top_diff(g, t);
-        for (int k = 0; k < a; ++k) o[(k * a + j) * step + tx] = t[k];
-      }
+    for (int64_t q = 0; q < n; ++q) {
+      float g[m], t[a];
+      for (int i = 0; i < m; ++i) g[i] = r[i * a * n + q];
+      T::top_diff(g, t);
+      for (int k = 0; k < a; ++k) o[k * a * step + q] = t[k];
     }
   }
 }
