@@ -1,4 +1,5 @@
-// Element-by-element kernels: ReLU forward and backward, and SGD's fused update.
+// Element-by-element kernels: ReLU forward and backward, SGD's fused update, and the sum of
+// several arrays (Eltwise SUM, Split's backward).
 //
 // Each works on flat arrays split between cct's threads in contiguous slices. Every output may
 // be the same array as an input (in place): element i of an output depends only on element i of
@@ -6,6 +7,7 @@
 // sgd_solver.cpp), one rounding per step, so the results equal NumPy's on the same steps.
 #include "kernels.h"
 #include "parallel.h"
+#include "vector_clones.h"
 
 #include <algorithm>
 
@@ -61,10 +63,52 @@ void sgd_update(T* data, T* diff, T* history, int64_t count, T local_rate, T mom
   });
 }
 
+namespace {
+
+// Elements per block of eltwise_sum: out's block stays in L1 (16 KiB of floats) while each
+// further array is added into it.
+constexpr int64_t kSumBlock = 4096;
+
+// out[i] = c0 a0[i] + c1 a1[i] (first) or out[i] += c a[i] (later), for i in [begin, end). A
+// coefficient 1 multiplies nothing: x * 1 is x, so the same bits. Compiled without FMA
+// (CCT_VECTOR_CLONES: AVX2 and the baseline), so no product is fused into its sum.
+template <typename T>
+CCT_VECTOR_CLONES void sum_first(const T* a, T ca, const T* b, T cb, T* out, int64_t begin,
+                                 int64_t end) {
+  if (ca == T(1) && cb == T(1)) {
+    for (int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
+  } else {
+    for (int64_t i = begin; i < end; ++i) out[i] = a[i] * ca + b[i] * cb;
+  }
+}
+
+template <typename T>
+CCT_VECTOR_CLONES void sum_next(const T* a, T ca, T* out, int64_t begin, int64_t end) {
+  if (ca == T(1)) {
+    for (int64_t i = begin; i < end; ++i) out[i] += a[i];
+  } else {
+    for (int64_t i = begin; i < end; ++i) out[i] += a[i] * ca;
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void eltwise_sum(const T* const* arrays, const T* coeffs, int64_t n, T* out, int64_t count) {
+  parallel_for(count, n, [&](int64_t begin, int64_t end) {
+    for (int64_t b0 = begin; b0 < end; b0 += kSumBlock) {
+      const int64_t b1 = std::min(end, b0 + kSumBlock);
+      sum_first<T>(arrays[0], coeffs[0], arrays[1], coeffs[1], out, b0, b1);
+      for (int64_t k = 2; k < n; ++k) sum_next<T>(arrays[k], coeffs[k], out, b0, b1);
+    }
+  });
+}
+
 #define CCT_INSTANTIATE(T)                                                          \
   template void relu_forward<T>(const T*, T*, int64_t, T);                          \
   template void relu_backward<T>(const T*, const T*, T*, int64_t, T);               \
-  template void sgd_update<T>(T*, T*, T*, int64_t, T, T, T);
+  template void sgd_update<T>(T*, T*, T*, int64_t, T, T, T);                       \
+  template void eltwise_sum<T>(const T* const*, const T*, int64_t, T*, int64_t);
 CCT_INSTANTIATE(float)
 CCT_INSTANTIATE(double)
 #undef CCT_INSTANTIATE

@@ -118,6 +118,11 @@ void relu_backward(const T* src, const T* dy, T* dx, int64_t count, T negative_s
 template <typename T>
 void sgd_update(T* data, T* diff, T* history, int64_t count, T local_rate, T momentum,
                 T local_decay);
+// out = coeffs[0] arrays[0] + coeffs[1] arrays[1] + ... (n >= 2 arrays of count elements),
+// left to right, each product rounded before it is added (Eltwise SUM; Split's backward with
+// every coefficient 1), in one threaded pass. out may be arrays[0] or arrays[1], no later one.
+template <typename T>
+void eltwise_sum(const T* const* arrays, const T* coeffs, int64_t n, T* out, int64_t count);
 
 // LRN across channels on (num, channels, pixels) arrays (lrn.cpp). y must not be x.
 template <typename T>

@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "bf16.h"
 #include "conv_direct.h"
@@ -275,6 +276,23 @@ void relu_backward(Buf<T> src, Buf<T> dy, Buf<T> out, double negative_slope) {
 }
 
 template <typename T>
+void eltwise_sum(std::vector<Buf<T>> arrays, std::vector<double> coeffs, Buf<T> out) {
+  if (arrays.size() < 2 || coeffs.size() != arrays.size())
+    throw std::invalid_argument("eltwise_sum: two or more arrays, one coefficient each");
+  std::vector<const T*> data;
+  std::vector<T> c;
+  for (size_t k = 0; k < arrays.size(); ++k) {
+    same_size(arrays[k], out, "eltwise_sum");
+    if (k >= 2) check_disjoint(out, arrays[k], "eltwise_sum", "an array after the second");
+    data.push_back(arrays[k].data());
+    c.push_back(T(coeffs[k]));
+  }
+  T* od = out.mutable_data();
+  py::gil_scoped_release release;
+  cct::eltwise_sum<T>(data.data(), c.data(), int64_t(data.size()), od, out.size());
+}
+
+template <typename T>
 void sgd_update(Buf<T> data, Buf<T> diff, Buf<T> history, double local_rate, double momentum,
                 double local_decay) {
   same_size(data, diff, "sgd_update");
@@ -415,6 +433,8 @@ void bind_dtype(py::module_& m) {
         py::arg("negative_slope"));
   m.def("relu_backward", &relu_backward<T>, py::arg("src").noconvert(),
         py::arg("dy").noconvert(), py::arg("out").noconvert(), py::arg("negative_slope"));
+  m.def("eltwise_sum", &eltwise_sum<T>, py::arg("arrays"), py::arg("coeffs"),
+        py::arg("out").noconvert());
   m.def("sgd_update", &sgd_update<T>, py::arg("data").noconvert(), py::arg("diff").noconvert(),
         py::arg("history").noconvert(), py::arg("local_rate"), py::arg("momentum"),
         py::arg("local_decay"));

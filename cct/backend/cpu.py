@@ -478,16 +478,12 @@ def _eltwise(kernel: str, bottoms, out):
 
 def eltwise_sum(bottoms, coeffs, out=None) -> np.ndarray:
     """sum_i coeffs[i] * bottoms[i], left to right, each product rounded before it is added
-    (Eltwise SUM)."""
-    from . import jit
+    (Eltwise SUM; Split's backward, every coeff 1): one pass over the bottoms on cct's
+    threads."""
     flat, dt, buf, dest = _eltwise("eltwise_sum", bottoms, out)
     if len(coeffs) != len(flat):
         raise ValueError(f"eltwise_sum: {len(coeffs)} coeffs for {len(flat)} bottoms")
-    c = [dt.type(v) for v in coeffs]
-    y = buf.reshape(-1)
-    jit.eltwise_sum_first(flat[0], c[0], flat[1], c[1], y)
-    for b, cb in zip(flat[2:], c[2:]):
-        jit.eltwise_sum_next(b, cb, y)
+    _C.eltwise_sum(flat, [float(dt.type(v)) for v in coeffs], buf.reshape(-1))
     return _result(buf, dest)
 
 

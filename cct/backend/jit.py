@@ -1,5 +1,5 @@
-"""CPU kernels compiled by numba: the solver rules other than SGD, fused; BatchNorm; Eltwise; the
-data transform.
+"""CPU kernels compiled by numba: the solver rules other than SGD, fused; BatchNorm; Eltwise PROD
+and MAX; the data transform.
 
 Each kernel does what sgd_solver.cpp and its siblings do in several passes over memory (L2
 Regularize, ComputeUpdateValue with its temporaries, Blob::Update) in one pass, element by
@@ -223,21 +223,10 @@ def batch_norm_backward(dy, y, std, global_stats, out):
 
 
 # Eltwise (cct/layers/eltwise.py) on flat arrays: one pass each where the NumPy expressions
-# made a temporary per bottom (SUM) or four (MAX: the comparison, np.where, the mask and its
-# int32 copy). The same operations in the same order as those expressions, so the same bits:
-# each product rounded, then added (numba does not contract them into an FMA).
-@_jit
-def eltwise_sum_first(a, ca, b, cb, out):
-    for i in range(out.size):
-        out[i] = a[i] * ca + b[i] * cb
-
-
-@_jit
-def eltwise_sum_next(b, cb, out):
-    for i in range(out.size):
-        out[i] += b[i] * cb
-
-
+# made a temporary per bottom (PROD) or four (MAX: the comparison, np.where, the mask and its
+# int32 copy). The same operations in the same order as those expressions, so the same bits.
+# (SUM is the C++ kernel's, csrc/elementwise.cpp: threaded, as a memory-bound pass must be
+# to use the machine's bandwidth.)
 @_jit
 def eltwise_prod(a, b, out):
     for i in range(out.size):

@@ -177,9 +177,9 @@ class SplitLayer(Layer):
         if len(top) == 1:
             diff[...] = top[0].diff
             return
-        self.xp.add(top[0].diff, top[1].diff, out=diff)
-        for t in top[2:]:
-            diff += t.diff
+        # Caffe's caffe_add of the first two, then caffe_axpy(1) of each further top: the
+        # backend's Eltwise SUM with every coefficient 1, one threaded pass on the CPU.
+        self.backend.eltwise_sum([t.diff for t in top], [1] * len(top), out=diff)
 
 
 class _ViewLayer(Layer):

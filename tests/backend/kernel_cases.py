@@ -228,7 +228,8 @@ def check_batch_norm(kernels, shape, dtype):
 
 
 # (shape, number of bottoms)
-ELTWISE_CASES = [((1,), 2), ((2, 3, 5, 7), 2), ((4, 1, 1), 3), ((3, 17), 4), ((2, 32, 9, 9), 2)]
+ELTWISE_CASES = [((1,), 2), ((2, 3, 5, 7), 2), ((4, 1, 1), 3), ((3, 17), 4), ((2, 32, 9, 9), 2),
+                 ((3, 7, 33, 35), 4)]  # the last: several blocks of the C++ sum per thread
 
 
 def check_eltwise(kernels, shape, count, dtype):
@@ -254,6 +255,21 @@ def check_eltwise(kernels, shape, count, dtype):
     in_place = [b.copy() for b in bottoms]
     assert kernels.eltwise_sum(in_place, coeffs, out=in_place[0]) is in_place[0]
     np.testing.assert_array_equal(in_place[0], got)
+    # every coefficient 1 (Split's backward): Caffe's add then adds, to the bit, also into the
+    # first or the second bottom
+    ones = [1.0] * count
+    split = bottoms[0] + bottoms[1]
+    for b in bottoms[2:]:
+        split += b
+    np.testing.assert_array_equal(kernels.eltwise_sum(bottoms, ones), split)
+    for k in (0, 1):
+        in_place = [b.copy() for b in bottoms]
+        assert kernels.eltwise_sum(in_place, ones, out=in_place[k]) is in_place[k]
+        np.testing.assert_array_equal(in_place[k], split)
+    if count > 2:      # out over a later bottom: the sum still reads that bottom as it was
+        in_place = [b.copy() for b in bottoms]
+        assert kernels.eltwise_sum(in_place, ones, out=in_place[2]) is in_place[2]
+        np.testing.assert_array_equal(in_place[2], split)
     in_place = [b.copy() for b in bottoms]
     assert kernels.eltwise_prod(in_place, out=in_place[-1]) is in_place[-1]
     np.testing.assert_array_equal(in_place[-1], prod)
