@@ -70,8 +70,8 @@ namespace {
 constexpr int64_t kSumBlock = 4096;
 
 // out[i] = c0 a0[i] + c1 a1[i] (first) or out[i] += c a[i] (later), for i in [begin, end). A
-// coefficient 1 multiplies nothing: x * 1 is x, so the same bits. Compiled without FMA
-// (CCT_VECTOR_CLONES: AVX2 and the baseline), so no product is fused into its sum.
+// coefficient 1 multiplies nothing: x * 1 is x, so the same bits. No product is fused into its
+// sum (this file is built with -ffp-contract=off, CMakeLists.txt).
 template <typename T>
 CCT_VECTOR_CLONES void sum_first(const T* a, T ca, const T* b, T cb, T* out, int64_t begin,
                                  int64_t end) {
