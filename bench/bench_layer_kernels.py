@@ -1,8 +1,9 @@
 """The layer kernels that were NumPy expressions with temporaries, each against its one-pass
 numba version, in the same run (issue 16, item 5).
 
-- BatchNorm and Eltwise: cct's CPU backend (numba, cct/backend/jit.py) against the array
-  kernels on NumPy (the GPU backend's code, what the CPU ran before);
+- BatchNorm and Eltwise: cct's CPU backend (numba, cct/backend/jit.py; Eltwise SUM in C++,
+  csrc/elementwise.cpp, threaded) against the array kernels on NumPy (the GPU backend's code,
+  what the CPU ran before);
 - the data transform (crop, mirror, mean file or values, scale): cct's kernel (numba,
   cct/backend/jit.py) against the NumPy expressions it replaced, copied here;
 - Dropout's forward: the layer's NumPy (draw, compare, two products) against a fused numba
