@@ -29,6 +29,8 @@ SHAPES = [
     ("CaffeNet pool1 b32", (32, 96, 55, 55), 3, 2, 0),
     ("GoogLeNet pool1/3x3_s2 b32", (32, 64, 112, 112), 3, 2, 0),
     ("GoogLeNet inception_3a/pool b32", (32, 192, 28, 28), 3, 1, 1),
+    ("GoogLeNet inception_4a/pool b32", (32, 480, 14, 14), 3, 1, 1),
+    ("GoogLeNet inception_5a/pool b32", (32, 832, 7, 7), 3, 1, 1),
     ("GoogLeNet pool3/3x3_s2 b32", (32, 480, 28, 28), 3, 2, 0),
 ]
 # AVE: CIFAR10-quick's pool2 and pool3, GoogLeNet's global pool, a 3x3/1 one

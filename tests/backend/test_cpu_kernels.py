@@ -837,6 +837,52 @@ def test_max_pool_ties_and_nan_in_wide_rows(stride, width):
     np.testing.assert_array_equal(mask, mask_ref)
 
 
+def caffe_max_pool(x, kernel, stride, pad, pooled):
+    """Caffe's MAX loop (pooling_layer.cpp), window by window: each window's taps clipped to
+    the bottom, scanned in row-major order with a strict `>` from -FLT_MAX, mask -1."""
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (ho, wo) = kernel, stride, pad, pooled
+    y = np.full((n, c, ho, wo), -np.finfo(np.float32).max, np.float32)
+    mask = np.full((n, c, ho, wo), -1, np.int32)
+    for oh in range(ho):
+        hs, he = max(oh * sh - ph, 0), min(oh * sh - ph + kh, h)
+        for ow in range(wo):
+            ws, we = max(ow * sw - pw, 0), min(ow * sw - pw + kw, w)
+            for i in range(hs, he):
+                for j in range(ws, we):
+                    win = x[:, :, i, j] > y[:, :, oh, ow]
+                    y[:, :, oh, ow] = np.where(win, x[:, :, i, j], y[:, :, oh, ow])
+                    mask[:, :, oh, ow] = np.where(win, i * w + j, mask[:, :, oh, ow])
+    return y, mask
+
+
+@pytest.mark.parametrize("kernel,stride,pad", [
+    ((3, 3), (1, 1), (1, 1)),   # GoogLeNet's inception pools
+    ((2, 2), (1, 1), (0, 0)), ((3, 2), (1, 2), (2, 1)), ((5, 3), (1, 1), (4, 0)),
+    ((4, 4), (1, 2), (3, 3)), ((3, 3), (2, 1), (1, 1)), ((3, 3), (2, 2), (1, 1)),
+    ((1, 3), (1, 1), (0, 1))])
+@pytest.mark.parametrize("size", [(7, 7), (14, 14), (9, 5), (28, 28), (3, 31)])
+def test_max_pool_small_planes_are_caffes_scan(kernel, stride, pad, size):
+    """Planes under 32 x 32 take the -FLT_MAX-padded plane (pooling.cpp's max_plane_padded),
+    and with vertical stride 1 its row-by-row merge (max_plane_by_rows): tops and masks equal
+    Caffe's window-by-window scan to the bit, with ties everywhere, NaN (which never wins),
+    -FLT_MAX in the bottom (which never wins either: Caffe's mask stays -1 where a window holds
+    nothing else) and +inf."""
+    rng = np.random.default_rng(sum(kernel + stride + pad + size))
+    x = rng.integers(-1, 2, (2, 3) + size).astype(np.float32)
+    u = rng.random(x.shape)
+    x[u < 0.15] = np.nan
+    x[(u >= 0.15) & (u < 0.4)] = -np.finfo(np.float32).max
+    x[(u >= 0.4) & (u < 0.43)] = np.inf
+    x[1, 2] = np.nan  # a whole plane without a winner
+    pooled = tuple(cpu.pool_out_size(s, k, st, p, True)
+                   for s, k, st, p in zip(size, kernel, stride, pad))
+    y, mask = cpu.max_pool_forward(x, kernel, stride, pad, pooled)
+    y_ref, mask_ref = caffe_max_pool(x, kernel, stride, pad, pooled)
+    np.testing.assert_array_equal(y.view(np.uint32), y_ref.view(np.uint32))
+    np.testing.assert_array_equal(mask, mask_ref)
+
+
 def test_empty_window_is_caffes():
     """Ceil rounding without pad can place a last window wholly beyond the bottom (height 14,
     kernel 1, stride 3: 6 rows, the last at 15). Caffe leaves such a MAX top at -FLT_MAX with
