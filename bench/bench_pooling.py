@@ -26,18 +26,21 @@ from bench.worker import best_of, cpu_model  # noqa: E402
 SHAPES = [
     ("CIFAR10-quick pool1 b100", (100, 32, 32, 32), 3, 2, 0),
     ("LeNet pool1 b64", (64, 20, 24, 24), 2, 2, 0),
+    ("LeNet pool2 b64", (64, 50, 8, 8), 2, 2, 0),
     ("CaffeNet pool1 b32", (32, 96, 55, 55), 3, 2, 0),
     ("GoogLeNet pool1/3x3_s2 b32", (32, 64, 112, 112), 3, 2, 0),
     ("GoogLeNet inception_3a/pool b32", (32, 192, 28, 28), 3, 1, 1),
     ("GoogLeNet inception_4a/pool b32", (32, 480, 14, 14), 3, 1, 1),
     ("GoogLeNet inception_5a/pool b32", (32, 832, 7, 7), 3, 1, 1),
     ("GoogLeNet pool3/3x3_s2 b32", (32, 480, 28, 28), 3, 2, 0),
+    ("CaffeNet pool5 b32", (32, 256, 13, 13), 3, 2, 0),
 ]
-# AVE: CIFAR10-quick's pool2 and pool3, GoogLeNet's global pool, a 3x3/1 one
+# AVE: CIFAR10-quick's pool2 and pool3, GoogLeNet's global pool and loss pools, a 3x3/1 one
 AVE_SHAPES = [
     ("CIFAR10-quick pool2 b100", (100, 32, 16, 16), 3, 2, 0),
     ("CIFAR10-quick pool3 b100", (100, 64, 8, 8), 3, 2, 0),
     ("GoogLeNet pool5/7x7_s1 b32", (32, 1024, 7, 7), 7, 1, 0),
+    ("GoogLeNet loss1/ave_pool b32", (32, 512, 14, 14), 5, 3, 0),
     ("3x3/1 pad 1 b32", (32, 192, 28, 28), 3, 1, 1),
 ]
 

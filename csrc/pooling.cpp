@@ -189,7 +189,8 @@ thread_local std::vector<int32_t> t_row_arg;
 // scan's, to the bit, and each row's taps are compared once instead of once per window row
 // (kh times). `pad` is the padded plane (`width` floats a row, row r the bottom's r - ph).
 // GoogLeNet's inception_3a/pool (b32, 192 x 28 x 28, 3x3/1 pad 1) on an AVX2-only Zen 3, best
-// of five processes: 4.96 -> 3.70 ms; the 14x14 and 7x7 ones unchanged (bench/RESULTS.md).
+// of five processes: 4.96 -> 3.70 ms; the 14x14 ones unchanged (bench/RESULTS.md; the 7x7
+// ones, under eight windows a row, now go eight planes side by side: pool_planes8).
 template <int SW>
 CCT_AVX2 void max_plane_by_rows(const float* pad, int width, int w, int kh, int kw, int ph,
                                 int pw, int ho, int wo, float* y, int32_t* mask) {
@@ -406,6 +407,177 @@ bool cpu_has_avx2() {
   static const bool has = __builtin_cpu_supports("avx2");
   return has;
 }
+
+// Eight planes side by side (lane l: plane p + l), for planes whose rows hold too few windows
+// to fill a vector (LeNet's pool2 and CIFAR10-quick's pool3, 4 a row; GoogLeNet's 7x7
+// inception pools and its 5x5/3 loss pools; CaffeNet's pool5, 6): the rows' kernels above
+// leave half their lanes idle or go window by window, and the scalar AVE backward's scatter
+// waits on its own stores (CIFAR10-quick's pool3: 1.5 GB/s). Here every window is Caffe's
+// loop over its taps clipped to the bottom, run for the eight planes at once: the same
+// compares, the same adds in the same order, the same divisions, so the same bits as the
+// scalar loops. The planes are interleaved into a buffer (and the results back) eight
+// floats at a time through an 8 x 8 transpose.
+CCT_AVX2 inline void transpose8(__m256& r0, __m256& r1, __m256& r2, __m256& r3, __m256& r4,
+                                __m256& r5, __m256& r6, __m256& r7) {
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+  const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+  const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  r0 = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r1 = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r2 = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r3 = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r4 = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r5 = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r6 = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r7 = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// dst[q * 8 + l] = src[l * stride + q] for q < n (eight planes of n floats into lanes).
+CCT_AVX2 inline void interleave8(const float* src, int64_t stride, int n, float* dst) {
+  int q = 0;
+  for (; q + 8 <= n; q += 8) {
+    __m256 r0 = _mm256_loadu_ps(src + q), r1 = _mm256_loadu_ps(src + stride + q),
+           r2 = _mm256_loadu_ps(src + 2 * stride + q), r3 = _mm256_loadu_ps(src + 3 * stride + q),
+           r4 = _mm256_loadu_ps(src + 4 * stride + q), r5 = _mm256_loadu_ps(src + 5 * stride + q),
+           r6 = _mm256_loadu_ps(src + 6 * stride + q), r7 = _mm256_loadu_ps(src + 7 * stride + q);
+    transpose8(r0, r1, r2, r3, r4, r5, r6, r7);
+    float* d = dst + q * 8;
+    _mm256_storeu_ps(d, r0);
+    _mm256_storeu_ps(d + 8, r1);
+    _mm256_storeu_ps(d + 16, r2);
+    _mm256_storeu_ps(d + 24, r3);
+    _mm256_storeu_ps(d + 32, r4);
+    _mm256_storeu_ps(d + 40, r5);
+    _mm256_storeu_ps(d + 48, r6);
+    _mm256_storeu_ps(d + 56, r7);
+  }
+  for (; q < n; ++q)
+    for (int l = 0; l < 8; ++l) dst[q * 8 + l] = src[l * stride + q];
+}
+
+// The inverse: dst[l * stride + q] = src[q * 8 + l].
+CCT_AVX2 inline void deinterleave8(const float* src, int n, float* dst, int64_t stride) {
+  int q = 0;
+  for (; q + 8 <= n; q += 8) {
+    const float* s = src + q * 8;
+    __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + 8), r2 = _mm256_loadu_ps(s + 16),
+           r3 = _mm256_loadu_ps(s + 24), r4 = _mm256_loadu_ps(s + 32),
+           r5 = _mm256_loadu_ps(s + 40), r6 = _mm256_loadu_ps(s + 48),
+           r7 = _mm256_loadu_ps(s + 56);
+    transpose8(r0, r1, r2, r3, r4, r5, r6, r7);
+    _mm256_storeu_ps(dst + q, r0);
+    _mm256_storeu_ps(dst + stride + q, r1);
+    _mm256_storeu_ps(dst + 2 * stride + q, r2);
+    _mm256_storeu_ps(dst + 3 * stride + q, r3);
+    _mm256_storeu_ps(dst + 4 * stride + q, r4);
+    _mm256_storeu_ps(dst + 5 * stride + q, r5);
+    _mm256_storeu_ps(dst + 6 * stride + q, r6);
+    _mm256_storeu_ps(dst + 7 * stride + q, r7);
+  }
+  for (; q < n; ++q)
+    for (int l = 0; l < 8; ++l) dst[l * stride + q] = src[q * 8 + l];
+}
+
+// A window's extent, Caffe's: taps [hs, he) x [ws, we) clipped to the bottom, and AVE's divisor
+// (the window clipped to the padded bottom).
+struct Window {
+  int hs, he, ws, we, size;
+  Window(int oh, int ow, int h, int w, int kh, int kw, int sh, int sw, int ph, int pw) {
+    const int h0 = oh * sh - ph, w0 = ow * sw - pw;
+    const int h1 = std::min(h0 + kh, h + ph), w1 = std::min(w0 + kw, w + pw);
+    size = (h1 - h0) * (w1 - w0);
+    hs = std::max(h0, 0), he = std::min(h0 + kh, h), ws = std::max(w0, 0), we = std::min(w0 + kw, w);
+  }
+};
+
+thread_local std::vector<float> t_planes_in, t_planes_out, t_planes_mask;
+
+enum class Pool8 { kMax, kAve, kAveBackward };
+
+// Planes [p0, p0 + 8) of a batch: MAX or AVE forward (x -> y, mask) or AVE backward (dy -> dx).
+template <Pool8 kKind>
+CCT_AVX2 void pool_planes8(const float* in, float* out, int32_t* mask, int h, int w, int kh,
+                           int kw, int sh, int sw, int ph, int pw, int ho, int wo) {
+  const int plane = h * w, pooled = ho * wo;
+  const bool backward = kKind == Pool8::kAveBackward;
+  float* a = grown(t_planes_in, size_t(backward ? pooled : plane) * 8);
+  float* b = grown(t_planes_out, size_t(backward ? plane : pooled) * 8);
+  interleave8(in, backward ? pooled : plane, backward ? pooled : plane, a);
+  if (backward) std::fill(b, b + int64_t(plane) * 8, 0.0f);
+  float* m = kKind == Pool8::kMax ? grown(t_planes_mask, size_t(pooled) * 8) : nullptr;
+  for (int oh = 0; oh < ho; ++oh) {
+    for (int ow = 0; ow < wo; ++ow) {
+      const Window win(oh, ow, h, w, kh, kw, sh, sw, ph, pw);
+      const int r = oh * wo + ow;
+      if (kKind == Pool8::kMax) {
+        __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::max());
+        __m256 arg = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+        for (int i = win.hs; i < win.he; ++i)
+          for (int j = win.ws; j < win.we; ++j) {
+            const __m256 v = _mm256_loadu_ps(a + (i * w + j) * 8);
+            const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
+            best = _mm256_blendv_ps(best, v, gt);
+            arg = _mm256_blendv_ps(arg, _mm256_castsi256_ps(_mm256_set1_epi32(i * w + j)), gt);
+          }
+        _mm256_storeu_ps(b + r * 8, best);
+        _mm256_storeu_ps(m + r * 8, arg);
+      } else if (kKind == Pool8::kAve) {
+        __m256 sum = _mm256_setzero_ps();
+        for (int i = win.hs; i < win.he; ++i)
+          for (int j = win.ws; j < win.we; ++j)
+            sum = _mm256_add_ps(sum, _mm256_loadu_ps(a + (i * w + j) * 8));
+        _mm256_storeu_ps(b + r * 8, _mm256_div_ps(sum, _mm256_set1_ps(float(win.size))));
+      } else {
+        const __m256 g = _mm256_div_ps(_mm256_loadu_ps(a + r * 8),
+                                       _mm256_set1_ps(float(win.size)));
+        for (int i = win.hs; i < win.he; ++i)
+          for (int j = win.ws; j < win.we; ++j) {
+            float* d = b + (i * w + j) * 8;
+            _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), g));
+          }
+      }
+    }
+  }
+  deinterleave8(b, backward ? plane : pooled, out, backward ? plane : pooled);
+  if (kKind == Pool8::kMax)
+    deinterleave8(m, pooled, reinterpret_cast<float*>(mask), pooled);
+}
+
+// Whether a float layer's planes go eight side by side: at least one group of eight planes,
+// small enough that eight of them stay in L1 (the zoo's are 7x7 to 16x16); forward, rows of
+// fewer than eight windows (the rows' kernels fill their vectors from eight on: GoogLeNet's
+// 14x14 inception pools measured 0.9x side by side); AVE backward, any row (CIFAR10-quick's
+// pool2, 8 windows a row, 0.67 -> 0.34 ms; bench/RESULTS.md).
+inline bool planes_side_by_side(int64_t planes, int h, int w, int wo, bool backward) {
+  return cpu_has_avx2() && planes >= 8 && (backward || wo < 8) && int64_t(h) * w <= 256;
+}
+
+// Runs pool_planes8 over every whole group of eight planes; returns the planes it did (the
+// rest, fewer than eight, are left to the kernels above).
+template <Pool8 kKind>
+int64_t pool_by_planes8(const float* in, float* out, int32_t* mask, int64_t planes, int h, int w,
+                        int kh, int kw, int sh, int sw, int ph, int pw, int ho, int wo) {
+  const int64_t groups = planes / 8;
+  const int64_t in_plane = kKind == Pool8::kAveBackward ? int64_t(ho) * wo : int64_t(h) * w;
+  const int64_t out_plane = kKind == Pool8::kAveBackward ? int64_t(h) * w : int64_t(ho) * wo;
+  parallel_for(groups, 8 * int64_t(ho) * wo * kh * kw, [&](int64_t begin, int64_t end) {
+    for (int64_t grp = begin; grp < end; ++grp)
+      pool_planes8<kKind>(in + grp * 8 * in_plane, out + grp * 8 * out_plane,
+                          mask ? mask + grp * 8 * out_plane : nullptr, h, w, kh, kw, sh, sw, ph,
+                          pw, ho, wo);
+  });
+  return groups * 8;
+}
+
 #endif
 
 // The outputs whose windows lie inside the bottom horizontally: [first, last).
@@ -419,6 +591,15 @@ struct Interior {
 template <typename T>
 void max_pool_forward(const T* x, T* y, int32_t* mask, int64_t planes, int h, int w,
                       int kh, int kw, int sh, int sw, int ph, int pw, int ho, int wo) {
+#if defined(CCT_POOL_AVX2)
+  if constexpr (std::is_same_v<T, float>) {
+    if (planes_side_by_side(planes, h, w, wo, false)) {
+      const int64_t done = pool_by_planes8<Pool8::kMax>(x, y, mask, planes, h, w, kh, kw, sh,
+                                                        sw, ph, pw, ho, wo);
+      x += done * h * w, y += done * ho * wo, mask += done * ho * wo, planes -= done;
+    }
+  }
+#endif
   const Interior in(w, kw, sw, pw, wo);
   const int c0 = in.first, c1 = in.last;
 #if defined(CCT_POOL_AVX2)
@@ -533,6 +714,15 @@ void max_pool_backward(const T* dy, const int32_t* mask, T* dx, int64_t planes, 
 template <typename T>
 void ave_pool_forward(const T* x, T* y, int64_t planes, int h, int w, int kh, int kw, int sh,
                       int sw, int ph, int pw, int ho, int wo) {
+#if defined(CCT_POOL_AVX2)
+  if constexpr (std::is_same_v<T, float>) {
+    if (planes_side_by_side(planes, h, w, wo, false)) {
+      const int64_t done = pool_by_planes8<Pool8::kAve>(x, y, nullptr, planes, h, w, kh, kw,
+                                                        sh, sw, ph, pw, ho, wo);
+      x += done * h * w, y += done * ho * wo, planes -= done;
+    }
+  }
+#endif
   const Interior in(w, kw, sw, pw, wo);
 #if defined(CCT_POOL_AVX2)
   if constexpr (std::is_same_v<T, float>) {
@@ -597,6 +787,15 @@ void ave_pool_forward(const T* x, T* y, int64_t planes, int h, int w, int kh, in
 template <typename T>
 void ave_pool_backward(const T* dy, T* dx, int64_t planes, int h, int w, int kh, int kw, int sh,
                        int sw, int ph, int pw, int ho, int wo) {
+#if defined(CCT_POOL_AVX2)
+  if constexpr (std::is_same_v<T, float>) {
+    if (planes_side_by_side(planes, h, w, wo, true)) {
+      const int64_t done = pool_by_planes8<Pool8::kAveBackward>(dy, dx, nullptr, planes, h, w,
+                                                                kh, kw, sh, sw, ph, pw, ho, wo);
+      dy += done * ho * wo, dx += done * h * w, planes -= done;
+    }
+  }
+#endif
 #if defined(CCT_POOL_AVX2)
   if constexpr (std::is_same_v<T, float>) {
     if (cpu_has_avx2() && (sw == 1 || sw == 2) && wo >= kMinPlaneRowBackward &&

@@ -790,11 +790,17 @@ def caffe_ave_pool_backward(dy, x_shape, kernel, stride, pad):
     (1, 2, 9, 29, (3, 3), (1, 1), (1, 1)),     # 29 windows: four groups of eight, padded
     (1, 2, 7, 21, (2, 4), (2, 2), (1, 2)),
     (1, 1, 5, 12, (5, 5), (1, 1), (4, 4)),     # windows mostly padding
+    # eight planes side by side (pooling.cpp's pool_planes8), the rest by the rows' kernels
+    (3, 5, 16, 16, (3, 3), (2, 2), (0, 0)),    # CIFAR10-quick's pool2 (backward only)
+    (4, 4, 8, 8, (3, 3), (2, 2), (0, 0)),      # its pool3
+    (2, 9, 14, 14, (5, 5), (3, 3), (0, 0)),    # GoogLeNet's loss pools
+    (2, 8, 7, 7, (7, 7), (1, 1), (0, 0)),      # its global pool5
+    (3, 3, 11, 6, (4, 3), (3, 2), (2, 1)),     # padding, ceil's part-windows
 ], ids=str)
 def test_ave_pool_adds_in_caffes_order(case):
     """AVE pooling forward and backward give Caffe's float32 sums to the bit in every code
-    path (the whole-plane AVX2 kernels for rows of 2 to 31 windows included), +0 and -0
-    inputs too."""
+    path (the whole-plane AVX2 kernels for rows of 2 to 31 windows and the eight planes side
+    by side included), +0 and -0 inputs too."""
     n, c, h, w, kernel, stride, pad = case
     rng = np.random.default_rng(9)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
@@ -864,17 +870,21 @@ def caffe_max_pool(x, kernel, stride, pad, pooled):
 @pytest.mark.parametrize("size", [(7, 7), (14, 14), (9, 5), (28, 28), (3, 31)])
 def test_max_pool_small_planes_are_caffes_scan(kernel, stride, pad, size):
     """Planes under 32 x 32 take the -FLT_MAX-padded plane (pooling.cpp's max_plane_padded),
-    and with vertical stride 1 its row-by-row merge (max_plane_by_rows): tops and masks equal
+    with vertical stride 1 its row-by-row merge (max_plane_by_rows), and rows of fewer than
+    eight windows the eight planes side by side (pool_planes8): tops and masks equal
     Caffe's window-by-window scan to the bit, with ties everywhere, NaN (which never wins),
     -FLT_MAX in the bottom (which never wins either: Caffe's mask stays -1 where a window holds
     nothing else) and +inf."""
     rng = np.random.default_rng(sum(kernel + stride + pad + size))
-    x = rng.integers(-1, 2, (2, 3) + size).astype(np.float32)
+    # 15 planes: eight side by side where a row has under eight windows (pool_planes8), the
+    # other seven through the planes' own kernels
+    x = rng.integers(-1, 2, (3, 5) + size).astype(np.float32)
     u = rng.random(x.shape)
     x[u < 0.15] = np.nan
     x[(u >= 0.15) & (u < 0.4)] = -np.finfo(np.float32).max
     x[(u >= 0.4) & (u < 0.43)] = np.inf
     x[1, 2] = np.nan  # a whole plane without a winner
+    x[0, 3] = -np.finfo(np.float32).max
     pooled = tuple(cpu.pool_out_size(s, k, st, p, True)
                    for s, k, st, p in zip(size, kernel, stride, pad))
     y, mask = cpu.max_pool_forward(x, kernel, stride, pad, pooled)
