@@ -169,13 +169,6 @@ inline int windows_left_by_groups(int c0, int c1, int wo, int sw, int pw, int kw
 
 thread_local std::vector<float> t_max_padded;
 
-// A whole MAX plane through max_windows8, edge windows included, from a copy of the plane
-// padded with -FLT_MAX far enough for every window's full kh x kw taps and every lane's
-// loads: a -FLT_MAX tap never passes Caffe's strict `>` against a best that starts at
-// -FLT_MAX, so the tops and masks are those of the windows clipped to the bottom (a window
-// wholly past it stays -FLT_MAX, -1). For small planes whose rows max_row_avx2 cannot cover
-// (max_pool_forward's rule): the zoo's 3x3 stride-1 pad-1 pools on 7x7 to 28x28 (GoogLeNet's
-// inception pools) ran their edge windows one by one, with a branch per tap.
 thread_local std::vector<float> t_row_best;
 thread_local std::vector<int32_t> t_row_arg;
 
@@ -256,6 +249,13 @@ CCT_AVX2 void max_plane_by_rows(const float* pad, int width, int w, int kh, int 
   }
 }
 
+// A whole MAX plane through max_windows8, edge windows included, from a copy of the plane
+// padded with -FLT_MAX far enough for every window's full kh x kw taps and every lane's
+// loads: a -FLT_MAX tap never passes Caffe's strict `>` against a best that starts at
+// -FLT_MAX, so the tops and masks are those of the windows clipped to the bottom (a window
+// wholly past it stays -FLT_MAX, -1). For small planes whose rows max_row_avx2 cannot cover
+// (max_pool_forward's rule): the zoo's 3x3 stride-1 pad-1 pools on 7x7 to 28x28 (GoogLeNet's
+// inception pools) ran their edge windows one by one, with a branch per tap.
 template <int SW>
 CCT_AVX2 void max_plane_padded(const float* xp, int h, int w, int kh, int kw, int sh, int ph,
                                int pw, int ho, int wo, float* y, int32_t* mask) {
@@ -445,10 +445,11 @@ CCT_AVX2 inline void transpose8(__m256& r0, __m256& r1, __m256& r2, __m256& r3, 
 CCT_AVX2 inline void interleave8(const float* src, int64_t stride, int n, float* dst) {
   int q = 0;
   for (; q + 8 <= n; q += 8) {
-    __m256 r0 = _mm256_loadu_ps(src + q), r1 = _mm256_loadu_ps(src + stride + q),
-           r2 = _mm256_loadu_ps(src + 2 * stride + q), r3 = _mm256_loadu_ps(src + 3 * stride + q),
-           r4 = _mm256_loadu_ps(src + 4 * stride + q), r5 = _mm256_loadu_ps(src + 5 * stride + q),
-           r6 = _mm256_loadu_ps(src + 6 * stride + q), r7 = _mm256_loadu_ps(src + 7 * stride + q);
+    const float* s = src + q;
+    __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + stride),
+           r2 = _mm256_loadu_ps(s + 2 * stride), r3 = _mm256_loadu_ps(s + 3 * stride),
+           r4 = _mm256_loadu_ps(s + 4 * stride), r5 = _mm256_loadu_ps(s + 5 * stride),
+           r6 = _mm256_loadu_ps(s + 6 * stride), r7 = _mm256_loadu_ps(s + 7 * stride);
     transpose8(r0, r1, r2, r3, r4, r5, r6, r7);
     float* d = dst + q * 8;
     _mm256_storeu_ps(d, r0);
@@ -495,7 +496,8 @@ struct Window {
     const int h0 = oh * sh - ph, w0 = ow * sw - pw;
     const int h1 = std::min(h0 + kh, h + ph), w1 = std::min(w0 + kw, w + pw);
     size = (h1 - h0) * (w1 - w0);
-    hs = std::max(h0, 0), he = std::min(h0 + kh, h), ws = std::max(w0, 0), we = std::min(w0 + kw, w);
+    hs = std::max(h0, 0), he = std::min(h0 + kh, h);
+    ws = std::max(w0, 0), we = std::min(w0 + kw, w);
   }
 };
 
@@ -503,7 +505,8 @@ thread_local std::vector<float> t_planes_in, t_planes_out, t_planes_mask;
 
 enum class Pool8 { kMax, kAve, kAveBackward };
 
-// Planes [p0, p0 + 8) of a batch: MAX or AVE forward (x -> y, mask) or AVE backward (dy -> dx).
+// Eight consecutive planes from `in` on: MAX or AVE forward (x -> y, and MAX's mask) or AVE
+// backward (dy -> dx).
 template <Pool8 kKind>
 CCT_AVX2 void pool_planes8(const float* in, float* out, int32_t* mask, int h, int w, int kh,
                            int kw, int sh, int sw, int ph, int pw, int ho, int wo) {
@@ -794,10 +797,6 @@ void ave_pool_backward(const T* dy, T* dx, int64_t planes, int h, int w, int kh,
                                                                 kh, kw, sh, sw, ph, pw, ho, wo);
       dy += done * ho * wo, dx += done * h * w, planes -= done;
     }
-  }
-#endif
-#if defined(CCT_POOL_AVX2)
-  if constexpr (std::is_same_v<T, float>) {
     if (cpu_has_avx2() && (sw == 1 || sw == 2) && wo >= kMinPlaneRowBackward &&
         wo < kMaxPlaneRow) {
       parallel_for(planes, int64_t(ho) * wo * kh * kw, [&](int64_t begin, int64_t end) {
