@@ -173,9 +173,10 @@ thread_local std::vector<float> t_row_best;
 thread_local std::vector<int32_t> t_row_arg;
 
 // max_plane_padded's windows row by row, for vertical stride 1 (GoogLeNet's 3x3/1 inception
-// pools): first each padded row's kw taps for every group of eight windows, in order with
-// Caffe's strict `>` (best and argmax kept per row), then each window's kh rows merged in row
-// order, a later row winning only where it is strictly greater. A window's scan in row-major
+// pools): first each padded row's kw taps for every group of eight windows (max_windows8 over
+// one row: Caffe's strict `>`, best and argmax kept per row, lanes in output order), then
+// each window's kh rows merged in row order, a later row winning only where it is strictly
+// greater. A window's scan in row-major
 // order keeps the first of its largest taps, and so does this: within a row the tap scan is
 // the same, across rows a tie keeps the earlier row; a NaN or a -FLT_MAX tap never wins, and a
 // row without a winner is (-FLT_MAX, -1), which no merge takes. So the tops and masks are the
@@ -192,28 +193,13 @@ CCT_AVX2 void max_plane_by_rows(const float* pad, int width, int w, int kh, int 
   const int rows = ho - 1 + kh;
   float* row_best = grown(t_row_best, size_t(rows) * groups * 8);
   int32_t* row_arg = grown(t_row_arg, size_t(rows) * groups * 8);
-  const __m256i lanes = SW == 1 ? _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
-                                : _mm256_setr_epi32(0, 2, 8, 10, 4, 6, 12, 14);
   for (int r = 0; r < rows; ++r) {
     const float* row = pad + r * width;
     const int at_row = (r - ph) * w - pw;
     for (int g = 0; g < groups; ++g) {
       const int first = std::min(8 * g, last);
-      __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::max());
-      __m256 arg = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-      for (int j = 0; j < kw; ++j) {
-        const float* tap = row + first * SW + j;
-        const __m256 v = SW == 1 ? _mm256_loadu_ps(tap)
-                                 : _mm256_shuffle_ps(_mm256_loadu_ps(tap),
-                                                     _mm256_loadu_ps(tap + 8),
-                                                     _MM_SHUFFLE(2, 0, 2, 0));
-        const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
-        best = _mm256_blendv_ps(best, v, gt);
-        const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(at_row + first * SW + j), lanes);
-        arg = _mm256_blendv_ps(arg, _mm256_castsi256_ps(idx), gt);
-      }
-      _mm256_storeu_ps(row_best + (r * groups + g) * 8, best);
-      _mm256_storeu_ps(reinterpret_cast<float*>(row_arg) + (r * groups + g) * 8, arg);
+      max_windows8<SW, true>(row + first * SW, width, at_row + first * SW, 1, kw, w,
+                             row_best + (r * groups + g) * 8, row_arg + (r * groups + g) * 8);
     }
   }
   alignas(32) float top[8];
@@ -230,10 +216,6 @@ CCT_AVX2 void max_plane_by_rows(const float* pad, int width, int w, int kh, int 
         best = _mm256_blendv_ps(best, v, gt);
         arg = _mm256_blendv_ps(arg, _mm256_loadu_ps(reinterpret_cast<const float*>(row_arg) +
                                                     below), gt);
-      }
-      if (SW == 2) {
-        best = in_order(best);
-        arg = in_order(arg);
       }
       if (wo < 8) {
         _mm256_store_ps(top, best);
@@ -465,24 +447,35 @@ CCT_AVX2 inline void interleave8(const float* src, int64_t stride, int n, float*
     for (int l = 0; l < 8; ++l) dst[q * 8 + l] = src[l * stride + q];
 }
 
-// The inverse: dst[l * stride + q] = src[q * 8 + l].
-CCT_AVX2 inline void deinterleave8(const float* src, int n, float* dst, int64_t stride) {
+// The inverse: dst[l * stride + q] = src[q * 8 + l], of floats or (MAX's mask) int32s, moved
+// as 32-bit lanes either way.
+template <typename T>
+CCT_AVX2 inline __m256 load_lanes(const T* p) {
+  static_assert(sizeof(T) == sizeof(float), "32-bit lanes");
+  return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+}
+template <typename T>
+CCT_AVX2 inline void store_lanes(T* p, __m256 v) {
+  _mm256_storeu_ps(reinterpret_cast<float*>(p), v);
+}
+
+template <typename T>
+CCT_AVX2 inline void deinterleave8(const T* src, int n, T* dst, int64_t stride) {
   int q = 0;
   for (; q + 8 <= n; q += 8) {
-    const float* s = src + q * 8;
-    __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + 8), r2 = _mm256_loadu_ps(s + 16),
-           r3 = _mm256_loadu_ps(s + 24), r4 = _mm256_loadu_ps(s + 32),
-           r5 = _mm256_loadu_ps(s + 40), r6 = _mm256_loadu_ps(s + 48),
-           r7 = _mm256_loadu_ps(s + 56);
+    const T* s = src + q * 8;
+    __m256 r0 = load_lanes(s), r1 = load_lanes(s + 8), r2 = load_lanes(s + 16),
+           r3 = load_lanes(s + 24), r4 = load_lanes(s + 32), r5 = load_lanes(s + 40),
+           r6 = load_lanes(s + 48), r7 = load_lanes(s + 56);
     transpose8(r0, r1, r2, r3, r4, r5, r6, r7);
-    _mm256_storeu_ps(dst + q, r0);
-    _mm256_storeu_ps(dst + stride + q, r1);
-    _mm256_storeu_ps(dst + 2 * stride + q, r2);
-    _mm256_storeu_ps(dst + 3 * stride + q, r3);
-    _mm256_storeu_ps(dst + 4 * stride + q, r4);
-    _mm256_storeu_ps(dst + 5 * stride + q, r5);
-    _mm256_storeu_ps(dst + 6 * stride + q, r6);
-    _mm256_storeu_ps(dst + 7 * stride + q, r7);
+    store_lanes(dst + q, r0);
+    store_lanes(dst + stride + q, r1);
+    store_lanes(dst + 2 * stride + q, r2);
+    store_lanes(dst + 3 * stride + q, r3);
+    store_lanes(dst + 4 * stride + q, r4);
+    store_lanes(dst + 5 * stride + q, r5);
+    store_lanes(dst + 6 * stride + q, r6);
+    store_lanes(dst + 7 * stride + q, r7);
   }
   for (; q < n; ++q)
     for (int l = 0; l < 8; ++l) dst[l * stride + q] = src[q * 8 + l];
@@ -501,7 +494,8 @@ struct Window {
   }
 };
 
-thread_local std::vector<float> t_planes_in, t_planes_out, t_planes_mask;
+thread_local std::vector<float> t_planes_in, t_planes_out;
+thread_local std::vector<int32_t> t_planes_mask;
 
 enum class Pool8 { kMax, kAve, kAveBackward };
 
@@ -516,7 +510,7 @@ CCT_AVX2 void pool_planes8(const float* in, float* out, int32_t* mask, int h, in
   float* b = grown(t_planes_out, size_t(backward ? plane : pooled) * 8);
   interleave8(in, backward ? pooled : plane, backward ? pooled : plane, a);
   if (backward) std::fill(b, b + int64_t(plane) * 8, 0.0f);
-  float* m = kKind == Pool8::kMax ? grown(t_planes_mask, size_t(pooled) * 8) : nullptr;
+  int32_t* m = kKind == Pool8::kMax ? grown(t_planes_mask, size_t(pooled) * 8) : nullptr;
   for (int oh = 0; oh < ho; ++oh) {
     for (int ow = 0; ow < wo; ++ow) {
       const Window win(oh, ow, h, w, kh, kw, sh, sw, ph, pw);
@@ -532,7 +526,7 @@ CCT_AVX2 void pool_planes8(const float* in, float* out, int32_t* mask, int h, in
             arg = _mm256_blendv_ps(arg, _mm256_castsi256_ps(_mm256_set1_epi32(i * w + j)), gt);
           }
         _mm256_storeu_ps(b + r * 8, best);
-        _mm256_storeu_ps(m + r * 8, arg);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(m + r * 8), _mm256_castps_si256(arg));
       } else if (kKind == Pool8::kAve) {
         __m256 sum = _mm256_setzero_ps();
         for (int i = win.hs; i < win.he; ++i)
@@ -551,8 +545,7 @@ CCT_AVX2 void pool_planes8(const float* in, float* out, int32_t* mask, int h, in
     }
   }
   deinterleave8(b, backward ? plane : pooled, out, backward ? plane : pooled);
-  if (kKind == Pool8::kMax)
-    deinterleave8(m, pooled, reinterpret_cast<float*>(mask), pooled);
+  if (kKind == Pool8::kMax) deinterleave8(m, pooled, mask, pooled);
 }
 
 // Whether a float layer's planes go eight side by side: at least one group of eight planes,
