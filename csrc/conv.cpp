@@ -763,11 +763,14 @@ void clear_plans() {
 
 namespace {
 
-// The float32 stride-1 layouts (direct, Winograd) over images [begin, end).
+// The float32 stride-1 layouts (direct, Winograd) over images [begin, end). `strided`: g is
+// that layer's phase form, whose zero taps the direct layout skips (Winograd's tiles cannot).
 void forward_stride1(Layout layout, const float* x, const float* weight, const float* bias,
-                     float* y, const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
+                     float* y, const ConvGeom& g, int64_t begin, int64_t end, int64_t budget,
+                     const ConvGeom* strided = nullptr) {
   if (layout == kDirect || layout == kDirect16)
-    return conv_forward_direct(x, weight, bias, y, g, begin, end, layout == kDirect16 ? 16 : 8);
+    return conv_forward_direct(x, weight, bias, y, g, begin, end, layout == kDirect16 ? 16 : 8,
+                               strided);
   conv_forward_winograd(x, weight, bias, y, g, begin, end, budget, layout == kWinograd4x4 ? 4 : 2);
 }
 
@@ -781,9 +784,9 @@ void backward_data_stride1(Layout layout, const float* dy, const float* weight, 
 
 void backward_weight_stride1(Layout layout, const float* x, const float* dy, float* dweight,
                              const ConvGeom& g, int64_t begin, int64_t end, int64_t budget,
-                             bool accumulate) {
+                             bool accumulate, const ConvGeom* strided = nullptr) {
   if (layout == kDirect)
-    return conv_backward_weight_direct(x, dy, dweight, g, begin, end, accumulate);
+    return conv_backward_weight_direct(x, dy, dweight, g, begin, end, accumulate, strided);
   conv_backward_weight_winograd(x, dy, dweight, g, begin, end, budget, accumulate,
                                 layout == kWinograd4x4 ? 4 : 2);
 }
@@ -844,7 +847,7 @@ void forward_phase(Layout layout, const float* x, const float* weight, const flo
   const int64_t top = g.o * g.ho * g.wo;
   each_phase_chunk(g, begin, end, budget, [&](int64_t n0, const ConvGeom& pg, float* p) {
     phase_bottom(x, g, n0, n0 + pg.n, p);
-    forward_stride1(stride1_layout(layout), p, wp, bias, y + n0 * top, pg, 0, pg.n, budget);
+    forward_stride1(stride1_layout(layout), p, wp, bias, y + n0 * top, pg, 0, pg.n, budget, &g);
   });
 }
 
@@ -871,7 +874,7 @@ void backward_weight_phase(Layout layout, const float* x, const float* dy, float
   each_phase_chunk(g, begin, end, budget, [&](int64_t n0, const ConvGeom& pg, float* p) {
     phase_bottom(x, g, n0, n0 + pg.n, p);
     backward_weight_stride1(stride1_layout(layout), p, dy + n0 * top, dwp, pg, 0, pg.n, budget,
-                            n0 != begin);
+                            n0 != begin, &g);
   });
   unphase_weight(dwp, g, dweight, accumulate);
 }

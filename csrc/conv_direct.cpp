@@ -64,6 +64,17 @@ inline int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 struct Shape {
   int64_t in, h, w, out, ho, wo, kh, kw, ph, pw, dh, dw;
   int64_t lanes = kLanes;  // output pixels per vector: 8, or 16 for the AVX-512 forward tile
+  // Taps per input channel as (rows, columns) pairs, `in` of them; empty: kh x kw each. Set
+  // for a strided layer's phase form (skip_phase_zeros).
+  std::vector<int32_t> extent;
+  int64_t rows(int64_t c) const { return extent.empty() ? kh : extent[2 * c]; }
+  int64_t cols(int64_t c) const { return extent.empty() ? kw : extent[2 * c + 1]; }
+  // Taps summed per output channel: the packed weights' length per output channel.
+  int64_t taps() const {
+    int64_t t = 0;
+    for (int64_t c = 0; c < in; ++c) t += rows(c) * cols(c);
+    return t;
+  }
   int64_t hp() const { return ho + (kh - 1) * dh; }
   // Row stride of the padded image: every vector of a row's last tile, at every tap, inside.
   int64_t wp() const { return round_up(wo, lanes) + (kw - 1) * dw; }
@@ -79,19 +90,22 @@ void pad_image(const float* x, int64_t stride, const Shape& s, float* xp) {
 }
 
 // The forward tile: out[r][v] (8 lanes) = sum over `channels` and taps (i, j) of the packed
-// weight w[c][i][j][r] times the padded image at p_v + c * plane + i * row + j * col. Twelve
-// named accumulators: as an array, GCC keeps them on the stack.
+// weight w[c][i][j][r] times the padded image at p_v + c * plane + i * row + j * col, channel
+// c's taps kh x kw or, with `extent`, extent[2c] x extent[2c + 1]. Twelve named accumulators:
+// as an array, GCC keeps them on the stack.
 __attribute__((target("avx2,fma"))) void forward_tile(const float* w, const float* p0,
                                                       const float* p1, const float* p2,
                                                       int64_t channels, int64_t plane,
-                                                      int64_t kh, int64_t kw, int64_t row,
+                                                      int64_t kh, int64_t kw,
+                                                      const int32_t* extent, int64_t row,
                                                       int64_t col, float* out) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
   __m256 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
   for (int64_t c = 0; c < channels; ++c) {
-    for (int64_t i = 0; i < kh; ++i) {
+    const int64_t rows = extent ? extent[2 * c] : kh, cols = extent ? extent[2 * c + 1] : kw;
+    for (int64_t i = 0; i < rows; ++i) {
       const int64_t base = c * plane + i * row;
-      for (int64_t j = 0; j < kw; ++j, w += kRows) {
+      for (int64_t j = 0; j < cols; ++j, w += kRows) {
         const int64_t off = base + j * col;
         const __m256 b0 = _mm256_loadu_ps(p0 + off), b1 = _mm256_loadu_ps(p1 + off),
                      b2 = _mm256_loadu_ps(p2 + off);
@@ -120,14 +134,16 @@ __attribute__((target("avx2,fma"))) void forward_tile(const float* w, const floa
 __attribute__((target("avx512f"))) void forward_tile_avx512(const float* w, const float* p0,
                                                          const float* p1, const float* p2,
                                                          int64_t channels, int64_t plane,
-                                                         int64_t kh, int64_t kw, int64_t row,
+                                                         int64_t kh, int64_t kw,
+                                                         const int32_t* extent, int64_t row,
                                                          int64_t col, float* out) {
   __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
   __m512 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
   for (int64_t c = 0; c < channels; ++c) {
-    for (int64_t i = 0; i < kh; ++i) {
+    const int64_t rows = extent ? extent[2 * c] : kh, cols = extent ? extent[2 * c + 1] : kw;
+    for (int64_t i = 0; i < rows; ++i) {
       const int64_t base = c * plane + i * row;
-      for (int64_t j = 0; j < kw; ++j, w += kRows) {
+      for (int64_t j = 0; j < cols; ++j, w += kRows) {
         const int64_t off = base + j * col;
         const __m512 b0 = _mm512_loadu_ps(p0 + off), b1 = _mm512_loadu_ps(p1 + off),
                      b2 = _mm512_loadu_ps(p2 + off);
@@ -157,7 +173,8 @@ template <int Lanes>
 void forward_image(const float* xp, const float* wpk, const float* bias, float* y,
                    int64_t ystride, const Shape& s) {
   const int64_t per_row = (s.wo + Lanes - 1) / Lanes, vectors = s.ho * per_row;
-  const int64_t taps = s.in * s.kh * s.kw, wp = s.wp();
+  const int64_t taps = s.taps(), wp = s.wp();
+  const int32_t* extent = s.extent.empty() ? nullptr : s.extent.data();
   alignas(64) float out[kRows * kVecs * Lanes];
   for (int64_t o0 = 0; o0 < s.out; o0 += kRows) {
     const float* w = wpk + o0 * taps;
@@ -172,8 +189,8 @@ void forward_image(const float* xp, const float* wpk, const float* bias, float* 
         pix[v] = oh * s.wo + ow;
       }
       (Lanes == 16 ? forward_tile_avx512 : forward_tile)(w, at[0], at[1], at[2], s.in,
-                                                        s.plane(), s.kh, s.kw, s.dh * wp, s.dw,
-                                                        out);
+                                                        s.plane(), s.kh, s.kw, extent,
+                                                        s.dh * wp, s.dw, out);
       for (int64_t r = 0; r < std::min<int64_t>(kRows, s.out - o0); ++r) {
         float* yo = y + (o0 + r) * ystride;
         const float b = bias ? bias[o0 + r] : 0.0f;
@@ -189,18 +206,20 @@ void forward_image(const float* xp, const float* wpk, const float* bias, float* 
 
 thread_local std::vector<float> t_weights, t_padded, t_dy, t_sums;
 
-// Packs weight(o, c, i, j) as [o / 4][c][i][j][o % 4], zero rows past `out`.
+// Packs weight(o, c, i, j) as [o / 4][c][i][j][o % 4] over each channel's taps (s.rows(c) x
+// s.cols(c)), zero rows past `out`.
 template <typename Weight>
 const float* pack_weights(const Shape& s, Weight&& weight) {
-  const int64_t taps = s.in * s.kh * s.kw, size = round_up(s.out, kRows) * taps;
+  const int64_t taps = s.taps(), size = round_up(s.out, kRows) * taps;
   float* wp = grown(t_weights, size_t(size));
   std::fill(wp, wp + size, 0.0f);
-  for (int64_t o = 0; o < s.out; ++o)
+  for (int64_t o = 0; o < s.out; ++o) {
+    int64_t t = 0;
     for (int64_t c = 0; c < s.in; ++c)
-      for (int64_t i = 0; i < s.kh; ++i)
-        for (int64_t j = 0; j < s.kw; ++j)
-          wp[(o / kRows * taps + (c * s.kh + i) * s.kw + j) * kRows + o % kRows] =
-              weight(o, c, i, j);
+      for (int64_t i = 0; i < s.rows(c); ++i)
+        for (int64_t j = 0; j < s.cols(c); ++j, ++t)
+          wp[(o / kRows * taps + t) * kRows + o % kRows] = weight(o, c, i, j);
+  }
   return wp;
 }
 
@@ -215,7 +234,7 @@ void convolve(const float* x, int64_t x_image, int64_t x_group, const float* bia
       return weight_of_group(grp, o, c, i, j);
     });
     const float* b = bias ? bias + grp * s.out : nullptr;
-    const int64_t cost = s.out * s.in * s.kh * s.kw * s.ho * s.wo;
+    const int64_t cost = s.out * s.taps() * s.ho * s.wo;
     parallel_for(end - begin, cost, [&](int64_t lo, int64_t hi) {
       float* xp = grown(t_padded, size_t(s.in * s.plane()));
       for (int64_t n = begin + lo; n < begin + hi; ++n) {
@@ -286,23 +305,28 @@ constexpr int64_t kWeightChunkBytes = int64_t(192) << 10;
 // dw (out x in x kh x kw) = one group's weight gradient over images [begin, end), or dw += it.
 // Threads take quads of output channels. Each pads the images itself, a chunk at a time, as
 // [channel][image][row][column] so that a tile runs over the whole chunk before its sums
-// leave the registers. The taps go three to a tile in (i, j) order; a last tile of fewer
-// repeats tap 0.
+// leave the registers. A channel's taps (s.rows(c) x s.cols(c): the taps a phase form pads
+// with are neither computed nor written) go three to a tile in (i, j) order; a last tile of
+// fewer repeats the channel's tap 0. Each tap's sum is its own, whatever tile it shares.
 void weight_slice(const float* x, int64_t x_image, const float* dy, int64_t dy_image,
                   const Shape& s, int64_t begin, int64_t end, float* dw, bool accumulate) {
   const int64_t dyw = round_up(s.wo, kLanes), dyplane = s.ho * dyw, taps = s.kh * s.kw;
   const int64_t plane = s.plane(), wp = s.wp();
   const int64_t quads = (s.out + kRows - 1) / kRows;
-  const int64_t tiles = (taps + kTapsPerTile - 1) / kTapsPerTile;
+  // first[c]: channel c's first tile among a quad's; first[in]: the quad's tiles.
+  std::vector<int64_t> first(size_t(s.in + 1), 0);
+  for (int64_t c = 0; c < s.in; ++c)
+    first[c + 1] = first[c] + (s.rows(c) * s.cols(c) + kTapsPerTile - 1) / kTapsPerTile;
+  const int64_t tiles = first[s.in];
   const int64_t tile_floats = kRows * kTapsPerTile * kLanes;
   const int64_t chunk = std::max<int64_t>(
       1, kWeightChunkBytes / int64_t(sizeof(float)) / (s.in * plane + kRows * dyplane));
-  const int64_t cost = kRows * s.in * taps * dyplane * (end - begin);
+  const int64_t cost = kRows * s.taps() * dyplane * (end - begin);
   parallel_for(quads, cost, [&](int64_t q0, int64_t q1) {
     const int64_t o0 = q0 * kRows, o1 = std::min(s.out, q1 * kRows), outs = (q1 - q0) * kRows;
     float* xp = grown(t_padded, size_t(s.in * chunk * plane));
     float* dyp = grown(t_dy, size_t(outs * chunk * dyplane));
-    const size_t nsum = size_t((q1 - q0) * s.in * tiles * tile_floats);
+    const size_t nsum = size_t((q1 - q0) * tiles * tile_floats);
     float* sums = grown(t_sums, nsum);
     std::fill(dyp, dyp + outs * chunk * dyplane, 0.0f);
     std::fill(sums, sums + nsum, 0.0f);
@@ -327,13 +351,15 @@ void weight_slice(const float* x, int64_t x_image, const float* dy, int64_t dy_i
         const int64_t dstep = chunk * dyplane;
         for (int64_t c = 0; c < s.in; ++c) {
           const float* xc = xp + c * chunk * plane;
-          for (int64_t t0 = 0; t0 < taps; t0 += kTapsPerTile) {
+          const int64_t cols = s.cols(c), own = s.rows(c) * cols;
+          for (int64_t t0 = 0; t0 < own; t0 += kTapsPerTile) {
             const float* at[kTapsPerTile];
             for (int t = 0; t < kTapsPerTile; ++t) {
-              const int64_t tap = t0 + t < taps ? t0 + t : 0;
-              at[t] = xc + tap / s.kw * s.dh * wp + tap % s.kw * s.dw;
+              const int64_t tap = t0 + t < own ? t0 + t : 0;
+              at[t] = xc + tap / cols * s.dh * wp + tap % cols * s.dw;
             }
-            float* sum = sums + (((q - q0) * s.in + c) * tiles + t0 / kTapsPerTile) * tile_floats;
+            float* sum =
+                sums + ((q - q0) * tiles + first[c] + t0 / kTapsPerTile) * tile_floats;
             weight_tile(d, d + dstep, d + 2 * dstep, d + 3 * dstep, at[0], at[1], at[2], nb,
                         dyplane, plane, s.ho, dyw, wp, sum);
           }
@@ -341,19 +367,38 @@ void weight_slice(const float* x, int64_t x_image, const float* dy, int64_t dy_i
       }
     }
     for (int64_t o = o0; o < o1; ++o)
-      for (int64_t c = 0; c < s.in; ++c)
-        for (int64_t tap = 0; tap < taps; ++tap) {
-          const float* t = sums + (((o / kRows - q0) * s.in + c) * tiles + tap / kTapsPerTile) *
+      for (int64_t c = 0; c < s.in; ++c) {
+        const int64_t cols = s.cols(c), own = s.rows(c) * cols;
+        for (int64_t t = 0; t < own; ++t) {
+          const float* l = sums + ((o / kRows - q0) * tiles + first[c] + t / kTapsPerTile) *
                                       tile_floats +
-                           (o % kRows * kTapsPerTile + tap % kTapsPerTile) * kLanes;
-          float& out = dw[(o * s.in + c) * taps + tap];
-          out = accumulate ? out + lane_sum(t) : lane_sum(t);
+                           (o % kRows * kTapsPerTile + t % kTapsPerTile) * kLanes;
+          float& out = dw[(o * s.in + c) * taps + t / cols * s.kw + t % cols];
+          out = accumulate ? out + lane_sum(l) : lane_sum(l);
         }
+      }
   });
 }
 
 Shape forward_shape(const ConvGeom& g) {
   return {g.c / g.group, g.h, g.w, g.o / g.group, g.ho, g.wo, g.kh, g.kw, g.ph, g.pw, g.dh, g.dw};
+}
+
+// A strided layer's phase form (conv_phase.h) pads every phase plane's kernel with zero taps
+// to ceil(k / s) a side. Phase plane (r, q) of a channel (phase channel (c * sh + r) * sw + q)
+// holds ceil((kh - r) / sh) x ceil((kw - q) / sw) of the layer's own taps, the first ones in
+// each direction, and the kernels run only those: GoogLeNet's conv1 (7x7, stride 2) sums 49
+// products a channel instead of 64. Each sum keeps its other terms in their order, and a zero
+// tap's term is +-0, so the sums are those of the padded form to the bit (but for one that
+// is exactly -0), save where the bottom holds an infinity or a NaN: 0 * x made those NaN,
+// where Caffe's own arithmetic (which has no zero taps) does not.
+void skip_phase_zeros(Shape& s, const ConvGeom& strided) {
+  s.extent.resize(size_t(2 * s.in));
+  for (int64_t ci = 0; ci < s.in; ++ci) {
+    const int64_t r = ci / strided.sw % strided.sh, q = ci % strided.sw;
+    s.extent[2 * ci] = int32_t((strided.kh - r + strided.sh - 1) / strided.sh);
+    s.extent[2 * ci + 1] = int32_t((strided.kw - q + strided.sw - 1) / strided.sw);
+  }
 }
 
 }  // namespace
@@ -386,9 +431,11 @@ bool direct_conv_applies(const ConvGeom& g, bool backward_data) {
 
 #ifdef CCT_DIRECT_CONV
 void conv_forward_direct(const float* x, const float* weight, const float* bias, float* y,
-                         const ConvGeom& g, int64_t begin, int64_t end, int lanes) {
+                         const ConvGeom& g, int64_t begin, int64_t end, int lanes,
+                         const ConvGeom* strided) {
   Shape s = forward_shape(g);
   s.lanes = lanes == 16 && cpu_has_avx512() ? 16 : kLanes;
+  if (strided) skip_phase_zeros(s, *strided);
   convolve(x, g.c * g.h * g.w, s.in * g.h * g.w, bias, y, g.o * g.ho * g.wo,
            s.out * g.ho * g.wo, g.group, s, begin, end,
            [&](int64_t grp, int64_t o, int64_t c, int64_t i, int64_t j) {
@@ -413,8 +460,9 @@ void conv_backward_data_direct(const float* dy, const float* weight, float* dx,
 
 void conv_backward_weight_direct(const float* x, const float* dy, float* dweight,
                                  const ConvGeom& g, int64_t begin, int64_t end,
-                                 bool accumulate) {
-  const Shape s = forward_shape(g);
+                                 bool accumulate, const ConvGeom* strided) {
+  Shape s = forward_shape(g);
+  if (strided) skip_phase_zeros(s, *strided);
   const int64_t per_group = s.out * s.in * g.kh * g.kw;
   for (int64_t grp = 0; grp < g.group; ++grp)
     weight_slice(x + grp * s.in * g.h * g.w, g.c * g.h * g.w, dy + grp * s.out * g.ho * g.wo,
@@ -422,7 +470,7 @@ void conv_backward_weight_direct(const float* x, const float* dy, float* dweight
 }
 #else
 void conv_forward_direct(const float*, const float*, const float*, float*, const ConvGeom&,
-                         int64_t, int64_t, int) {
+                         int64_t, int64_t, int, const ConvGeom*) {
   throw std::logic_error("the direct convolution needs an x86 CPU with AVX2 and FMA");
 }
 void conv_backward_data_direct(const float*, const float*, float*, const ConvGeom&, int64_t,
@@ -430,7 +478,7 @@ void conv_backward_data_direct(const float*, const float*, float*, const ConvGeo
   throw std::logic_error("the direct convolution needs an x86 CPU with AVX2 and FMA");
 }
 void conv_backward_weight_direct(const float*, const float*, float*, const ConvGeom&, int64_t,
-                                 int64_t, bool) {
+                                 int64_t, bool, const ConvGeom*) {
   throw std::logic_error("the direct convolution needs an x86 CPU with AVX2 and FMA");
 }
 #endif

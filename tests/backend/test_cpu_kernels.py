@@ -574,6 +574,25 @@ def test_caffe_engine_runs_lowered_under_a_forced_layout(layout, conv_layout):
             close(got, want, np.float32)
 
 
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("case", [PHASE_CASES[1], PHASE_CASES[3], PHASE_CASES[6]], ids=str)
+def test_phase_direct_skips_the_phase_forms_zero_taps(case, mode, conv_layout, partition_mode):
+    """The direct layout on a phase form (6) multiplies only the layer's own taps: an infinite
+    bottom pixel reaches the outputs whose window holds it, as in Caffe's arithmetic, and no
+    others (a zero tap would add 0 * inf = NaN to outputs whose window does not)."""
+    x, weight, bias, dy, geom = conv_arrays(case, np.float32)
+    conv_layout(6)
+    partition_mode(mode)
+    for row, col in [(0, 0), (x.shape[2] // 2, x.shape[3] // 2), (x.shape[2] - 1, 1)]:
+        xi = x.copy()
+        xi[:, :, row, col] = np.inf
+        got = cpu.conv_forward(xi, weight, bias, *geom)
+        want = reference.conv_forward(xi, weight, bias, *geom)
+        np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+        finite = np.isfinite(want)
+        close(got[finite], want[finite], np.float32)
+
+
 @pytest.mark.parametrize("layout", [1, 3, 4, 5, 6, 7, 8])
 def test_workspaces_left_by_other_shapes_do_not_leak(layout, conv_layout):
     """The per-thread workspaces and padded buffers outlive a call: a layer's results are the
