@@ -7,9 +7,10 @@
 // apply: CaffeNet's and AlexNet's conv1 (11x11, stride 4, 3 channels: lowered only, its
 // im2col of 121 taps a pixel as costly as the GEMM) become a 3x3 convolution over 48 channels
 // that Winograd computes with 4x fewer multiplications, GoogLeNet's 7x7 stride-2 conv1 a 4x4
-// one over 12 channels for the direct kernel. The zero taps cost 19% (11 -> 12) and 31%
-// (7 -> 8) more multiplications than the layer has; measurement (conv.cpp) decides whether
-// the layout pays on a layer, against the lowered one.
+// one over 12 channels for the direct kernel. Winograd's tiles compute the zero taps (19%,
+// 11 -> 12, and 31%, 7 -> 8, more multiplications than the layer has); the direct kernel
+// skips them (conv_direct.cpp, skip_phase_zeros). Measurement (conv.cpp) decides whether a
+// layout pays on a layer, against the lowered one.
 //
 // The phase planes are as large as the padded bottom; the weights' phase form is small. Each
 // bottom pixel is in exactly one phase plane, so backward data is a gather (no sums) and the
