@@ -763,14 +763,15 @@ void clear_plans() {
 
 namespace {
 
-// The float32 stride-1 layouts (direct, Winograd) over images [begin, end). `strided`: g is
-// that layer's phase form, whose zero taps the direct layout skips (Winograd's tiles cannot).
+// The float32 stride-1 layouts (direct, Winograd) over images [begin, end). `extent`: the taps
+// of each channel that are not zero when g is a phase form (phase_tap_extents), which the
+// direct layout runs alone (Winograd's tiles transform whole kernels).
 void forward_stride1(Layout layout, const float* x, const float* weight, const float* bias,
                      float* y, const ConvGeom& g, int64_t begin, int64_t end, int64_t budget,
-                     const ConvGeom* strided = nullptr) {
+                     const int32_t* extent = nullptr) {
   if (layout == kDirect || layout == kDirect16)
     return conv_forward_direct(x, weight, bias, y, g, begin, end, layout == kDirect16 ? 16 : 8,
-                               strided);
+                               extent);
   conv_forward_winograd(x, weight, bias, y, g, begin, end, budget, layout == kWinograd4x4 ? 4 : 2);
 }
 
@@ -784,9 +785,9 @@ void backward_data_stride1(Layout layout, const float* dy, const float* weight, 
 
 void backward_weight_stride1(Layout layout, const float* x, const float* dy, float* dweight,
                              const ConvGeom& g, int64_t begin, int64_t end, int64_t budget,
-                             bool accumulate, const ConvGeom* strided = nullptr) {
+                             bool accumulate, const int32_t* extent = nullptr) {
   if (layout == kDirect)
-    return conv_backward_weight_direct(x, dy, dweight, g, begin, end, accumulate, strided);
+    return conv_backward_weight_direct(x, dy, dweight, g, begin, end, accumulate, extent);
   conv_backward_weight_winograd(x, dy, dweight, g, begin, end, budget, accumulate,
                                 layout == kWinograd4x4 ? 4 : 2);
 }
@@ -844,10 +845,12 @@ const float* phased_weight(const float* weight, const ConvGeom& g) {
 void forward_phase(Layout layout, const float* x, const float* weight, const float* bias,
                    float* y, const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
   const float* wp = phased_weight(weight, g);
+  const std::vector<int32_t> taps = phase_tap_extents(g);
   const int64_t top = g.o * g.ho * g.wo;
   each_phase_chunk(g, begin, end, budget, [&](int64_t n0, const ConvGeom& pg, float* p) {
     phase_bottom(x, g, n0, n0 + pg.n, p);
-    forward_stride1(stride1_layout(layout), p, wp, bias, y + n0 * top, pg, 0, pg.n, budget, &g);
+    forward_stride1(stride1_layout(layout), p, wp, bias, y + n0 * top, pg, 0, pg.n, budget,
+                    taps.data());
   });
 }
 
@@ -870,11 +873,12 @@ void backward_weight_phase(Layout layout, const float* x, const float* dy, float
   }
   const ConvGeom pg1 = phase_geometry(g, 1);
   float* dwp = grown(t_phase_weight_grad, size_t(g.o * (pg1.c / g.group) * pg1.kh * pg1.kw));
+  const std::vector<int32_t> taps = phase_tap_extents(g);
   const int64_t top = g.o * g.ho * g.wo;
   each_phase_chunk(g, begin, end, budget, [&](int64_t n0, const ConvGeom& pg, float* p) {
     phase_bottom(x, g, n0, n0 + pg.n, p);
     backward_weight_stride1(stride1_layout(layout), p, dy + n0 * top, dwp, pg, 0, pg.n, budget,
-                            n0 != begin, &g);
+                            n0 != begin, taps.data());
   });
   unphase_weight(dwp, g, dweight, accumulate);
 }

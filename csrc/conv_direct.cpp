@@ -64,11 +64,11 @@ inline int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 struct Shape {
   int64_t in, h, w, out, ho, wo, kh, kw, ph, pw, dh, dw;
   int64_t lanes = kLanes;  // output pixels per vector: 8, or 16 for the AVX-512 forward tile
-  // Taps per input channel as (rows, columns) pairs, `in` of them; empty: kh x kw each. Set
-  // for a strided layer's phase form (skip_phase_zeros).
-  std::vector<int32_t> extent;
-  int64_t rows(int64_t c) const { return extent.empty() ? kh : extent[2 * c]; }
-  int64_t cols(int64_t c) const { return extent.empty() ? kw : extent[2 * c + 1]; }
+  // Taps per input channel as (rows, columns) pairs, `in` of them; null: kh x kw each (a
+  // strided layer's phase form runs only the layer's own: conv_direct.h).
+  const int32_t* extent = nullptr;
+  int64_t rows(int64_t c) const { return extent ? extent[2 * c] : kh; }
+  int64_t cols(int64_t c) const { return extent ? extent[2 * c + 1] : kw; }
   // Taps summed per output channel: the packed weights' length per output channel.
   int64_t taps() const {
     int64_t t = 0;
@@ -174,7 +174,6 @@ void forward_image(const float* xp, const float* wpk, const float* bias, float* 
                    int64_t ystride, const Shape& s) {
   const int64_t per_row = (s.wo + Lanes - 1) / Lanes, vectors = s.ho * per_row;
   const int64_t taps = s.taps(), wp = s.wp();
-  const int32_t* extent = s.extent.empty() ? nullptr : s.extent.data();
   alignas(64) float out[kRows * kVecs * Lanes];
   for (int64_t o0 = 0; o0 < s.out; o0 += kRows) {
     const float* w = wpk + o0 * taps;
@@ -189,7 +188,7 @@ void forward_image(const float* xp, const float* wpk, const float* bias, float* 
         pix[v] = oh * s.wo + ow;
       }
       (Lanes == 16 ? forward_tile_avx512 : forward_tile)(w, at[0], at[1], at[2], s.in,
-                                                        s.plane(), s.kh, s.kw, extent,
+                                                        s.plane(), s.kh, s.kw, s.extent,
                                                         s.dh * wp, s.dw, out);
       for (int64_t r = 0; r < std::min<int64_t>(kRows, s.out - o0); ++r) {
         float* yo = y + (o0 + r) * ystride;
@@ -384,22 +383,6 @@ Shape forward_shape(const ConvGeom& g) {
   return {g.c / g.group, g.h, g.w, g.o / g.group, g.ho, g.wo, g.kh, g.kw, g.ph, g.pw, g.dh, g.dw};
 }
 
-// A strided layer's phase form (conv_phase.h) pads every phase plane's kernel with zero taps
-// to ceil(k / s) a side. Phase plane (r, q) of a channel (phase channel (c * sh + r) * sw + q)
-// holds ceil((kh - r) / sh) x ceil((kw - q) / sw) of the layer's own taps, the first ones in
-// each direction, and the kernels run only those: GoogLeNet's conv1 (7x7, stride 2) sums 49
-// products a channel instead of 64. Each sum keeps its other terms in their order, and a zero
-// tap's term is +-0, so the sums are those of the padded form to the bit (but for one that
-// is exactly -0), save where the bottom holds an infinity or a NaN: 0 * x made those NaN,
-// where Caffe's own arithmetic (which has no zero taps) does not.
-void skip_phase_zeros(Shape& s, const ConvGeom& strided) {
-  s.extent.resize(size_t(2 * s.in));
-  for (int64_t ci = 0; ci < s.in; ++ci) {
-    const int64_t r = ci / strided.sw % strided.sh, q = ci % strided.sw;
-    s.extent[2 * ci] = int32_t((strided.kh - r + strided.sh - 1) / strided.sh);
-    s.extent[2 * ci + 1] = int32_t((strided.kw - q + strided.sw - 1) / strided.sw);
-  }
-}
 
 }  // namespace
 
@@ -432,10 +415,10 @@ bool direct_conv_applies(const ConvGeom& g, bool backward_data) {
 #ifdef CCT_DIRECT_CONV
 void conv_forward_direct(const float* x, const float* weight, const float* bias, float* y,
                          const ConvGeom& g, int64_t begin, int64_t end, int lanes,
-                         const ConvGeom* strided) {
+                         const int32_t* extent) {
   Shape s = forward_shape(g);
   s.lanes = lanes == 16 && cpu_has_avx512() ? 16 : kLanes;
-  if (strided) skip_phase_zeros(s, *strided);
+  s.extent = extent;
   convolve(x, g.c * g.h * g.w, s.in * g.h * g.w, bias, y, g.o * g.ho * g.wo,
            s.out * g.ho * g.wo, g.group, s, begin, end,
            [&](int64_t grp, int64_t o, int64_t c, int64_t i, int64_t j) {
@@ -460,9 +443,9 @@ void conv_backward_data_direct(const float* dy, const float* weight, float* dx,
 
 void conv_backward_weight_direct(const float* x, const float* dy, float* dweight,
                                  const ConvGeom& g, int64_t begin, int64_t end,
-                                 bool accumulate, const ConvGeom* strided) {
+                                 bool accumulate, const int32_t* extent) {
   Shape s = forward_shape(g);
-  if (strided) skip_phase_zeros(s, *strided);
+  s.extent = extent;
   const int64_t per_group = s.out * s.in * g.kh * g.kw;
   for (int64_t grp = 0; grp < g.group; ++grp)
     weight_slice(x + grp * s.in * g.h * g.w, g.c * g.h * g.w, dy + grp * s.out * g.ho * g.wo,
@@ -470,7 +453,7 @@ void conv_backward_weight_direct(const float* x, const float* dy, float* dweight
 }
 #else
 void conv_forward_direct(const float*, const float*, const float*, float*, const ConvGeom&,
-                         int64_t, int64_t, int, const ConvGeom*) {
+                         int64_t, int64_t, int, const int32_t*) {
   throw std::logic_error("the direct convolution needs an x86 CPU with AVX2 and FMA");
 }
 void conv_backward_data_direct(const float*, const float*, float*, const ConvGeom&, int64_t,
@@ -478,7 +461,7 @@ void conv_backward_data_direct(const float*, const float*, float*, const ConvGeo
   throw std::logic_error("the direct convolution needs an x86 CPU with AVX2 and FMA");
 }
 void conv_backward_weight_direct(const float*, const float*, float*, const ConvGeom&, int64_t,
-                                 int64_t, bool, const ConvGeom*) {
+                                 int64_t, bool, const int32_t*) {
   throw std::logic_error("the direct convolution needs an x86 CPU with AVX2 and FMA");
 }
 #endif

@@ -9,8 +9,12 @@
 // that Winograd computes with 4x fewer multiplications, GoogLeNet's 7x7 stride-2 conv1 a 4x4
 // one over 12 channels for the direct kernel. Winograd's tiles compute the zero taps (19%,
 // 11 -> 12, and 31%, 7 -> 8, more multiplications than the layer has); the direct kernel
-// skips them (conv_direct.cpp, skip_phase_zeros). Measurement (conv.cpp) decides whether a
-// layout pays on a layer, against the lowered one.
+// runs only the taps phase_tap_extents names (GoogLeNet's conv1: 49 products a channel, not
+// 64). A zero tap's term is +-0 and each sum keeps its other terms in their order, so that
+// changes no sum (but one that is exactly -0), save where the bottom holds an infinity or a
+// NaN: 0 * x made outputs NaN whose window does not hold it, which Caffe's own arithmetic
+// (no zero taps) does not. Measurement (conv.cpp) decides whether a layout pays on a layer,
+// against the lowered one.
 //
 // The phase planes are as large as the padded bottom; the weights' phase form is small. Each
 // bottom pixel is in exactly one phase plane, so backward data is a gather (no sums) and the
@@ -41,6 +45,18 @@ ConvGeom phase_geometry(const ConvGeom& g, int64_t images) {
 ConvGeom phase_lowering(const ConvGeom& g) {
   const ConvGeom pg = phase_geometry(g, g.n);
   return {g.n, g.c, g.h, g.w, pg.c, pg.h, pg.w, g.sh, g.sw, g.sh, g.sw, g.ph, g.pw, 1, 1, 1};
+}
+
+std::vector<int32_t> phase_tap_extents(const ConvGeom& g) {
+  std::vector<int32_t> extent;
+  extent.reserve(std::size_t(2 * (g.c / g.group) * g.sh * g.sw));
+  for (int64_t c = 0; c < g.c / g.group; ++c)
+    for (int64_t r = 0; r < g.sh; ++r)
+      for (int64_t q = 0; q < g.sw; ++q) {
+        extent.push_back(int32_t(ceil_div(g.kh - r, g.sh)));
+        extent.push_back(int32_t(ceil_div(g.kw - q, g.sw)));
+      }
+  return extent;
 }
 
 void phase_weight(const float* weight, const ConvGeom& g, float* wp) {

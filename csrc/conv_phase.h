@@ -2,6 +2,7 @@
 // the bottom's s x s phase planes, so that the stride-1 layouts (direct, Winograd) compute it.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "kernels.h"
 
@@ -22,6 +23,11 @@ ConvGeom phase_geometry(const ConvGeom& g, int64_t images);
 // Plane (c, r, q) is then row (c, r, q) of the lowered matrix, pixel (m, j) the padded
 // bottom's (sh * m + r, sw * j + q), zero outside the bottom.
 ConvGeom phase_lowering(const ConvGeom& g);
+
+// The layer's own taps in each phase channel of one group, as (rows, columns) pairs in the
+// phase form's channel order: channel (c, r, q) holds ceil((kh - r) / sh) x ceil((kw - q) / sw)
+// of them, the first ones in each direction; the rest of its kh' x kw' kernel is zero.
+std::vector<int32_t> phase_tap_extents(const ConvGeom& g);
 
 // wp = the weights in phase form: tap (a, b) of channel (c, r, q) is tap (sh * a + r,
 // sw * b + q) of channel c, zero past the kernel.
