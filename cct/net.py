@@ -367,7 +367,28 @@ class Net:
         self.blob_names_index = {n: i for i, n in enumerate(self.blob_names)}
         self.layer_names_index = {n: i for i, n in enumerate(self.layer_names)}
         self._share_weights()
+        self._relu_fused = self._find_relu_fusions()
         info("net.cpp:257", "Network initialization done.")
+
+    def _find_relu_fusions(self) -> List[bool]:
+        """Per layer: whether its forward also runs the ReLU layer after it, when a forward
+        pass runs both (forward_from_to). That ReLU works in place on this layer's one top,
+        with negative_slope 0, and nothing can read the top between the two layers, so the
+        producer applying the ReLU as it writes the top (Layer.applies_relu: the CPU's
+        convolution kernels) leaves every blob with the bits the two layers leave, and the
+        ReLU's pass over the top, read and written through memory, is gone. (A top with a loss
+        weight or another reader has a Split after it, insert_splits, so no ReLU reads it in
+        place.)"""
+        fused = [False] * len(self.layers)
+        for i, (layer, relu) in enumerate(zip(self.layers, self.layers[1:])):
+            tops = self.top_id_vecs[i]
+            slope = getattr(relu, "negative_slope", None)
+            # a slope of -0.0 makes +0 of -0 (0 * -0 = +0 and -0 + +0 = +0): not fused
+            fused[i] = (relu.type == "ReLU" and slope == 0 and not np.signbit(slope)
+                        and layer.applies_relu() and len(tops) == 1
+                        and self.bottom_id_vecs[i + 1] == tops
+                        and self.top_id_vecs[i + 1] == tops)
+        return fused
 
     def _append_top(self, lp, layer_id, top_id, tname, available, name_to_idx) -> None:
         if name_to_idx is not None and top_id < len(lp.bottom) and tname == lp.bottom[top_id]:
@@ -503,6 +524,7 @@ class Net:
         solver to read when it shows the loss, so that an iteration never waits for the GPU."""
         loss = 0.0
         terms, checks = [], []
+        applied = False  # whether the layer before applied this one (a ReLU: _find_relu_fusions)
         with using(self.rng):
             for i in range(start, end + 1):
                 layer = self.layers[i]
@@ -511,7 +533,12 @@ class Net:
                     callback(i)
                 try:
                     layer.reshape(bottom, top)
-                    layer.forward(bottom, top)
+                    fuse = i < end and self._relu_fused[i]
+                    if fuse:
+                        layer.forward(bottom, top, relu=True)
+                    elif not applied:
+                        layer.forward(bottom, top)
+                    applied = fuse
                     if layer.pending_check is not None:
                         checks.append(layer.pending_check)
                         layer.pending_check = None

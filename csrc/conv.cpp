@@ -183,19 +183,25 @@ void col2im(const T* cols, const ConvGeom& g, int64_t grp, int64_t n0, int64_t n
   });
 }
 
-// y[n0 + nn, grp * og + o, :] = yt[o, nn * P : (nn + 1) * P] (+ bias[grp * og + o]).
+// y[n0 + nn, grp * og + o, :] = yt[o, nn * P : (nn + 1) * P] (+ bias[grp * og + o]), through
+// caffe_relu with `relu`.
 template <typename T>
-void scatter_top(const T* yt, const T* bias, const ConvGeom& g, int64_t grp, int64_t n0,
-                 int64_t n1, T* y) {
+void scatter_top(const T* yt, const T* bias, bool relu, const ConvGeom& g, int64_t grp,
+                 int64_t n0, int64_t n1, T* y) {
   const int64_t og = g.o / g.group, nb = n1 - n0, p = g.ho * g.wo, m = nb * p;
   parallel_for(og * nb, p, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t nn = item / og, o = item % og;
       const T* src = yt + o * m + nn * p;
       T* dst = y + ((n0 + nn) * g.o + grp * og + o) * p;
-      if (bias) {
+      if (bias && relu) {
+        const T b = bias[grp * og + o];
+        for (int64_t q = 0; q < p; ++q) dst[q] = caffe_relu(src[q] + b, T(0));
+      } else if (bias) {
         const T b = bias[grp * og + o];
         for (int64_t q = 0; q < p; ++q) dst[q] = src[q] + b;
+      } else if (relu) {
+        for (int64_t q = 0; q < p; ++q) dst[q] = caffe_relu(src[q], T(0));
       } else {
         std::memcpy(dst, src, size_t(p) * sizeof(T));
       }
@@ -246,33 +252,45 @@ inline bool is_pointwise(const ConvGeom& g) {
   return g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0;
 }
 
+// One channel's top row (p values) as the GEMM left it: + b where there is a bias, through
+// caffe_relu with `relu`.
 template <typename T>
-void add_bias(const T* bias, const ConvGeom& g, int64_t grp, int64_t n, T* y) {
-  const int64_t og = g.o / g.group, p = g.ho * g.wo;
-  for (int64_t o = 0; o < og; ++o) {
-    T* row = y + (n * g.o + grp * og + o) * p;
-    const T b = bias[grp * og + o];
-    for (int64_t q = 0; q < p; ++q) row[q] += b;
+void finish_top_row(T* row, int64_t p, const T* b, bool relu) {
+  if (b && relu) {
+    for (int64_t q = 0; q < p; ++q) row[q] = caffe_relu(row[q] + *b, T(0));
+  } else if (b) {
+    for (int64_t q = 0; q < p; ++q) row[q] += *b;
+  } else if (relu) {
+    for (int64_t q = 0; q < p; ++q) row[q] = caffe_relu(row[q], T(0));
   }
 }
 
-// y[n, o] += bias[o] for the images [n0, n1), every channel.
+// finish_top_row over group grp's channels of image n.
 template <typename T>
-void add_bias_range(const T* bias, const ConvGeom& g, int64_t n0, int64_t n1, T* y) {
+void finish_top(const T* bias, bool relu, const ConvGeom& g, int64_t grp, int64_t n, T* y) {
+  if (!bias && !relu) return;
+  const int64_t og = g.o / g.group, p = g.ho * g.wo;
+  for (int64_t o = 0; o < og; ++o)
+    finish_top_row(y + (n * g.o + grp * og + o) * p, p, bias ? bias + grp * og + o : nullptr,
+                   relu);
+}
+
+// finish_top_row over images [n0, n1), every channel.
+template <typename T>
+void finish_top_range(const T* bias, bool relu, const ConvGeom& g, int64_t n0, int64_t n1,
+                      T* y) {
+  if (!bias && !relu) return;
   const int64_t p = g.ho * g.wo;
   parallel_for((n1 - n0) * g.o, p, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      T* row = y + (n0 * g.o + item) * p;
-      const T b = bias[item % g.o];
-      for (int64_t q = 0; q < p; ++q) row[q] += b;
-    }
+    for (int64_t item = begin; item < end; ++item)
+      finish_top_row(y + (n0 * g.o + item) * p, p, bias ? bias + item % g.o : nullptr, relu);
   });
 }
 
 // The three kernels over images [begin, end), in chunks of at most `budget` workspace bytes.
 template <typename T>
-void forward_range(const T* x, const T* weight, const T* bias, T* y, const ConvGeom& g,
-                   int64_t begin, int64_t end, int64_t budget) {
+void forward_range(const T* x, const T* weight, const T* bias, bool relu, T* y,
+                   const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
   const int64_t step = chunk_images<T>(g, end - begin, budget);
   const int64_t cg = g.c / g.group, p = g.ho * g.wo;
   for (int64_t n0 = begin; n0 < end; n0 += step) {
@@ -301,9 +319,9 @@ void forward_range(const T* x, const T* weight, const T* bias, T* y, const ConvG
              buf.m);
       }
       if (single) {
-        if (bias) add_bias(bias, g, grp, n0, y);
+        finish_top(bias, relu, g, grp, n0, y);
       } else {
-        scatter_top(buf.top<T>(), bias, g, grp, n0, n1, y);
+        scatter_top(buf.top<T>(), bias, relu, g, grp, n0, n1, y);
       }
     }
   }
@@ -377,8 +395,8 @@ int64_t pointwise_chunk(const ConvGeom& g, int64_t images, int64_t budget) {
 }
 
 template <typename T>
-void forward_pointwise(const T* x, const T* weight, const T* bias, T* y, const ConvGeom& g,
-                       int64_t begin, int64_t end, int64_t budget) {
+void forward_pointwise(const T* x, const T* weight, const T* bias, bool relu, T* y,
+                       const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
   const int64_t og = g.o / g.group, cg = g.c / g.group, p = g.ho * g.wo;
   const int64_t step = pointwise_chunk<T>(g, end - begin, budget);
   for (int64_t n0 = begin; n0 < end; n0 += step) {
@@ -387,7 +405,7 @@ void forward_pointwise(const T* x, const T* weight, const T* bias, T* y, const C
       gemm_batch_strided(false, false, og, p, cg, T(1), weight + grp * og * cg, cg, 0,
                          x + (n0 * g.c + grp * cg) * p, p, g.c * p, T(0),
                          y + (n0 * g.o + grp * og) * p, p, g.o * p, n1 - n0);
-    if (bias) add_bias_range(bias, g, n0, n1, y);
+    finish_top_range(bias, relu, g, n0, n1, y);
   }
 }
 
@@ -767,12 +785,13 @@ namespace {
 // of each channel that are not zero when g is a phase form (phase_tap_extents), which the
 // direct layout runs alone (Winograd's tiles transform whole kernels).
 void forward_stride1(Layout layout, const float* x, const float* weight, const float* bias,
-                     float* y, const ConvGeom& g, int64_t begin, int64_t end, int64_t budget,
-                     const int32_t* extent = nullptr) {
+                     bool relu, float* y, const ConvGeom& g, int64_t begin, int64_t end,
+                     int64_t budget, const int32_t* extent = nullptr) {
   if (layout == kDirect || layout == kDirect16)
-    return conv_forward_direct(x, weight, bias, y, g, begin, end, layout == kDirect16 ? 16 : 8,
-                               extent);
-  conv_forward_winograd(x, weight, bias, y, g, begin, end, budget, layout == kWinograd4x4 ? 4 : 2);
+    return conv_forward_direct(x, weight, bias, relu, y, g, begin, end,
+                               layout == kDirect16 ? 16 : 8, extent);
+  conv_forward_winograd(x, weight, bias, relu, y, g, begin, end, budget,
+                        layout == kWinograd4x4 ? 4 : 2);
 }
 
 void backward_data_stride1(Layout layout, const float* dy, const float* weight, float* dx,
@@ -843,14 +862,15 @@ const float* phased_weight(const float* weight, const ConvGeom& g) {
 }
 
 void forward_phase(Layout layout, const float* x, const float* weight, const float* bias,
-                   float* y, const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
+                   bool relu, float* y, const ConvGeom& g, int64_t begin, int64_t end,
+                   int64_t budget) {
   const float* wp = phased_weight(weight, g);
   const std::vector<int32_t> taps = phase_tap_extents(g);
   const int64_t top = g.o * g.ho * g.wo;
   each_phase_chunk(g, begin, end, budget, [&](int64_t n0, const ConvGeom& pg, float* p) {
     phase_bottom(x, g, n0, n0 + pg.n, p);
-    forward_stride1(stride1_layout(layout), p, wp, bias, y + n0 * top, pg, 0, pg.n, budget,
-                    taps.data());
+    forward_stride1(stride1_layout(layout), p, wp, bias, relu, y + n0 * top, pg, 0, pg.n,
+                    budget, taps.data());
   });
 }
 
@@ -887,20 +907,20 @@ void backward_weight_phase(Layout layout, const float* x, const float* dy, float
 
 template <typename T>
 void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGeom& g,
-                  bool caffe_engine) {
+                  bool caffe_engine, bool relu) {
   run_with_plan<T>(kForward, g, caffe_engine, [&](Plan plan) {
     const Layout layout = usable<T>(plan.layout, kForward, g);
     run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
       if constexpr (std::is_same_v<T, float>) {
         if (is_phase(layout))
-          return forward_phase(layout, x, weight, bias, y, g, begin, end, budget);
+          return forward_phase(layout, x, weight, bias, relu, y, g, begin, end, budget);
         if (is_float32_kernel(layout))
-          return forward_stride1(layout, x, weight, bias, y, g, begin, end, budget);
+          return forward_stride1(layout, x, weight, bias, relu, y, g, begin, end, budget);
       }
       if (layout == kPointwise) {
-        forward_pointwise(x, weight, bias, y, g, begin, end, budget);
+        forward_pointwise(x, weight, bias, relu, y, g, begin, end, budget);
       } else {
-        forward_range(x, weight, bias, y, g, begin, end, budget);
+        forward_range(x, weight, bias, relu, y, g, begin, end, budget);
       }
     });
   });
@@ -1004,7 +1024,7 @@ void gemm_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, con
 }
 
 #define CCT_INSTANTIATE(T)                                                                  \
-  template void conv_forward<T>(const T*, const T*, const T*, T*, const ConvGeom&, bool);   \
+  template void conv_forward<T>(const T*, const T*, const T*, T*, const ConvGeom&, bool, bool); \
   template void conv_backward_data<T>(const T*, const T*, T*, const ConvGeom&, bool);       \
   template void conv_backward_weight<T>(const T*, const T*, T*, const ConvGeom&, bool, bool); \
   template void bias_backward<T>(const T*, T*, int64_t, int64_t, int64_t, bool);            \

@@ -167,10 +167,10 @@ __attribute__((target("avx512f"))) void forward_tile_avx512(const float* w, cons
 }
 
 // One image: y (out channels, channel stride ystride) = bias + the convolution of the padded
-// image xp with the packed weights wpk. The image's vectors of Lanes output pixels (a row's
+// image xp with the packed weights wpk, through caffe_relu with `relu`. The image's vectors of Lanes output pixels (a row's
 // last one partly past its end) go three to a tile; a last tile of fewer repeats its first.
 template <int Lanes>
-void forward_image(const float* xp, const float* wpk, const float* bias, float* y,
+void forward_image(const float* xp, const float* wpk, const float* bias, bool relu, float* y,
                    int64_t ystride, const Shape& s) {
   const int64_t per_row = (s.wo + Lanes - 1) / Lanes, vectors = s.ho * per_row;
   const int64_t taps = s.taps(), wp = s.wp();
@@ -196,7 +196,11 @@ void forward_image(const float* xp, const float* wpk, const float* bias, float* 
         for (int v = 0; v < nv; ++v) {
           const int64_t n = std::min<int64_t>(Lanes, s.wo - pix[v] % s.wo);
           const float* src = out + (r * kVecs + v) * Lanes;
-          for (int64_t l = 0; l < n; ++l) yo[pix[v] + l] = src[l] + b;
+          if (relu) {
+            for (int64_t l = 0; l < n; ++l) yo[pix[v] + l] = caffe_relu(src[l] + b, 0.0f);
+          } else {
+            for (int64_t l = 0; l < n; ++l) yo[pix[v] + l] = src[l] + b;
+          }
         }
       }
     }
@@ -225,7 +229,8 @@ const float* pack_weights(const Shape& s, Weight&& weight) {
 // Images [begin, end) of a stride-1 convolution, one group at a time: images split across
 // threads (one thread inside a partition, parallel.h); s.lanes pixels to a vector.
 template <typename Weight>
-void convolve(const float* x, int64_t x_image, int64_t x_group, const float* bias, float* y,
+void convolve(const float* x, int64_t x_image, int64_t x_group, const float* bias, bool relu,
+              float* y,
               int64_t y_image, int64_t y_group, int64_t groups, const Shape& s, int64_t begin,
               int64_t end, Weight&& weight_of_group) {
   for (int64_t grp = 0; grp < groups; ++grp) {
@@ -240,9 +245,9 @@ void convolve(const float* x, int64_t x_image, int64_t x_group, const float* bia
         pad_image(x + n * x_image + grp * x_group, s.h * s.w, s, xp);
         float* top = y + n * y_image + grp * y_group;
         if (s.lanes == 16) {
-          forward_image<16>(xp, wp, b, top, s.ho * s.wo, s);
+          forward_image<16>(xp, wp, b, relu, top, s.ho * s.wo, s);
         } else {
-          forward_image<kLanes>(xp, wp, b, top, s.ho * s.wo, s);
+          forward_image<kLanes>(xp, wp, b, relu, top, s.ho * s.wo, s);
         }
       }
     });
@@ -413,13 +418,13 @@ bool direct_conv_applies(const ConvGeom& g, bool backward_data) {
 }
 
 #ifdef CCT_DIRECT_CONV
-void conv_forward_direct(const float* x, const float* weight, const float* bias, float* y,
-                         const ConvGeom& g, int64_t begin, int64_t end, int lanes,
+void conv_forward_direct(const float* x, const float* weight, const float* bias, bool relu,
+                         float* y, const ConvGeom& g, int64_t begin, int64_t end, int lanes,
                          const int32_t* extent) {
   Shape s = forward_shape(g);
   s.lanes = lanes == 16 && cpu_has_avx512() ? 16 : kLanes;
   s.extent = extent;
-  convolve(x, g.c * g.h * g.w, s.in * g.h * g.w, bias, y, g.o * g.ho * g.wo,
+  convolve(x, g.c * g.h * g.w, s.in * g.h * g.w, bias, relu, y, g.o * g.ho * g.wo,
            s.out * g.ho * g.wo, g.group, s, begin, end,
            [&](int64_t grp, int64_t o, int64_t c, int64_t i, int64_t j) {
              return weight[(((grp * s.out + o) * s.in + c) * g.kh + i) * g.kw + j];
@@ -433,7 +438,7 @@ void conv_backward_data_direct(const float* dy, const float* weight, float* dx,
   const Shape s{og, g.ho, g.wo, cg, g.h, g.w, g.kh, g.kw,
                 (g.kh - 1) * g.dh - g.ph, (g.kw - 1) * g.dw - g.pw, g.dh, g.dw,
                 lanes == 16 && cpu_has_avx512() ? 16 : kLanes};
-  convolve(dy, g.o * g.ho * g.wo, og * g.ho * g.wo, nullptr, dx, g.c * g.h * g.w,
+  convolve(dy, g.o * g.ho * g.wo, og * g.ho * g.wo, nullptr, false, dx, g.c * g.h * g.w,
            cg * g.h * g.w, g.group, s, begin, end,
            [&](int64_t grp, int64_t c_out, int64_t o_in, int64_t i, int64_t j) {
              return weight[(((grp * og + o_in) * cg + c_out) * g.kh + (g.kh - 1 - i)) * g.kw +
@@ -452,8 +457,8 @@ void conv_backward_weight_direct(const float* x, const float* dy, float* dweight
                  g.o * g.ho * g.wo, s, begin, end, dweight + grp * per_group, accumulate);
 }
 #else
-void conv_forward_direct(const float*, const float*, const float*, float*, const ConvGeom&,
-                         int64_t, int64_t, int, const int32_t*) {
+void conv_forward_direct(const float*, const float*, const float*, bool, float*,
+                         const ConvGeom&, int64_t, int64_t, int, const int32_t*) {
   throw std::logic_error("the direct convolution needs an x86 CPU with AVX2 and FMA");
 }
 void conv_backward_data_direct(const float*, const float*, float*, const ConvGeom&, int64_t,

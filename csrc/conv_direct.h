@@ -21,8 +21,9 @@ bool direct_conv_applies(const ConvGeom& g, bool backward_data);
 // run, the first ones of the kernel (a strided layer's phase form pads the rest with zeros:
 // conv_phase.h's phase_tap_extents); forward and backward weight skip the others (backward
 // weight leaves their gradients unwritten). Null: every channel's kh x kw taps.
-void conv_forward_direct(const float* x, const float* weight, const float* bias, float* y,
-                         const ConvGeom& g, int64_t begin, int64_t end, int lanes = 8,
+// relu: the forward's top through caffe_relu (kernels.h's conv_forward).
+void conv_forward_direct(const float* x, const float* weight, const float* bias, bool relu,
+                         float* y, const ConvGeom& g, int64_t begin, int64_t end, int lanes = 8,
                          const int32_t* extent = nullptr);
 void conv_backward_data_direct(const float* dy, const float* weight, float* dx,
                                const ConvGeom& g, int64_t begin, int64_t end, int lanes = 8);

@@ -303,10 +303,10 @@ void transform_input(const float* x, int64_t x_image, const Shape& s, int64_t nb
   });
 }
 
-// One channel of one image: plane (ho x wo) = (A^T M A) of each tile + b, cut at the edge.
-// `rows` holds m x a x th x tw floats (every tile transformed across its rows), `padded` the
-// top's m * th x m * tw pixels.
-template <typename T>
+// One channel of one image: plane (ho x wo) = (A^T M A) of each tile + b, cut at the edge,
+// through caffe_relu with kRelu. `rows` holds m x a x th x tw floats (every tile transformed
+// across its rows), `padded` the top's m * th x m * tw pixels.
+template <typename T, bool kRelu>
 CCT_VECTOR_CLONES void transform_output_plane(const float* in, int64_t step, float b,
                                               const Shape& s, float* rows, float* padded,
                                               float* plane) {
@@ -334,7 +334,7 @@ CCT_VECTOR_CLONES void transform_output_plane(const float* in, int64_t step, flo
         float d[a], y[m];
         for (int k = 0; k < a; ++k) d[k] = r[k * n + tx];
         T::output(d, y);
-        for (int q = 0; q < m; ++q) out[m * tx + q] = y[q] + b;
+        for (int q = 0; q < m; ++q) out[m * tx + q] = kRelu ? caffe_relu(y[q] + b, 0.0f) : y[q] + b;
       }
     }
   }
@@ -345,20 +345,22 @@ CCT_VECTOR_CLONES void transform_output_plane(const float* in, int64_t step, flo
 }
 
 // The top of nb images (image m's channel o at y + m * y_image + o * ho * wo) =
-// (A^T M A) + bias, the m x m tiles cut at the top's edge.
+// (A^T M A) + bias, the m x m tiles cut at the top's edge, through caffe_relu with `relu`.
 template <typename T>
-void transform_output(const float* mm, const float* bias, const Shape& s, int64_t nb, float* y,
-                      int64_t y_image) {
+void transform_output(const float* mm, const float* bias, bool relu, const Shape& s, int64_t nb,
+                      float* y, int64_t y_image) {
   const int64_t tpi = s.tiles(), count = nb * tpi, step = skewed(s.o * count);
   each_plane<T>(s.o, nb, s, [&](int64_t o, int64_t m, float* rows, float* padded) {
-    transform_output_plane<T>(mm + o * count + m * tpi, step, bias ? bias[o] : 0.0f, s, rows,
-                              padded, y + m * y_image + o * s.ho * s.wo);
+    (relu ? transform_output_plane<T, true> : transform_output_plane<T, false>)(
+        mm + o * count + m * tpi, step, bias ? bias[o] : 0.0f, s, rows, padded,
+        y + m * y_image + o * s.ho * s.wo);
   });
 }
 
 // Images [begin, end), a group at a time, in chunks whose V and M fit `budget` bytes.
 template <typename T, typename Weight>
-void winograd(const float* x, int64_t x_image, int64_t x_group, const float* bias, float* y,
+void winograd(const float* x, int64_t x_image, int64_t x_group, const float* bias, bool relu,
+              float* y,
               int64_t y_image, int64_t y_group, int64_t groups, const Shape& s, int64_t begin,
               int64_t end, int64_t budget, Weight&& weight_of_group) {
   constexpr int64_t tile = T::a * T::a;
@@ -378,7 +380,7 @@ void winograd(const float* x, int64_t x_image, int64_t x_group, const float* bia
       transform_input<T>(x + n0 * x_image + grp * x_group, x_image, s, nb, v);
       gemm_batch_strided(false, false, s.o, count, s.c, 1.0f, u, s.c, u_step, v, count,
                          v_step, 0.0f, mm, count, m_step, tile, true);
-      transform_output<T>(mm, bias ? bias + grp * s.o : nullptr, s, nb,
+      transform_output<T>(mm, bias ? bias + grp * s.o : nullptr, relu, s, nb,
                           y + n0 * y_image + grp * y_group, y_image);
     }
   }
@@ -460,12 +462,13 @@ void transform_filter_gradient(const float* w, const Shape& s, float* dw, bool a
 }
 
 template <typename T>
-void forward(const float* x, const float* weight, const float* bias, float* y,
+void forward(const float* x, const float* weight, const float* bias, bool relu, float* y,
              const ConvGeom& g, int64_t begin, int64_t end, int64_t budget) {
   constexpr int r = T::r;
   const int64_t cg = g.c / g.group, og = g.o / g.group;
   const Shape s{cg, g.h, g.w, og, g.ho, g.wo, g.ph, g.pw, T::m};
-  winograd<T>(x, g.c * g.h * g.w, cg * g.h * g.w, bias, y, g.o * g.ho * g.wo, og * g.ho * g.wo,
+  winograd<T>(x, g.c * g.h * g.w, cg * g.h * g.w, bias, relu, y, g.o * g.ho * g.wo,
+              og * g.ho * g.wo,
               g.group, s, begin, end, budget,
               [&](int64_t grp, int64_t o, int64_t c, int i, int j) {
                 return weight[(((grp * og + o) * cg + c) * r + i) * r + j];
@@ -479,7 +482,7 @@ void backward_data(const float* dy, const float* weight, float* dx, const ConvGe
   const int64_t cg = g.c / g.group, og = g.o / g.group;
   // The flipped convolution: dy's og channels in, the bottom's cg out, pad r - 1 - p.
   const Shape s{og, g.ho, g.wo, cg, g.h, g.w, r - 1 - g.ph, r - 1 - g.pw, T::m};
-  winograd<T>(dy, g.o * g.ho * g.wo, og * g.ho * g.wo, nullptr, dx, g.c * g.h * g.w,
+  winograd<T>(dy, g.o * g.ho * g.wo, og * g.ho * g.wo, nullptr, false, dx, g.c * g.h * g.w,
               cg * g.h * g.w, g.group, s, begin, end, budget,
               [&](int64_t grp, int64_t c_out, int64_t o_in, int i, int j) {
                 return weight[(((grp * og + o_in) * cg + c_out) * r + (r - 1 - i)) * r +
@@ -525,12 +528,12 @@ bool winograd_applies(const ConvGeom& g, bool backward_data, int m) {
   return !backward_data || (g.ph <= g.kh - 1 && g.pw <= g.kw - 1);
 }
 
-void conv_forward_winograd(const float* x, const float* weight, const float* bias, float* y,
-                           const ConvGeom& g, int64_t begin, int64_t end, int64_t budget,
-                           int m) {
-  if (m == 4) return forward<F4x3>(x, weight, bias, y, g, begin, end, budget);
-  if (g.kh == 5) return forward<F2x5>(x, weight, bias, y, g, begin, end, budget);
-  forward<F2x3>(x, weight, bias, y, g, begin, end, budget);
+void conv_forward_winograd(const float* x, const float* weight, const float* bias, bool relu,
+                           float* y, const ConvGeom& g, int64_t begin, int64_t end,
+                           int64_t budget, int m) {
+  if (m == 4) return forward<F4x3>(x, weight, bias, relu, y, g, begin, end, budget);
+  if (g.kh == 5) return forward<F2x5>(x, weight, bias, relu, y, g, begin, end, budget);
+  forward<F2x3>(x, weight, bias, relu, y, g, begin, end, budget);
 }
 
 void conv_backward_data_winograd(const float* dy, const float* weight, float* dx,

@@ -15,8 +15,10 @@ bool winograd_applies(const ConvGeom& g, bool backward_data, int m);
 // The three kernels over images [begin, end), in chunks of at most `budget` bytes of
 // transformed tiles, with m x m output tiles (where winograd_applies); the transforms are
 // threaded with parallel_for, the GEMMs by the BLAS.
-void conv_forward_winograd(const float* x, const float* weight, const float* bias, float* y,
-                           const ConvGeom& g, int64_t begin, int64_t end, int64_t budget, int m);
+// relu: the forward's top through caffe_relu (kernels.h's conv_forward).
+void conv_forward_winograd(const float* x, const float* weight, const float* bias, bool relu,
+                           float* y, const ConvGeom& g, int64_t begin, int64_t end,
+                           int64_t budget, int m);
 void conv_backward_data_winograd(const float* dy, const float* weight, float* dx,
                                  const ConvGeom& g, int64_t begin, int64_t end, int64_t budget,
                                  int m);

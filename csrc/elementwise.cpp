@@ -16,8 +16,7 @@ namespace cct {
 template <typename T>
 void relu_forward(const T* x, T* y, int64_t count, T negative_slope) {
   parallel_for(count, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      y[i] = std::max(x[i], T(0)) + negative_slope * std::min(x[i], T(0));
+    for (int64_t i = begin; i < end; ++i) y[i] = caffe_relu(x[i], negative_slope);
   });
 }
 

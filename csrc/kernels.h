@@ -1,5 +1,6 @@
 // Declarations of cct's CPU kernels; bound to Python in module.cpp.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <tuple>
 #include <vector>
@@ -13,12 +14,23 @@ struct ConvGeom {
   int64_t kh, kw, sh, sw, ph, pw, dh, dw, group;
 };
 
+// Caffe's ReLU of one value (relu_layer.cpp), written once for the ReLU kernel and for the
+// convolutions that apply it as they write their top. Both terms stay, as in Caffe: with a
+// slope of 0 the second still makes -0 of -0 and NaN of -inf.
+template <typename T>
+inline T caffe_relu(T x, T negative_slope) {
+  return std::max(x, T(0)) + negative_slope * std::min(x, T(0));
+}
+
 // caffe_engine: Caffe's own arithmetic (convolution_param { engine: CAFFE }), the lowered GEMM
 // (or for a 1x1 stride-1 unpadded layer the GEMM on the bottom itself), never direct or
-// Winograd: the same sums as Caffe's up to the BLAS's blocking.
+// Winograd: the same sums as Caffe's up to the BLAS's blocking. relu: the top is
+// caffe_relu(sum + bias, 0), applied as each layout writes it (the net fuses a Convolution with
+// the in-place ReLU after it, cct/net.py): the bits of the two layers run one after the other,
+// without the ReLU's pass over the top.
 template <typename T>
 void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGeom& g,
-                  bool caffe_engine = false);
+                  bool caffe_engine = false, bool relu = false);
 template <typename T>
 void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g,
                         bool caffe_engine = false);

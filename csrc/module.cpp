@@ -141,7 +141,7 @@ std::array<int64_t, 4> shape4(const A& a, const char* what) {
 
 template <typename T>
 void conv_forward(Arr<T> x, Arr<T> weight, std::optional<Arr<T>> bias, Pair k, Pair s, Pair p,
-                  Pair d, int group, Buf<T> out, bool caffe_engine) {
+                  Pair d, int group, Buf<T> out, bool caffe_engine, bool relu) {
   const auto xs = shape4(x, "bottom"), ws = shape4(weight, "weight");
   const int64_t ho = conv_out(xs[2], k[0], s[0], p[0], d[0]);
   const int64_t wo = conv_out(xs[3], k[1], s[1], p[1], d[1]);
@@ -156,7 +156,7 @@ void conv_forward(Arr<T> x, Arr<T> weight, std::optional<Arr<T>> bias, Pair k, P
   const T* bd = bias ? bias->data() : nullptr;
   T* yd = out.mutable_data();
   py::gil_scoped_release release;
-  cct::conv_forward<T>(xd, wd, bd, yd, g, caffe_engine);
+  cct::conv_forward<T>(xd, wd, bd, yd, g, caffe_engine, relu);
 }
 
 template <typename T>
@@ -407,7 +407,8 @@ template <typename T>
 void bind_dtype(py::module_& m) {
   m.def("conv_forward", &conv_forward<T>, py::arg("x"), py::arg("weight"), py::arg("bias"),
         py::arg("kernel"), py::arg("stride"), py::arg("pad"), py::arg("dilation"),
-        py::arg("group"), py::arg("out").noconvert(), py::arg("caffe_engine") = false);
+        py::arg("group"), py::arg("out").noconvert(), py::arg("caffe_engine") = false,
+        py::arg("relu") = false);
   m.def("conv_backward_data", &conv_backward_data<T>, py::arg("dy"), py::arg("weight"),
         py::arg("kernel"), py::arg("stride"), py::arg("pad"), py::arg("dilation"),
         py::arg("group"), py::arg("out").noconvert(), py::arg("caffe_engine") = false);

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import cct as caffe
+from cct.backend import cpu
 from cct.errors import NetError
 from cct.io.prototxt import net_from_text
 from cct.net import Net, filter_net, insert_splits
@@ -352,3 +353,95 @@ def test_pycaffes_facade_is_pycaffes():
     assert defined & facade == set()
     assert all(getattr(Net, name) is not None for name in facade)
     assert Net.forward is cct.pycaffe._Net_forward
+
+
+# -- a Convolution applying the in-place ReLU after it (Net._find_relu_fusions) ------------------
+CONV_RELU = '''layer { name: "in" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 3 dim: 2 dim: 7 dim: 7 } shape { dim: 3 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.5 }
+                      bias_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "conv2" type: "Convolution" bottom: "conv1" top: "conv2"
+  convolution_param { num_output: 5 kernel_size: 3 stride: 2 bias_term: false
+                      weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "relu2" type: "ReLU" bottom: "conv2" top: "conv2" }
+layer { name: "ip" type: "InnerProduct" bottom: "conv2" top: "ip"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+'''
+
+
+def conv_relu_net(text=CONV_RELU, dtype=np.float32, **kw):
+    caffe.set_random_seed(5)
+    net = Net(net_from_text(text), phase=caffe.TRAIN, dtype=dtype, **kw)
+    rng = np.random.default_rng(6)
+    net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape)
+    net.blobs["data"].data[0, 0, 3, 3] = -np.inf  # NaN through the ReLU, as in Caffe
+    net.blobs["label"].data[...] = [0, 2, 1]
+    return net
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_conv_applies_the_in_place_relu_after_it_with_the_layers_bits(dtype):
+    """The net runs each Convolution's in-place ReLU (slope 0) inside the convolution's forward
+    (no pass of its own over the top); every blob, the loss and every gradient have the bits of
+    the layers run one at a time."""
+    fused = conv_relu_net(dtype=dtype)
+    assert [fused.layer_names[i] for i, f in enumerate(fused._relu_fused) if f] == ["conv1",
+                                                                                    "conv2"]
+    plain = conv_relu_net(dtype=dtype)
+    for i in range(len(plain.layers)):
+        plain.forward_from_to(i, i)  # a layer at a time: nothing fused
+    loss = fused.forward_backward()
+    plain.backward_all()
+    assert np.isnan(fused.blobs["conv1"].data).any()
+    for name in fused.blobs:
+        for what in ("data", "diff"):
+            got, want = getattr(fused.blobs[name], what), getattr(plain.blobs[name], what)
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            ok = ~np.isnan(want)
+            assert got[ok].tobytes() == want[ok].tobytes(), (name, what)
+    assert np.isnan(loss) == np.isnan(plain.blobs["loss"].data[()])
+
+
+def test_a_forward_that_stops_at_the_conv_leaves_its_top_before_the_relu():
+    """pycaffe's forward(end=...) and forward(start=...) run what they name: a forward ending at
+    the convolution leaves its top as the convolution wrote it, and one starting at the ReLU
+    runs it."""
+    net = conv_relu_net()
+    net.forward(end="conv1")
+    conv = net.blobs["conv1"].data.copy()
+    assert (conv < 0).any()
+    net.forward(start="relu1", end="relu1")
+    np.testing.assert_array_equal(net.blobs["conv1"].data, cpu.relu_forward(conv, 0.0))
+
+
+@pytest.mark.parametrize("change, why", [
+    (('top: "conv1" }\nlayer { name: "conv2"', 'top: "r1" }\nlayer { name: "conv2"'),
+     "a ReLU out of place: the conv's top must keep its values"),
+    (('name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }',
+      'name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" relu_param { negative_slope: 0.1 } }'),
+     "a leaky ReLU"),
+    (('name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }',
+      'name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" relu_param { negative_slope: -0.0 } }'),
+     "a slope of -0 (it makes +0 of -0)"),
+    (('type: "Convolution" bottom: "data"', 'type: "Deconvolution" bottom: "data"'),
+     "a Deconvolution"),
+])
+def test_what_is_not_fused(change, why):
+    old, new = change
+    assert CONV_RELU.count(old) == 1
+    text = CONV_RELU.replace(old, new)
+    if "r1" in new:
+        text = text.replace('bottom: "conv1" top: "conv2"', 'bottom: "r1" top: "conv2"')
+    net = conv_relu_net(text)
+    assert not net._relu_fused[net.layer_names.index("conv1")], why
+    assert net._relu_fused[net.layer_names.index("conv2")]
+    net.forward_backward()  # and it runs
+
+
+def test_the_stand_in_device_fuses_nothing():
+    """Only a backend whose kernel applies the ReLU (cpu.APPLIES_RELU) is asked to."""
+    net = conv_relu_net(backend="numpy")
+    assert not any(net._relu_fused)

@@ -190,7 +190,13 @@ class _ConvolutionBase(ConvolutionGeometry, Layer):
         return self.backend.conv_backward_weight(x, y, *self._geom(), out=self.blobs[0].diff,
                                                  accumulate=True, engine=self.engine)
 
-    def forward(self, bottom: List[Blob], top: List[Blob]) -> None:
+    def applies_relu(self) -> bool:
+        # Convolution's own kernel on a backend whose kernel applies it (the CPU's C++ layouts
+        # each apply it as they store the top); one top, which the ReLU then runs on.
+        return (not self.reverse and len(self.layer_param.top) == 1
+                and "conv_forward" in getattr(self.backend, "APPLIES_RELU", ()))
+
+    def forward(self, bottom: List[Blob], top: List[Blob], relu: bool = False) -> None:
         bias = self.blobs[1].data if self.bias_term else None
         for b, t in zip(bottom, top):
             x = b.data.reshape(self.in_shape4)
@@ -199,6 +205,9 @@ class _ConvolutionBase(ConvolutionGeometry, Layer):
                 self._conv_t(x, self.out_shape4, y)
                 if bias is not None:
                     y += bias.reshape(1, -1, 1, 1)
+            elif relu:
+                self.backend.conv_forward(x, self.blobs[0].data, bias, *self._geom(), out=y,
+                                          engine=self.engine, relu=True)
             else:
                 self.backend.conv_forward(x, self.blobs[0].data, bias, *self._geom(), out=y,
                                           engine=self.engine)

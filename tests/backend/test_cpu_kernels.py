@@ -598,6 +598,45 @@ def test_phase_direct_skips_the_phase_forms_zero_taps(case, mode, layout, conv_l
         close(got[finite], want[finite], np.float32)
 
 
+# Convolution with the in-place ReLU after it applied as each layout writes the top
+# (conv_forward's relu, which Net fuses): the numbers of relu_forward run on conv_forward's top
+# to the bit, special values included (inf, -inf: NaN through Caffe's 0 * min(x, 0), NaN, -0 from a zero
+# weight row and a -0 bias), with and without a bias, every layout (forced: 1 lowered, 2
+# pointwise, 3 direct, 4-5 Winograd, 6-8 and 10 the phase forms, 9 direct's 16-pixel tile;
+# where one does not apply the layer runs lowered), Caffe's engine, one or several partitions,
+# the batch whole or an image at a time.
+RELU_CASES = [WINOGRAD_CASES[3], WINOGRAD_CASES[8], CONV_CASES[10], PHASE_CASES[0],
+              PHASE_CASES[1], PHASE_CASES[3], DIRECT_CASES[0]]
+
+
+@pytest.mark.parametrize("limit", [None, 1])
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("layout", range(11))
+@pytest.mark.parametrize("case", RELU_CASES, ids=str)
+def test_conv_forward_applies_the_relu_with_its_bits(case, layout, mode, limit, conv_layout,
+                                                     partition_mode, col_buffer_limit):
+    conv_layout(layout)
+    partition_mode(mode)
+    if limit:
+        col_buffer_limit(limit)
+    for dtype in DTYPES:
+        x, weight, bias, dy, geom = conv_arrays(case, dtype)
+        # the last image's corners: the first images stay finite
+        x[-1, 0, 0, 0], x[-1, -1, -1, -1], x[-1, 0, -1, 0] = np.inf, -np.inf, np.nan
+        weight[0] = 0.0
+        bias[0] = -0.0
+        for b in (bias, None):
+            for engine in ("DEFAULT", "CAFFE"):
+                want = cpu.relu_forward(cpu.conv_forward(x, weight, b, *geom, engine=engine), 0.0)
+                got = cpu.conv_forward(x, weight, b, *geom, engine=engine, relu=True)
+                # Every number to the bit (-0 apart from +0); a NaN's sign and payload are the
+                # compiler's choice of operand order, not arithmetic.
+                nan = np.isnan(want)
+                np.testing.assert_array_equal(np.isnan(got), nan)
+                assert got[~nan].tobytes() == want[~nan].tobytes(), (dtype, b is None, engine)
+                assert nan.any() and (want == 0).any() and (want > 0).any()
+
+
 @pytest.mark.parametrize("layout", [1, 3, 4, 5, 6, 7, 8])
 def test_workspaces_left_by_other_shapes_do_not_leak(layout, conv_layout):
     """The per-thread workspaces and padded buffers outlive a call: a layer's results are the
