@@ -252,14 +252,16 @@ inline bool is_pointwise(const ConvGeom& g) {
   return g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0;
 }
 
-// One channel's top row (p values) as the GEMM left it: + b where there is a bias, through
-// caffe_relu with `relu`.
+// One channel's top row (p values) as the GEMM left it: + *bias where there is one, through
+// caffe_relu with `relu`. (The bias is read once: the row might alias it, as far as the
+// compiler knows, and a load per element would keep the loop from vectorizing.)
 template <typename T>
-void finish_top_row(T* row, int64_t p, const T* b, bool relu) {
-  if (b && relu) {
-    for (int64_t q = 0; q < p; ++q) row[q] = caffe_relu(row[q] + *b, T(0));
-  } else if (b) {
-    for (int64_t q = 0; q < p; ++q) row[q] += *b;
+void finish_top_row(T* row, int64_t p, const T* bias, bool relu) {
+  const T b = bias ? *bias : T(0);
+  if (bias && relu) {
+    for (int64_t q = 0; q < p; ++q) row[q] = caffe_relu(row[q] + b, T(0));
+  } else if (bias) {
+    for (int64_t q = 0; q < p; ++q) row[q] += b;
   } else if (relu) {
     for (int64_t q = 0; q < p; ++q) row[q] = caffe_relu(row[q], T(0));
   }
