@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import cct as caffe
+from cct import backend as backends
 from cct.backend import cpu
 from cct.errors import NetError
 from cct.io.prototxt import net_from_text
@@ -441,7 +442,15 @@ def test_what_is_not_fused(change, why):
     net.forward_backward()  # and it runs
 
 
-def test_the_stand_in_device_fuses_nothing():
-    """Only a backend whose kernel applies the ReLU (cpu.APPLIES_RELU) is asked to."""
-    net = conv_relu_net(backend="numpy")
-    assert not any(net._relu_fused)
+def test_on_the_stand_in_device_the_pair_runs_its_two_kernels_with_their_bits():
+    """A device backend's conv_forward_relu is its convolution then its ReLU (array_kernels):
+    the pair fused has the bits of the two layers there too."""
+    fused = conv_relu_net(backend="numpy")
+    plain = conv_relu_net(backend="numpy")
+    assert fused._relu_fused[fused.layer_names.index("conv1")]
+    fused.forward_prefilled()
+    for i in range(len(plain.layers)):
+        plain.forward_from_to(i, i)
+    for name in ("conv1", "conv2", "ip"):
+        got, want = (backends.host(n.blobs[name].data) for n in (fused, plain))
+        np.testing.assert_array_equal(got, want)

@@ -36,7 +36,8 @@ from .shapes import (accumulating as _accumulating, disjoint as _disjoint, float
                      pair as _pair, result as _result, target as _target)
 
 #: the public kernels, the same names and signatures as in cct.backend.cpu
-KERNELS = ("conv_out_size", "deconv_out_size", "dot", "matmul", "conv_forward", "conv_backward_data",
+KERNELS = ("conv_out_size", "deconv_out_size", "dot", "matmul", "conv_forward",
+           "conv_forward_relu", "conv_backward_data",
            "conv_backward_weight", "bias_backward", "pool_out_size", "max_pool_forward",
            "max_pool_backward", "ave_pool_forward", "ave_pool_backward", "relu_forward",
            "relu_backward", "lrn_across_forward", "lrn_across_backward", "softmax_forward",
@@ -303,6 +304,15 @@ class ArrayKernels:
             else:
                 xp.add(yt, bias.reshape(1, o, 1).astype(dt, copy=False), out=top)
         return _result(buf, dest)
+
+    def conv_forward_relu(self, x, weight, bias, kernel, stride, pad, dilation, group, out=None,
+                          engine="DEFAULT"):
+        """relu_forward(conv_forward(...), 0): here the two kernels one after the other (the
+        device's own, cuDNN's convolution and Caffe's ReLU where the GPU backend wraps them),
+        the bits of the two layers; the CPU's kernel saves the ReLU's pass."""
+        y = self.conv_forward(x, weight, bias, kernel, stride, pad, dilation, group, out=out,
+                              engine=engine)
+        return self.relu_forward(y, 0.0, out=y)
 
     def conv_backward_data(self, dy, weight, x_shape, kernel, stride, pad, dilation, group,
                            out=None, engine="DEFAULT"):

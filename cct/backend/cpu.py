@@ -136,19 +136,27 @@ def matmul(a, b, out=None, accumulate: bool = False) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 # Convolution (csrc/conv.cpp)
 # --------------------------------------------------------------------------------------------
-#: the kernels that take ``relu=True``: Caffe's ReLU (negative_slope 0) applied to their output
-#: as they write it, the same bits as :func:`relu_forward` after them without its pass over
-#: memory (the net fuses a layer with the in-place ReLU after it: Net._relu_fused)
-APPLIES_RELU = frozenset({"conv_forward"})
-
-
 def conv_forward(x, weight, bias: Optional[np.ndarray], kernel, stride, pad, dilation,
-                 group: int, out=None, engine: str = "DEFAULT", relu: bool = False) -> np.ndarray:
-    """y = conv(x, weight) + bias, or relu_forward(that, 0) with ``relu``. x (N, C, H, W),
-    weight (O, C/group, kh, kw), bias (O,) or None; y (N, O, Ho, Wo), written into ``out``
-    when given. ``engine`` is convolution_param.engine's name: "CAFFE" keeps to Caffe's own
-    arithmetic (the lowered GEMM), the others let the measured plan take any layout (direct,
-    Winograd)."""
+                 group: int, out=None, engine: str = "DEFAULT") -> np.ndarray:
+    """y = conv(x, weight) + bias. x (N, C, H, W), weight (O, C/group, kh, kw), bias (O,) or
+    None; y (N, O, Ho, Wo), written into ``out`` when given. ``engine`` is
+    convolution_param.engine's name: "CAFFE" keeps to Caffe's own arithmetic (the lowered
+    GEMM), the others let the measured plan take any layout (direct, Winograd)."""
+    return _conv_forward(x, weight, bias, kernel, stride, pad, dilation, group, out, engine,
+                         False)
+
+
+def conv_forward_relu(x, weight, bias: Optional[np.ndarray], kernel, stride, pad, dilation,
+                      group: int, out=None, engine: str = "DEFAULT") -> np.ndarray:
+    """relu_forward(conv_forward(...), 0) with its bits, Caffe's ReLU applied as each layout
+    writes the top, without the ReLU's own pass over memory: what a Convolution with an
+    in-place ReLU after it runs (Net._find_relu_fusions)."""
+    return _conv_forward(x, weight, bias, kernel, stride, pad, dilation, group, out, engine,
+                         True)
+
+
+def _conv_forward(x, weight, bias, kernel, stride, pad, dilation, group, out, engine,
+                  relu: bool) -> np.ndarray:
     dt = _dtype(x, _FAMILY)
     _disjoint(np, "conv_forward", out, x=x, weight=weight, bias=bias)
     kernel, stride, pad, dilation = (_pair(v) for v in (kernel, stride, pad, dilation))

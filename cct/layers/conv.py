@@ -191,10 +191,9 @@ class _ConvolutionBase(ConvolutionGeometry, Layer):
                                                  accumulate=True, engine=self.engine)
 
     def applies_relu(self) -> bool:
-        # Convolution's own kernel on a backend whose kernel applies it (the CPU's C++ layouts
-        # each apply it as they store the top); one top, which the ReLU then runs on.
-        return (not self.reverse and len(self.layer_param.top) == 1
-                and "conv_forward" in getattr(self.backend, "APPLIES_RELU", ()))
+        # A Convolution (the backend's conv_forward_relu: on the CPU each C++ layout applies the
+        # ReLU as it stores the top), with one top, which the ReLU then runs on.
+        return not self.reverse and len(self.layer_param.top) == 1
 
     def forward(self, bottom: List[Blob], top: List[Blob], relu: bool = False) -> None:
         bias = self.blobs[1].data if self.bias_term else None
@@ -206,8 +205,8 @@ class _ConvolutionBase(ConvolutionGeometry, Layer):
                 if bias is not None:
                     y += bias.reshape(1, -1, 1, 1)
             elif relu:
-                self.backend.conv_forward(x, self.blobs[0].data, bias, *self._geom(), out=y,
-                                          engine=self.engine, relu=True)
+                self.backend.conv_forward_relu(x, self.blobs[0].data, bias, *self._geom(),
+                                               out=y, engine=self.engine)
             else:
                 self.backend.conv_forward(x, self.blobs[0].data, bias, *self._geom(), out=y,
                                           engine=self.engine)

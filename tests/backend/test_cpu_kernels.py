@@ -599,7 +599,7 @@ def test_phase_direct_skips_the_phase_forms_zero_taps(case, mode, layout, conv_l
 
 
 # Convolution with the in-place ReLU after it applied as each layout writes the top
-# (conv_forward's relu, which Net fuses): the numbers of relu_forward run on conv_forward's top
+# (conv_forward_relu, which Net fuses): the numbers of relu_forward run on conv_forward's top
 # to the bit, special values included (inf, -inf: NaN through Caffe's 0 * min(x, 0), NaN, -0 from a zero
 # weight row and a -0 bias), with and without a bias, every layout (forced: 1 lowered, 2
 # pointwise, 3 direct, 4-5 Winograd, 6-8 and 10 the phase forms, 9 direct's 16-pixel tile;
@@ -628,7 +628,7 @@ def test_conv_forward_applies_the_relu_with_its_bits(case, layout, mode, limit, 
         for b in (bias, None):
             for engine in ("DEFAULT", "CAFFE"):
                 want = cpu.relu_forward(cpu.conv_forward(x, weight, b, *geom, engine=engine), 0.0)
-                got = cpu.conv_forward(x, weight, b, *geom, engine=engine, relu=True)
+                got = cpu.conv_forward_relu(x, weight, b, *geom, engine=engine)
                 # Every number to the bit (-0 apart from +0); a NaN's sign and payload are the
                 # compiler's choice of operand order, not arithmetic.
                 nan = np.isnan(want)
