@@ -334,7 +334,7 @@ CCT_VECTOR_CLONES void transform_output_plane(const float* in, int64_t step, flo
         float d[a], y[m];
         for (int k = 0; k < a; ++k) d[k] = r[k * n + tx];
         T::output(d, y);
-        for (int q = 0; q < m; ++q) out[m * tx + q] = kRelu ? caffe_relu(y[q] + b, 0.0f) : y[q] + b;
+        for (int q = 0; q < m; ++q) out[m * tx + q] = y[q] + b;
       }
     }
   }
@@ -342,6 +342,10 @@ CCT_VECTOR_CLONES void transform_output_plane(const float* in, int64_t step, flo
   // first: copying each row straight after its stores stalled on store forwarding).
   for (int64_t oh = 0; oh < s.ho && !whole; ++oh)
     std::copy(padded + oh * m * tw, padded + oh * m * tw + s.wo, plane + oh * s.wo);
+  // The ReLU over the plane while it is in L1: in the tile loop above it kept that loop from
+  // vectorizing (F(4x4, 3x3) on GoogLeNet's inception_3a/3x3: 15.3 -> 20.0 ms).
+  if (kRelu)
+    for (int64_t i = 0; i < s.ho * s.wo; ++i) plane[i] = caffe_relu(plane[i], 0.0f);
 }
 
 // The top of nb images (image m's channel o at y + m * y_image + o * ho * wo) =
