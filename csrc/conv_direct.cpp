@@ -167,8 +167,9 @@ __attribute__((target("avx512f"))) void forward_tile_avx512(const float* w, cons
 }
 
 // One image: y (out channels, channel stride ystride) = bias + the convolution of the padded
-// image xp with the packed weights wpk, through caffe_relu with `relu`. The image's vectors of Lanes output pixels (a row's
-// last one partly past its end) go three to a tile; a last tile of fewer repeats its first.
+// image xp with the packed weights wpk, through caffe_relu with `relu`. The image's vectors of
+// Lanes output pixels (a row's last one partly past its end) go three to a tile; a last tile of
+// fewer repeats its first.
 template <int Lanes>
 void forward_image(const float* xp, const float* wpk, const float* bias, bool relu, float* y,
                    int64_t ystride, const Shape& s) {

@@ -134,7 +134,7 @@ class Layer:
     def applies_relu(self) -> bool:
         """Whether this layer's ``forward(bottom, top, relu=True)`` writes its one top through
         Caffe's ReLU (negative_slope 0), the bits of an in-place ReLU layer run after it: the net
-        then runs such a ReLU inside this layer's forward (Net._relu_fused)."""
+        then runs such a ReLU inside this layer's forward (Net._find_relu_fusions)."""
         return False
 
     def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob]) -> None:

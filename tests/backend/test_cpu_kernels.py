@@ -600,8 +600,8 @@ def test_phase_direct_skips_the_phase_forms_zero_taps(case, mode, layout, conv_l
 
 # Convolution with the in-place ReLU after it applied as each layout writes the top
 # (conv_forward_relu, which Net fuses): the numbers of relu_forward run on conv_forward's top
-# to the bit, special values included (inf, -inf: NaN through Caffe's 0 * min(x, 0), NaN, -0 from a zero
-# weight row and a -0 bias), with and without a bias, every layout (forced: 1 lowered, 2
+# to the bit, special values included (inf, -inf: NaN through Caffe's 0 * min(x, 0), NaN, -0
+# from a zero weight row and a -0 bias), with and without a bias, every layout (forced: 1 lowered, 2
 # pointwise, 3 direct, 4-5 Winograd, 6-8 and 10 the phase forms, 9 direct's 16-pixel tile;
 # where one does not apply the layer runs lowered), Caffe's engine, one or several partitions,
 # the batch whole or an image at a time.
