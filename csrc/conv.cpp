@@ -183,6 +183,23 @@ void col2im(const T* cols, const ConvGeom& g, int64_t grp, int64_t n0, int64_t n
   });
 }
 
+// What a channel's top value becomes once its GEMM has summed it: + *bias where there is one,
+// through caffe_relu with `relu`. Calls body(op) with that op, one lambda type per case, so that
+// each case's loop is compiled (and vectorized) on its own; not at all when op is the identity.
+// The bias is read once: a top row might alias it as far as the compiler knows, and a load per
+// element would keep the loop from vectorizing.
+template <typename T, typename Body>
+void with_top_op(const T* bias, bool relu, Body&& body) {
+  const T b = bias ? *bias : T(0);
+  if (bias && relu) {
+    body([b](T v) { return caffe_relu(v + b, T(0)); });
+  } else if (bias) {
+    body([b](T v) { return v + b; });
+  } else if (relu) {
+    body([](T v) { return caffe_relu(v, T(0)); });
+  }
+}
+
 // y[n0 + nn, grp * og + o, :] = yt[o, nn * P : (nn + 1) * P] (+ bias[grp * og + o]), through
 // caffe_relu with `relu`.
 template <typename T>
@@ -194,17 +211,13 @@ void scatter_top(const T* yt, const T* bias, bool relu, const ConvGeom& g, int64
       const int64_t nn = item / og, o = item % og;
       const T* src = yt + o * m + nn * p;
       T* dst = y + ((n0 + nn) * g.o + grp * og + o) * p;
-      if (bias && relu) {
-        const T b = bias[grp * og + o];
-        for (int64_t q = 0; q < p; ++q) dst[q] = caffe_relu(src[q] + b, T(0));
-      } else if (bias) {
-        const T b = bias[grp * og + o];
-        for (int64_t q = 0; q < p; ++q) dst[q] = src[q] + b;
-      } else if (relu) {
-        for (int64_t q = 0; q < p; ++q) dst[q] = caffe_relu(src[q], T(0));
-      } else {
+      if (!bias && !relu) {
         std::memcpy(dst, src, size_t(p) * sizeof(T));
+        continue;
       }
+      with_top_op(bias ? bias + grp * og + o : nullptr, relu, [&](auto op) {
+        for (int64_t q = 0; q < p; ++q) dst[q] = op(src[q]);
+      });
     }
   });
 }
@@ -252,19 +265,12 @@ inline bool is_pointwise(const ConvGeom& g) {
   return g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0;
 }
 
-// One channel's top row (p values) as the GEMM left it: + *bias where there is one, through
-// caffe_relu with `relu`. (The bias is read once: the row might alias it, as far as the
-// compiler knows, and a load per element would keep the loop from vectorizing.)
+// One channel's top row (p values) as the GEMM left it, through with_top_op's op in place.
 template <typename T>
 void finish_top_row(T* row, int64_t p, const T* bias, bool relu) {
-  const T b = bias ? *bias : T(0);
-  if (bias && relu) {
-    for (int64_t q = 0; q < p; ++q) row[q] = caffe_relu(row[q] + b, T(0));
-  } else if (bias) {
-    for (int64_t q = 0; q < p; ++q) row[q] += b;
-  } else if (relu) {
-    for (int64_t q = 0; q < p; ++q) row[q] = caffe_relu(row[q], T(0));
-  }
+  with_top_op(bias, relu, [&](auto op) {
+    for (int64_t q = 0; q < p; ++q) row[q] = op(row[q]);
+  });
 }
 
 // finish_top_row over group grp's channels of image n.

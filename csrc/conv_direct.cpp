@@ -231,9 +231,8 @@ const float* pack_weights(const Shape& s, Weight&& weight) {
 // threads (one thread inside a partition, parallel.h); s.lanes pixels to a vector.
 template <typename Weight>
 void convolve(const float* x, int64_t x_image, int64_t x_group, const float* bias, bool relu,
-              float* y,
-              int64_t y_image, int64_t y_group, int64_t groups, const Shape& s, int64_t begin,
-              int64_t end, Weight&& weight_of_group) {
+              float* y, int64_t y_image, int64_t y_group, int64_t groups, const Shape& s,
+              int64_t begin, int64_t end, Weight&& weight_of_group) {
   for (int64_t grp = 0; grp < groups; ++grp) {
     const float* wp = pack_weights(s, [&](int64_t o, int64_t c, int64_t i, int64_t j) {
       return weight_of_group(grp, o, c, i, j);
@@ -388,7 +387,6 @@ void weight_slice(const float* x, int64_t x_image, const float* dy, int64_t dy_i
 Shape forward_shape(const ConvGeom& g) {
   return {g.c / g.group, g.h, g.w, g.o / g.group, g.ho, g.wo, g.kh, g.kw, g.ph, g.pw, g.dh, g.dw};
 }
-
 
 }  // namespace
 

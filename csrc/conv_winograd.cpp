@@ -304,10 +304,10 @@ void transform_input(const float* x, int64_t x_image, const Shape& s, int64_t nb
 }
 
 // One channel of one image: plane (ho x wo) = (A^T M A) of each tile + b, cut at the edge,
-// through caffe_relu with kRelu. `rows` holds m x a x th x tw floats (every tile transformed
+// through caffe_relu with `relu`. `rows` holds m x a x th x tw floats (every tile transformed
 // across its rows), `padded` the top's m * th x m * tw pixels.
-template <typename T, bool kRelu>
-CCT_VECTOR_CLONES void transform_output_plane(const float* in, int64_t step, float b,
+template <typename T>
+CCT_VECTOR_CLONES void transform_output_plane(const float* in, int64_t step, float b, bool relu,
                                               const Shape& s, float* rows, float* padded,
                                               float* plane) {
   constexpr int a = T::a, m = T::m;
@@ -344,7 +344,7 @@ CCT_VECTOR_CLONES void transform_output_plane(const float* in, int64_t step, flo
     std::copy(padded + oh * m * tw, padded + oh * m * tw + s.wo, plane + oh * s.wo);
   // The ReLU over the plane while it is in L1: in the tile loop above it kept that loop from
   // vectorizing (F(4x4, 3x3) on GoogLeNet's inception_3a/3x3: 15.3 -> 20.0 ms).
-  if (kRelu)
+  if (relu)
     for (int64_t i = 0; i < s.ho * s.wo; ++i) plane[i] = caffe_relu(plane[i], 0.0f);
 }
 
@@ -355,18 +355,16 @@ void transform_output(const float* mm, const float* bias, bool relu, const Shape
                       float* y, int64_t y_image) {
   const int64_t tpi = s.tiles(), count = nb * tpi, step = skewed(s.o * count);
   each_plane<T>(s.o, nb, s, [&](int64_t o, int64_t m, float* rows, float* padded) {
-    (relu ? transform_output_plane<T, true> : transform_output_plane<T, false>)(
-        mm + o * count + m * tpi, step, bias ? bias[o] : 0.0f, s, rows, padded,
-        y + m * y_image + o * s.ho * s.wo);
+    transform_output_plane<T>(mm + o * count + m * tpi, step, bias ? bias[o] : 0.0f, relu, s,
+                              rows, padded, y + m * y_image + o * s.ho * s.wo);
   });
 }
 
 // Images [begin, end), a group at a time, in chunks whose V and M fit `budget` bytes.
 template <typename T, typename Weight>
 void winograd(const float* x, int64_t x_image, int64_t x_group, const float* bias, bool relu,
-              float* y,
-              int64_t y_image, int64_t y_group, int64_t groups, const Shape& s, int64_t begin,
-              int64_t end, int64_t budget, Weight&& weight_of_group) {
+              float* y, int64_t y_image, int64_t y_group, int64_t groups, const Shape& s,
+              int64_t begin, int64_t end, int64_t budget, Weight&& weight_of_group) {
   constexpr int64_t tile = T::a * T::a;
   const int64_t chunk = chunk_images<T>(s, end - begin, budget);
   const int64_t u_step = skewed(s.o * s.c);
@@ -472,8 +470,7 @@ void forward(const float* x, const float* weight, const float* bias, bool relu, 
   const int64_t cg = g.c / g.group, og = g.o / g.group;
   const Shape s{cg, g.h, g.w, og, g.ho, g.wo, g.ph, g.pw, T::m};
   winograd<T>(x, g.c * g.h * g.w, cg * g.h * g.w, bias, relu, y, g.o * g.ho * g.wo,
-              og * g.ho * g.wo,
-              g.group, s, begin, end, budget,
+              og * g.ho * g.wo, g.group, s, begin, end, budget,
               [&](int64_t grp, int64_t o, int64_t c, int i, int j) {
                 return weight[(((grp * og + o) * cg + c) * r + i) * r + j];
               });
