@@ -43,6 +43,14 @@ inline void max_window(const T* xp, int hs, int he, int ws, int we, int w, T* y,
 }
 
 #if defined(__SSE2__)
+// The new best of a MAX window's scan, Caffe's `if (v > best) best = v`: MAXPS returns its first
+// operand where it is greater than the second (an ordered compare) and the second otherwise, so
+// a NaN tap or a tie keeps best, as the blend on the same compare did, to the bit. The scan's
+// argmax still takes that compare; best no longer waits on it: a blend on a compare was two
+// dependent operations per tap (three with the sign test GCC puts before VBLENDVPS), and the
+// taps of a window form one chain through best.
+inline __m128 max_select(__m128 v, __m128 best) { return _mm_max_ps(v, best); }
+
 // Four windows side by side (outputs ow .. ow + 3, all inside the bottom horizontally), in SSE
 // registers: each tap is one compare and two selects for the four, in the same row-major order
 // and with the same strict `>` as max_window. Stride 1 or 2 (the zoo's pooling layers); with
@@ -64,7 +72,7 @@ inline void max_windows4(const float* xp, int hs, int he, int col0, int kw, int 
                            _MM_SHUFFLE(2, 0, 2, 0));
       }
       const __m128 gt = _mm_cmpgt_ps(v, best);
-      best = _mm_or_ps(_mm_and_ps(gt, v), _mm_andnot_ps(gt, best));
+      best = max_select(v, best);
       const __m128i g = _mm_castps_si128(gt);
       const __m128i idx = _mm_add_epi32(_mm_set1_epi32(at), lanes);
       arg = _mm_or_si128(_mm_and_si128(g, idx), _mm_andnot_si128(g, arg));
@@ -94,6 +102,8 @@ CCT_AVX2 inline __m256 in_order(__m256 v) {
   return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(v), _MM_SHUFFLE(3, 1, 2, 0)));
 }
 
+CCT_AVX2 inline __m256 max_select(__m256 v, __m256 best) { return _mm256_max_ps(v, best); }
+
 // Eight windows side by side in AVX registers (max_windows4's taps, eight outputs per
 // compare-and-blend). `src` is the first window's first tap in a plane `pitch` floats a row
 // (the bottom itself, or a padded copy of it), `at0` that tap's flat index in the bottom (w a
@@ -101,25 +111,29 @@ CCT_AVX2 inline __m256 in_order(__m256 v) {
 // ones in the order one in-lane shuffle leaves them (outputs 0 1 4 5 2 3 6 7), put back in
 // order once, at the store. kPadded false: `src` is the bottom plane's origin and `pitch`
 // unused, each tap loaded at its own index (one integer for the load and the index: the
-// general form measured 4-12% slower on the unpadded rows).
-template <int SW, bool kPadded>
-CCT_AVX2 inline void max_windows8(const float* src, int pitch, int at0, int rows, int kw, int w,
+// general form measured 4-12% slower on the unpadded rows). KH, KW: the window's rows and
+// taps a row when known when compiled (0: `rows`, `kw`), so that the zoo's 3x3 and 2x2
+// windows run unrolled; the taps' indices are one vector stepped along (both cut the
+// instructions a tap takes: max_windows8_k picks).
+template <int SW, bool kPadded, int KH = 0, int KW = 0>
+CCT_AVX2 inline void max_windows8(const float* src, int pitch, int at0, int rows_, int kw_, int w,
                                   float* y, int32_t* mask) {
+  const int rows = KH ? KH : rows_, kw = KW ? KW : kw_;
   const __m256i lanes = SW == 1 ? _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
                                 : _mm256_setr_epi32(0, 2, 8, 10, 4, 6, 12, 14);
+  const __m256i one = _mm256_set1_epi32(1), next_row = _mm256_set1_epi32(w - kw);
+  __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(at0), lanes);  // the tap's, lane by lane
   __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::max());
   __m256 arg = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-  for (int i = 0; i < rows; ++i) {
-    for (int j = 0; j < kw; ++j) {
-      const int at = at0 + i * w + j;
-      const float* tap = kPadded ? src + i * pitch + j : src + at;
+  for (int i = 0; i < rows; ++i, idx = _mm256_add_epi32(idx, next_row)) {
+    for (int j = 0; j < kw; ++j, idx = _mm256_add_epi32(idx, one)) {
+      const float* tap = kPadded ? src + i * pitch + j : src + at0 + i * w + j;
       const __m256 v = SW == 1 ? _mm256_loadu_ps(tap)
                                : _mm256_shuffle_ps(_mm256_loadu_ps(tap), _mm256_loadu_ps(tap + 8),
                                                    _MM_SHUFFLE(2, 0, 2, 0));
       // Ordered compare: a NaN never wins, as with Caffe's `>`.
       const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
-      best = _mm256_blendv_ps(best, v, gt);
-      const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(at), lanes);
+      best = max_select(v, best);
       arg = _mm256_blendv_ps(arg, _mm256_castsi256_ps(idx), gt);
     }
   }
@@ -129,6 +143,22 @@ CCT_AVX2 inline void max_windows8(const float* src, int pitch, int at0, int rows
   }
   _mm256_storeu_ps(y, best);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(mask), _mm256_castps_si256(arg));
+}
+
+// max_windows8 unrolled for the zoo's windows: 3x3 (and its one-row pass, max_plane_by_rows),
+// 2x2; any other shape through the loops.
+template <int SW, bool kPadded>
+CCT_AVX2 inline void max_windows8_k(const float* src, int pitch, int at0, int rows, int kw,
+                                    int w, float* y, int32_t* mask) {
+  if (kw == 3 && rows == 3) {
+    max_windows8<SW, kPadded, 3, 3>(src, pitch, at0, rows, kw, w, y, mask);
+  } else if (kw == 3 && rows == 1) {
+    max_windows8<SW, kPadded, 1, 3>(src, pitch, at0, rows, kw, w, y, mask);
+  } else if (kw == 2 && rows == 2) {
+    max_windows8<SW, kPadded, 2, 2>(src, pitch, at0, rows, kw, w, y, mask);
+  } else {
+    max_windows8<SW, kPadded>(src, pitch, at0, rows, kw, w, y, mask);
+  }
 }
 
 // Whether max_row_avx2 can run windows ow .. ow + 7 as one group: inside the row, stride 2's
@@ -149,9 +179,9 @@ CCT_AVX2 int max_row_avx2(const float* xp, int hs, int he, int w, int kw, int pw
                           int ow1, float* y, int32_t* mask) {
   int ow = ow0;
   for (; ow + 8 <= ow1 && group_fits(ow, SW, pw, kw, w); ow += 8)
-    max_windows8<SW, false>(xp, 0, hs * w + ow * SW - pw, he - hs, kw, w, y + ow, mask + ow);
+    max_windows8_k<SW, false>(xp, 0, hs * w + ow * SW - pw, he - hs, kw, w, y + ow, mask + ow);
   if (ow < ow1 && ow1 - 8 >= ow0 && group_fits(ow1 - 8, SW, pw, kw, w)) {
-    max_windows8<SW, false>(xp, 0, hs * w + (ow1 - 8) * SW - pw, he - hs, kw, w, y + ow1 - 8,
+    max_windows8_k<SW, false>(xp, 0, hs * w + (ow1 - 8) * SW - pw, he - hs, kw, w, y + ow1 - 8,
                             mask + ow1 - 8);
     ow = ow1;
   }
@@ -168,6 +198,36 @@ inline int windows_left_by_groups(int c0, int c1, int wo, int sw, int pw, int kw
 }
 
 thread_local std::vector<float> t_max_padded;
+
+// pad_plane (padding.h) for the small planes of the AVX2 pooling kernels, the same buffer: each
+// row copied eight floats at a time, the last eight ending at the row's end, and only the
+// margins filled. pad_plane fills the whole buffer first and copies each row with a memmove
+// call, which was a third of the samples of a 28x28 MAX forward (GoogLeNet's pool3). A row's
+// right margin is filled in whole vectors that may run up to seven floats on, into the next
+// row (written after it) or the buffer's slack: `dst` must hold rows * width + 8 floats. For
+// planes that fit whole at row `top` >= 0 and column `left` >= 0, w >= 8; else pad_plane.
+CCT_AVX2 void pad_plane_avx2(const float* src, int h, int w, int top, int left, float* dst,
+                             int rows, int width, float fill) {
+  if (w < 8 || top < 0 || left < 0 || top + h > rows || left + w > width) {
+    pad_plane(src, h, w, top, left, dst, rows, width, fill);
+    return;
+  }
+  const __m256 f = _mm256_set1_ps(fill);
+  for (int r = 0; r < rows; ++r) {
+    float* row = dst + int64_t(r) * width;
+    const int sr = r - top;
+    if (sr < 0 || sr >= h) {
+      for (int c = 0; c < width; c += 8) _mm256_storeu_ps(row + c, f);
+      continue;
+    }
+    for (int c = 0; c < left; c += 8) _mm256_storeu_ps(row + c, f);  // then overwritten
+    const float* in = src + int64_t(sr) * w;
+    float* out = row + left;
+    for (int c = 0; c + 8 <= w; c += 8) _mm256_storeu_ps(out + c, _mm256_loadu_ps(in + c));
+    _mm256_storeu_ps(out + w - 8, _mm256_loadu_ps(in + w - 8));
+    for (int c = left + w; c < width; c += 8) _mm256_storeu_ps(row + c, f);
+  }
+}
 
 thread_local std::vector<float> t_row_best;
 thread_local std::vector<int32_t> t_row_arg;
@@ -198,7 +258,7 @@ CCT_AVX2 void max_plane_by_rows(const float* pad, int width, int w, int kh, int 
     const int at_row = (r - ph) * w - pw;
     for (int g = 0; g < groups; ++g) {
       const int first = std::min(8 * g, last);
-      max_windows8<SW, true>(row + first * SW, width, at_row + first * SW, 1, kw, w,
+      max_windows8_k<SW, true>(row + first * SW, width, at_row + first * SW, 1, kw, w,
                              row_best + (r * groups + g) * 8, row_arg + (r * groups + g) * 8);
     }
   }
@@ -213,7 +273,7 @@ CCT_AVX2 void max_plane_by_rows(const float* pad, int width, int w, int kh, int 
         const int64_t below = at + int64_t(i) * groups * 8;
         const __m256 v = _mm256_loadu_ps(row_best + below);
         const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
-        best = _mm256_blendv_ps(best, v, gt);
+        best = max_select(v, best);
         arg = _mm256_blendv_ps(arg, _mm256_loadu_ps(reinterpret_cast<const float*>(row_arg) +
                                                     below), gt);
       }
@@ -244,8 +304,8 @@ CCT_AVX2 void max_plane_padded(const float* xp, int h, int w, int kh, int kw, in
   const int last = std::max(wo, 8) - 8;  // the last group's first output
   const int width = last * SW + kw + 16;  // its last lane's last tap, and stride 2's loads
   const int rows = std::max((ho - 1) * sh + kh, h + ph);
-  float* pad = grown(t_max_padded, size_t(rows) * width);
-  pad_plane(xp, h, w, ph, pw, pad, rows, width, -std::numeric_limits<float>::max());
+  float* pad = grown(t_max_padded, size_t(rows) * width + 8);
+  pad_plane_avx2(xp, h, w, ph, pw, pad, rows, width, -std::numeric_limits<float>::max());
   if (sh == 1 && kh > 1) {
     max_plane_by_rows<SW>(pad, width, w, kh, kw, ph, pw, ho, wo, y, mask);
     return;
@@ -256,7 +316,7 @@ CCT_AVX2 void max_plane_padded(const float* xp, int h, int w, int kh, int kw, in
     const float* row = pad + oh * sh * width;
     const int at = (oh * sh - ph) * w - pw;
     if (wo < 8) {
-      max_windows8<SW, true>(row, width, at, kh, kw, w, top, arg);
+      max_windows8_k<SW, true>(row, width, at, kh, kw, w, top, arg);
       std::copy(top, top + wo, y);
       std::copy(arg, arg + wo, mask);
       continue;
@@ -264,7 +324,7 @@ CCT_AVX2 void max_plane_padded(const float* xp, int h, int w, int kh, int kw, in
     // a tail of fewer than eight is one more group ending at wo (as max_row_avx2)
     for (int ow = 0;; ow += 8) {
       const int first = std::min(ow, last);
-      max_windows8<SW, true>(row + first * SW, width, at + first * SW, kh, kw, w, y + first,
+      max_windows8_k<SW, true>(row + first * SW, width, at + first * SW, kh, kw, w, y + first,
                              mask + first);
       if (first == last) break;
     }
@@ -276,8 +336,8 @@ thread_local std::vector<float> t_padded_plane;
 // The padded plane the vector AVE kernels read: the bottom's h rows, each from column -pw,
 // zero outside [0, w), `width` floats.
 float* padded_plane(const float* xp, int h, int w, int pw, int width) {
-  float* pad = grown(t_padded_plane, size_t(h) * width);
-  pad_plane(xp, h, w, 0, pw, pad, h, width);
+  float* pad = grown(t_padded_plane, size_t(h) * width + 8);
+  pad_plane_avx2(xp, h, w, 0, pw, pad, h, width, 0.0f);
   return pad;
 }
 
@@ -522,7 +582,7 @@ CCT_AVX2 void pool_planes8(const float* in, float* out, int32_t* mask, int h, in
           for (int j = win.ws; j < win.we; ++j) {
             const __m256 v = _mm256_loadu_ps(a + (i * w + j) * 8);
             const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
-            best = _mm256_blendv_ps(best, v, gt);
+            best = max_select(v, best);
             arg = _mm256_blendv_ps(arg, _mm256_castsi256_ps(_mm256_set1_epi32(i * w + j)), gt);
           }
         _mm256_storeu_ps(b + r * 8, best);

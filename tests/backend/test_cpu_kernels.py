@@ -898,12 +898,16 @@ def test_max_pool_ties_and_nan_in_wide_rows(stride, width):
     x = rng.integers(-2, 3, (2, 3, 7, width)).astype(np.float32)  # many ties
     x[0, 0, 1, ::3] = np.nan
     x[1, 2, 2:5, 1:8:2] = np.nan  # (no window all NaN: there the reference says -inf)
+    x[1, 0, :, 1::2] = np.where(x[1, 0, :, 1::2] == 0, -0.0, x[1, 0, :, 1::2])  # -0 ties +0
     geom = ((3, 3), (stride, stride), (1, 1),
             tuple(cpu.pool_out_size(s, 3, stride, 1, True) for s in (7, width)))
     y, mask = cpu.max_pool_forward(x, *geom)
     y_ref, mask_ref = reference.max_pool_forward(x, *geom)
     np.testing.assert_array_equal(y, y_ref)
     np.testing.assert_array_equal(mask, mask_ref)
+    # each top is its winner's bits (-0.0 where a -0.0 came first), as Caffe copies it
+    won = np.take_along_axis(x.reshape(2, 3, -1), mask.reshape(2, 3, -1), axis=2)
+    np.testing.assert_array_equal(y.reshape(2, 3, -1).view(np.uint32), won.view(np.uint32))
 
 
 def caffe_max_pool(x, kernel, stride, pad, pooled):
@@ -937,7 +941,7 @@ def test_max_pool_small_planes_are_caffes_scan(kernel, stride, pad, size):
     eight windows the eight planes side by side (pool_planes8): tops and masks equal
     Caffe's window-by-window scan to the bit, with ties everywhere, NaN (which never wins),
     -FLT_MAX in the bottom (which never wins either: Caffe's mask stays -1 where a window holds
-    nothing else) and +inf."""
+    nothing else), +inf, and -0.0 beside +0.0 (equal under `>`: the first one's sign stays)."""
     rng = np.random.default_rng(sum(kernel + stride + pad + size))
     # 15 planes: eight side by side where a row has under eight windows (pool_planes8), the
     # other seven through the planes' own kernels
@@ -946,6 +950,7 @@ def test_max_pool_small_planes_are_caffes_scan(kernel, stride, pad, size):
     x[u < 0.15] = np.nan
     x[(u >= 0.15) & (u < 0.4)] = -np.finfo(np.float32).max
     x[(u >= 0.4) & (u < 0.43)] = np.inf
+    x[(u >= 0.43) & (u < 0.5)] = -0.0  # ties with +0.0: the first in the scan stays
     x[1, 2] = np.nan  # a whole plane without a winner
     x[0, 3] = -np.finfo(np.float32).max
     pooled = tuple(cpu.pool_out_size(s, k, st, p, True)
