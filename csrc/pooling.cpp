@@ -578,13 +578,22 @@ CCT_AVX2 void pool_planes8(const float* in, float* out, int32_t* mask, int h, in
       if (kKind == Pool8::kMax) {
         __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::max());
         __m256 arg = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-        for (int i = win.hs; i < win.he; ++i)
-          for (int j = win.ws; j < win.we; ++j) {
-            const __m256 v = _mm256_loadu_ps(a + (i * w + j) * 8);
-            const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
-            best = max_select(v, best);
-            arg = _mm256_blendv_ps(arg, _mm256_castsi256_ps(_mm256_set1_epi32(i * w + j)), gt);
-          }
+        const auto tap = [&](int at) CCT_AVX2 {
+          const __m256 v = _mm256_loadu_ps(a + at * 8);
+          const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
+          best = max_select(v, best);
+          arg = _mm256_blendv_ps(arg, _mm256_castsi256_ps(_mm256_set1_epi32(at)), gt);
+        };
+        if (win.he - win.hs == 3 && win.we - win.ws == 3) {
+          // a whole 3x3 window (the zoo's), its nine taps unrolled in the same order
+          const int at = win.hs * w + win.ws;
+          tap(at), tap(at + 1), tap(at + 2);
+          tap(at + w), tap(at + w + 1), tap(at + w + 2);
+          tap(at + 2 * w), tap(at + 2 * w + 1), tap(at + 2 * w + 2);
+        } else {
+          for (int i = win.hs; i < win.he; ++i)
+            for (int j = win.ws; j < win.we; ++j) tap(i * w + j);
+        }
         _mm256_storeu_ps(b + r * 8, best);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(m + r * 8), _mm256_castps_si256(arg));
       } else if (kKind == Pool8::kAve) {
