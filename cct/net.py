@@ -12,6 +12,7 @@ from . import heap
 from .blob import Blob
 from .errors import CCTError, LayerError, NetError
 from .layers.base import Layer, create_layer
+from .layers.conv import SiblingScratch, backward_siblings
 from .glog import info
 from .io import weights
 from .io.prototxt import debug_string
@@ -149,6 +150,15 @@ class LearnableParam(NamedTuple):
     lr_mult: float      # Caffe's params_lr_[k]
     decay_mult: float   # Caffe's params_weight_decay_[k]
     sharers: Tuple[int, ...] = ()   # the positions of the params that share its data
+
+
+class SiblingGroup(NamedTuple):
+    """Layers whose backward passes run as one (Net._find_sibling_fusions): the Split they
+    read, their layer ids (ascending), the Split's top each reads, and their kernel's arrays."""
+    split: int
+    layers: List[int]
+    split_tops: List[int]
+    scratch: SiblingScratch
 
 
 class PendingLoss:
@@ -368,6 +378,7 @@ class Net:
         self.layer_names_index = {n: i for i, n in enumerate(self.layer_names)}
         self._share_weights()
         self._relu_fused = self._find_relu_fusions()
+        self._sibling_groups = self._find_sibling_fusions()
         info("net.cpp:257", "Network initialization done.")
 
     def _find_relu_fusions(self) -> List[bool]:
@@ -389,6 +400,59 @@ class Net:
                         and self.bottom_id_vecs[i + 1] == tops
                         and self.top_id_vecs[i + 1] == tops)
         return fused
+
+    def _find_sibling_fusions(self) -> List["SiblingGroup"]:
+        """The groups of layers whose backward passes run as one (conv.backward_siblings):
+        two or more of a Split's consumers with the same Layer.sibling_key (GoogLeNet's
+        inception modules: the 1x1, 3x3_reduce and 5x5_reduce convolutions of one bottom).
+        Only on the CPU backend, where the measurements were made (bench/RESULTS.md)."""
+        if self.backend.name != "cpu":
+            return []
+        groups = []
+        for s, layer in enumerate(self.layers):
+            if layer.type != "Split":
+                continue
+            by_key: Dict = {}
+            for k, blob_id in enumerate(self.top_id_vecs[s]):
+                users = [j for j in range(s + 1, len(self.layers))
+                         if blob_id in self.bottom_id_vecs[j]]
+                if len(users) != 1 or self.bottom_id_vecs[users[0]] != [blob_id]:
+                    continue
+                key = self.layers[users[0]].sibling_key()
+                if key is not None:
+                    by_key.setdefault(key, []).append((users[0], k))
+            for members in by_key.values():
+                if len(members) >= 2:
+                    members.sort()
+                    groups.append(SiblingGroup(s, [j for j, _ in members],
+                                               [k for _, k in members], SiblingScratch()))
+        return groups
+
+    def _active_siblings(self, start: int, end: int) -> Dict[int, tuple]:
+        """Per layer id, its part in the sibling groups that run as one in a backward pass from
+        ``start`` down to ``end``: ("run", group) for a group's first layer (the last to come
+        in the pass, when every sibling's top diff is ready), ("skip",) for the others, and
+        ("split", tops) for the group's Split, which then adds only the tops still written
+        (the first sibling's carrying the group's sum). A group runs as one only when its Split
+        and all its layers are in the range and need backward alike."""
+        roles: Dict[int, tuple] = {}
+        for g in self._sibling_groups:
+            if not (end <= g.split and g.layers[-1] <= start):
+                continue
+            if not all(self.layer_need_backward[j] for j in g.layers):
+                continue
+            down = {self.bottom_need_backward[j][0] for j in g.layers}
+            if len(down) != 1:
+                continue
+            roles[g.layers[0]] = ("run", g, down.pop())
+            for j in g.layers[1:]:
+                roles[j] = ("skip",)
+            dropped = set(g.split_tops[1:])
+            tops = [t for k, t in enumerate(self.top_vecs[g.split]) if k not in dropped]
+            if g.split in roles:   # two groups on one Split: drop both groups' tops
+                tops = [t for t in roles[g.split][1] if t in tops]
+            roles[g.split] = ("split", tops)
+        return roles
 
     def _append_top(self, lp, layer_id, top_id, tname, available, name_to_idx) -> None:
         if name_to_idx is not None and top_id < len(lp.bottom) and tname == lp.bottom[top_id]:
@@ -558,12 +622,26 @@ class Net:
         return pending if defer else pending.value()
 
     def backward_from_to(self, start: int, end: int) -> None:
-        """Run backward from layer ``start`` down to ``end`` inclusive."""
+        """Run backward from layer ``start`` down to ``end`` inclusive, a layer at a time
+        (pycaffe's Net.backward: every blob diff as Caffe leaves it)."""
+        self._run_backward(start, end, {})
+
+    def _run_backward(self, start: int, end: int, roles: Dict[int, tuple]) -> None:
         for i in range(start, end - 1, -1):
             if self.layer_need_backward[i]:
+                role = roles.get(i, ())
                 try:
-                    self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i],
-                                            self.bottom_vecs[i])
+                    if not role:
+                        self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i],
+                                                self.bottom_vecs[i])
+                    elif role[0] == "run":
+                        g = role[1]
+                        backward_siblings([self.layers[j] for j in g.layers],
+                                          [self.top_vecs[j][0] for j in g.layers],
+                                          self.bottom_vecs[i][0], role[2], g.scratch)
+                    elif role[0] == "split":
+                        self.layers[i].backward(role[1], self.bottom_need_backward[i],
+                                                self.bottom_vecs[i])
                 except MemoryError as e:
                     self._out_of_memory(i, "backward", e)
                     raise
@@ -589,7 +667,12 @@ class Net:
         return self.forward_from_to(0, len(self.layers) - 1, defer)
 
     def backward_all(self) -> None:
-        self.backward_from_to(len(self.layers) - 1, 0)
+        """The whole backward pass, for training (the solver's forward_backward): sibling
+        groups run as one (_find_sibling_fusions) unless a callback watches each layer's
+        backward (Caffe's add_after_backward: it would see a sibling's param diffs before
+        they are written)."""
+        last = len(self.layers) - 1
+        self._run_backward(last, 0, {} if self.after_backward else self._active_siblings(last, 0))
 
     def forward_backward(self, defer: bool = False):
         loss = self.forward_prefilled(defer)

@@ -456,3 +456,148 @@ def test_on_the_stand_in_device_the_pair_runs_its_two_kernels_with_their_bits():
     for name in ("conv1", "conv2", "ip"):
         got, want = (backends.host(n.blobs[name].data) for n in (fused, plain))
         np.testing.assert_array_equal(got, want)
+
+
+# -- 1x1 Convolutions reading one Split, their backward run as one (Net._find_sibling_fusions) --
+INCEPTION = """layer { name: "in" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 4 dim: 6 dim: 9 dim: 9 } shape { dim: 4 } } }
+layer { name: "stem" type: "Convolution" bottom: "data" top: "stem"
+  convolution_param { num_output: 12 kernel_size: 3 pad: 1
+    weight_filler { type: "gaussian" std: 0.3 } bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "stem_relu" type: "ReLU" bottom: "stem" top: "stem" }
+layer { name: "a" type: "Convolution" bottom: "stem" top: "a"
+  convolution_param { num_output: 5 kernel_size: 1
+    weight_filler { type: "gaussian" std: 0.3 } bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "a_relu" type: "ReLU" bottom: "a" top: "a" }
+layer { name: "b" type: "Convolution" bottom: "stem" top: "b"
+  convolution_param { num_output: 7 kernel_size: 1 bias_term: false
+    weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "b_relu" type: "ReLU" bottom: "b" top: "b" }
+layer { name: "b3" type: "Convolution" bottom: "b" top: "b3"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1
+    weight_filler { type: "gaussian" std: 0.3 } bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "c" type: "Convolution" bottom: "stem" top: "c"
+  convolution_param { num_output: 3 kernel_size: 1
+    weight_filler { type: "gaussian" std: 0.3 } bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "pool" type: "Pooling" bottom: "stem" top: "pool"
+  pooling_param { pool: MAX kernel_size: 3 stride: 1 pad: 1 } }
+layer { name: "cat" type: "Concat" bottom: "a" bottom: "b3" bottom: "c" bottom: "pool"
+  top: "cat" }
+layer { name: "ip" type: "InnerProduct" bottom: "cat" top: "ip"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def inception_net(text=INCEPTION, dtype=np.float32, **kw):
+    caffe.set_random_seed(5)
+    net = Net(net_from_text(text), phase=caffe.TRAIN, dtype=dtype, **kw)
+    rng = np.random.default_rng(6)
+    net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape)
+    net.blobs["label"].data[...] = [0, 2, 1, 1]
+    return net
+
+
+def siblings(net):
+    return [[net.layer_names[j] for j in g.layers] for g in net._sibling_groups]
+
+
+def layer_at_a_time(net):
+    net.forward_prefilled()
+    net.backward_from_to(len(net.layers) - 1, 0)  # what pycaffe's backward() runs
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-6), (np.float64, 1e-14)])
+def test_sibling_1x1_convolutions_run_their_backward_as_one(dtype, tol):
+    """Training's backward (backward_all) runs the 1x1 convolutions that read one Split as
+    one stacked convolution: the forward keeps its bits, and every gradient is the layers'
+    own up to rounding (the bottom diffs' sum is added in another order), run after run the
+    same bits. The Split adds only the diffs still written: the others' stale values (NaN
+    here) never reach a gradient."""
+    fused, plain = inception_net(dtype=dtype), inception_net(dtype=dtype)
+    assert siblings(fused) == [["a", "b", "c"]]
+    split = fused.layer_names[fused._sibling_groups[0].split]
+    for t in fused.top_vecs[fused._sibling_groups[0].split]:
+        t.diff[...] = np.nan
+    fused.forward_backward()
+    layer_at_a_time(plain)
+    for name in fused.blobs:
+        assert fused.blobs[name].data.tobytes() == plain.blobs[name].data.tobytes(), name
+    for name in ("data", "stem"):
+        got, want = fused.blobs[name].diff, plain.blobs[name].diff
+        assert np.isfinite(got).all(), (name, split)
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
+    for name in fused.params:
+        for got, want in zip(fused.params[name], plain.params[name]):
+            np.testing.assert_allclose(got.diff, want.diff, rtol=0,
+                                       atol=tol * np.abs(want.diff).max() + 1e-30)
+    again = inception_net(dtype=dtype)
+    again.forward_backward()
+    for name in fused.params:
+        for a, b in zip(fused.params[name], again.params[name]):
+            assert a.diff.tobytes() == b.diff.tobytes(), name
+
+
+def test_sibling_gradients_add_into_the_param_diffs_and_keep_what_does_not_learn():
+    """Param diffs are added into, as each layer's backward does (iter_size, shared params):
+    two passes without clearing give twice one pass; a sibling whose weights do not learn
+    (lr_mult 0) keeps its diff, the others' still come from the stacked GEMM."""
+    text = INCEPTION.replace('top: "b"\n  convolution_param {', 'top: "b"\n  param { lr_mult: 0 }\n'
+                             '  convolution_param {')
+    assert text != INCEPTION
+    fused, plain = inception_net(text), inception_net(text)
+    assert siblings(fused) == [["a", "b", "c"]]
+    assert not fused.layers[fused.layer_names.index("b")].param_propagate_down[0]
+    fused.forward_backward()
+    fused.forward_backward()
+    layer_at_a_time(plain)
+    layer_at_a_time(plain)
+    np.testing.assert_array_equal(fused.params["b"][0].diff, 0)
+    for name in ("a", "c", "stem"):
+        for got, want in zip(fused.params[name], plain.params[name]):
+            np.testing.assert_allclose(got.diff, want.diff, rtol=0,
+                                       atol=1e-6 * np.abs(want.diff).max())
+
+
+@pytest.mark.parametrize("change, why", [
+    (('num_output: 3 kernel_size: 1', 'num_output: 3 kernel_size: 1 stride: 2'), "a stride"),
+    (('num_output: 3 kernel_size: 1', 'num_output: 3 kernel_size: 1 pad: 1'), "a pad"),
+    (('num_output: 3 kernel_size: 1', 'num_output: 3 kernel_size: 1 group: 3'), "groups"),
+    (('num_output: 3 kernel_size: 1', 'num_output: 3 kernel_size: 1 engine: CAFFE'),
+     "another engine"),
+    (('type: "Convolution" bottom: "stem" top: "c"', 'type: "Deconvolution" bottom: "stem" top: "c"'),
+     "a Deconvolution"),
+])
+def test_what_is_not_stacked_with_its_siblings(change, why):
+    old, new = change
+    assert INCEPTION.count(old) == 1, old
+    # c's top (another size under a stride or a pad) leaves the Concat for a loss of its own
+    text = INCEPTION.replace(old, new).replace('bottom: "c" bottom: "pool"', 'bottom: "pool"')
+    text += ('layer { name: "ipc" type: "InnerProduct" bottom: "c" top: "ipc" '
+             'inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }'
+             '\nlayer { name: "lossc" type: "SoftmaxWithLoss" bottom: "ipc" bottom: "label" '
+             'top: "lossc" }\n')
+    net = inception_net(text)
+    assert siblings(net) == [["a", "b"]], why
+    net.forward_backward()  # and it runs
+
+
+def test_siblings_run_alone_for_pycaffe_for_callbacks_and_off_the_cpu():
+    """pycaffe's backward (a layer at a time: every blob diff as Caffe leaves it), a net with
+    after_backward callbacks (which would see a sibling's diffs before they are written), and
+    a device backend run each layer's own backward: the bits of the layers one at a time."""
+    plain = inception_net()
+    layer_at_a_time(plain)
+    watched = inception_net()
+    seen = []
+    watched.after_backward.append(seen.append)
+    watched.forward_backward()
+    assert len(seen) == sum(watched.layer_need_backward)
+    for name in plain.params:
+        for a, b in zip(watched.params[name], plain.params[name]):
+            assert a.diff.tobytes() == b.diff.tobytes(), name
+    assert siblings(inception_net(backend="numpy")) == []
+    single = inception_net(
+        INCEPTION.replace("num_output: 7 kernel_size: 1", "num_output: 7 kernel_size: 3 pad: 1")
+        .replace("num_output: 3 kernel_size: 1", "num_output: 3 kernel_size: 3 pad: 1"))
+    assert siblings(single) == []  # one 1x1 convolution of the Split: nothing to stack

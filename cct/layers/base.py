@@ -7,7 +7,7 @@ the same way.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence, Tuple, Type
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Type
 
 import numpy as np
 
@@ -136,6 +136,12 @@ class Layer:
         Caffe's ReLU (negative_slope 0), the bits of an in-place ReLU layer run after it: the net
         then runs such a ReLU inside this layer's forward (Net._find_relu_fusions)."""
         return False
+
+    def sibling_key(self) -> Optional[Hashable]:
+        """For a layer whose backward the net may run together with its siblings' (the other
+        layers reading the same Split, Net._find_sibling_fusions): what those layers must
+        share with it to be stacked into one (conv.backward_siblings); None for any other."""
+        return None
 
     def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob]) -> None:
         """Write bottom diffs (overwrite) where propagate_down; accumulate param diffs."""

@@ -211,6 +211,16 @@ class _ConvolutionBase(ConvolutionGeometry, Layer):
                 self.backend.conv_forward(x, self.blobs[0].data, bias, *self._geom(), out=y,
                                           engine=self.engine)
 
+    def sibling_key(self):
+        # A 1x1 Convolution (stride 1, no pad, no dilation, one group, channels on axis 1) of
+        # one bottom and one top is a GEMM per image whose filters stack with its siblings'.
+        if (self.reverse or len(self.layer_param.bottom) != 1 or len(self.layer_param.top) != 1
+                or self.channel_axis != 1 or self.group != 1
+                or any(tuple(v) != want for v, want in ((self.kernel, (1, 1)), (self.stride, (1, 1)),
+                                                        (self.pad, (0, 0)), (self.dilation, (1, 1))))):
+            return None
+        return ("Convolution", self.engine, self.channels)
+
     def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob]) -> None:
         need_dw = self.param_propagate_down[0]
         need_db = self.bias_term and self.param_propagate_down[1]
@@ -254,3 +264,60 @@ class DeconvolutionLayer(_ConvolutionBase):
     Same parameters and defaults as Convolution."""
 
     reverse = True
+
+
+class SiblingScratch:
+    """backward_siblings' arrays for one group of layers, kept between iterations: the stacked
+    filters, top diffs and weight gradient (made again when a shape changes)."""
+
+    def __init__(self):
+        self.arrays = {}
+
+    def get(self, xp, name: str, shape, dtype):
+        a = self.arrays.get(name)
+        if a is None or a.shape != tuple(shape) or a.dtype != dtype:
+            a = self.arrays[name] = xp.empty(shape, dtype)
+        return a
+
+
+def backward_siblings(layers: List[_ConvolutionBase], tops: List[Blob], bottom: Blob,
+                      propagate_down: bool, scratch: SiblingScratch) -> None:
+    """The backward passes of 1x1 Convolutions that read one bottom (an inception module's
+    1x1, 3x3_reduce and 5x5_reduce, through a Split; ``sibling_key``), run as one
+    convolution whose filters are theirs stacked: one weight-gradient GEMM and one
+    backward-data GEMM over their stacked top diffs instead of one each. Thin layers (16 to 48
+    filters) are bound by reading the bottom and writing its diff, which this does once, and
+    the bottom diffs the Split would add are summed inside the GEMM. Each layer's param diffs
+    are added into as its own backward does (the bias's the same kernel on its own top diff);
+    with ``propagate_down``, ``bottom.diff`` gets the sum of the layers' bottom diffs, which
+    the net's Split then adds to its other tops' (Net._run_backward). The weight gradients are
+    the same sums per image; the bottom diff differs from the Split's sum in rounding only (its
+    terms added in another order), as another GEMM's blocking would."""
+    first = layers[0]
+    backend = first.backend
+    xp = backend.xp
+    x = bottom.data.reshape(first.in_shape4)
+    dt = x.dtype
+    n, _, h, w = first.out_shape4
+    rows = [layer.num_output for layer in layers]
+    dys = [t.diff.reshape(layer.out_shape4) for layer, t in zip(layers, tops)]
+    dy = xp.concatenate(dys, axis=1, out=scratch.get(xp, "dy", (n, sum(rows), h, w), dt))
+    for layer, d in zip(layers, dys):
+        if layer.bias_term and layer.param_propagate_down[1]:
+            backend.bias_backward(d, out=layer.blobs[1].diff, accumulate=True)
+    stacked_shape = (sum(rows), first.channels, 1, 1)
+    weight = xp.concatenate([layer.blobs[0].data for layer in layers], axis=0,
+                            out=scratch.get(xp, "weight", stacked_shape, dt))
+    geom = first._geom()
+    if any(layer.param_propagate_down[0] for layer in layers):
+        dw = backend.conv_backward_weight(x, dy, *geom,
+                                          out=scratch.get(xp, "dweight", stacked_shape, dt),
+                                          accumulate=False, engine=first.engine)
+        at = 0
+        for layer, r in zip(layers, rows):
+            if layer.param_propagate_down[0]:
+                layer.blobs[0].diff += dw[at:at + r]
+            at += r
+    if propagate_down:
+        backend.conv_backward_data(dy, weight, first.in_shape4, *geom,
+                                   out=bottom.diff.reshape(first.in_shape4), engine=first.engine)
