@@ -38,6 +38,8 @@ def _lifetimes(net) -> Dict[int, Tuple[int, int]]:
         tops = set(net.top_ids(i))
         for b in tops:
             spans.setdefault(b, []).append(step)
+            # a stacked sibling's top diff is read at its group's turn, later in the pass
+            spans[b].append(n - 1 - net.backward_turn(i))
         for k, b in enumerate(bottoms[i]):
             spans.setdefault(b, []).append(step)
             in_place = b in tops

@@ -154,7 +154,8 @@ class LearnableParam(NamedTuple):
 
 class SiblingGroup(NamedTuple):
     """Layers whose backward passes run as one (Net._find_sibling_fusions): the Split they
-    read, their layer ids (ascending), the Split's top each reads, and their kernel's arrays."""
+    read, their layer ids (ascending), the Split's top each reads, and the arrays their kernel
+    works in (one SiblingScratch for a net's groups)."""
     split: int
     layers: List[int]
     split_tops: List[int]
@@ -409,6 +410,7 @@ class Net:
         if self.backend.name != "cpu":
             return []
         groups = []
+        scratch = SiblingScratch()
         for s, layer in enumerate(self.layers):
             if layer.type != "Split":
                 continue
@@ -425,8 +427,17 @@ class Net:
                 if len(members) >= 2:
                     members.sort()
                     groups.append(SiblingGroup(s, [j for j, _ in members],
-                                               [k for _, k in members], SiblingScratch()))
+                                               [k for _, k in members], scratch))
         return groups
+
+    def backward_turn(self, layer_id: int) -> int:
+        """The layer at whose turn training's backward pass (backward_all) may run this layer's
+        backward: its own, or for a stacked sibling its group's first layer's (the last of the
+        group in the pass), where its top diff is read (blob_memory's lifetimes)."""
+        for g in self._sibling_groups:
+            if layer_id in g.layers:
+                return g.layers[0]
+        return layer_id
 
     def _active_siblings(self, start: int, end: int) -> Dict[int, tuple]:
         """Per layer id, its part in the sibling groups that run as one in a backward pass from
