@@ -441,8 +441,9 @@ class Net:
 
     def _active_siblings(self, start: int, end: int) -> Dict[int, tuple]:
         """Per layer id, its part in the sibling groups that run as one in a backward pass from
-        ``start`` down to ``end``: ("run", group) for a group's first layer (the last to come
-        in the pass, when every sibling's top diff is ready), ("skip",) for the others, and
+        ``start`` down to ``end``: ("run", group, propagate_down) for a group's first layer
+        (the last to come in the pass, when every sibling's top diff is ready; whether the
+        bottom diff is wanted, which the siblings must agree on), ("skip",) for the others, and
         ("split", tops) for the group's Split, which then adds only the tops still written
         (the first sibling's carrying the group's sum). A group runs as one only when its Split
         and all its layers are in the range and need backward alike."""

@@ -565,8 +565,8 @@ def test_sibling_gradients_add_into_the_param_diffs_and_keep_what_does_not_learn
     (('num_output: 3 kernel_size: 1', 'num_output: 3 kernel_size: 1 group: 3'), "groups"),
     (('num_output: 3 kernel_size: 1', 'num_output: 3 kernel_size: 1 engine: CAFFE'),
      "another engine"),
-    (('type: "Convolution" bottom: "stem" top: "c"', 'type: "Deconvolution" bottom: "stem" top: "c"'),
-     "a Deconvolution"),
+    (('type: "Convolution" bottom: "stem" top: "c"',
+      'type: "Deconvolution" bottom: "stem" top: "c"'), "a Deconvolution"),
 ])
 def test_what_is_not_stacked_with_its_siblings(change, why):
     old, new = change

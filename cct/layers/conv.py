@@ -214,10 +214,10 @@ class _ConvolutionBase(ConvolutionGeometry, Layer):
     def sibling_key(self):
         # A 1x1 Convolution (stride 1, no pad, no dilation, one group, channels on axis 1) of
         # one bottom and one top is a GEMM per image whose filters stack with its siblings'.
-        if (self.reverse or len(self.layer_param.bottom) != 1 or len(self.layer_param.top) != 1
-                or self.channel_axis != 1 or self.group != 1
-                or any(tuple(v) != want for v, want in ((self.kernel, (1, 1)), (self.stride, (1, 1)),
-                                                        (self.pad, (0, 0)), (self.dilation, (1, 1))))):
+        pointwise = (tuple(self.kernel) == (1, 1) and tuple(self.stride) == (1, 1)
+                     and tuple(self.pad) == (0, 0) and tuple(self.dilation) == (1, 1))
+        if (not pointwise or self.reverse or self.group != 1 or self.channel_axis != 1
+                or len(self.layer_param.bottom) != 1 or len(self.layer_param.top) != 1):
             return None
         return ("Convolution", self.engine, self.channels)
 
@@ -311,8 +311,6 @@ def backward_siblings(layers: List[_ConvolutionBase], tops: List[Blob], bottom: 
         if layer.bias_term and layer.param_propagate_down[1]:
             backend.bias_backward(d, out=layer.blobs[1].diff, accumulate=True)
     stacked_shape = (sum(rows), first.channels, 1, 1)
-    weight = xp.concatenate([layer.blobs[0].data for layer in layers], axis=0,
-                            out=scratch.get(xp, "weight", stacked_shape, dt))
     geom = first._geom()
     if any(layer.param_propagate_down[0] for layer in layers):
         dw = backend.conv_backward_weight(x, dy, *geom,
@@ -324,5 +322,7 @@ def backward_siblings(layers: List[_ConvolutionBase], tops: List[Blob], bottom: 
                 layer.blobs[0].diff += dw[at:at + r]
             at += r
     if propagate_down:
+        weight = xp.concatenate([layer.blobs[0].data for layer in layers], axis=0,
+                                out=scratch.get(xp, "weight", stacked_shape, dt))
         backend.conv_backward_data(dy, weight, first.in_shape4, *geom,
                                    out=bottom.diff.reshape(first.in_shape4), engine=first.engine)
