@@ -18,7 +18,8 @@ import sys
 
 sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))  # after the installed cct
 
-from bench.bench_train import NETS, default_zoo, machine, synthetic_net  # noqa: E402
+from bench.bench_train import (NETS, add_net_arguments, chosen_nets, machine,  # noqa: E402
+                               synthetic_net)
 from bench.worker import seconds  # noqa: E402
 
 
@@ -44,17 +45,10 @@ def measure(net, rounds: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nets", default="googlenet_b32",
-                    help=f"comma-separated, from: {', '.join(NETS)}")
+    add_net_arguments(ap, "googlenet_b32")
     ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--zoo", type=pathlib.Path, default=default_zoo())
     args = ap.parse_args()
-    names = [n for n in args.nets.split(",") if n]
-    unknown = [n for n in names if n not in NETS]
-    if unknown:
-        ap.error(f"unknown net(s) {', '.join(unknown)}; known: {', '.join(NETS)}")
-    if not args.zoo.is_dir():
-        ap.error(f"caffe-zoo folder {args.zoo} is absent (pass --zoo or set CCT_SHARED)")
+    names = chosen_nets(ap, args)
     print(machine())
     print(f"{args.rounds} rounds, alternated; backward ms as median / best; the iteration a "
           f"median")

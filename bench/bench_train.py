@@ -55,6 +55,25 @@ def default_zoo() -> pathlib.Path:
     return shared / "caffe-zoo"
 
 
+def add_net_arguments(ap: argparse.ArgumentParser, default: str) -> None:
+    """--nets (comma-separated, from NETS; ``default``) and --zoo, for the benches that time
+    these nets (bench_relu_fusion, bench_sibling_fusion)."""
+    ap.add_argument("--nets", default=default, help=f"comma-separated, from: {', '.join(NETS)}")
+    ap.add_argument("--zoo", type=pathlib.Path, default=default_zoo(),
+                    help="the caffe-zoo folder")
+
+
+def chosen_nets(ap: argparse.ArgumentParser, args) -> list:
+    """The names in --nets, refused through ``ap`` when one is unknown or the zoo is absent."""
+    names = [n for n in args.nets.split(",") if n]
+    unknown = [n for n in names if n not in NETS]
+    if unknown:
+        ap.error(f"unknown net(s) {', '.join(unknown)}; known: {', '.join(NETS)}")
+    if not args.zoo.is_dir():
+        ap.error(f"caffe-zoo folder {args.zoo} is absent (pass --zoo or set CCT_SHARED)")
+    return names
+
+
 # --------------------------------------------------------------------------------------------
 # The nets: zoo prototxt -> TRAIN net with Input layers
 # --------------------------------------------------------------------------------------------
