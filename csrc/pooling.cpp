@@ -182,7 +182,7 @@ CCT_AVX2 int max_row_avx2(const float* xp, int hs, int he, int w, int kw, int pw
     max_windows8_k<SW, false>(xp, 0, hs * w + ow * SW - pw, he - hs, kw, w, y + ow, mask + ow);
   if (ow < ow1 && ow1 - 8 >= ow0 && group_fits(ow1 - 8, SW, pw, kw, w)) {
     max_windows8_k<SW, false>(xp, 0, hs * w + (ow1 - 8) * SW - pw, he - hs, kw, w, y + ow1 - 8,
-                            mask + ow1 - 8);
+                              mask + ow1 - 8);
     ow = ow1;
   }
   return ow;
@@ -259,7 +259,7 @@ CCT_AVX2 void max_plane_by_rows(const float* pad, int width, int w, int kh, int 
     for (int g = 0; g < groups; ++g) {
       const int first = std::min(8 * g, last);
       max_windows8_k<SW, true>(row + first * SW, width, at_row + first * SW, 1, kw, w,
-                             row_best + (r * groups + g) * 8, row_arg + (r * groups + g) * 8);
+                               row_best + (r * groups + g) * 8, row_arg + (r * groups + g) * 8);
     }
   }
   alignas(32) float top[8];
@@ -325,7 +325,7 @@ CCT_AVX2 void max_plane_padded(const float* xp, int h, int w, int kh, int kw, in
     for (int ow = 0;; ow += 8) {
       const int first = std::min(ow, last);
       max_windows8_k<SW, true>(row + first * SW, width, at + first * SW, kh, kw, w, y + first,
-                             mask + first);
+                               mask + first);
       if (first == last) break;
     }
   }
