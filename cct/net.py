@@ -154,12 +154,10 @@ class LearnableParam(NamedTuple):
 
 class SiblingGroup(NamedTuple):
     """Layers whose backward passes run as one (Net._find_sibling_fusions): the Split they
-    read, their layer ids (ascending), the Split's top each reads, and the arrays their kernel
-    works in (one SiblingScratch for a net's groups)."""
+    read, their layer ids (ascending), and the Split's top each reads."""
     split: int
     layers: List[int]
     split_tops: List[int]
-    scratch: SiblingScratch
 
 
 class PendingLoss:
@@ -380,6 +378,7 @@ class Net:
         self._share_weights()
         self._relu_fused = self._find_relu_fusions()
         self._sibling_groups = self._find_sibling_fusions()
+        self._sibling_scratch = SiblingScratch()  # the groups run one after another: one for all
         info("net.cpp:257", "Network initialization done.")
 
     def _find_relu_fusions(self) -> List[bool]:
@@ -410,7 +409,6 @@ class Net:
         if self.backend.name != "cpu":
             return []
         groups = []
-        scratch = SiblingScratch()
         for s, layer in enumerate(self.layers):
             if layer.type != "Split":
                 continue
@@ -427,7 +425,7 @@ class Net:
                 if len(members) >= 2:
                     members.sort()
                     groups.append(SiblingGroup(s, [j for j, _ in members],
-                                               [k for _, k in members], scratch))
+                                               [k for _, k in members]))
         return groups
 
     def backward_turn(self, layer_id: int) -> int:
@@ -650,7 +648,8 @@ class Net:
                         g = role[1]
                         backward_siblings([self.layers[j] for j in g.layers],
                                           [self.top_vecs[j][0] for j in g.layers],
-                                          self.bottom_vecs[i][0], role[2], g.scratch)
+                                          self.bottom_vecs[i][0], role[2],
+                                          self._sibling_scratch)
                     elif role[0] == "split":
                         self.layers[i].backward(role[1], self.bottom_need_backward[i],
                                                 self.bottom_vecs[i])
