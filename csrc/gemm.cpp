@@ -11,6 +11,10 @@
 // Under bf16 GEMMs (bf16.h) each order is also timed in float32: where the GEMM is bound by
 // memory rather than arithmetic (fc6's backward data at batch 32: 0.66x float32's speed in
 // bf16 on a Zen 4, whose operands are rounded and packed on every call) float32 runs it.
+//
+// Float32 calls of the skinny engine's form (gemm_skinny.h: C with at most 64 rows times a
+// B^T streamed along the summed dimension, a fully connected layer's forward at batch 32 or a
+// thin convolution's weight gradient) also race that engine.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -22,6 +26,7 @@
 #include <vector>
 
 #include "gemm.h"
+#include "gemm_skinny.h"
 #include "kernels.h"
 #include "parallel.h"
 
@@ -32,7 +37,9 @@ namespace {
 // ta tb m n k element-size BLAS-threads accumulate (beta != 0)
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int, bool>;
 std::mutex g_mutex;
-// 0 direct, 1 transposed; under bf16 also 2 and 3: the same orders in float32.
+// 0 direct, 1 transposed; under bf16 also 2 and 3: the same orders in float32; 4 the skinny
+// engine (float32 whatever the precision).
+constexpr int kSkinnyChoice = 4;
 std::map<Key, int> g_transposed;
 std::atomic<int> g_order{0};  // 0 measure, 1 direct, 2 transposed
 
@@ -67,6 +74,37 @@ void gemm_transposed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha,
   add_transposed(scratch.data(), m, n, beta, c, ldc);
 }
 
+// Whether the skinny engine can take the call: float32 (or float32 under bf16), its form.
+template <typename T>
+bool skinny_applies(bool tb, int64_t m, int64_t n, int64_t k, T alpha) {
+  if constexpr (std::is_same_v<T, float>) return gemm_skinny_applies(tb, m, n, k, alpha);
+  return false;
+}
+
+// Runs the call as `choice` says. A choice of the skinny engine that cannot take it (a plan
+// made on a CPU with AVX2 installed on one without) runs the direct order.
+template <typename T>
+void run_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha,
+                const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
+                std::vector<T>& scratch) {
+  if (choice == kSkinnyChoice) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (skinny_applies(tb, m, n, k, alpha)) {
+        gemm_skinny(ta, m, n, k, a, lda, b, ldb, beta, c, ldc);
+        return;
+      }
+    }
+    choice = 0;
+  }
+  const bool float32_only = choice >= 2;
+  if (choice & 1) {
+    gemm_transposed(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, scratch,
+                    float32_only);
+  } else {
+    gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, float32_only);
+  }
+}
+
 // The table's key of a call: bf16 GEMMs (bf16.h) take their own orders (element size 2).
 template <typename T>
 Key key_of(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T beta) {
@@ -99,26 +137,24 @@ int choose_order(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, 
   // sample is at the mercy of a busy machine. The second round skips a candidate over twice
   // the best's first time (fc6's weight gradient in the slow order: 150 ms a call).
   std::vector<T> out(size_t(m * n));
-  const int choices = bf16 ? 4 : 2;
-  std::vector<double> seconds(size_t(choices), 1e300);
+  std::vector<int> choices{0, 1};
+  if (bf16) choices.insert(choices.end(), {2, 3});
+  if (skinny_applies(tb, m, n, k, T(1))) choices.push_back(kSkinnyChoice);
+  std::vector<double> seconds(choices.size(), 1e300);
   for (int round = 0; round < 2; ++round) {
     const double best = *std::min_element(seconds.begin(), seconds.end());
-    for (int choice = 0; choice < choices; ++choice) {
-      if (round > 0 && seconds[choice] > 2 * best) continue;
+    for (size_t at = 0; at < choices.size(); ++at) {
+      if (round > 0 && seconds[at] > 2 * best) continue;
       if (accumulate)
         for (int64_t i = 0; i < m; ++i) std::copy(c + i * ldc, c + i * ldc + n, &out[i * n]);
-      const bool float32_only = choice >= 2;
-      seconds[choice] = std::min(seconds[choice], seconds_of([&] {
-        if (choice & 1) {
-          gemm_transposed(ta, tb, m, n, k, T(1), a, lda, b, ldb, beta, out.data(), n, scratch,
-                          float32_only);
-        } else {
-          gemm(ta, tb, m, n, k, T(1), a, lda, b, ldb, beta, out.data(), n, float32_only);
-        }
+      seconds[at] = std::min(seconds[at], seconds_of([&] {
+        run_choice(choices[at], ta, tb, m, n, k, T(1), a, lda, b, ldb, beta, out.data(), n,
+                   scratch);
       }));
     }
   }
-  const int fastest = int(std::min_element(seconds.begin(), seconds.end()) - seconds.begin());
+  const int fastest =
+      choices[size_t(std::min_element(seconds.begin(), seconds.end()) - seconds.begin())];
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_transposed.emplace(key, fastest).first->second;
 }
@@ -130,13 +166,7 @@ void gemm_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, c
                    int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   thread_local std::vector<T> scratch;
   const int choice = choose_order(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, scratch);
-  const bool float32_only = choice >= 2;
-  if (choice & 1) {
-    gemm_transposed(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, scratch,
-                    float32_only);
-  } else {
-    gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, float32_only);
-  }
+  run_choice(choice, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, scratch);
 }
 
 template <typename T>
@@ -160,8 +190,10 @@ std::vector<GemmChoice> gemm_choices() {
 void load_gemm_choices(const std::vector<GemmChoice>& entries) {
   std::lock_guard<std::mutex> lock(g_mutex);
   for (const auto& [ta, tb, m, n, k, size, threads, accumulate, choice] : entries) {
-    if (choice < 0 || choice > (size == 2 ? 3 : 1))
-      throw std::invalid_argument("a GEMM choice must be 0 or 1 (2 or 3 under bf16)");
+    if (choice < 0 || choice > kSkinnyChoice || (choice >= 2 && choice <= 3 && size != 2) ||
+        (choice == kSkinnyChoice && size == 8))
+      throw std::invalid_argument(
+          "a GEMM choice must be 0 or 1 (2 or 3 under bf16), or 4 in float32 or bf16");
     g_transposed[Key{ta, tb, m, n, k, size, threads, accumulate}] = choice;
   }
 }

@@ -14,6 +14,7 @@
 #include "bf16.h"
 #include "conv_direct.h"
 #include "gemm.h"
+#include "gemm_skinny.h"
 #include "kernels.h"
 #include "parallel.h"
 
@@ -527,7 +528,11 @@ PYBIND11_MODULE(_C, m) {
         "Whether the linked BLAS has a strided batched GEMM (else one GEMM per item).");
   m.def("gemm_choices", &cct::gemm_choices,
         "(trans_a, trans_b, m, n, k, itemsize, BLAS threads, accumulate, choice) per shape "
-        "measured; choice 0 direct, 1 transposed, 2 and 3 the same in float32 under bf16.");
+        "measured; choice 0 direct, 1 transposed, 2 and 3 the same in float32 under bf16, 4 "
+        "the skinny engine (float32).");
+  m.def("gemm_skinny_available", &cct::gemm_skinny_available,
+        "Whether this CPU has the skinny GEMM engine's kernel (AVX2 and FMA), which the GEMM "
+        "races then try for float32 C = op(A) B^T of at most 64 rows.");
   m.def("conv_plan_table", &cct::conv_plan_table,
         "(kernel, geometry, itemsize, threads, modes, partitions, layout, cache_chunks) per "
         "convolution plan in the table.");

@@ -28,7 +28,7 @@ transposed], ...], "bf16": engine}``: the C++ tables' keys and choices as they a
 lowered, 1 pointwise, 2 direct, 3 Winograd F(2x2, 3x3) or F(2x2, 5x5), 4 Winograd F(4x4,
 3x3); a GEMM's accumulate: whether it adds into C (raced apart from overwriting it), its
 choice true/false for its operand order, 2 or 3 for the same orders run in float32 under
-bf16), and the bf16 GEMM engine once one was chosen
+bf16, 4 for the skinny float32 engine), and the bf16 GEMM engine once one was chosen
 (cct/backend/precision.py times them: the engines round differently too).
 """
 from __future__ import annotations
@@ -50,8 +50,9 @@ FORMAT = 1
 # 3: Winograd; 4: the bf16 GEMM engines; 5: Winograd for 5x5 layers and F(4x4, 3x3); 6: the
 # key's modes renumbered to hold Caffe's engine (an older table's modes would mean others);
 # 7: the phase layouts for strided layers and the direct layout's AVX-512 tile (the modes'
-# radix grew with the layouts); 8: MKL's bf16 GEMMs whole on its own threads (mkl_threaded).
-KERNEL_PLANS = 8
+# radix grew with the layouts); 8: MKL's bf16 GEMMs whole on its own threads (mkl_threaded);
+# 9: the skinny float32 GEMM engine (GEMM choice 4).
+KERNEL_PLANS = 9
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 _CONV_FIELDS = 8
 _GEMM_FIELDS = 9
@@ -80,7 +81,7 @@ def table() -> dict:
     conv = [[k, list(geom), size, threads, modes, parts, layout, bool(chunks)]
             for k, geom, size, threads, modes, parts, layout, chunks in _C.conv_plan_table()]
     # choice: true/false (the operand order transposed or not); under bf16 also 2 and 3, the
-    # same orders in float32
+    # same orders in float32; 4 the skinny float32 engine (csrc/gemm_skinny.h)
     gemm = [[bool(ta), bool(tb), m, n, k, size, threads, bool(acc), bool(ch) if ch < 2 else ch]
             for ta, tb, m, n, k, size, threads, acc, ch in _C.gemm_choices()]
     tab = {"conv": conv, "gemm": gemm}
@@ -145,8 +146,8 @@ def _gemm_row(row) -> tuple:
     ta, tb, m, n, k, size, threads, accumulate, choice = row
     if not all(isinstance(v, bool) for v in (ta, tb, accumulate)):
         raise ValueError(f"a GEMM order's flags are not true/false: {row!r:.80}")
-    if not (isinstance(choice, bool) or choice in (2, 3) and isinstance(choice, int)):
-        raise ValueError(f"a GEMM order's choice is not true/false, 2 or 3: {row!r:.80}")
+    if not (isinstance(choice, bool) or choice in (2, 3, 4) and isinstance(choice, int)):
+        raise ValueError(f"a GEMM order's choice is not true/false, 2, 3 or 4: {row!r:.80}")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (m, n, k, size, threads)):
         raise ValueError(f"a GEMM order holds a size that is not an integer: {row!r:.80}")
     return ta, tb, m, n, k, size, threads, accumulate, int(choice)

@@ -1,0 +1,160 @@
+// The skinny GEMM engine (gemm_skinny.h): C (m x n) = op(A) B^T + beta C for small m.
+//
+// Why: a fully connected layer at batch 32 multiplies 32 rows of the bottom by a weight matrix
+// read once from memory (fc6: 4096 x 9216, 151 MB). OpenBLAS packs the weights into its own
+// layout first, then multiplies from the packed copy: the packing is bound by memory and the
+// multiply by arithmetic, one after the other, and the forward ran at 53% of the SGEMM peak
+// (fc6 29.4 ms on a Zen 3's two cores, bench/RESULTS.md). Here the weights are never copied:
+// each tile reads six rows of B as they are, contiguous along the summed dimension, while the
+// hardware prefetchers stream them, so the memory traffic hides under the arithmetic.
+//
+// The tile: 6 rows of B (6 columns of C) x 16 rows of op(A) as two vectors of 8, twelve
+// accumulators; for every k one broadcast per B row and two loads of op(A), which is packed
+// k-major (its 16 values for one k contiguous) in panels that stay in L2. The accumulators are
+// one column block of C held transposed (rows of B x lanes of A) in a per-thread buffer, so
+// each C value is one chain of fused multiply-adds in k's order from beta C: its bits depend on
+// nothing but the shape and the values (not on the threads, the panels or the steps).
+//
+// Threads take blocks of B's rows; each packs the panels of op(A) it reads itself (A is the
+// small operand: 1.2 MB for fc6 against B's 151 MB), so they never wait on one another.
+#include "gemm_skinny.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
+#include "parallel.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+namespace cct {
+
+namespace {
+
+constexpr int kTileRows = 6;           // rows of B per tile
+constexpr int64_t kStep = 256;         // k per pass of a tile: 6 rows x 1 KiB of B, kept in L1
+                                       // while the tile runs over op(A)'s lane groups
+constexpr int64_t kPanelBytes = 1 << 20;  // op(A) packed per panel of k: in L2 (or L3 with 512 KiB)
+
+// acc (R rows x V vectors of lanes) = ot's values; then for k in [0, kc) acc[r] += b[r][k] *
+// ap[k]; then back to ot. ap is the panel at this step and lane group (row stride mpad).
+template <int R, int V>
+__attribute__((target("avx2,fma"))) void skinny_tile(const float* b, int64_t ldb,
+                                                    const float* ap, int64_t mpad, int64_t kc,
+                                                    float* ot, int64_t mpad_ot) {
+  // The loops over r and v unrolled, so that GCC keeps acc in registers (rolled, it stored
+  // every accumulator to the stack after each multiply-add: 0.6x the speed).
+  __m256 acc[R][V];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm256_loadu_ps(ot + r * mpad_ot + 8 * v);
+  for (int64_t k = 0; k < kc; ++k) {
+    __m256 x[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) x[v] = _mm256_loadu_ps(ap + k * mpad + 8 * v);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m256 w = _mm256_broadcast_ss(b + r * ldb + k);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(w, x[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) _mm256_storeu_ps(ot + r * mpad_ot + 8 * v, acc[r][v]);
+}
+
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+
+template <int V>
+TileFn tile_of(int rows) {
+  switch (rows) {
+    case 1: return skinny_tile<1, V>;
+    case 2: return skinny_tile<2, V>;
+    case 3: return skinny_tile<3, V>;
+    case 4: return skinny_tile<4, V>;
+    case 5: return skinny_tile<5, V>;
+    default: return skinny_tile<6, V>;
+  }
+}
+
+// Columns [j0, j1) of C, on the calling thread.
+void skinny_columns(bool ta, int64_t m, int64_t k, const float* a, int64_t lda, const float* b,
+                    int64_t ldb, float beta, float* c, int64_t ldc, int64_t j0, int64_t j1) {
+  const int64_t mpad = (m + 7) / 8 * 8, cols = j1 - j0;
+  const int64_t panel = std::max<int64_t>(kStep, kPanelBytes / int64_t(sizeof(float) * mpad));
+  thread_local std::vector<float> ap, ot;
+  // op(A)'s lanes past m stay 0 (their results are never stored); the column block's start
+  // is beta C, transposed.
+  ap.assign(size_t(std::min(panel, k) * mpad), 0.0f);
+  ot.assign(size_t(cols * mpad), 0.0f);
+  if (beta != 0.0f)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < cols; ++j) ot[size_t(j * mpad + i)] = beta * c[i * ldc + j0 + j];
+  for (int64_t p0 = 0; p0 < k; p0 += panel) {
+    const int64_t pk = std::min(panel, k - p0);
+    if (ta) {
+      for (int64_t q = 0; q < pk; ++q)
+        std::copy(a + (p0 + q) * lda, a + (p0 + q) * lda + m, &ap[size_t(q * mpad)]);
+    } else {
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t q = 0; q < pk; ++q) ap[size_t(q * mpad + i)] = a[i * lda + p0 + q];
+    }
+    for (int64_t r0 = 0; r0 < cols; r0 += kTileRows) {
+      const int rows = int(std::min<int64_t>(kTileRows, cols - r0));
+      const TileFn two = tile_of<2>(rows), one = tile_of<1>(rows);
+      const float* br = b + (j0 + r0) * ldb + p0;
+      for (int64_t s0 = 0; s0 < pk; s0 += kStep) {
+        const int64_t kc = std::min(kStep, pk - s0);
+        for (int64_t i0 = 0; i0 < mpad; i0 += 16)
+          (mpad - i0 >= 16 ? two : one)(br + s0, ldb, &ap[size_t(s0 * mpad + i0)], mpad, kc,
+                                        &ot[size_t(r0 * mpad + i0)], mpad);
+      }
+    }
+  }
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < cols; ++j) c[i * ldc + j0 + j] = ot[size_t(j * mpad + i)];
+}
+
+}  // namespace
+
+bool gemm_skinny_available() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+
+void gemm_skinny(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const int64_t blocks = (n + kTileRows - 1) / kTileRows;
+  parallel_for(blocks, kTileRows * std::max<int64_t>(k, 1) * ((m + 7) / 8 * 8),
+               [&](int64_t begin, int64_t end) {
+                 skinny_columns(ta, m, k, a, lda, b, ldb, beta, c, ldc, begin * kTileRows,
+                                std::min(n, end * kTileRows));
+               });
+}
+
+}  // namespace cct
+
+#else
+namespace cct {
+// Not an x86 CPU (or not GCC/Clang): no kernel; gemm_skinny_applies is false, so the races
+// never pick the engine and a plan naming it runs the BLAS (gemm.cpp).
+bool gemm_skinny_available() { return false; }
+void gemm_skinny(bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t,
+                 float, float*, int64_t) {
+  throw std::logic_error("gemm_skinny: no kernel on this CPU (gemm_skinny_applies is false)");
+}
+}  // namespace cct
+#endif
+
+namespace cct {
+
+bool gemm_skinny_applies(bool tb, int64_t m, int64_t n, int64_t k, float alpha) {
+  return tb && m >= 1 && m <= kSkinnyMaxRows && n >= 1 && k >= 1 && alpha == 1.0f &&
+         gemm_skinny_available();
+}
+
+}  // namespace cct

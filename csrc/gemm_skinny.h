@@ -1,0 +1,25 @@
+// A float32 GEMM engine for results with few rows whose large operand streams along the summed
+// dimension: C (m x n) = op(A) B^T + beta C with m <= kSkinnyMaxRows and B stored n x k,
+// row-major. gemm.cpp races it against the BLAS's two operand orders (gemm_measured).
+#pragma once
+#include <cstdint>
+
+namespace cct {
+
+constexpr int64_t kSkinnyMaxRows = 64;
+
+// Whether this CPU has the engine's kernel (x86-64 with AVX2 and FMA).
+bool gemm_skinny_available();
+
+// Whether gemm_skinny takes such a call: op(B) = B^T, 1 <= m <= kSkinnyMaxRows, alpha 1, and
+// the kernel on this CPU.
+bool gemm_skinny_applies(bool tb, int64_t m, int64_t n, int64_t k, float alpha);
+
+// C (m x n, ldc) = op(A) B^T + beta C; op(A) is m x k (A stored m x k, or k x m when ta), B is
+// n x k (ldb). Each C[i][j] is one chain of fused multiply-adds in k's order, starting from
+// beta C[i][j] (0 when beta is 0: C is then not read), whatever the threads: its bits depend
+// on the shape and the values alone.
+void gemm_skinny(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+}  // namespace cct
