@@ -1,0 +1,142 @@
+"""What the skinny float32 GEMM engine (csrc/gemm_skinny.cpp, GEMM choice 4) gives: the fully
+connected layers' forward GEMMs at batch 32 in each engine (OpenBLAS in its two operand orders,
+the skinny engine) and in PyTorch, then whole training iterations of nets with the plans the
+race chose against the same plans with every skinny choice replaced by the faster BLAS order.
+Rounds alternate, so that the host's drift falls on all arms alike.
+
+    python bench/bench_skinny_gemm.py [--nets caffenet_b32,alexnet_b32] [--rounds 8]
+
+Prints the machine and its SGEMM peak, a row per GEMM shape (ms as median / best, GFLOP/s of
+the best, PyTorch / cct's best), and a row per net (iteration ms with and without the engine,
+median / best, and the ratio of the medians).
+"""
+import argparse
+import pathlib
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))  # after the installed cct
+
+from bench.bench_train import (NETS, add_net_arguments, chosen_nets, machine,  # noqa: E402
+                               sgemm_peak, synthetic_net)
+from bench.worker import seconds  # noqa: E402
+
+SKINNY = 4
+# (name, m, n, k): C (m x n) = X (m x k) W^T, the forward of CaffeNet's and AlexNet's fully
+# connected layers at batch 32 (fc8 with ImageNet's 1,000 classes), and LeNet's ip1 at 64.
+SHAPES = [("fc6 b32", 32, 4096, 9216), ("fc7 b32", 32, 4096, 4096),
+          ("fc8 b32", 32, 1000, 4096), ("lenet ip1 b64", 64, 500, 800)]
+
+
+def gemm_times(m: int, n: int, k: int, rounds: int) -> dict:
+    """Seconds of out += X W^T per round for each cct choice, and PyTorch's addmm_."""
+    import torch
+    from cct import _C
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((m, k), np.float32), rng.standard_normal((n, k), np.float32)
+    out = np.zeros((m, n), np.float32)
+    threads = _C.blas_num_threads()
+    tx, tw, tout = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(out.copy())
+    arms = {}
+    for choice in (0, 1, SKINNY):
+        def run(choice=choice):
+            _C.load_gemm_choices([(False, True, m, n, k, 4, threads, True, choice)])
+            _C.gemm(x, w, False, True, measured=True, out=out, accumulate=True)
+        arms[choice] = run
+    times = {arm: [] for arm in arms}
+    for call in arms.values():
+        call()
+    for r in range(rounds):
+        for arm in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+            times[arm].append(seconds(arms[arm]))
+    _C.clear_plans()
+    # PyTorch after cct's arms, not between them: its OpenMP threads spin on after a call and
+    # would take the cores from whichever cct arm came next.
+    tout.addmm_(tx, tw.t())
+    times["torch"] = [seconds(lambda: tout.addmm_(tx, tw.t())) for _ in range(rounds)]
+    time.sleep(0.5)
+    return times
+
+
+def without_skinny(table: dict, rounds: int) -> dict:
+    """``table`` with each skinny GEMM choice replaced by the faster of the BLAS's two operand
+    orders, timed here on the shape (random operands, best of ``rounds``)."""
+    from cct import _C
+    rng = np.random.default_rng(1)
+    rows = []
+    for row in table["gemm"]:
+        ta, tb, m, n, k, size, threads, accumulate, choice = row
+        if choice == SKINNY:
+            a = rng.standard_normal((k, m) if ta else (m, k), np.float32)
+            b = rng.standard_normal((n, k), np.float32)
+            out = np.zeros((m, n), np.float32)
+            best = {}
+            for order in (0, 1):
+                _C.load_gemm_choices([(ta, tb, m, n, k, size, threads, accumulate, order)])
+                best[order] = min(seconds(lambda: _C.gemm(a, b, ta, tb, measured=True, out=out,
+                                                          accumulate=accumulate))
+                                  for _ in range(rounds))
+            choice = bool(min(best, key=best.get))
+        rows.append([ta, tb, m, n, k, size, threads, accumulate, choice])
+    return dict(table, gemm=rows)
+
+
+def iteration_times(net, rounds: int) -> dict:
+    from cct.backend import plans
+    for _ in range(2):                           # plans measured
+        net.clear_param_diffs()
+        net.forward_backward()
+    tables = {"with": plans.table()}
+    tables["without"] = without_skinny(tables["with"], 3)
+    skinny = sum(1 for r in tables["with"]["gemm"] if r[8] == SKINNY)
+    times = {arm: [] for arm in tables}
+    for r in range(rounds):
+        for arm in (("with", "without") if r % 2 == 0 else ("without", "with")):
+            plans.install(tables[arm])
+            net.clear_param_diffs()
+            net.forward_backward()                  # one untimed, after the switch
+            net.clear_param_diffs()
+            times[arm].append(seconds(net.forward_backward))
+    plans.install(tables["with"])
+    return {"skinny": skinny, "gemms": len(tables["with"]["gemm"]), **times}
+
+
+def ms(values) -> str:
+    return f"{1e3 * statistics.median(values):7.2f} / {1e3 * min(values):7.2f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_net_arguments(ap, "caffenet_b32,alexnet_b32")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--no-shapes", action="store_true", help="only the nets' iterations")
+    args = ap.parse_args()
+    names = chosen_nets(ap, args)
+    print(machine())
+    print(f"SGEMM peak {sgemm_peak():.1f} GFLOP/s; {args.rounds} rounds, alternated; ms as "
+          f"median / best")
+    if not args.no_shapes:
+        print(f"{'GEMM (out += X W^T)':22} {'OpenBLAS direct':>17} {'OpenBLAS transp.':>17} "
+              f"{'skinny':>17} {'PyTorch':>17} {'skinny GF/s':>11} {'PyTorch/skinny':>14}")
+        for name, m, n, k in SHAPES:
+            t = gemm_times(m, n, k, args.rounds)
+            flops = 2.0 * m * n * k
+            print(f"{name + f' {m}x{n}x{k}':22} {ms(t[0]):>17} {ms(t[1]):>17} "
+                  f"{ms(t[SKINNY]):>17} {ms(t['torch']):>17} "
+                  f"{flops / min(t[SKINNY]) / 1e9:11.1f} "
+                  f"{min(t['torch']) / min(t[SKINNY]):14.2f}", flush=True)
+    print(f"{'net':16} {'skinny GEMMs':>12} {'iteration with':>19} {'without':>19} "
+          f"{'without/with':>12}")
+    for name in names:
+        rel, batch = NETS[name]
+        r = iteration_times(synthetic_net(args.zoo / rel, batch), args.rounds)
+        ratio = statistics.median(r["without"]) / statistics.median(r["with"])
+        print(f"{name:16} {r['skinny']:>5} of {r['gemms']:<4} {ms(r['with']):>19} "
+              f"{ms(r['without']):>19} {ratio:12.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
