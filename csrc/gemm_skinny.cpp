@@ -10,10 +10,11 @@
 //
 // The tile: 6 rows of B (6 columns of C) x 16 rows of op(A) as two vectors of 8, twelve
 // accumulators; for every k one broadcast per B row and two loads of op(A), which is packed
-// k-major (its 16 values for one k contiguous) in panels that stay in L2. The accumulators are
-// one column block of C held transposed (rows of B x lanes of A) in a per-thread buffer, so
-// each C value is one chain of fused multiply-adds in k's order from beta C: its bits depend on
-// nothing but the shape and the values (not on the threads, the panels or the steps).
+// k-major (its values for one k contiguous) in 1 MiB panels (in L2 on cores with 1-2 MiB of
+// it; in L3 on Zen 3's 512 KiB). The accumulators are C held transposed (rows of B x lanes of
+// A) in a buffer whose rows each thread keeps to its own, so each C value is one chain of
+// fused multiply-adds in k's order from beta C: its bits depend on nothing but the shape and
+// the values (not on the threads, the panels or the steps).
 //
 // Per panel of op(A) (1 MiB packed), cct's threads pack it together, then take blocks of B's
 // rows over it. (Each packing every panel for itself cost a shape with few rows of B and a
