@@ -378,6 +378,13 @@ def test_measured_gemms_may_choose_float32(bf16):
         out = cpu.matmul(a, b)
         want = (a.astype(np.float64) @ b) if expect_float32 else rounded(a) @ rounded(b)
         close(out, want.astype(np.float32), np.float32)
+    if _C.gemm_skinny_available():
+        # the skinny engine (choice 4) is a float32 candidate under bf16 too, where its form
+        # fits: op(B) = B^T
+        bt = np.ascontiguousarray(b.T)
+        _C.clear_plans()
+        plans.install({"gemm": [[False, True] + row[2:8] + [4]]})
+        close(cpu.matmul(a, bt.T), (a.astype(np.float64) @ b).astype(np.float32), np.float32)
     _C.clear_plans()
     with pytest.raises(ValueError, match="choice"):
-        plans.install({"gemm": [row[:8] + [4]]})
+        plans.install({"gemm": [row[:8] + [5]]})
