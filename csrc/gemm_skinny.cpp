@@ -13,8 +13,11 @@
 // k-major (its values for one k contiguous) in 1 MiB panels (in L2 on cores with 1-2 MiB of
 // it; in L3 on Zen 3's 512 KiB). The accumulators are C held transposed (rows of B x lanes of
 // A) in a buffer whose rows each thread keeps to its own, so each C value is one chain of
-// fused multiply-adds in k's order from beta C: its bits depend on nothing but the shape and
-// the values (not on the threads, the panels or the steps).
+// fused multiply-adds in k's order from 0, then beta C added with one rounding: its bits
+// depend on nothing but the shape and the values (not on the threads, the panels or the
+// steps). beta C comes last, as the BLAS adds it: a chain started from it rounds every step
+// at C's scale (a large bias under small products lost their low bits, 2e-5 of a logit of
+// 100 where OpenBLAS was exact to one rounding).
 //
 // Per panel of op(A) (1 MiB packed), cct's threads pack it together, then take blocks of B's
 // rows over it. (Each packing every panel for itself cost a shape with few rows of B and a
@@ -22,6 +25,7 @@
 #include "gemm_skinny.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <vector>
 
@@ -83,7 +87,7 @@ TileFn tile_of(int rows) {
   }
 }
 
-// ot[j][i] = op(A)(i, :) . B(j, :) + beta C[i][j] for rows j of B in [j0, j1): every tile of
+// ot[j][i] += op(A)(i, :) . B(j, :) for rows j of B in [j0, j1): every tile of
 // those rows over one packed panel of op(A), k in [0, pk).
 void skinny_rows(const float* ap, int64_t mpad, int64_t pk, const float* b, int64_t ldb,
                  float* ot, int64_t j0, int64_t j1) {
@@ -118,12 +122,9 @@ void gemm_skinny(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64
   ot_buf.resize(size_t(n * mpad));
   float* const ap = ap_buf.data();
   float* const ot = ot_buf.data();
-  // ot starts as beta C transposed (C unread when beta is 0), op(A)'s lanes past m as 0
-  // (their results are never stored).
+  // ot (C transposed) starts at 0; op(A)'s lanes past m are 0 and their results never stored.
   parallel_for(n, mpad, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j)
-      for (int64_t i = 0; i < mpad; ++i)
-        ot[j * mpad + i] = i < m && beta != 0.0f ? beta * c[i * ldc + j] : 0.0f;
+    std::fill(ot + j0 * mpad, ot + j1 * mpad, 0.0f);
   });
   for (int64_t p0 = 0; p0 < k; p0 += panel) {
     const int64_t pk = std::min(panel, k - p0);
@@ -148,7 +149,9 @@ void gemm_skinny(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64
   }
   parallel_for(m, n, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = ot[j * mpad + i];
+      for (int64_t j = 0; j < n; ++j)  // C unread when beta is 0 (it may hold NaN)
+        c[i * ldc + j] = beta == 0.0f ? ot[j * mpad + i]
+                                      : std::fma(beta, c[i * ldc + j], ot[j * mpad + i]);
   });
 }
 

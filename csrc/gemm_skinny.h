@@ -16,8 +16,8 @@ bool gemm_skinny_available();
 bool gemm_skinny_applies(bool tb, int64_t m, int64_t n, int64_t k, float alpha);
 
 // C (m x n, ldc) = op(A) B^T + beta C; op(A) is m x k (A stored m x k, or k x m when ta), B is
-// n x k (ldb). Each C[i][j] is one chain of fused multiply-adds in k's order, starting from
-// beta C[i][j] (0 when beta is 0: C is then not read), whatever the threads: its bits depend
+// n x k (ldb). Each C[i][j] is one chain of fused multiply-adds in k's order from 0, then
+// fma(beta, C[i][j], chain) (C not read when beta is 0), whatever the threads: its bits depend
 // on the shape and the values alone.
 void gemm_skinny(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc);

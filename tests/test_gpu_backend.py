@@ -238,11 +238,15 @@ def test_pycaffe_on_the_numpy_backend_matches_the_cpu():
     for name, blobs in cpu_net.params.items():
         for mine, theirs in zip(np_net.params[name], blobs):
             np.testing.assert_allclose(mine.diff, theirs.diff, rtol=1e-4, atol=1e-5)
-    # A write into a param's host array is what the next forward pass uses.
-    np_net.params["ip"][1].data[...] = 100.0
-    cpu_net.params["ip"][1].data[...] = 100.0
-    np.testing.assert_allclose(np_net.forward(data=x)["prob"], cpu_net.forward(data=x)["prob"],
-                               rtol=1e-5, atol=1e-6)
+    # A write into a param's host array is what the next forward pass uses. (Biases that
+    # differ, so that the softmax sees them, and small: at a logit of 100 one float32 step is
+    # 7.6e-6, and two GEMMs' last roundings may differ by it.)
+    bias = np.array([-1.0, 0.5, 2.0, 0.0, 1.0], np.float32)
+    np_net.params["ip"][1].data[...] = bias
+    cpu_net.params["ip"][1].data[...] = bias
+    got = np_net.forward(data=x)["prob"]
+    assert np.abs(got - want).max() > 0.01
+    np.testing.assert_allclose(got, cpu_net.forward(data=x)["prob"], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("backend", ["numpy", pytest.param("gpu", marks=needs_gpu)])

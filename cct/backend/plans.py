@@ -51,8 +51,9 @@ FORMAT = 1
 # key's modes renumbered to hold Caffe's engine (an older table's modes would mean others);
 # 7: the phase layouts for strided layers and the direct layout's AVX-512 tile (the modes'
 # radix grew with the layouts); 8: MKL's bf16 GEMMs whole on its own threads (mkl_threaded);
-# 9: the skinny float32 GEMM engine (GEMM choice 4).
-KERNEL_PLANS = 9
+# 9: the skinny float32 GEMM engine (GEMM choice 4); 10: that engine adds beta C after the
+# products, not before (its bits changed: a cache of 9 would replay other numbers).
+KERNEL_PLANS = 10
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 _CONV_FIELDS = 8
 _GEMM_FIELDS = 9

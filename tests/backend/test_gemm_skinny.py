@@ -1,8 +1,8 @@
 """The skinny float32 GEMM engine (csrc/gemm_skinny.cpp): C = op(A) B^T + beta C for C of at most
 64 rows, which the measured GEMMs race against the BLAS's two operand orders (GEMM choice 4).
 
-Its promise is exact: each C value is one chain of fused multiply-adds in k's order from beta
-C. The operands here are dyadic numbers with few bits, so that float64 holds every partial
+Its promise is exact: each C value is one chain of fused multiply-adds in k's order from 0, then
+beta C added with one rounding (last, as the BLAS adds it). The operands here are dyadic numbers with few bits, so that float64 holds every partial
 sum exactly and rounding it to float32 is the fused multiply-add's single rounding: the
 emulation below gives the engine's bits."""
 import numpy as np
@@ -30,13 +30,13 @@ def dyadic(shape, seed, scale=2.0 ** -17):
 
 
 def fma_chain(a_op, b, start):
-    """C[i, j] = fma(a_op[i, k-1], b[j, k-1], ... fma(a_op[i, 0], b[j, 0], start[i, j])),
-    each step rounded once to float32 (exact in float64 for dyadic())."""
-    acc = start.astype(np.float32)
+    """C[i, j] = start[i, j] + fma(a_op[i, k-1], b[j, k-1], ... fma(a_op[i, 0], b[j, 0], 0)),
+    each step and the last sum rounded once to float32 (exact in float64 for dyadic())."""
+    acc = np.zeros(start.shape, np.float32)
     a64, b64 = a_op.astype(np.float64), b.astype(np.float64)
     for k in range(a_op.shape[1]):
         acc = (acc.astype(np.float64) + a64[:, k, None] * b64[None, :, k]).astype(np.float32)
-    return acc
+    return (acc.astype(np.float64) + start.astype(np.float64)).astype(np.float32)
 
 
 def install(trans_a, m, n, k, accumulate, choice=SKINNY):
@@ -120,3 +120,15 @@ def test_a_choice_the_engines_do_not_have_is_refused(fresh_plans, row):
     with pytest.raises(ValueError, match="GEMM"):
         plans.install({"gemm": [row]})
     assert _C.plan_count() == 0
+
+
+def test_a_large_c_does_not_round_away_the_products(fresh_plans):
+    """beta C is added last, as the BLAS adds it: a chain started from a bias of 100 would round
+    each product to 100's float32 step (7.6e-6) and drift from the exact sum."""
+    m, n, k = 2, 5, 64
+    a_op, b = dyadic((m, k), 7, 2.0 ** -12), dyadic((n, k), 8, 2.0 ** -12)
+    out = np.full((m, n), 100.0, np.float32)
+    install(False, m, n, k, True)
+    _C.gemm(a_op, b, False, True, measured=True, out=out, accumulate=True)
+    exact = a_op.astype(np.float64) @ b.astype(np.float64).T + 100.0  # exact in float64
+    np.testing.assert_array_equal(out, exact.astype(np.float32))
