@@ -1,0 +1,54 @@
+"""bench/bench_thin_gemm.py times MKL's sgemm on the operands of cct's plan rows: the layouts it
+passes MKL must be the ones the row means, or the comparison times another product. It checks
+MKL's result against cct's on every call; here every operand order and accumulate runs once,
+in a child process (MKL's threading layer is set once per process, and the bf16 tests load
+MKL their own way)."""
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("bench_thin_gemm",
+                                              ROOT / "bench" / "bench_thin_gemm.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_operands_are_stored_as_the_row_says(ta, tb):
+    a, b, out = bench.operands([ta, tb, 3, 5, 7, 4, 1, False, False],
+                               np.random.default_rng(0))
+    assert a.shape == ((7, 3) if ta else (3, 7))
+    assert b.shape == ((5, 7) if tb else (7, 5))
+    assert out.shape == (3, 5) and not out.any()
+
+
+def test_mkl_computes_the_rows_product_in_every_operand_order():
+    from cct.backend import precision
+    if precision.engine_path() is None:
+        pytest.skip("MKL is not installed (pip install -e \".[bf16]\")")
+    code = f"""
+import importlib.util, sys
+sys.path.insert(0, {str(ROOT)!r})
+spec = importlib.util.spec_from_file_location("b", {str(ROOT / "bench" / "bench_thin_gemm.py")!r})
+b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
+from cct import _C
+mkl, note = b.load_mkl(2)
+assert mkl is not None, note
+for ta in (False, True):
+    for tb in (False, True):
+        for acc in (False, True):
+            row = [ta, tb, 13, 70, 33, 4, _C.blas_num_threads(), acc, False]
+            t = b.shape_times(row, mkl, 1, None)
+            assert set(t) == {{"cct", "mkl"}}, t
+print("ok")
+"""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
