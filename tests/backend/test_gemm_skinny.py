@@ -1,10 +1,11 @@
 """The skinny float32 GEMM engine (csrc/gemm_skinny.cpp): C = op(A) B^T + beta C for C of at most
 64 rows, which the measured GEMMs race against the BLAS's two operand orders (GEMM choice 4).
 
-Its promise is exact: each C value is one chain of fused multiply-adds in k's order from 0, then
-beta C added with one rounding (last, as the BLAS adds it). The operands here are dyadic numbers with few bits, so that float64 holds every partial
-sum exactly and rounding it to float32 is the fused multiply-add's single rounding: the
-emulation below gives the engine's bits."""
+Its promise is exact: each C value is one chain of fused multiply-adds in k's order from 0,
+then beta C added with one rounding (last, as the BLAS adds it). The operands here are dyadic
+numbers with few bits, so that float64 holds every partial sum exactly and rounding it to
+float32 is the fused multiply-add's single rounding: the emulation below gives the engine's
+bits."""
 import numpy as np
 import pytest
 
