@@ -124,8 +124,43 @@ __attribute__((target("avx2,fma"))) void forward_tile(const float* w, const floa
       }
     }
   }
-  const __m256 acc[kRows * kVecs] = {c00, c01, c02, c10, c11, c12, c20, c21, c22, c30, c31, c32};
-  for (int t = 0; t < kRows * kVecs; ++t) _mm256_storeu_ps(out + t * kLanes, acc[t]);
+  // Stored one by one: gathered into an array first, GCC spilled them and copied the array
+  // with `rep movsq` (8% of LeNet conv1's forward, whose tiles sum only 25 taps).
+  _mm256_store_ps(out, c00), _mm256_store_ps(out + 8, c01), _mm256_store_ps(out + 16, c02);
+  _mm256_store_ps(out + 24, c10), _mm256_store_ps(out + 32, c11);
+  _mm256_store_ps(out + 40, c12), _mm256_store_ps(out + 48, c20);
+  _mm256_store_ps(out + 56, c21), _mm256_store_ps(out + 64, c22);
+  _mm256_store_ps(out + 72, c30), _mm256_store_ps(out + 80, c31);
+  _mm256_store_ps(out + 88, c32);
+}
+
+// A tile's outputs (forward_tile's `out`: kRows x kVecs vectors of 8) into their channels'
+// planes: lane l of vector v of row r to dst[r] + pix[v] + l for l < count[v], plus bias[r],
+// through caffe_relu with `relu`. Full vectors go as vectors, with the scalar loop's operations
+// lane by lane: MAXPS(0, x) and MINPS(0, x) return x where std::max(x, 0) and std::min(x, 0)
+// do (x NaN, or a zero of either sign), so the bits are the same.
+__attribute__((target("avx2,fma"))) void store_tile(const float* out, int rows, int nv,
+                                                    const int64_t* pix, const int64_t* count,
+                                                    float* const* dst, const float* bias,
+                                                    bool relu) {
+  const __m256 zero = _mm256_setzero_ps();
+  for (int r = 0; r < rows; ++r) {
+    const __m256 b = _mm256_set1_ps(bias[r]);
+    for (int v = 0; v < nv; ++v) {
+      const float* src = out + (r * kVecs + v) * kLanes;
+      float* y = dst[r] + pix[v];
+      if (count[v] == kLanes) {
+        __m256 x = _mm256_add_ps(_mm256_load_ps(src), b);
+        if (relu)  // caffe_relu(x, 0): max(x, 0) + 0 * min(x, 0)
+          x = _mm256_add_ps(_mm256_max_ps(zero, x), _mm256_mul_ps(zero, _mm256_min_ps(zero, x)));
+        _mm256_storeu_ps(y, x);
+      } else if (relu) {
+        for (int64_t l = 0; l < count[v]; ++l) y[l] = caffe_relu(src[l] + bias[r], 0.0f);
+      } else {
+        for (int64_t l = 0; l < count[v]; ++l) y[l] = src[l] + bias[r];
+      }
+    }
+  }
 }
 
 // forward_tile with vectors of 16 pixels (out: 12 vectors of 16). Written out again rather
@@ -181,21 +216,31 @@ void forward_image(const float* xp, const float* wpk, const float* bias, bool re
     for (int64_t v0 = 0; v0 < vectors; v0 += kVecs) {
       const int nv = int(std::min<int64_t>(kVecs, vectors - v0));
       const float* at[kVecs];
-      int64_t pix[kVecs];
+      int64_t pix[kVecs], count[kVecs];
       for (int v = 0; v < kVecs; ++v) {
         const int64_t vec = v0 + (v < nv ? v : 0);
         const int64_t oh = vec / per_row, ow = vec % per_row * Lanes;
         at[v] = xp + oh * wp + ow;
         pix[v] = oh * s.wo + ow;
+        count[v] = std::min<int64_t>(Lanes, s.wo - ow);  // the lanes inside the row
       }
       (Lanes == 16 ? forward_tile_avx512 : forward_tile)(w, at[0], at[1], at[2], s.in,
                                                         s.plane(), s.kh, s.kw, s.extent,
                                                         s.dh * wp, s.dw, out);
-      for (int64_t r = 0; r < std::min<int64_t>(kRows, s.out - o0); ++r) {
+      const int rows = int(std::min<int64_t>(kRows, s.out - o0));
+      if (Lanes == kLanes) {
+        float* dst[kRows];
+        float b[kRows];
+        for (int r = 0; r < rows; ++r)
+          dst[r] = y + (o0 + r) * ystride, b[r] = bias ? bias[o0 + r] : 0.0f;
+        store_tile(out, rows, nv, pix, count, dst, b, relu);
+        continue;
+      }
+      for (int64_t r = 0; r < rows; ++r) {
         float* yo = y + (o0 + r) * ystride;
         const float b = bias ? bias[o0 + r] : 0.0f;
         for (int v = 0; v < nv; ++v) {
-          const int64_t n = std::min<int64_t>(Lanes, s.wo - pix[v] % s.wo);
+          const int64_t n = count[v];
           const float* src = out + (r * kVecs + v) * Lanes;
           if (relu) {
             for (int64_t l = 0; l < n; ++l) yo[pix[v] + l] = caffe_relu(src[l] + b, 0.0f);
@@ -293,9 +338,13 @@ __attribute__((target("avx2,fma"))) void weight_tile(const float* d0, const floa
       }
     }
   }
-  const __m256 acc[kRows * kTapsPerTile] = {c00, c01, c02, c10, c11, c12,
-                                            c20, c21, c22, c30, c31, c32};
-  for (int t = 0; t < kRows * kTapsPerTile; ++t) _mm256_storeu_ps(sum + t * kLanes, acc[t]);
+  // One by one, as forward_tile stores (an array of them went through the stack).
+  _mm256_storeu_ps(sum, c00), _mm256_storeu_ps(sum + 8, c01), _mm256_storeu_ps(sum + 16, c02);
+  _mm256_storeu_ps(sum + 24, c10), _mm256_storeu_ps(sum + 32, c11);
+  _mm256_storeu_ps(sum + 40, c12), _mm256_storeu_ps(sum + 48, c20);
+  _mm256_storeu_ps(sum + 56, c21), _mm256_storeu_ps(sum + 64, c22);
+  _mm256_storeu_ps(sum + 72, c30), _mm256_storeu_ps(sum + 80, c31);
+  _mm256_storeu_ps(sum + 88, c32);
 }
 
 // A fixed pairwise order over the lanes: the same on every run and every thread count.
