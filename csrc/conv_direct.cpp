@@ -89,6 +89,20 @@ void pad_image(const float* x, int64_t stride, const Shape& s, float* xp) {
     pad_plane(x + c * stride, s.h, s.w, s.ph, s.pw, xp + c * s.plane(), s.hp(), s.wp());
 }
 
+// A tile's twelve accumulators to dst[0..96), one by one. Gathered into an array and stored
+// in a loop, GCC spilled them and copied the array with `rep movsq` (8% of LeNet conv1's
+// forward, whose tiles sum only 25 taps).
+__attribute__((target("avx2,fma"), always_inline)) inline void store_twelve(
+    float* dst, __m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
+    __m256 a7, __m256 a8, __m256 a9, __m256 a10, __m256 a11) {
+  _mm256_storeu_ps(dst, a0), _mm256_storeu_ps(dst + 8, a1), _mm256_storeu_ps(dst + 16, a2);
+  _mm256_storeu_ps(dst + 24, a3), _mm256_storeu_ps(dst + 32, a4);
+  _mm256_storeu_ps(dst + 40, a5), _mm256_storeu_ps(dst + 48, a6);
+  _mm256_storeu_ps(dst + 56, a7), _mm256_storeu_ps(dst + 64, a8);
+  _mm256_storeu_ps(dst + 72, a9), _mm256_storeu_ps(dst + 80, a10);
+  _mm256_storeu_ps(dst + 88, a11);
+}
+
 // The forward tile: out[r][v] (8 lanes) = sum over `channels` and taps (i, j) of the packed
 // weight w[c][i][j][r] times the padded image at p_v + c * plane + i * row + j * col, channel
 // c's taps kh x kw or, with `extent`, extent[2c] x extent[2c + 1]. Twelve named accumulators:
@@ -124,14 +138,7 @@ __attribute__((target("avx2,fma"))) void forward_tile(const float* w, const floa
       }
     }
   }
-  // Stored one by one: gathered into an array first, GCC spilled them and copied the array
-  // with `rep movsq` (8% of LeNet conv1's forward, whose tiles sum only 25 taps).
-  _mm256_store_ps(out, c00), _mm256_store_ps(out + 8, c01), _mm256_store_ps(out + 16, c02);
-  _mm256_store_ps(out + 24, c10), _mm256_store_ps(out + 32, c11);
-  _mm256_store_ps(out + 40, c12), _mm256_store_ps(out + 48, c20);
-  _mm256_store_ps(out + 56, c21), _mm256_store_ps(out + 64, c22);
-  _mm256_store_ps(out + 72, c30), _mm256_store_ps(out + 80, c31);
-  _mm256_store_ps(out + 88, c32);
+  store_twelve(out, c00, c01, c02, c10, c11, c12, c20, c21, c22, c30, c31, c32);
 }
 
 // A tile's outputs (forward_tile's `out`: kRows x kVecs vectors of 8) into their channels'
@@ -338,13 +345,7 @@ __attribute__((target("avx2,fma"))) void weight_tile(const float* d0, const floa
       }
     }
   }
-  // One by one, as forward_tile stores (an array of them went through the stack).
-  _mm256_storeu_ps(sum, c00), _mm256_storeu_ps(sum + 8, c01), _mm256_storeu_ps(sum + 16, c02);
-  _mm256_storeu_ps(sum + 24, c10), _mm256_storeu_ps(sum + 32, c11);
-  _mm256_storeu_ps(sum + 40, c12), _mm256_storeu_ps(sum + 48, c20);
-  _mm256_storeu_ps(sum + 56, c21), _mm256_storeu_ps(sum + 64, c22);
-  _mm256_storeu_ps(sum + 72, c30), _mm256_storeu_ps(sum + 80, c31);
-  _mm256_storeu_ps(sum + 88, c32);
+  store_twelve(sum, c00, c01, c02, c10, c11, c12, c20, c21, c22, c30, c31, c32);
 }
 
 // A fixed pairwise order over the lanes: the same on every run and every thread count.
