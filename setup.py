@@ -94,6 +94,9 @@ EXTRAS = {
     # cct train -precision=bf16: Intel MKL's bf16 GEMM, loaded at run time
     # (cct/backend/precision.py). x86-64 Linux only, as the wheel is.
     "bf16": [MKL],
+    # Intel MKL's sgemm as a candidate in the float32 GEMM races (cct/backend/mkl.py): on
+    # Intel's CPUs the small-GEMM kernels OpenBLAS lacks there.
+    "mkl": [MKL],
     # cct train --engine=ray: groups and the parameter store's shards as Ray actors.
     "ray": ["ray>=2.60"],
     # caffe.io.resize_image calls what Caffe's io.py calls (scikit-image, SciPy's zoom)

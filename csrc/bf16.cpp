@@ -1,14 +1,12 @@
 // bf16 GEMMs on Intel MKL's cblas_gemm_bf16bf16f32 or cct's own kernel (see bf16.h).
 #include "bf16.h"
 
-#include <dlfcn.h>
-
 #include <atomic>
 #include <cstring>
-#include <mutex>
 #include <stdexcept>
 #include <vector>
 
+#include "mkl.h"
 #include "parallel.h"
 #include "workspace.h"
 
@@ -16,23 +14,9 @@ namespace cct {
 
 namespace {
 
-// MKL's prototype (mkl_cblas.h): LP64 integers, MKL_BF16 an unsigned 16-bit integer.
-using GemmBf16 = void (*)(int layout, int trans_a, int trans_b, int m, int n, int k, float alpha,
-                          const uint16_t* a, int lda, const uint16_t* b, int ldb, float beta,
-                          float* c, int ldc);
-using SetThreadingLayer = int (*)(int layer);
-using SetInt = void (*)(int value);
-using SetIntLocal = int (*)(int value);
-constexpr int kMklRowMajor = 101, kMklNoTrans = 111, kMklTrans = 112;
-constexpr int kMklThreadingSequential = 1, kMklThreadingGnu = 3;
-
 enum Engine : int { kMkl, kMklThreaded, kKernel };
 constexpr const char* kEngineNames[] = {"mkl", "mkl_threaded", "avx512bf16"};
 
-std::mutex g_load_mutex;
-std::atomic<GemmBf16> g_gemm{nullptr};
-// MKL's per-thread thread count; set when MKL was loaded with its GNU OpenMP threading layer.
-std::atomic<SetIntLocal> g_set_threads_local{nullptr};
 std::atomic<bool> g_on{false};
 std::atomic<int> g_engine{kMkl};
 
@@ -74,50 +58,14 @@ bool cpu_has_bf16_units() {
 #endif
 }
 
-std::string load_bf16_engine(const std::string& path, bool threaded) {
-  std::lock_guard<std::mutex> lock(g_load_mutex);
-  if (g_gemm.load() != nullptr) return "";
-  // Local: MKL's symbols must not stand in for the OpenBLAS ones _C links against.
-  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) return std::string(dlerror());
-  auto gemm = reinterpret_cast<GemmBf16>(dlsym(lib, "cblas_gemm_bf16bf16f32"));
-  auto layer = reinterpret_cast<SetThreadingLayer>(dlsym(lib, "MKL_Set_Threading_Layer"));
-  auto set_threads = reinterpret_cast<SetInt>(dlsym(lib, "MKL_Set_Num_Threads"));
-  auto set_dynamic = reinterpret_cast<SetInt>(dlsym(lib, "MKL_Set_Dynamic"));
-  auto set_local = reinterpret_cast<SetIntLocal>(dlsym(lib, "MKL_Set_Num_Threads_Local"));
-  if (gemm == nullptr || layer == nullptr || set_threads == nullptr || set_dynamic == nullptr ||
-      set_local == nullptr) {
-    dlclose(lib);
-    return path + " has no cblas_gemm_bf16bf16f32 (an MKL older than 2020?)";
-  }
-  // The layer holds for the library's life and must be set before any other MKL call. The
-  // GNU layer (libgomp, which the caller checked loads) serves both MKL engines: one thread by
-  // default, so that MKL called from cct's threads (the column blocks, the partitions) never
-  // starts threads of its own to compete with them for the same cores, and the whole GEMM on
-  // cct's thread count where mkl_threaded asks for it. Not dynamic: MKL takes the count given,
-  // so a count gives one split of the work.
-  if (threaded && layer(kMklThreadingGnu) == kMklThreadingGnu) {
-    set_threads(1);
-    set_dynamic(0);
-    g_set_threads_local = set_local;
-  } else {
-    layer(kMklThreadingSequential);
-  }
-  g_gemm = gemm;
-  return "";
-}
-
-bool bf16_engine_loaded() { return g_gemm.load() != nullptr; }
-bool bf16_engine_threaded() { return g_set_threads_local.load() != nullptr; }
-
 void set_bf16_engine(const std::string& name) {
   if (name == "mkl" || name == "mkl_threaded") {
-    if (!bf16_engine_loaded())
+    if (!mkl_loaded())
       throw std::runtime_error("bf16 engine '" + name +
-                               "' is not loaded: call load_bf16_engine first");
-    if (name == "mkl_threaded" && !bf16_engine_threaded())
+                               "' is not loaded: call load_mkl first");
+    if (name == "mkl_threaded" && !mkl_threaded())
       throw std::runtime_error("bf16 engine 'mkl_threaded' needs MKL loaded with its GNU "
-                               "threading layer (load_bf16_engine(path, threaded=True))");
+                               "threading layer (load_mkl(path, threaded=True))");
     g_engine = name == "mkl" ? kMkl : kMklThreaded;
   } else if (name == "avx512bf16") {
     if (!bf16_kernel_supported())
@@ -132,8 +80,8 @@ void set_bf16_engine(const std::string& name) {
 std::string bf16_engine() { return kEngineNames[g_engine.load()]; }
 
 void set_bf16_gemm(bool on) {
-  if (on && g_engine != kKernel && !bf16_engine_loaded())
-    throw std::runtime_error("bf16 GEMMs need an engine: call load_bf16_engine first, or "
+  if (on && g_engine != kKernel && !mkl_loaded())
+    throw std::runtime_error("bf16 GEMMs need an engine: call load_mkl first, or "
                              "set_bf16_engine('avx512bf16') on a CPU with AVX512-BF16");
   g_on = on;
 }
@@ -158,20 +106,13 @@ namespace {
 void mkl_gemm(int chosen, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
               const uint16_t* a16, int64_t a_cols, const uint16_t* b16, int64_t b_ld, float beta,
               float* c, int64_t ldc) {
-  const GemmBf16 engine = g_gemm.load();
-  if (engine == nullptr) throw std::runtime_error("bf16 GEMM without its engine loaded");
   const int threads = num_threads();  // 1 inside a partition (SerialScope)
   if (chosen == kMklThreaded && threads > 1) {
     // The whole GEMM in one call on MKL's own threads: AMX's tiles want large, whole GEMMs
     // (a 3072^3 bf16 GEMM on two Sapphire Rapids cores: 709 GFLOP/s one thread, 1,489 two
     // threads of MKL's, against column blocks of 64 on cct's threads). MKL's split of the work
     // follows the thread count: the result does too.
-    const SetIntLocal set_local = g_set_threads_local.load();
-    const int before = set_local(threads);
-    engine(kMklRowMajor, ta ? kMklTrans : kMklNoTrans, tb ? kMklTrans : kMklNoTrans, int(m),
-           int(n), int(k), alpha, a16, int(a_cols), b16, int(b_ld), beta, c, int(ldc));
-    set_local(before);
-    return;
+    return mkl_gemm_bf16(threads, ta, tb, m, n, k, alpha, a16, a_cols, b16, b_ld, beta, c, ldc);
   }
   const int blocks = int((n + kColumnBlock - 1) / kColumnBlock);
   // One engine call per column block whatever the thread count, so that the result does not
@@ -179,9 +120,8 @@ void mkl_gemm(int chosen, bool ta, bool tb, int64_t m, int64_t n, int64_t k, flo
   parallel_for(blocks, m * k * kColumnBlock, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
       const int64_t j0 = block * kColumnBlock, j1 = std::min(n, j0 + kColumnBlock);
-      engine(kMklRowMajor, ta ? kMklTrans : kMklNoTrans, tb ? kMklTrans : kMklNoTrans, int(m),
-             int(j1 - j0), int(k), alpha, a16, int(a_cols), b16 + (tb ? j0 * b_ld : j0),
-             int(b_ld), beta, c + j0, int(ldc));
+      mkl_gemm_bf16(1, ta, tb, m, j1 - j0, k, alpha, a16, a_cols,
+                    b16 + (tb ? j0 * b_ld : j0), b_ld, beta, c + j0, ldc);
     }
   });
 }

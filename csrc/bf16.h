@@ -6,8 +6,8 @@
 // with float32 accumulation in the bf16 GEMM engine, writing float32 as before.
 //
 // Three engines, which Python picks between by timing them (cct/backend/precision.py):
-// - Intel MKL's cblas_gemm_bf16bf16f32, loaded at run time from the path the Python side
-//   finds (the `mkl` wheel, cct[bf16]): AMX or AVX512-BF16 kernels on Intel CPUs, a float32
+// - Intel MKL's cblas_gemm_bf16bf16f32, loaded at run time (mkl.h) from the path the Python
+//   side finds (the `mkl` wheel, cct[bf16]): AMX or AVX512-BF16 kernels on Intel CPUs, a float32
 //   emulation elsewhere (correct, but slower than cct's float32: that is why Python turns bf16
 //   on only where the CPU has the units, or when asked to emulate them). On AMD's Zen 4, which
 //   has AVX512-BF16, MKL 2026.2 still emulates: half cct's float32 speed. Two ways to call it:
@@ -27,15 +27,9 @@ namespace cct {
 // Whether this CPU (and the OS) runs bf16 arithmetic natively: AVX512-BF16 or AMX-BF16.
 bool cpu_has_bf16_units();
 
-// Loads the engine from a shared library's path, with MKL's GNU threading layer when threaded
-// (the caller checked that libgomp loads; else sequential); returns "" on success, else why it
-// failed. The first load holds for the process.
-std::string load_bf16_engine(const std::string& path, bool threaded);
-bool bf16_engine_loaded();
-bool bf16_engine_threaded();  // loaded with the threading layer: "mkl_threaded" can run
-
-// Picks the engine: "mkl", "mkl_threaded" (need load_bf16_engine) or "avx512bf16" (needs the
-// CPU's support); throws otherwise. MKL until set.
+// Picks the engine: "mkl", "mkl_threaded" (need MKL loaded, mkl.h's load_mkl; the second with
+// its threading layer) or "avx512bf16" (needs the CPU's support); throws otherwise. MKL until
+// set.
 void set_bf16_engine(const std::string& name);
 std::string bf16_engine();
 bool bf16_kernel_supported();  // the CPU runs cct's own kernel (AVX512-BF16, -BW, -VL)

@@ -15,6 +15,12 @@
 // Float32 calls of the skinny engine's form (gemm_skinny.h: C with at most 64 rows times a
 // B^T streamed along the summed dimension, a fully connected layer's forward at batch 32 or a
 // thin convolution's weight gradient) also race that engine.
+//
+// Where MKL is loaded and offered (mkl.h; cct/backend/mkl.py offers it where MKL is installed),
+// float32 calls also race MKL's cblas_sgemm, whole on as many MKL threads as OpenBLAS runs (one
+// inside a batch partition). Its AVX-512 kernels are the small-GEMM engine OpenBLAS lacks on
+// Intel's CPUs (OpenBLAS's SkylakeX kernels ran 32-row GEMMs at 45-70% of a Xeon core's peak);
+// on AMD's the races seldom pick it.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -28,6 +34,7 @@
 #include "gemm.h"
 #include "gemm_skinny.h"
 #include "kernels.h"
+#include "mkl.h"
 #include "parallel.h"
 
 namespace cct {
@@ -38,8 +45,8 @@ namespace {
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int, bool>;
 std::mutex g_mutex;
 // 0 direct, 1 transposed; under bf16 also 2 and 3: the same orders in float32; 4 the skinny
-// engine (float32 whatever the precision).
-constexpr int kSkinnyChoice = 4;
+// engine, 5 MKL's sgemm (both float32 whatever the precision).
+constexpr int kSkinnyChoice = 4, kMklChoice = 5;
 std::map<Key, int> g_transposed;
 std::atomic<int> g_order{0};  // 0 measure, 1 direct, 2 transposed
 
@@ -81,8 +88,21 @@ bool skinny_applies(bool tb, int64_t m, int64_t n, int64_t k, T alpha) {
   return false;
 }
 
-// Runs the call as `choice` says. A choice of the skinny engine that cannot take it (a plan
-// made on a CPU with AVX2 installed on one without) runs the direct order.
+// MKL's sgemm runs on as many threads as OpenBLAS would (one inside a batch partition): the
+// count the table's key holds, so that a choice of MKL replays the same split of the work.
+int mkl_threads() { return std::max(1, blas_get_num_threads()); }
+
+// Whether MKL's sgemm races the call: float32, MKL loaded and offered, and able to run on that
+// many threads (its threading layer, or one thread).
+template <typename T>
+bool mkl_applies() {
+  return std::is_same_v<T, float> && mkl_sgemm_offered() &&
+         (mkl_threaded() || mkl_threads() == 1);
+}
+
+// Runs the call as `choice` says. A choice that cannot run here (a plan made on a CPU with
+// AVX2 installed on one without; MKL's, where MKL is not loaded) runs the direct order; plans.py
+// warns when it installs such a plan.
 template <typename T>
 void run_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha,
                 const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
@@ -96,6 +116,15 @@ void run_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T
     }
     choice = 0;
   }
+  if (choice == kMklChoice) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (mkl_loaded()) {
+        mkl_sgemm(mkl_threads(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+      }
+    }
+    choice = 0;
+  }
   const bool float32_only = choice >= 2;
   if (choice & 1) {
     gemm_transposed(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, scratch,
@@ -103,6 +132,15 @@ void run_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T
   } else {
     gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, float32_only);
   }
+}
+
+template <typename T>
+std::vector<int> candidates(bool tb, int64_t m, int64_t n, int64_t k) {
+  std::vector<int> choices{0, 1};
+  if (std::is_same_v<T, float> && bf16_gemm_enabled()) choices.insert(choices.end(), {2, 3});
+  if (skinny_applies(tb, m, n, k, T(1))) choices.push_back(kSkinnyChoice);
+  if (mkl_applies<T>()) choices.push_back(kMklChoice);
+  return choices;
 }
 
 // The table's key of a call: bf16 GEMMs (bf16.h) take their own orders (element size 2).
@@ -137,9 +175,7 @@ int choose_order(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, 
   // sample is at the mercy of a busy machine. The second round skips a candidate over twice
   // the best's first time (fc6's weight gradient in the slow order: 150 ms a call).
   std::vector<T> out(size_t(m * n));
-  std::vector<int> choices{0, 1};
-  if (bf16) choices.insert(choices.end(), {2, 3});
-  if (skinny_applies(tb, m, n, k, T(1))) choices.push_back(kSkinnyChoice);
+  const std::vector<int> choices = candidates<T>(tb, m, n, k);
   std::vector<double> seconds(choices.size(), 1e300);
   for (int round = 0; round < 2; ++round) {
     const double best = *std::min_element(seconds.begin(), seconds.end());
@@ -177,6 +213,10 @@ int gemm_known_choice(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T beta)
   return it == g_transposed.end() ? -1 : it->second;
 }
 
+std::vector<int> gemm_candidates(bool tb, int64_t m, int64_t n, int64_t k) {
+  return candidates<float>(tb, m, n, k);
+}
+
 std::vector<GemmChoice> gemm_choices() {
   std::lock_guard<std::mutex> lock(g_mutex);
   std::vector<GemmChoice> out;
@@ -190,10 +230,10 @@ std::vector<GemmChoice> gemm_choices() {
 void load_gemm_choices(const std::vector<GemmChoice>& entries) {
   std::lock_guard<std::mutex> lock(g_mutex);
   for (const auto& [ta, tb, m, n, k, size, threads, accumulate, choice] : entries) {
-    if (choice < 0 || choice > kSkinnyChoice || (choice >= 2 && choice <= 3 && size != 2) ||
-        (choice == kSkinnyChoice && size == 8))
+    if (choice < 0 || choice > kMklChoice || (choice >= 2 && choice <= 3 && size != 2) ||
+        (choice >= kSkinnyChoice && size == 8))
       throw std::invalid_argument(
-          "a GEMM choice must be 0 or 1 (2 or 3 under bf16), or 4 in float32 or bf16");
+          "a GEMM choice must be 0 or 1 (2 or 3 under bf16), or 4 or 5 in float32 or bf16");
     g_transposed[Key{ta, tb, m, n, k, size, threads, accumulate}] = choice;
   }
 }

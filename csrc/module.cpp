@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bf16.h"
+#include "mkl.h"
 #include "conv_direct.h"
 #include "gemm.h"
 #include "gemm_skinny.h"
@@ -497,12 +498,17 @@ PYBIND11_MODULE(_C, m) {
         "Whether this CPU runs the direct convolution layout (AVX2 and FMA).");
   m.def("cpu_has_bf16_units", &cct::cpu_has_bf16_units,
         "Whether this CPU runs bf16 arithmetic natively (AVX512-BF16 or AMX-BF16).");
-  m.def("load_bf16_engine", &cct::load_bf16_engine, py::arg("path"), py::arg("threaded") = false,
-        "Loads the bf16 GEMM engine (MKL's runtime library) from path, with MKL's GNU "
-        "threading layer when threaded: '' or why it failed.");
-  m.def("bf16_engine_loaded", &cct::bf16_engine_loaded);
-  m.def("bf16_engine_threaded", &cct::bf16_engine_threaded,
+  m.def("load_mkl", &cct::load_mkl, py::arg("path"), py::arg("threaded") = false,
+        "Loads Intel MKL's runtime library from path (the bf16 engines', and the float32 "
+        "GEMM races' candidate), with MKL's GNU threading layer when threaded: '' or why it "
+        "failed.");
+  m.def("mkl_loaded", &cct::mkl_loaded);
+  m.def("mkl_threaded", &cct::mkl_threaded,
         "Whether MKL was loaded with its threading layer ('mkl_threaded' can run).");
+  m.def("mkl_version", &cct::mkl_version, "MKL's version string ('' before it is loaded).");
+  m.def("set_mkl_sgemm_offered", &cct::set_mkl_sgemm_offered, py::arg("on"),
+        "Whether the float32 GEMM races time MKL's sgemm (GEMM choice 5; needs MKL loaded).");
+  m.def("mkl_sgemm_offered", &cct::mkl_sgemm_offered);
   m.def("set_bf16_engine", &cct::set_bf16_engine, py::arg("name"),
         "The bf16 GEMM engine: 'mkl', 'mkl_threaded' (loaded first) or 'avx512bf16' "
         "(cct's own kernel).");
@@ -529,7 +535,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("gemm_choices", &cct::gemm_choices,
         "(trans_a, trans_b, m, n, k, itemsize, BLAS threads, accumulate, choice) per shape "
         "measured; choice 0 direct, 1 transposed, 2 and 3 the same in float32 under bf16, 4 "
-        "the skinny engine (float32).");
+        "the skinny engine, 5 MKL's sgemm (both float32).");
+  m.def("gemm_candidates", &cct::gemm_candidates, py::arg("trans_b"), py::arg("m"),
+        py::arg("n"), py::arg("k"),
+        "The choices a float32 GEMM of this shape would race now.");
   m.def("gemm_skinny_available", &cct::gemm_skinny_available,
         "Whether this CPU has the skinny GEMM engine's kernel (AVX2 and FMA), which the GEMM "
         "races then try for float32 C = op(A) B^T of at most 64 rows.");

@@ -44,15 +44,20 @@ python3 -P -c "import numpy, cct; print('NumPy', numpy.__version__, 'cct', cct._
 cd "$REPO"
 # MKL ends the process when a kernel library it dispatches to is missing (AMD CPUs take
 # libmkl_def, AVX10 ones libmkl_avx10, neither in the bundle): probe one bf16 GEMM per MKL
-# engine first, and without MKL measure cct's own AVX512-BF16 kernel, saying so.
+# engine and a float32 race with MKL's sgemm first, and without MKL measure cct's own AVX512-BF16 kernel, saying so.
 if [ -n "${CCT_BF16_LIBRARY:-}" ] && ! $PIN python3 -P -c "
-from cct.backend import precision
+import numpy as np
+from cct.backend import mkl, precision
 from cct.native import _C
-why = precision._load_mkl()
+why = mkl.load()
 if why:
     raise SystemExit(why)
-for e in ('mkl', 'mkl_threaded') if _C.bf16_engine_threaded() else ('mkl',):
-    print(e, round(precision._gflops(e, 0)), 'GFLOP/s')" > "$OUT/logs/mkl_probe.txt" 2>&1; then
+for e in ('mkl', 'mkl_threaded') if _C.mkl_threaded() else ('mkl',):
+    print(e, round(precision._gflops(e, 0)), 'GFLOP/s')
+mkl.offer_sgemm()  # the float32 races time MKL's sgemm too
+a, b = np.ones((64, 256), np.float32), np.ones((128, 256), np.float32)
+assert (_C.gemm(a, b, False, True, measured=True) == 256).all()
+print('float32 races with MKL:', _C.gemm_choices())" > "$OUT/logs/mkl_probe.txt" 2>&1; then
     echo "== MKL does not run here; cct's own bf16 kernel only:"; tail -n 3 "$OUT/logs/mkl_probe.txt"
     unset CCT_BF16_LIBRARY
 else

@@ -28,8 +28,9 @@ transposed], ...], "bf16": engine}``: the C++ tables' keys and choices as they a
 lowered, 1 pointwise, 2 direct, 3 Winograd F(2x2, 3x3) or F(2x2, 5x5), 4 Winograd F(4x4,
 3x3); a GEMM's accumulate: whether it adds into C (raced apart from overwriting it), its
 choice true/false for its operand order, 2 or 3 for the same orders run in float32 under
-bf16, 4 for the skinny float32 engine), and the bf16 GEMM engine once one was chosen
-(cct/backend/precision.py times them: the engines round differently too).
+bf16, 4 for the skinny float32 engine, 5 for MKL's sgemm where MKL is installed,
+cct/backend/mkl.py), and the bf16 GEMM engine once one was chosen (cct/backend/precision.py
+times them: the engines round differently too).
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from ..native import _C, __version__
 from ..errors import CCTError
 from ..glog import info, warning
 from ..io.atomic import atomic_write
+from . import mkl
 
 FORMAT = 1
 # The candidate plans the kernels measure; a cache written before a new one existed would
@@ -52,9 +54,11 @@ FORMAT = 1
 # 7: the phase layouts for strided layers and the direct layout's AVX-512 tile (the modes'
 # radix grew with the layouts); 8: MKL's bf16 GEMMs whole on its own threads (mkl_threaded);
 # 9: the skinny float32 GEMM engine (GEMM choice 4); 10: that engine adds beta C after the
-# products, not before (its bits changed: a cache of 9 would replay other numbers).
-KERNEL_PLANS = 10
+# products, not before (its bits changed: a cache of 9 would replay other numbers); 11: MKL's
+# sgemm (GEMM choice 5, where MKL is offered: the fingerprint holds its version then).
+KERNEL_PLANS = 11
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
+MKL_CHOICE = 5  # a GEMM row's choice of MKL's sgemm
 _CONV_FIELDS = 8
 _GEMM_FIELDS = 9
 _GEMM_FIELDS_BEFORE_ACCUMULATE = 8  # tables written before adding and overwriting were apart
@@ -82,7 +86,7 @@ def table() -> dict:
     conv = [[k, list(geom), size, threads, modes, parts, layout, bool(chunks)]
             for k, geom, size, threads, modes, parts, layout, chunks in _C.conv_plan_table()]
     # choice: true/false (the operand order transposed or not); under bf16 also 2 and 3, the
-    # same orders in float32; 4 the skinny float32 engine (csrc/gemm_skinny.h)
+    # same orders in float32; 4 the skinny float32 engine (csrc/gemm_skinny.h), 5 MKL's sgemm
     gemm = [[bool(ta), bool(tb), m, n, k, size, threads, bool(acc), bool(ch) if ch < 2 else ch]
             for ta, tb, m, n, k, size, threads, acc, ch in _C.gemm_choices()]
     tab = {"conv": conv, "gemm": gemm}
@@ -147,8 +151,9 @@ def _gemm_row(row) -> tuple:
     ta, tb, m, n, k, size, threads, accumulate, choice = row
     if not all(isinstance(v, bool) for v in (ta, tb, accumulate)):
         raise ValueError(f"a GEMM order's flags are not true/false: {row!r:.80}")
-    if not (isinstance(choice, bool) or choice in (2, 3, 4) and isinstance(choice, int)):
-        raise ValueError(f"a GEMM order's choice is not true/false, 2, 3 or 4: {row!r:.80}")
+    if not (isinstance(choice, bool) or choice in (2, 3, 4, MKL_CHOICE)
+            and isinstance(choice, int)):
+        raise ValueError(f"a GEMM order's choice is not true/false, 2, 3, 4 or 5: {row!r:.80}")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (m, n, k, size, threads)):
         raise ValueError(f"a GEMM order holds a size that is not an integer: {row!r:.80}")
     return ta, tb, m, n, k, size, threads, accumulate, int(choice)
@@ -174,6 +179,12 @@ def install(tab) -> int:
         raise ValueError(f"a plan does not fit the kernels' tables: {e}") from None
     if bf16 is not None:
         _state["bf16"] = bf16
+    on_mkl = sum(row[-1] == MKL_CHOICE for row in gemm)
+    failure = mkl.load() if on_mkl else None  # plans of MKL's run it wherever it loads
+    if failure is not None:
+        warning("plans.py:0", f"{on_mkl} GEMM plan(s) run MKL's sgemm, which cannot run here "
+                f"({failure}): they run OpenBLAS's direct order, whose numbers differ in the "
+                f"last bits")
     count = len(conv) + len(gemm) + (bf16 is not None)
     for name, (_, install_rows) in _device_tables.items():
         rows = tab.get(name)
@@ -197,7 +208,7 @@ def fingerprint() -> dict:
     except OSError:
         pass
     return {"cpu": model, "cores": _C.available_cores(), "blas": _C.blas_config(),
-            "cct": __version__, "kernel_plans": KERNEL_PLANS}
+            "cct": __version__, "kernel_plans": KERNEL_PLANS, "mkl": mkl.sgemm_fingerprint()}
 
 
 def user_cache_folder() -> str:
@@ -248,6 +259,7 @@ def use_machine_cache() -> None:
     if _state["loaded"] or deterministic():
         return
     _state["loaded"] = True
+    mkl.offer_sgemm()  # before the fingerprint, which holds the candidates
     path = cache_path()
     _state["path"] = path
     if path is None:

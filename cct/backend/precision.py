@@ -23,23 +23,18 @@ device backends' precisions are set): asked of the CPU, it says so and stays in 
 """
 from __future__ import annotations
 
-import ctypes
-import importlib.metadata
 import os
 import time
-from pathlib import Path
 from typing import Dict, List, Optional
 
 import numpy as np
 
 from ..native import _C
-from . import plans, reduced
+from . import mkl, plans, reduced
 from ..errors import CCTError
 from ..glog import info, warning
-from ..install import install_hint
 
 PRECISIONS = ("float32", "bf16")
-LIBRARY_ENV = "CCT_BF16_LIBRARY"
 EMULATE_ENV = "CCT_BF16"
 ENGINE_ENV = "CCT_BF16_ENGINE"
 ENGINES = plans.BF16_ENGINES
@@ -48,24 +43,9 @@ RACE_SHAPE = (384, 2304, 1352)
 _chosen: Dict[str, object] = {}  # "speeds": the race's, once run (the engine is a plan)
 
 
-def engine_path() -> Optional[str]:
-    """The bf16 GEMM engine's library: ``$CCT_BF16_LIBRARY``, else MKL's runtime library from
-    the installed ``mkl`` wheel, else None."""
-    if os.environ.get(LIBRARY_ENV):
-        return os.environ[LIBRARY_ENV]
-    try:
-        files = importlib.metadata.files("mkl") or []
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for f in files:
-        if f.name.startswith("libmkl_rt.so"):
-            return str(f.locate().resolve())
-    return None
-
-
 def has_engine() -> bool:
     """Whether some bf16 GEMM engine can run here: cct's kernel, or MKL's wheel installed."""
-    return bool(_C.bf16_kernel_supported()) or engine_path() is not None
+    return bool(_C.bf16_kernel_supported()) or mkl.library_path() is not None
 
 
 def _emulate_requested() -> bool:
@@ -75,39 +55,16 @@ def _emulate_requested() -> bool:
     return value == "emulate"
 
 
-def _threading_failure(path: str) -> Optional[str]:
-    """Why MKL cannot run its own threads here (the ``mkl_threaded`` engine), or None: it needs
-    its GNU threading layer beside the library and libgomp, which MKL would otherwise end the
-    process for lacking at its first call."""
-    if not any(Path(path).resolve().parent.glob("libmkl_gnu_thread.so*")):
-        return f"no libmkl_gnu_thread beside {path}"
-    try:
-        ctypes.CDLL("libgomp.so.1")
-    except OSError as e:
-        return f"GNU OpenMP (libgomp.so.1) does not load: {e}"
-    return None
-
-
 def _load_mkl() -> Optional[str]:
-    """Loads MKL's bf16 GEMM, with its threading layer where it can run; None when loaded,
-    else why not."""
-    if _C.bf16_engine_loaded():
-        return None
-    path = engine_path()
-    if path is None:
-        return (f"no bf16 GEMM engine: {install_hint('bf16')} (Intel MKL), or set "
-                f"${LIBRARY_ENV} to a libmkl_rt")
-    threading = _threading_failure(path)
-    if threading is not None:
-        _chosen["threading"] = threading
-    failure = _C.load_bf16_engine(path, threaded=threading is None)
-    return f"the bf16 GEMM engine '{path}' did not load: {failure}" if failure else None
+    """Loads MKL (cct/backend/mkl.py); None when loaded, else why not, naming the engine."""
+    failure = mkl.load()
+    return None if failure is None else f"the bf16 GEMM engine: {failure}"
 
 
 def _runnable(named: str, kernel: bool, mkl_failure: Optional[str]) -> List[str]:
     """The engines that can run here, in ENGINES' order (all of them, or the one named)."""
     can = {"avx512bf16": kernel, "mkl": mkl_failure is None,
-           "mkl_threaded": mkl_failure is None and bool(_C.bf16_engine_threaded())}
+           "mkl_threaded": mkl_failure is None and bool(_C.mkl_threaded())}
     return [e for e in ENGINES if can[e] and named in ("", e)]
 
 
@@ -149,7 +106,7 @@ def _choose_engine() -> Optional[str]:
     if not runnable:
         if named == "mkl_threaded" and mkl_failure is None:
             return (f"${ENGINE_ENV}=mkl_threaded but MKL cannot run its own threads here: "
-                    f"{_chosen.get('threading')}")
+                    f"{mkl.threading()}")
         return mkl_failure
     engine = plans.bf16_engine()
     if engine not in runnable:
@@ -167,9 +124,9 @@ def engine_description() -> str:
     """The chosen engine in words, with the speeds that chose it."""
     engine = _C.bf16_engine()
     words = {"avx512bf16": "cct's AVX512-BF16 kernel",
-             "mkl": f"MKL's cblas_gemm_bf16bf16f32 ({engine_path()}) in column blocks on "
+             "mkl": f"MKL's cblas_gemm_bf16bf16f32 ({mkl.library_path()}) in column blocks on "
                     f"cct's threads",
-             "mkl_threaded": f"MKL's cblas_gemm_bf16bf16f32 ({engine_path()}), whole GEMMs on "
+             "mkl_threaded": f"MKL's cblas_gemm_bf16bf16f32 ({mkl.library_path()}), whole GEMMs on "
                              f"MKL's threads"}[engine]
     speeds = _chosen.get("speeds") or {}
     if speeds:

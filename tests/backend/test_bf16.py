@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from cct import _C
-from cct.backend import cpu, plans, precision, reference
+from cct.backend import cpu, mkl, plans, precision, reference
 from cct.errors import CCTError
 from cct.install import install_hint
 
@@ -25,10 +25,10 @@ NO_KERNEL = "this CPU has no AVX512-BF16 for cct's own bf16 kernel"
 
 
 def skip_unless_runs(engine: str) -> None:
-    if engine.startswith("mkl") and precision.engine_path() is None:
+    if engine.startswith("mkl") and mkl.library_path() is None:
         pytest.skip(NO_MKL)
     if engine == "mkl_threaded":
-        failure = precision._threading_failure(precision.engine_path())
+        failure = mkl.threading_failure(mkl.library_path())
         if failure is not None:
             pytest.skip(f"MKL cannot run its own threads here: {failure}")
     if engine == "avx512bf16" and not _C.bf16_kernel_supported():
@@ -150,7 +150,7 @@ def test_bf16_gemms_repeat_to_the_bit_on_any_thread_count(bf16):
 def mkl_calls(capfd, run):
     """The (n, threads) of every bf16 GEMM MKL ran during run(), from its verbose mode (MKL
     writes a line per call to the process's stdout)."""
-    library = ctypes.CDLL(precision.engine_path())  # the handle cct loaded: same library
+    library = ctypes.CDLL(mkl.library_path())  # the handle cct loaded: same library
     capfd.readouterr()
     library.MKL_Verbose(1)
     try:
@@ -369,7 +369,7 @@ def test_measured_gemms_may_choose_float32(bf16):
     a, b = rand((24, 300), np.float32, 1), rand((300, 200), np.float32, 2)
     got = cpu.matmul(a, b)
     (row,) = [r for r in plans.table()["gemm"] if r[2:5] == [24, 200, 300]]
-    assert row[5] == 2 and row[7] is False and row[8] in (False, True, 2, 3)
+    assert row[5] == 2 and row[7] is False and row[8] in (False, True, 2, 3, plans.MKL_CHOICE)
     again = cpu.matmul(a, b)
     np.testing.assert_array_equal(got, again)
     for choice, expect_float32 in ((False, False), (True, False), (2, True), (3, True)):
@@ -385,6 +385,11 @@ def test_measured_gemms_may_choose_float32(bf16):
         _C.clear_plans()
         plans.install({"gemm": [[False, True] + row[2:8] + [4]]})
         close(cpu.matmul(a, bt.T), (a.astype(np.float64) @ b).astype(np.float32), np.float32)
+    if _C.mkl_loaded():
+        # MKL's sgemm (choice 5) is a float32 candidate under bf16 too
+        _C.clear_plans()
+        plans.install({"gemm": [row[:8] + [plans.MKL_CHOICE]]})
+        close(cpu.matmul(a, b), (a.astype(np.float64) @ b).astype(np.float32), np.float32)
     _C.clear_plans()
     with pytest.raises(ValueError, match="choice"):
-        plans.install({"gemm": [row[:8] + [5]]})
+        plans.install({"gemm": [row[:8] + [6]]})

@@ -1,0 +1,185 @@
+"""MKL's sgemm as a candidate in the float32 GEMM races (cct/backend/mkl.py, csrc/mkl.cpp, GEMM
+choice 5). Where MKL is installed (the ``mkl`` extra) the runs offer it to the races; a plan that
+chose it must compute op(A) op(B) (+ C) in every operand order, be MKL's own product (the bits
+MKL gives the same call), and repeat its bits. Without MKL these skip, saying why; the offer's
+rules and the plan rows' checks run everywhere."""
+import ctypes
+
+import numpy as np
+import pytest
+
+from cct import _C
+from cct.backend import mkl, plans
+from cct.errors import CCTError
+from cct.install import install_hint
+
+MKL = plans.MKL_CHOICE
+
+
+def needs_mkl():
+    if mkl.library_path() is None:
+        pytest.skip(f"MKL is not installed: {install_hint('mkl')}")
+    why = mkl.load()
+    if why is not None:
+        pytest.skip(why)
+
+
+@pytest.fixture
+def fresh_plans():
+    _C.clear_plans()
+    threads = _C.get_num_threads()
+    yield
+    _C.set_num_threads(threads)
+    _C.clear_plans()
+
+
+@pytest.fixture
+def offered():
+    """MKL's sgemm offered to the races for the test, as it was after."""
+    needs_mkl()
+    was = _C.mkl_sgemm_offered()
+    _C.set_mkl_sgemm_offered(True)
+    yield
+    _C.set_mkl_sgemm_offered(was)
+
+
+def dyadic(shape, seed, scale=2.0 ** -17):
+    """Values with at most 8 significant bits on a 2^-17 grid: every partial sum of the shapes
+    below is exact in float32, so any order of the sums gives the exact product."""
+    return np.random.default_rng(seed).integers(-255, 256, shape).astype(np.float32) * scale
+
+
+def install(ta, tb, m, n, k, accumulate, choice=MKL):
+    _C.load_gemm_choices([(ta, tb, m, n, k, 4, _C.blas_num_threads(), accumulate, choice)])
+
+
+def operands(ta, tb, m, n, k, seed=0):
+    a = dyadic((k, m) if ta else (m, k), seed)
+    b = dyadic((n, k) if tb else (k, n), seed + 1)
+    return a, b
+
+
+def exact(a, b, ta, tb, start=None):
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    out = (a64.T if ta else a64) @ (b64.T if tb else b64)
+    return (out if start is None else out + start).astype(np.float32)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (13, 70, 33), (32, 100, 260), (64, 9, 700)],
+                         ids=str)
+def test_a_plan_of_mkl_computes_the_product(fresh_plans, m, n, k, ta, tb, accumulate, threads):
+    needs_mkl()
+    _C.set_num_threads(threads)
+    a, b = operands(ta, tb, m, n, k)
+    start = dyadic((m, n), 7, 2.0 ** -20)
+    out = start.copy() if accumulate else np.full((m, n), np.nan, np.float32)
+    install(ta, tb, m, n, k, accumulate)
+    _C.gemm(a, b, ta, tb, measured=True, out=out, accumulate=accumulate)
+    assert _C.gemm_choices() == [(ta, tb, m, n, k, 4, _C.blas_num_threads(), accumulate, MKL)]
+    np.testing.assert_array_equal(out, exact(a, b, ta, tb, start if accumulate else None))
+
+
+def test_a_plan_of_mkl_is_mkls_own_product(fresh_plans):
+    """The bits MKL's cblas_sgemm gives the same call on one thread (the library handle is the
+    one cct loaded): the plan runs MKL, not another engine with MKL's name."""
+    needs_mkl()
+    _C.set_num_threads(1)
+    m, n, k = 32, 200, 1000
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((m, k), np.float32)
+    b = rng.standard_normal((n, k), np.float32)
+    install(False, True, m, n, k, False)
+    got = _C.gemm(a, b, False, True, measured=True)
+    library = ctypes.CDLL(mkl.library_path())
+    f, i, p = ctypes.c_float, ctypes.c_int, ctypes.c_void_p
+    library.cblas_sgemm.argtypes = [i, i, i, i, i, i, f, p, i, p, i, f, p, i]
+    library.cblas_sgemm.restype = None
+    want = np.empty((m, n), np.float32)
+    library.cblas_sgemm(101, 111, 112, m, n, k, 1.0, a.ctypes.data, k, b.ctypes.data, k, 0.0,
+                        want.ctypes.data, n)
+    np.testing.assert_array_equal(got, want)
+    install(False, True, m, n, k, False, choice=0)
+    assert not np.array_equal(_C.gemm(a, b, False, True, measured=True), got), \
+        "OpenBLAS gave MKL's bits: the comparison cannot tell the engines apart"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_plan_of_mkl_repeats_its_bits(fresh_plans, threads):
+    """The same call twice, and on copies of the operands at other alignments, gives the same
+    bits: a plan replays its numbers wherever NumPy puts the arrays."""
+    needs_mkl()
+    _C.set_num_threads(threads)
+    m, n, k = 32, 300, 2000
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((m, k), np.float32)
+    b = rng.standard_normal((n, k), np.float32)
+    install(False, True, m, n, k, False)
+    first = _C.gemm(a, b, False, True, measured=True)
+    for shift in (1, 3, 5):
+        pool = np.empty(a.size + b.size + 8, np.float32)
+        a2 = pool[shift:shift + a.size].reshape(a.shape)
+        b2 = pool[shift + a.size:shift + a.size + b.size].reshape(b.shape)
+        a2[...], b2[...] = a, b
+        np.testing.assert_array_equal(_C.gemm(a2, b2, False, True, measured=True), first)
+
+
+def test_the_races_time_mkl_only_where_offered(offered):
+    assert MKL in _C.gemm_candidates(False, 32, 100, 200)
+    _C.set_mkl_sgemm_offered(False)
+    assert MKL not in _C.gemm_candidates(False, 32, 100, 200)
+
+
+def test_a_raced_shape_may_choose_mkl_and_gives_its_product(fresh_plans, offered):
+    a, b = operands(False, True, 40, 50, 60)
+    got = _C.gemm(a, b, False, True, measured=True)
+    [row] = _C.gemm_choices()
+    assert row[-1] in _C.gemm_candidates(True, 40, 50, 60)
+    np.testing.assert_array_equal(got, exact(a, b, False, True))
+
+
+def test_mkl_sgemm_off_keeps_it_out(monkeypatch):
+    was = _C.mkl_sgemm_offered()
+    monkeypatch.setattr(mkl, "_state", {})
+    monkeypatch.setenv(mkl.SGEMM_ENV, "off")
+    try:
+        mkl.offer_sgemm()
+        assert not _C.mkl_sgemm_offered()
+        assert mkl.sgemm_fingerprint() is None
+        assert plans.fingerprint()["mkl"] is None
+    finally:
+        _C.set_mkl_sgemm_offered(was)
+
+
+def test_a_bad_mkl_sgemm_setting_is_named(monkeypatch):
+    monkeypatch.setattr(mkl, "_state", {})
+    monkeypatch.setenv(mkl.SGEMM_ENV, "maybe")
+    with pytest.raises(CCTError, match=r"\$CCT_MKL_SGEMM must be 'on', 'off' or unset, "
+                                       r"got 'maybe'"):
+        mkl.offer_sgemm()
+
+
+def test_offered_mkl_is_in_the_fingerprint(offered):
+    """A cache of plans made with MKL among the candidates is another machine's cache."""
+    assert plans.fingerprint()["mkl"] == _C.mkl_version() != ""
+
+
+def test_a_plan_of_mkl_where_it_cannot_run_warns_and_runs_the_direct_order(fresh_plans,
+                                                                             monkeypatch, capfd):
+    monkeypatch.setattr(mkl, "load", lambda: "no MKL here")
+    row = [False, True, 8, 9, 10, 4, _C.blas_num_threads(), False, MKL]
+    assert plans.install({"gemm": [row]}) == 1
+    err = capfd.readouterr().err
+    assert "1 GEMM plan(s) run MKL's sgemm, which cannot run here (no MKL here)" in err
+    assert plans.table()["gemm"] == [row]
+
+
+@pytest.mark.parametrize("row", [
+    [False, True, 8, 9, 10, 8, 1, False, 5],   # MKL's sgemm is float32's: no double plan
+    [False, True, 8, 9, 10, 4, 1, False, 6],   # no such choice
+])
+def test_a_plan_row_mkl_cannot_take_is_refused(fresh_plans, row):
+    with pytest.raises(ValueError):
+        plans.install({"gemm": [row]})
