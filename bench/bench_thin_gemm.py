@@ -28,11 +28,16 @@ from bench.worker import seconds  # noqa: E402
 
 
 def load_mkl():
-    """True and MKL's version where cct's MKL sgemm runs here, else False and why not."""
+    """True and MKL's version where cct's MKL sgemm runs here, else False and why not. The
+    races get it as a candidate, as in cct train's runs, unless $CCT_MKL_SGEMM=off."""
     from cct import _C
     from cct.backend import mkl
     why = mkl.load()
-    return (False, why) if why else (True, _C.mkl_version())
+    if why:
+        return False, why
+    mkl.offer_sgemm()
+    offered = "raced" if _C.mkl_sgemm_offered() else "not raced ($CCT_MKL_SGEMM=off)"
+    return True, f"{_C.mkl_version()}, {offered}"
 
 
 def operands(row, rng):
