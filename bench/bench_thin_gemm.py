@@ -12,7 +12,8 @@ libmkl_rt); without it the column says why it is empty. Prints the machine, then
 per GEMM shape (ms, best of ``--rounds`` alternated rounds; GFLOP/s of cct's plan; MKL's and
 PyTorch's speed as cct / them, > 1: they are faster) and the sum over the net's shapes, each
 counted once: the share of its GEMM time MKL would save where it is faster than the plan (the
-races' misses, once MKL is among their candidates).
+races' misses, once MKL is among their candidates); then the net's training iteration with MKL
+among the races' candidates and without, alternated in one process.
 """
 import argparse
 import pathlib
@@ -23,7 +24,7 @@ import numpy as np
 sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))  # after the installed cct
 
 from bench.bench_train import (NETS, add_net_arguments, chosen_nets, machine,  # noqa: E402
-                               sgemm_peak, synthetic_net)
+                               sgd_update, sgemm_peak, synthetic_net)
 from bench.worker import seconds  # noqa: E402
 
 
@@ -103,6 +104,52 @@ def net_rows(name: str, zoo) -> list:
     return rows
 
 
+def iteration_with_and_without(name: str, zoo, rounds: int, iters: int = 3) -> dict:
+    """The net's training iteration (ms, median of ``iters`` per round, best round) with MKL's
+    sgemm among the GEMM races' candidates and without, alternated in one process: the races
+    run once each way, then the two tables are installed in turn with the same convolution
+    plans (the first way's), so that only the GEMM choices differ. Also how many raced shapes
+    chose MKL."""
+    import statistics
+
+    from cct import _C
+    from cct.backend import plans
+    from cct.blob_memory import share_blob_diffs
+    rel, batch = NETS[name]
+    net = synthetic_net(zoo / rel, batch)
+    share_blob_diffs(net)
+    update = sgd_update(net)
+
+    def step():
+        net.clear_param_diffs()
+        net.forward_prefilled()
+        net.backward_all()
+        update()
+    offered, tables = _C.mkl_sgemm_offered(), {}
+    try:
+        for arm, offer in (("with", True), ("without", False)):
+            _C.clear_plans()
+            _C.set_mkl_sgemm_offered(offer)
+            for _ in range(2):
+                step()
+            tables[arm] = plans.table()
+    finally:
+        _C.set_mkl_sgemm_offered(offered)
+    tables["without"]["conv"] = tables["with"]["conv"]
+    times = {arm: [] for arm in tables}
+    for r in range(rounds):
+        for arm in (list(tables) if r % 2 == 0 else list(tables)[::-1]):
+            _C.clear_plans()
+            plans.install(tables[arm])
+            step()
+            times[arm].append(statistics.median(seconds(step) for _ in range(iters)))
+    _C.clear_plans()
+    out = {arm: 1e3 * min(v) for arm, v in times.items()}
+    out["chose_mkl"] = sum(row[-1] == plans.MKL_CHOICE for row in tables["with"]["gemm"])
+    out["shapes"] = len(tables["with"]["gemm"])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_net_arguments(ap, "cifar10_quick,caffenet_b32,googlenet_b32")
@@ -146,6 +193,10 @@ def main() -> None:
             saved = 1 - total["best"] / total["cct"]
             print(f"sum: cct {1e3 * total['cct']:.1f} ms; with MKL where faster "
                   f"{1e3 * total['best']:.1f} ms ({100 * saved:.0f}% of these GEMMs' time saved)")
+            it = iteration_with_and_without(name, args.zoo, args.rounds)
+            print(f"iteration: MKL in the races {it['with']:.1f} ms ({it['chose_mkl']} of "
+                  f"{it['shapes']} raced shapes chose it), without {it['without']:.1f} ms: "
+                  f"{it['without'] / it['with']:.3f}x", flush=True)
     _C.clear_plans()
 
 
