@@ -43,9 +43,12 @@
 // bottom's phase planes, computed by the direct or a Winograd layout; CaffeNet's 11x11
 // stride-4 conv1 becomes a 3x3 layer for Winograd. Measured like the others.
 //
-// The weight gradient's GEMM (long inner dimension M, small result) goes through
-// gemm_measured, which picks its operand order by measurement (gemm.cpp). It adds into the
-// weight diff when asked (Caffe accumulates param diffs over iter_size and shared params).
+// The lowered layout's GEMMs go through gemm_measured, which races the operand orders and the
+// other engines per shape (gemm.cpp: MKL's sgemm where offered, the small-GEMM kernels
+// OpenBLAS lacks on Intel for these 32- and 64-row products); the deterministic rule runs the
+// direct order, as a plain gemm() call would. The weight gradient's (long inner dimension M,
+// small result) adds into the weight diff when asked (Caffe accumulates param diffs over
+// iter_size and shared params).
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -323,8 +326,8 @@ void forward_range(const T* x, const T* weight, const T* bias, bool relu, T* y,
       if (!in_bf16) {
         const T* cols = direct ? x + (n0 * g.c + grp * cg) * p : buf.cols<T>();
         if (!direct) im2col(x, g, grp, n0, n1, buf.cols<T>());
-        gemm(false, false, buf.og, buf.m, buf.k, T(1), w, buf.k, cols, buf.m, T(0), top,
-             buf.m);
+        gemm_measured(false, false, buf.og, buf.m, buf.k, T(1), w, buf.k, cols, buf.m, T(0),
+                      top, buf.m);
       }
       if (single) {
         finish_top(bias, relu, g, grp, n0, y);
@@ -349,8 +352,8 @@ void backward_data_range(const T* dy, const T* weight, T* dx, const ConvGeom& g,
       if (!single) gather_top(dy, g, grp, n0, n1, buf.top<T>());
       // A pointwise convolution's dcols are dx's channels: each bottom element gets one term.
       T* dcols = direct ? dx + (n0 * g.c + grp * cg) * p : buf.cols<T>();
-      gemm(true, false, buf.k, buf.m, buf.og, T(1), weight + grp * buf.og * buf.k, buf.k, dyt,
-           buf.m, T(0), dcols, buf.m);
+      gemm_measured(true, false, buf.k, buf.m, buf.og, T(1), weight + grp * buf.og * buf.k,
+                    buf.k, dyt, buf.m, T(0), dcols, buf.m);
       if (!direct) col2im(buf.cols<T>(), g, grp, n0, n1, dx);
     }
   }

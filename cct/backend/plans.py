@@ -55,7 +55,8 @@ FORMAT = 1
 # radix grew with the layouts); 8: MKL's bf16 GEMMs whole on its own threads (mkl_threaded);
 # 9: the skinny float32 GEMM engine (GEMM choice 4); 10: that engine adds beta C after the
 # products, not before (its bits changed: a cache of 9 would replay other numbers); 11: MKL's
-# sgemm (GEMM choice 5, where MKL is offered: the fingerprint holds its version then).
+# sgemm (GEMM choice 5, where MKL is offered: the fingerprint holds its version then), and the
+# lowered convolution's forward and backward-data GEMMs raced like its weight gradient's.
 KERNEL_PLANS = 11
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 MKL_CHOICE = 5  # a GEMM row's choice of MKL's sgemm
