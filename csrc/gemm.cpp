@@ -4,7 +4,8 @@
 // m x n result. On shapes with a long inner dimension and a small result (the weight gradients
 // of convolution and inner product layers) OpenBLAS's speed depends strongly on that order:
 // measured here, up to 4x either way, with no simple rule. The first call with a given shape
-// times both orders on scratch outputs and caches the faster; later calls just run it. The
+// times both orders (the transposed one where C is at most 4 MiB) and caches the faster;
+// later calls just run it. The
 // two orders round differently, so the choice is part of what makes a run reproducible: the
 // table can be saved and installed in another process (cct/backend/plans.py).
 //
@@ -134,10 +135,21 @@ void run_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T
   }
 }
 
+// The transposed orders race only where C is at most this large: they write C^T to a scratch
+// as large and pass over both again, which on a large C costs more than OpenBLAS's order
+// gains (no C over 4 MiB chose them in CIFAR10-quick's or CaffeNet's races on a Zen 3), and
+// the scratch would double the memory of the lowered convolutions' races (their backward
+// data's C is the whole column buffer: 82 MB for CIFAR10-quick's conv2).
+constexpr int64_t kTransposedMaxBytes = int64_t(4) << 20;
+
 template <typename T>
 std::vector<int> candidates(bool tb, int64_t m, int64_t n, int64_t k) {
-  std::vector<int> choices{0, 1};
-  if (std::is_same_v<T, float> && bf16_gemm_enabled()) choices.insert(choices.end(), {2, 3});
+  const bool bf16 = std::is_same_v<T, float> && bf16_gemm_enabled();
+  const bool transposable = m * n * int64_t(sizeof(T)) <= kTransposedMaxBytes;
+  std::vector<int> choices{0};
+  if (transposable) choices.push_back(1);
+  if (bf16) choices.push_back(2);
+  if (bf16 && transposable) choices.push_back(3);
   if (skinny_applies(tb, m, n, k, T(1))) choices.push_back(kSkinnyChoice);
   if (mkl_applies<T>()) choices.push_back(kMklChoice);
   return choices;
@@ -153,8 +165,7 @@ Key key_of(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T beta) {
 
 template <typename T>
 int choose_order(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
-                 const T* b, int64_t ldb, T beta, const T* c, int64_t ldc,
-                 std::vector<T>& scratch) {
+                 const T* b, int64_t ldb, T beta, T* c, int64_t ldc, std::vector<T>& scratch) {
   if (g_order != 0) return g_order == 2 ? 1 : 0;
   // bf16 GEMMs (bf16.h) take their own orders: element size 2. Adding into C and overwriting
   // it are timed apart: OpenBLAS overwrites in two passes (C scaled by beta = 0, then added
@@ -171,10 +182,14 @@ int choose_order(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, 
     if (it != g_transposed.end()) return it->second;
     if (!plan_measurement()) return g_transposed.emplace(key, 0).first->second;
   }
-  // Each candidate on a scratch C holding the caller's C, twice in turn, best of two: one
-  // sample is at the mercy of a busy machine. The second round skips a candidate over twice
-  // the best's first time (fc6's weight gradient in the slow order: 150 ms a call).
-  std::vector<T> out(size_t(m * n));
+  // Each candidate twice in turn, best of two: one sample is at the mercy of a busy machine.
+  // The second round skips a candidate over twice the best's first time (fc6's weight
+  // gradient in the slow order: 150 ms a call). A call that adds into C races on a copy of
+  // it; one that overwrites C races in C itself, which the chosen plan then writes again (no
+  // second C: the lowered convolutions' tops are tens of MB).
+  std::vector<T> out(accumulate ? size_t(m * n) : 0);
+  T* target = accumulate ? out.data() : c;
+  const int64_t ld_target = accumulate ? n : ldc;
   const std::vector<int> choices = candidates<T>(tb, m, n, k);
   std::vector<double> seconds(choices.size(), 1e300);
   for (int round = 0; round < 2; ++round) {
@@ -184,13 +199,16 @@ int choose_order(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, 
       if (accumulate)
         for (int64_t i = 0; i < m; ++i) std::copy(c + i * ldc, c + i * ldc + n, &out[i * n]);
       seconds[at] = std::min(seconds[at], seconds_of([&] {
-        run_choice(choices[at], ta, tb, m, n, k, T(1), a, lda, b, ldb, beta, out.data(), n,
-                   scratch);
+        run_choice(choices[at], ta, tb, m, n, k, T(1), a, lda, b, ldb, beta, target,
+                   ld_target, scratch);
       }));
     }
   }
   const int fastest =
       choices[size_t(std::min_element(seconds.begin(), seconds.end()) - seconds.begin())];
+  // The transposed orders' product stays in this thread's scratch between calls; a race it
+  // lost gives that memory back (a shape that chose it grows it again at its next call).
+  if (fastest != 1 && fastest != 3) std::vector<T>().swap(scratch);
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_transposed.emplace(key, fastest).first->second;
 }
