@@ -5,9 +5,9 @@
 // of convolution and inner product layers) OpenBLAS's speed depends strongly on that order:
 // measured here, up to 4x either way, with no simple rule. The first call with a given shape
 // times both orders (the transposed one where C is at most 4 MiB) and caches the faster;
-// later calls just run it. The
-// two orders round differently, so the choice is part of what makes a run reproducible: the
-// table can be saved and installed in another process (cct/backend/plans.py).
+// later calls just run it. The two orders round differently, so the choice is part of what
+// makes a run reproducible: the table can be saved and installed in another process
+// (cct/backend/plans.py).
 //
 // Under bf16 GEMMs (bf16.h) each order is also timed in float32: where the GEMM is bound by
 // memory rather than arithmetic (fc6's backward data at batch 32: 0.66x float32's speed in
@@ -173,7 +173,6 @@ int choose_order(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, 
   // 32 (4096 x 9216 by 32, 151 MB of C) is 1.3x faster overwritten in bf16 than in float32 and
   // 1.8x slower added to (Zen 5): one race for both picked the wrong one for the call layers
   // make.
-  const bool bf16 = std::is_same_v<T, float> && bf16_gemm_enabled();
   const bool accumulate = beta != T(0);
   const Key key = key_of(ta, tb, m, n, k, beta);
   {
