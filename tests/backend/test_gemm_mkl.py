@@ -59,6 +59,12 @@ def operands(ta, tb, m, n, k, seed=0):
     return a, b
 
 
+def normal_operands(m, n, k, seed):
+    """A (m x k) and B (n x k, used as B^T) of full float32 precision: products that round."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((m, k), np.float32), rng.standard_normal((n, k), np.float32)
+
+
 def exact(a, b, ta, tb, start=None):
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     out = (a64.T if ta else a64) @ (b64.T if tb else b64)
@@ -88,9 +94,7 @@ def test_a_plan_of_mkl_is_mkls_own_product(fresh_plans):
     needs_mkl()
     _C.set_num_threads(1)
     m, n, k = 32, 200, 1000
-    rng = np.random.default_rng(3)
-    a = rng.standard_normal((m, k), np.float32)
-    b = rng.standard_normal((n, k), np.float32)
+    a, b = normal_operands(m, n, k, 3)
     install(False, True, m, n, k, False)
     got = _C.gemm(a, b, False, True, measured=True)
     library = ctypes.CDLL(mkl.library_path())
@@ -113,9 +117,7 @@ def test_a_plan_of_mkl_repeats_its_bits(fresh_plans, threads):
     needs_mkl()
     _C.set_num_threads(threads)
     m, n, k = 32, 300, 2000
-    rng = np.random.default_rng(4)
-    a = rng.standard_normal((m, k), np.float32)
-    b = rng.standard_normal((n, k), np.float32)
+    a, b = normal_operands(m, n, k, 4)
     install(False, True, m, n, k, False)
     first = _C.gemm(a, b, False, True, measured=True)
     for shift in (1, 3, 5):

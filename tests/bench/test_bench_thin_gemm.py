@@ -27,43 +27,15 @@ def test_operands_are_stored_as_the_row_says(ta, tb):
     assert out.shape == (3, 5) and not out.any()
 
 
-def test_mkl_computes_the_rows_product_in_every_operand_order():
+def needs_mkl():
     from cct.backend import mkl
     if mkl.library_path() is None:
         pytest.skip("MKL is not installed (pip install -e \".[mkl]\")")
-    code = f"""
-import importlib.util, sys
-sys.path.insert(0, {str(ROOT)!r})
-spec = importlib.util.spec_from_file_location("b", {str(ROOT / "bench" / "bench_thin_gemm.py")!r})
-b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
-from cct import _C
-with_mkl, note = b.load_mkl()
-assert with_mkl, note
-for ta in (False, True):
-    for tb in (False, True):
-        for acc in (False, True):
-            row = [ta, tb, 13, 70, 33, 4, _C.blas_num_threads(), acc, False]
-            t = b.shape_times(row, with_mkl, 1, None)
-            assert set(t) == {{"cct", "mkl"}}, t
-print("ok")
-"""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300, env=env)
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
 
 
-def test_the_iteration_is_timed_with_mkl_in_the_races_and_without():
-    """Both tables run LeNet (the same convolution plans, the GEMM choices each race's), and
-    the count of shapes that chose MKL comes from the table the races made with it."""
-    from cct.backend import mkl
-    if mkl.library_path() is None:
-        pytest.skip("MKL is not installed (pip install -e \".[mkl]\")")
-    from bench.bench_train import default_zoo  # importable once the bench put the repo on the path
-    zoo = default_zoo()
-    net = zoo / bench.NETS["lenet"][0]
-    if not net.is_file():
-        pytest.skip(f"no {net} (the shared folder's caffe-zoo; set CCT_SHARED)")
+def run_with_the_bench(body: str) -> None:
+    """Runs ``body`` in a child process with the bench loaded as ``b`` and MKL loaded through
+    it (MKL's threading layer is set once per process); it must print "ok"."""
     code = f"""
 import importlib.util, pathlib, sys
 sys.path.insert(0, {str(ROOT)!r})
@@ -71,12 +43,37 @@ spec = importlib.util.spec_from_file_location("b", {str(ROOT / "bench" / "bench_
 b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
 with_mkl, note = b.load_mkl()
 assert with_mkl, note
-it = b.iteration_with_and_without("lenet", pathlib.Path({str(zoo)!r}), 1, 1)
-assert it["with"] > 0 and it["without"] > 0, it
-assert it["shapes"] > 0 and 0 <= it["chose_mkl"] <= it["shapes"], it
-print("ok")
-"""
+""" + body + "\nprint('ok')\n"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, env=env)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
+
+
+def test_mkl_computes_the_rows_product_in_every_operand_order():
+    needs_mkl()
+    run_with_the_bench("""
+from cct import _C
+for ta in (False, True):
+    for tb in (False, True):
+        for acc in (False, True):
+            row = [ta, tb, 13, 70, 33, 4, _C.blas_num_threads(), acc, False]
+            t = b.shape_times(row, with_mkl, 1, None)
+            assert set(t) == {"cct", "mkl"}, t
+""")
+
+
+def test_the_iteration_is_timed_with_mkl_in_the_races_and_without():
+    """Both tables run LeNet (the same convolution plans, the GEMM choices each race's), and
+    the count of shapes that chose MKL comes from the table the races made with it."""
+    needs_mkl()
+    from bench.bench_train import default_zoo  # importable once the bench put the repo on the path
+    zoo = default_zoo()
+    net = zoo / bench.NETS["lenet"][0]
+    if not net.is_file():
+        pytest.skip(f"no {net} (the shared folder's caffe-zoo; set CCT_SHARED)")
+    run_with_the_bench(f"""
+it = b.iteration_with_and_without("lenet", pathlib.Path({str(zoo)!r}), 1, 1)
+assert it["with"] > 0 and it["without"] > 0, it
+assert it["shapes"] > 0 and 0 <= it["chose_mkl"] <= it["shapes"], it
+""")
