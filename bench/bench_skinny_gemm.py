@@ -20,8 +20,8 @@ import numpy as np
 
 sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))  # after the installed cct
 
-from bench.bench_train import (NETS, add_net_arguments, chosen_nets, machine,  # noqa: E402
-                               sgemm_peak, synthetic_net)
+from bench.bench_train import (NETS, add_net_arguments, alternated_tables,  # noqa: E402
+                               chosen_nets, machine, sgemm_peak, synthetic_net)
 from bench.worker import seconds  # noqa: E402
 
 SKINNY = 4
@@ -92,14 +92,7 @@ def iteration_times(net, rounds: int) -> dict:
     tables = {"with": plans.table()}
     tables["without"] = without_skinny(tables["with"], 3)
     skinny = sum(1 for r in tables["with"]["gemm"] if r[8] == SKINNY)
-    times = {arm: [] for arm in tables}
-    for r in range(rounds):
-        for arm in (("with", "without") if r % 2 == 0 else ("without", "with")):
-            plans.install(tables[arm])
-            net.clear_param_diffs()
-            net.forward_backward()                  # one untimed, after the switch
-            net.clear_param_diffs()
-            times[arm].append(seconds(net.forward_backward))
+    times = alternated_tables(tables, net.forward_backward, rounds, reset=net.clear_param_diffs)
     plans.install(tables["with"])
     return {"skinny": skinny, "gemms": len(tables["with"]["gemm"]), **times}
 

@@ -23,8 +23,8 @@ import numpy as np
 
 sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))  # after the installed cct
 
-from bench.bench_train import (NETS, add_net_arguments, chosen_nets, machine,  # noqa: E402
-                               sgd_update, sgemm_peak, synthetic_net)
+from bench.bench_train import (NETS, add_net_arguments, alternated_tables,  # noqa: E402
+                               chosen_nets, machine, sgd_update, sgemm_peak, synthetic_net)
 from bench.worker import seconds  # noqa: E402
 
 
@@ -110,8 +110,6 @@ def iteration_with_and_without(name: str, zoo, rounds: int, iters: int = 3) -> d
     run once each way, then the two tables are installed in turn with the same convolution
     plans (the first way's), so that only the GEMM choices differ. Also how many raced shapes
     chose MKL."""
-    import statistics
-
     from cct import _C
     from cct.backend import plans
     from cct.blob_memory import share_blob_diffs
@@ -136,13 +134,7 @@ def iteration_with_and_without(name: str, zoo, rounds: int, iters: int = 3) -> d
     finally:
         _C.set_mkl_sgemm_offered(offered)
     tables["without"]["conv"] = tables["with"]["conv"]
-    times = {arm: [] for arm in tables}
-    for r in range(rounds):
-        for arm in (list(tables) if r % 2 == 0 else list(tables)[::-1]):
-            _C.clear_plans()
-            plans.install(tables[arm])
-            step()
-            times[arm].append(statistics.median(seconds(step) for _ in range(iters)))
+    times = alternated_tables(tables, step, rounds, iters)
     _C.clear_plans()
     out = {arm: 1e3 * min(v) for arm, v in times.items()}
     out["chose_mkl"] = sum(row[-1] == plans.MKL_CHOICE for row in tables["with"]["gemm"])

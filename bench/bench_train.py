@@ -162,6 +162,27 @@ def timed_iterations(step, warmup: int, iters: int, counts: dict = None) -> list
     return times
 
 
+def alternated_tables(tables: dict, step, rounds: int, iters: int = 1, reset=None) -> dict:
+    """Seconds of ``step`` under each kernel plan table of ``tables`` (name -> plans.table()),
+    installed in turn, the order reversed every other round so that the host's drift falls on
+    all alike: per round and table, one untimed step after the switch, then the median of
+    ``iters`` timed ones (``reset``, when given, run untimed before each step)."""
+    from cct.backend import plans
+    times = {name: [] for name in tables}
+    for r in range(rounds):
+        for name in (list(tables) if r % 2 == 0 else list(tables)[::-1]):
+            plans.install(tables[name])
+            runs = []
+            for _ in range(iters + 1):
+                if reset is not None:
+                    reset()
+                t0 = time.perf_counter()
+                step()
+                runs.append(time.perf_counter() - t0)
+            times[name].append(statistics.median(runs[1:]))
+    return times
+
+
 def synthetic_net(path: pathlib.Path, batch: int, backend: str = "cpu", engine: str = ""):
     """The TRAIN net of ``path`` at ``batch`` on ``backend``, its Input blobs filled with
     standard normal data and labels in the net's class range (the same values every run);

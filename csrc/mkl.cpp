@@ -3,7 +3,6 @@
 
 #include <dlfcn.h>
 
-#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <stdexcept>
@@ -37,14 +36,14 @@ std::string g_version;  // written once under g_load_mutex, before g_sgemm is pu
 
 int trans(bool t) { return t ? kMklTrans : kMklNoTrans; }
 
-// Runs call() on `threads` MKL threads where MKL has its threading layer (then restores the
-// calling thread's count; set for one thread too, whatever the process-wide count was left at
-// by another caller of the same library), else sequentially.
+// Runs call() on `threads` MKL threads where MKL has its threading layer and more than one is
+// asked for (then restores the calling thread's count), else as it is: one thread, the
+// process-wide count load_mkl set (a column block's call, tens of microseconds, pays nothing).
 template <typename F>
 void on_threads(int threads, F&& call) {
   const SetIntLocal set_local = g_set_threads_local.load();
-  if (set_local == nullptr) return call();
-  const int before = set_local(std::max(1, threads));
+  if (set_local == nullptr || threads <= 1) return call();
+  const int before = set_local(threads);
   call();
   set_local(before);
 }
