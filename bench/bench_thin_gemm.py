@@ -14,8 +14,13 @@ PyTorch's speed as cct / them, > 1: they are faster) and the sum over the net's 
 counted once: the share of its GEMM time MKL would save where it is faster than the plan (the
 races' misses, once MKL is among their candidates); then the net's training iteration with MKL
 among the races' candidates and without, alternated in one process.
+
+PyTorch runs in a process of its own: it ships its own GNU OpenMP, whose default spin-wait
+MKL's threads would share in this one (cct/backend/mkl.py then runs MKL on one thread).
 """
 import argparse
+import importlib.util
+import json
 import pathlib
 import sys
 
@@ -25,7 +30,7 @@ sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))  # after th
 
 from bench.bench_train import (NETS, add_net_arguments, alternated_tables,  # noqa: E402
                                chosen_nets, machine, sgd_update, sgemm_peak, synthetic_net)
-from bench.worker import seconds  # noqa: E402
+from bench.worker import run_worker, seconds  # noqa: E402
 
 
 def load_mkl():
@@ -48,9 +53,9 @@ def operands(row, rng):
     return a, b, np.zeros((m, n), np.float32)
 
 
-def shape_times(row, with_mkl: bool, rounds: int, torch) -> dict:
-    """Seconds per round of one plan row's GEMM: cct with the row's choice, with MKL's sgemm
-    (the same row choosing it), PyTorch."""
+def shape_times(row, with_mkl: bool, rounds: int) -> dict:
+    """Seconds of one plan row's GEMM, best of ``rounds``: cct with the row's choice, and
+    with MKL's sgemm (the same row choosing it)."""
     from cct import _C
     from cct.backend import plans
     ta, tb, m, n, k, _, _, accumulate, choice = row
@@ -80,13 +85,32 @@ def shape_times(row, with_mkl: bool, rounds: int, torch) -> dict:
         for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
             times[name].append(seconds(arms[name]))
     _C.load_gemm_choices([tuple(row)])
-    if torch is not None:
-        # After the others, not between them: PyTorch's OpenMP threads spin on after a call.
+    return {name: min(v) for name, v in times.items()}
+
+
+def torch_times(rows, rounds: int, threads: int) -> list:
+    """PyTorch's ``mm`` on each row's operands (seconds, best of ``rounds``; ``threads``
+    threads), in a worker process; an empty list where PyTorch is not installed."""
+    if importlib.util.find_spec("torch") is None:
+        return []
+    shapes = [[int(v) for v in row[:5]] for row in rows]
+    cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--torch-worker",
+           json.dumps(shapes), "--rounds", str(rounds), "--threads", str(threads)]
+    return run_worker(cmd, "the PyTorch run")["times"]
+
+
+def torch_worker(shapes, rounds: int, threads: int) -> None:
+    import torch
+    torch.set_num_threads(threads)
+    times = []
+    for shape in shapes:
+        ta, tb = shape[:2]
+        a, b, _ = operands(shape, np.random.default_rng(0))
         ta_, tb_ = torch.from_numpy(a), torch.from_numpy(b)
         x, y = (ta_.t() if ta else ta_), (tb_.t() if tb else tb_)
         torch.mm(x, y)
-        times["torch"] = [seconds(lambda: torch.mm(x, y)) for _ in range(rounds)]
-    return {name: min(v) for name, v in times.items()}
+        times.append(min(seconds(lambda: torch.mm(x, y)) for _ in range(rounds)))
+    print("RESULT " + json.dumps({"times": times}))
 
 
 def net_rows(name: str, zoo) -> list:
@@ -147,16 +171,13 @@ def main() -> None:
     add_net_arguments(ap, "cifar10_quick,caffenet_b32,googlenet_b32")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--torch-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.torch_worker:
+        return torch_worker(json.loads(args.torch_worker), args.rounds, args.threads)
     names = chosen_nets(ap, args)
     from cct import _C
-    torch = None
-    if not args.no_torch:
-        try:
-            import torch
-            torch.set_num_threads(_C.blas_num_threads())
-        except ImportError:
-            torch = None
     print(machine())
     with_mkl, mkl_note = load_mkl()
     print(f"SGEMM peak {sgemm_peak():.1f} GFLOP/s; MKL: {mkl_note}; {args.rounds} rounds, "
@@ -169,9 +190,12 @@ def main() -> None:
         print(f"{'ta tb    m     n      k acc':28} {'plan':>8} {'cct ms':>8} {'GF/s':>6} "
               f"{'MKL ms':>8} {'cct/MKL':>7} {'torch ms':>8} {'cct/torch':>9}")
         total = {"cct": 0.0, "best": 0.0}
-        for row in rows:
+        torch = [] if args.no_torch else torch_times(rows, args.rounds, _C.blas_num_threads())
+        for i, row in enumerate(rows):
             ta, tb, m, n, k, _, _, acc, choice = row
-            t = shape_times(row, with_mkl, args.rounds, torch)
+            t = shape_times(row, with_mkl, args.rounds)
+            if torch:
+                t["torch"] = torch[i]
             total["cct"] += t["cct"]
             total["best"] += min(t["cct"], t.get("mkl", t["cct"]))
             mkl_cols = (f"{1e3 * t['mkl']:8.2f} {t['cct'] / t['mkl']:7.2f}" if "mkl" in t

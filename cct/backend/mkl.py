@@ -52,13 +52,39 @@ def threading_failure(path: str) -> Optional[str]:
         return f"no libmkl_gnu_thread beside {path}"
     # GNU OpenMP's threads spin 300,000 times after a call before they sleep (its default),
     # taking the cores from cct's threads in the kernel that comes next; it reads the setting
-    # once, when it loads. A value the user set stands.
+    # once, when it loads. A value the user set stands. A libgomp another library loaded
+    # first (PyTorch ships one) has read it already, and MKL's threads would be its threads:
+    # with PyTorch imported first, LeNet's iteration ran 1.5-1.9x slower with MKL's sgemm in
+    # the races than without (bench/RESULTS.md), so MKL then runs on the caller's thread.
+    spin_set = any(v in os.environ for v in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"))
+    loaded = _loaded_libgomp()
+    if loaded is not None and not spin_set:
+        return (f"GNU OpenMP was loaded before MKL ({loaded}) with its default spin-wait, "
+                f"whose threads would keep the cores from cct's after each MKL call; set "
+                f"GOMP_SPINCOUNT=10000 in the environment before Python starts to give MKL "
+                f"its threads")
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     try:
         ctypes.CDLL("libgomp.so.1")
     except OSError as e:
         return f"GNU OpenMP (libgomp.so.1) does not load: {e}"
     return None
+
+
+def _loaded_libgomp() -> Optional[str]:
+    """The libgomp this process has loaded already (its path where /proc says it), or None."""
+    try:
+        ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
+    except OSError:
+        return None
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                if "/libgomp" in line:
+                    return line.split(None, 5)[-1].strip()
+    except OSError:
+        pass
+    return "libgomp.so.1"
 
 
 def threading() -> Optional[str]:
@@ -99,6 +125,11 @@ def offer_sgemm() -> None:
         failure = load()
         if failure is not None:
             warning("mkl.py:0", f"{failure}: the float32 GEMMs race OpenBLAS's orders only")
+        elif threading() is not None and _C.blas_num_threads() > 1:
+            # gemm.cpp races a one-thread MKL only where cct runs one thread.
+            warning("mkl.py:0", f"MKL runs without its own threads: {threading()}; the "
+                                f"float32 GEMMs on {_C.blas_num_threads()} threads race "
+                                f"without it")
         offered = failure is None
     _state["offered"] = offered
     _C.set_mkl_sgemm_offered(offered)

@@ -128,7 +128,18 @@ def test_a_plan_of_mkl_repeats_its_bits(fresh_plans, threads):
         np.testing.assert_array_equal(_C.gemm(a2, b2, False, True, measured=True), first)
 
 
-def test_the_races_time_mkl_only_where_offered(offered):
+@pytest.fixture
+def blas_threads():
+    threads = _C.blas_num_threads()
+    yield
+    _C.set_blas_num_threads(threads)
+
+
+def test_the_races_time_mkl_only_where_offered(offered, blas_threads):
+    if not _C.mkl_threaded():
+        # An MKL without its own threads (mkl.threading() says why) is raced on one thread.
+        assert MKL not in _C.gemm_candidates(False, 32, 100, 200) or _C.blas_num_threads() == 1
+        _C.set_blas_num_threads(1)
     assert MKL in _C.gemm_candidates(False, 32, 100, 200)
     _C.set_mkl_sgemm_offered(False)
     assert MKL not in _C.gemm_candidates(False, 32, 100, 200)
@@ -185,3 +196,75 @@ def test_a_plan_of_mkl_where_it_cannot_run_warns_and_runs_the_direct_order(fresh
 def test_a_plan_row_mkl_cannot_take_is_refused(fresh_plans, row):
     with pytest.raises(ValueError):
         plans.install({"gemm": [row]})
+
+
+def mkl_in_a_child(body: str, env: dict) -> str:
+    """Runs ``body`` in a fresh process (MKL's threading is fixed once per process, at its
+    load) with ``env``; returns its stderr, the body having printed "ok"."""
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-c", body + "\nprint('ok')\n"], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
+    return run.stderr
+
+
+def env_without_spin_settings():
+    import os
+    return {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+
+
+def needs_mkls_gnu_threads():
+    from pathlib import Path
+    path = mkl.library_path()
+    if path is None:
+        pytest.skip(f"MKL is not installed: {install_hint('mkl')}")
+    if not any(Path(path).resolve().parent.glob("libmkl_gnu_thread.so*")):
+        pytest.skip(f"no libmkl_gnu_thread beside {path}")
+    try:
+        ctypes.CDLL("libgomp.so.1")
+    except OSError as e:
+        pytest.skip(f"GNU OpenMP does not load: {e}")
+
+
+LOAD_AFTER = """
+import ctypes
+{before}
+from cct import _C
+from cct.backend import mkl
+_C.set_blas_num_threads(2)
+assert mkl.load() is None
+print(mkl.threading(), file=__import__("sys").stderr)
+assert _C.mkl_threaded() == {threaded}, mkl.threading()
+mkl.offer_sgemm()
+assert _C.mkl_sgemm_offered()
+"""
+
+
+def test_a_gnu_openmp_loaded_first_keeps_mkl_on_the_callers_thread():
+    """A libgomp loaded before MKL without a spin setting (PyTorch's, when PyTorch is imported
+    first) has read GNU OpenMP's default spin-wait, and MKL's threads would be its threads,
+    keeping the cores from cct's after each call: MKL runs on the caller's thread, and the
+    run is told why and what to set."""
+    needs_mkls_gnu_threads()
+    err = mkl_in_a_child(LOAD_AFTER.format(before='ctypes.CDLL("libgomp.so.1")',
+                                           threaded=False), env_without_spin_settings())
+    assert "GNU OpenMP was loaded before MKL (" in err
+    assert "set GOMP_SPINCOUNT=10000 in the environment before Python starts" in err
+    assert "MKL runs without its own threads" in err
+    assert "the float32 GEMMs on 2 threads race without it" in err
+
+
+@pytest.mark.parametrize("setting", [None, ("GOMP_SPINCOUNT", "10000"),
+                                     ("OMP_WAIT_POLICY", "passive")], ids=str)
+def test_mkl_runs_its_own_threads_where_gnu_openmp_spins_briefly(setting):
+    """MKL loading GNU OpenMP itself (which then reads cct's short spin), or a libgomp loaded
+    first under a spin setting of the user's: MKL's own threads."""
+    needs_mkls_gnu_threads()
+    env = env_without_spin_settings()
+    before = ""
+    if setting is not None:
+        env[setting[0]] = setting[1]
+        before = 'ctypes.CDLL("libgomp.so.1")'
+    err = mkl_in_a_child(LOAD_AFTER.format(before=before, threaded=True), env)
+    assert "MKL runs without its own threads" not in err

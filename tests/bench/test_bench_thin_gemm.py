@@ -58,9 +58,32 @@ for ta in (False, True):
     for tb in (False, True):
         for acc in (False, True):
             row = [ta, tb, 13, 70, 33, 4, _C.blas_num_threads(), acc, False]
-            t = b.shape_times(row, with_mkl, 1, None)
+            t = b.shape_times(row, with_mkl, 1)
             assert set(t) == {"cct", "mkl"}, t
+# PyTorch's libgomp would be the one MKL's threads run on (cct/backend/mkl.py).
+assert "torch" not in sys.modules
 """)
+
+
+def test_pytorch_is_timed_in_a_process_of_its_own():
+    """One time per shape from the worker, and PyTorch never imported by the bench's own
+    process, where MKL runs."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("PyTorch is not installed (the bench's peer column)")
+    code = f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("b", {str(ROOT / "bench" / "bench_thin_gemm.py")!r})
+b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
+rows = [[False, True, 3, 5, 7, 4, 1, False, False], [True, False, 9, 2, 4, 4, 1, True, 5]]
+times = b.torch_times(rows, 1, 1)
+assert len(times) == 2 and all(t > 0 for t in times), times
+assert "torch" not in sys.modules
+print("ok")
+"""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
 
 
 def test_the_iteration_is_timed_with_mkl_in_the_races_and_without():
