@@ -190,12 +190,12 @@ def main() -> None:
         print(f"{'ta tb    m     n      k acc':28} {'plan':>8} {'cct ms':>8} {'GF/s':>6} "
               f"{'MKL ms':>8} {'cct/MKL':>7} {'torch ms':>8} {'cct/torch':>9}")
         total = {"cct": 0.0, "best": 0.0}
-        torch = [] if args.no_torch else torch_times(rows, args.rounds, _C.blas_num_threads())
+        peer = [] if args.no_torch else torch_times(rows, args.rounds, _C.blas_num_threads())
         for i, row in enumerate(rows):
             ta, tb, m, n, k, _, _, acc, choice = row
             t = shape_times(row, with_mkl, args.rounds)
-            if torch:
-                t["torch"] = torch[i]
+            if peer:
+                t["torch"] = peer[i]
             total["cct"] += t["cct"]
             total["best"] += min(t["cct"], t.get("mkl", t["cct"]))
             mkl_cols = (f"{1e3 * t['mkl']:8.2f} {t['cct'] / t['mkl']:7.2f}" if "mkl" in t

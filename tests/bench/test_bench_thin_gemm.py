@@ -33,17 +33,16 @@ def needs_mkl():
         pytest.skip("MKL is not installed (pip install -e \".[mkl]\")")
 
 
-def run_with_the_bench(body: str) -> None:
-    """Runs ``body`` in a child process with the bench loaded as ``b`` and MKL loaded through
-    it (MKL's threading layer is set once per process); it must print "ok"."""
+def run_with_the_bench(body: str, with_mkl: bool = True) -> None:
+    """Runs ``body`` in a child process with the bench loaded as ``b`` and, ``with_mkl``, MKL
+    loaded through it (MKL's threading layer is set once per process); it must print "ok"."""
     code = f"""
 import importlib.util, pathlib, sys
 sys.path.insert(0, {str(ROOT)!r})
 spec = importlib.util.spec_from_file_location("b", {str(ROOT / "bench" / "bench_thin_gemm.py")!r})
 b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
-with_mkl, note = b.load_mkl()
-assert with_mkl, note
-""" + body + "\nprint('ok')\n"
+""" + ("with_mkl, note = b.load_mkl()\nassert with_mkl, note\n" if with_mkl else "") + \
+        body + "\nprint('ok')\n"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, env=env)
@@ -70,20 +69,12 @@ def test_pytorch_is_timed_in_a_process_of_its_own():
     process, where MKL runs."""
     if importlib.util.find_spec("torch") is None:
         pytest.skip("PyTorch is not installed (the bench's peer column)")
-    code = f"""
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("b", {str(ROOT / "bench" / "bench_thin_gemm.py")!r})
-b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
+    run_with_the_bench("""
 rows = [[False, True, 3, 5, 7, 4, 1, False, False], [True, False, 9, 2, 4, 4, 1, True, 5]]
 times = b.torch_times(rows, 1, 1)
 assert len(times) == 2 and all(t > 0 for t in times), times
 assert "torch" not in sys.modules
-print("ok")
-"""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300, env=env)
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
+""", with_mkl=False)
 
 
 def test_the_iteration_is_timed_with_mkl_in_the_races_and_without():
