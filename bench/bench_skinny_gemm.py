@@ -1,13 +1,14 @@
-"""What the skinny float32 GEMM engine (csrc/gemm_skinny.cpp, GEMM choice 4) gives: the fully
-connected layers' forward GEMMs at batch 32 in each engine (OpenBLAS in its two operand orders,
-the skinny engine) and in PyTorch, then whole training iterations of nets with the plans the
-race chose against the same plans with every skinny choice replaced by the faster BLAS order.
-Rounds alternate, so that the host's drift falls on all arms alike.
+"""What the skinny float32 GEMM engine (csrc/gemm_skinny.cpp, GEMM choice 4; 6 for its 16-lane
+tile on AVX-512 CPUs) gives: the fully connected layers' forward GEMMs at batch 32 in each
+engine (OpenBLAS in its two operand orders, the skinny engine's tiles) and in PyTorch, then
+whole training iterations of nets with the plans the race chose against the same plans with
+every skinny choice replaced by the faster BLAS order. Rounds alternate, so that the host's
+drift falls on all arms alike.
 
     python bench/bench_skinny_gemm.py [--nets caffenet_b32,alexnet_b32] [--rounds 8]
 
 Prints the machine and its SGEMM peak, a row per GEMM shape (ms as median / best, GFLOP/s of
-the best, PyTorch / cct's best), and a row per net (iteration ms with and without the engine,
+the faster skinny tile's best, PyTorch / that best), and a row per net (iteration ms with and without the engine,
 median / best, and the ratio of the medians).
 """
 import argparse
@@ -24,7 +25,7 @@ from bench.bench_train import (NETS, add_net_arguments, alternated_tables,  # no
                                chosen_nets, machine, sgemm_peak, synthetic_net)
 from bench.worker import seconds  # noqa: E402
 
-SKINNY = 4
+SKINNY, SKINNY16 = 4, 6  # cct/backend/plans.py's SKINNY_CHOICES
 # (name, m, n, k): C (m x n) = X (m x k) W^T, the forward of CaffeNet's and AlexNet's fully
 # connected layers at batch 32 (fc8 with ImageNet's 1,000 classes), and LeNet's ip1 at 64.
 SHAPES = [("fc6 b32", 32, 4096, 9216), ("fc7 b32", 32, 4096, 4096),
@@ -41,7 +42,7 @@ def gemm_times(m: int, n: int, k: int, rounds: int) -> dict:
     threads = _C.blas_num_threads()
     tx, tw, tout = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(out.copy())
     arms = {}
-    for choice in (0, 1, SKINNY):
+    for choice in (0, 1, SKINNY) + ((SKINNY16,) if _C.gemm_skinny16_available() else ()):
         def run(choice=choice):
             _C.load_gemm_choices([(False, True, m, n, k, 4, threads, True, choice)])
             _C.gemm(x, w, False, True, measured=True, out=out, accumulate=True)
@@ -69,7 +70,7 @@ def without_skinny(table: dict, rounds: int) -> dict:
     rows = []
     for row in table["gemm"]:
         ta, tb, m, n, k, size, threads, accumulate, choice = row
-        if choice == SKINNY:
+        if choice in (SKINNY, SKINNY16):
             a = rng.standard_normal((k, m) if ta else (m, k), np.float32)
             b = rng.standard_normal((n, k), np.float32)
             out = np.zeros((m, n), np.float32)
@@ -91,7 +92,7 @@ def iteration_times(net, rounds: int) -> dict:
         net.forward_backward()
     tables = {"with": plans.table()}
     tables["without"] = without_skinny(tables["with"], 3)
-    skinny = sum(1 for r in tables["with"]["gemm"] if r[8] == SKINNY)
+    skinny = sum(1 for r in tables["with"]["gemm"] if r[8] in (SKINNY, SKINNY16))
     times = alternated_tables(tables, net.forward_backward, rounds, reset=net.clear_param_diffs)
     plans.install(tables["with"])
     return {"skinny": skinny, "gemms": len(tables["with"]["gemm"]), **times}
@@ -112,15 +113,19 @@ def main() -> None:
     print(f"SGEMM peak {sgemm_peak():.1f} GFLOP/s; {args.rounds} rounds, alternated; ms as "
           f"median / best")
     if not args.no_shapes:
+        from cct import _C
+        wide = _C.gemm_skinny16_available()
         print(f"{'GEMM (out += X W^T)':22} {'OpenBLAS direct':>17} {'OpenBLAS transp.':>17} "
-              f"{'skinny':>17} {'PyTorch':>17} {'skinny GF/s':>11} {'PyTorch/skinny':>14}")
+              f"{'skinny':>17} " + (f"{'skinny 16 lanes':>17} " if wide else "")
+              + f"{'PyTorch':>17} {'skinny GF/s':>11} {'PyTorch/skinny':>14}")
         for name, m, n, k in SHAPES:
             t = gemm_times(m, n, k, args.rounds)
             flops = 2.0 * m * n * k
+            best = min(min(t[c]) for c in (SKINNY, SKINNY16) if c in t)
             print(f"{name + f' {m}x{n}x{k}':22} {ms(t[0]):>17} {ms(t[1]):>17} "
-                  f"{ms(t[SKINNY]):>17} {ms(t['torch']):>17} "
-                  f"{flops / min(t[SKINNY]) / 1e9:11.1f} "
-                  f"{min(t['torch']) / min(t[SKINNY]):14.2f}", flush=True)
+                  f"{ms(t[SKINNY]):>17} " + (f"{ms(t[SKINNY16]):>17} " if wide else "")
+                  + f"{ms(t['torch']):>17} {flops / best / 1e9:11.1f} "
+                  f"{min(t['torch']) / best:14.2f}", flush=True)
     print(f"{'net':16} {'skinny GEMMs':>12} {'iteration with':>19} {'without':>19} "
           f"{'without/with':>12}")
     for name in names:

@@ -46,8 +46,9 @@ namespace {
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int, bool>;
 std::mutex g_mutex;
 // 0 direct, 1 transposed; under bf16 also 2 and 3: the same orders in float32; 4 the skinny
-// engine, 5 MKL's sgemm (both float32 whatever the precision).
-constexpr int kSkinnyChoice = 4, kMklChoice = 5;
+// engine, 5 MKL's sgemm, 6 the skinny engine's 16-lane tile (AVX-512; the same bits as 4): all
+// float32 whatever the precision.
+constexpr int kSkinnyChoice = 4, kMklChoice = 5, kSkinny16Choice = 6;
 std::map<Key, int> g_transposed;
 std::atomic<int> g_order{0};  // 0 measure, 1 direct, 2 transposed
 
@@ -108,10 +109,11 @@ template <typename T>
 void run_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha,
                 const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
                 std::vector<T>& scratch) {
-  if (choice == kSkinnyChoice) {
+  if (choice == kSkinnyChoice || choice == kSkinny16Choice) {
     if constexpr (std::is_same_v<T, float>) {
       if (skinny_applies(tb, m, n, k, alpha)) {
-        gemm_skinny(ta, m, n, k, a, lda, b, ldb, beta, c, ldc);
+        gemm_skinny(ta, m, n, k, a, lda, b, ldb, beta, c, ldc,
+                    choice == kSkinny16Choice ? 16 : 8);
         return;
       }
     }
@@ -150,7 +152,10 @@ std::vector<int> candidates(bool tb, int64_t m, int64_t n, int64_t k) {
   if (transposable) choices.push_back(1);
   if (bf16) choices.push_back(2);
   if (bf16 && transposable) choices.push_back(3);
-  if (skinny_applies(tb, m, n, k, T(1))) choices.push_back(kSkinnyChoice);
+  if (skinny_applies(tb, m, n, k, T(1))) {
+    choices.push_back(kSkinnyChoice);
+    if (gemm_skinny16_available()) choices.push_back(kSkinny16Choice);
+  }
   if (mkl_applies<T>()) choices.push_back(kMklChoice);
   return choices;
 }
@@ -247,10 +252,10 @@ std::vector<GemmChoice> gemm_choices() {
 void load_gemm_choices(const std::vector<GemmChoice>& entries) {
   std::lock_guard<std::mutex> lock(g_mutex);
   for (const auto& [ta, tb, m, n, k, size, threads, accumulate, choice] : entries) {
-    if (choice < 0 || choice > kMklChoice || (choice >= 2 && choice <= 3 && size != 2) ||
+    if (choice < 0 || choice > kSkinny16Choice || (choice >= 2 && choice <= 3 && size != 2) ||
         (choice >= kSkinnyChoice && size == 8))
       throw std::invalid_argument(
-          "a GEMM choice must be 0 or 1 (2 or 3 under bf16), or 4 or 5 in float32 or bf16");
+          "a GEMM choice must be 0 or 1 (2 or 3 under bf16), or 4, 5 or 6 in float32 or bf16");
     g_transposed[Key{ta, tb, m, n, k, size, threads, accumulate}] = choice;
   }
 }

@@ -22,6 +22,13 @@
 // Per panel of op(A) (1 MiB packed), cct's threads pack it together, then take blocks of B's
 // rows over it. (Each packing every panel for itself cost a shape with few rows of B and a
 // long k, a thin convolution's weight gradient, a second copy of op(A) per thread.)
+//
+// On CPUs with AVX-512 the tile can take vectors of 16 lanes instead (6 rows of B x 32 rows of
+// op(A): a batch of 32 reads B's six rows once per step rather than twice). Each C value is
+// the same chain in the same order, so the bits are the same as the 8-lane tile's; gemm.cpp
+// races the two as choices 4 and 6, since on Zen 4, which splits a 512-bit FMA in two, which
+// is faster is a question for the stopwatch (as for the direct convolution's 16-pixel tile).
+// A plan naming the 16-lane tile on a CPU without AVX-512 runs the 8-lane one: same bits.
 #include "gemm_skinny.h"
 
 #include <algorithm>
@@ -73,32 +80,75 @@ __attribute__((target("avx2,fma"))) void skinny_tile(const float* b, int64_t ldb
     for (int v = 0; v < V; ++v) _mm256_storeu_ps(ot + r * mpad_ot + 8 * v, acc[r][v]);
 }
 
+// skinny_tile with vectors of 16 lanes. Written out again rather than one template over the
+// vector width: GCC does not inline a target's intrinsics into a template body that has no
+// target of its own.
+template <int R, int V>
+__attribute__((target("avx512f"))) void skinny_tile16(const float* b, int64_t ldb,
+                                                      const float* ap, int64_t mpad, int64_t kc,
+                                                      float* ot, int64_t mpad_ot) {
+  __m512 acc[R][V];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_loadu_ps(ot + r * mpad_ot + 16 * v);
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 x[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) x[v] = _mm512_loadu_ps(ap + k * mpad + 16 * v);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m512 w = _mm512_set1_ps(b[r * ldb + k]);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(w, x[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(ot + r * mpad_ot + 16 * v, acc[r][v]);
+}
+
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
 
-template <int V>
+// The tile of `rows` rows of B (1 to kTileRows) and V vectors of `Lanes` lanes.
+template <int Lanes, int V>
 TileFn tile_of(int rows) {
-  switch (rows) {
-    case 1: return skinny_tile<1, V>;
-    case 2: return skinny_tile<2, V>;
-    case 3: return skinny_tile<3, V>;
-    case 4: return skinny_tile<4, V>;
-    case 5: return skinny_tile<5, V>;
-    default: return skinny_tile<6, V>;
+  if constexpr (Lanes == 16) {
+    switch (rows) {
+      case 1: return skinny_tile16<1, V>;
+      case 2: return skinny_tile16<2, V>;
+      case 3: return skinny_tile16<3, V>;
+      case 4: return skinny_tile16<4, V>;
+      case 5: return skinny_tile16<5, V>;
+      default: return skinny_tile16<6, V>;
+    }
+  } else {
+    switch (rows) {
+      case 1: return skinny_tile<1, V>;
+      case 2: return skinny_tile<2, V>;
+      case 3: return skinny_tile<3, V>;
+      case 4: return skinny_tile<4, V>;
+      case 5: return skinny_tile<5, V>;
+      default: return skinny_tile<6, V>;
+    }
   }
 }
 
 // ot[j][i] += op(A)(i, :) . B(j, :) for rows j of B in [j0, j1): every tile of
-// those rows over one packed panel of op(A), k in [0, pk).
+// those rows over one packed panel of op(A), k in [0, pk), in lane groups of two vectors of
+// Lanes (mpad a multiple of Lanes; the last group one vector where one is left).
+template <int Lanes>
 void skinny_rows(const float* ap, int64_t mpad, int64_t pk, const float* b, int64_t ldb,
                  float* ot, int64_t j0, int64_t j1) {
   for (int64_t r0 = j0; r0 < j1; r0 += kTileRows) {
     const int rows = int(std::min<int64_t>(kTileRows, j1 - r0));
-    const TileFn two = tile_of<2>(rows), one = tile_of<1>(rows);
+    const TileFn two = tile_of<Lanes, 2>(rows), one = tile_of<Lanes, 1>(rows);
     for (int64_t s0 = 0; s0 < pk; s0 += kStep) {
       const int64_t kc = std::min(kStep, pk - s0);
-      for (int64_t i0 = 0; i0 < mpad; i0 += 16)
-        (mpad - i0 >= 16 ? two : one)(b + r0 * ldb + s0, ldb, ap + s0 * mpad + i0, mpad, kc,
-                                      ot + r0 * mpad + i0, mpad);
+      for (int64_t i0 = 0; i0 < mpad; i0 += 2 * Lanes)
+        (mpad - i0 >= 2 * Lanes ? two : one)(b + r0 * ldb + s0, ldb, ap + s0 * mpad + i0, mpad,
+                                             kc, ot + r0 * mpad + i0, mpad);
     }
   }
 }
@@ -110,9 +160,16 @@ bool gemm_skinny_available() {
   return has;
 }
 
+bool gemm_skinny16_available() {
+  static const bool has = gemm_skinny_available() && __builtin_cpu_supports("avx512f");
+  return has;
+}
+
 void gemm_skinny(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const int64_t mpad = (m + 7) / 8 * 8;
+                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int lanes) {
+  if (lanes != 8 && lanes != 16) throw std::invalid_argument("gemm_skinny: lanes must be 8 or 16");
+  const bool wide = lanes == 16 && gemm_skinny16_available();
+  const int64_t mpad = wide ? (m + 15) / 16 * 16 : (m + 7) / 8 * 8;
   const int64_t panel = std::max<int64_t>(kStep, kPanelBytes / int64_t(sizeof(float) * mpad));
   const int64_t blocks = (n + kTileRows - 1) / kTileRows;
   // The calling thread's buffers; each part of a parallel_for writes its own rows of them
@@ -143,8 +200,12 @@ void gemm_skinny(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64
             ap[q * mpad + i] = a[i * lda + p0 + q];
     });
     parallel_for(blocks, kTileRows * pk * mpad, [&](int64_t begin, int64_t end) {
-      skinny_rows(ap, mpad, pk, b + p0, ldb, ot, begin * kTileRows,
-                  std::min(n, end * kTileRows));
+      const int64_t j1 = std::min(n, end * kTileRows);
+      if (wide) {
+        skinny_rows<16>(ap, mpad, pk, b + p0, ldb, ot, begin * kTileRows, j1);
+      } else {
+        skinny_rows<8>(ap, mpad, pk, b + p0, ldb, ot, begin * kTileRows, j1);
+      }
     });
   }
   parallel_for(m, n, [&](int64_t i0, int64_t i1) {
@@ -162,8 +223,9 @@ namespace cct {
 // Not an x86 CPU (or not GCC/Clang): no kernel; gemm_skinny_applies is false, so the races
 // never pick the engine and a plan naming it runs the BLAS (gemm.cpp).
 bool gemm_skinny_available() { return false; }
+bool gemm_skinny16_available() { return false; }
 void gemm_skinny(bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t,
-                 float, float*, int64_t) {
+                 float, float*, int64_t, int) {
   throw std::logic_error("gemm_skinny: no kernel on this CPU (gemm_skinny_applies is false)");
 }
 }  // namespace cct

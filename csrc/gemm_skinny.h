@@ -11,6 +11,9 @@ constexpr int64_t kSkinnyMaxRows = 64;
 // Whether this CPU has the engine's kernel (x86-64 with AVX2 and FMA).
 bool gemm_skinny_available();
 
+// Whether it also has the kernel's 16-lane tile (AVX-512F), which gives the same bits.
+bool gemm_skinny16_available();
+
 // Whether gemm_skinny takes such a call: op(B) = B^T, 1 <= m <= kSkinnyMaxRows, alpha 1, and
 // the kernel on this CPU.
 bool gemm_skinny_applies(bool tb, int64_t m, int64_t n, int64_t k, float alpha);
@@ -18,8 +21,9 @@ bool gemm_skinny_applies(bool tb, int64_t m, int64_t n, int64_t k, float alpha);
 // C (m x n, ldc) = op(A) B^T + beta C; op(A) is m x k (A stored m x k, or k x m when ta), B is
 // n x k (ldb). Each C[i][j] is one chain of fused multiply-adds in k's order from 0, then
 // fma(beta, C[i][j], chain) (C not read when beta is 0), whatever the threads: its bits depend
-// on the shape and the values alone.
+// on the shape and the values alone, and not on `lanes`: the tile's vectors of 8 lanes, or of
+// 16 where the CPU has them (else 8).
 void gemm_skinny(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int lanes = 8);
 
 }  // namespace cct

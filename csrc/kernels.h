@@ -98,7 +98,7 @@ int gemm_known_choice(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T beta)
 std::vector<int> gemm_candidates(bool tb, int64_t m, int64_t n, int64_t k);
 // The orders chosen so far: (ta, tb, m, n, k, element size, BLAS threads, accumulate (beta !=
 // 0), choice): 0 the direct order, 1 transposed; under bf16 also 2 and 3, the same in float32;
-// 4 the skinny engine, 5 MKL's sgemm.
+// 4 the skinny engine, 5 MKL's sgemm, 6 the skinny engine's 16-lane tile.
 using GemmChoice =
     std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int, bool, int>;
 std::vector<GemmChoice> gemm_choices();

@@ -535,13 +535,16 @@ PYBIND11_MODULE(_C, m) {
   m.def("gemm_choices", &cct::gemm_choices,
         "(trans_a, trans_b, m, n, k, itemsize, BLAS threads, accumulate, choice) per shape "
         "measured; choice 0 direct, 1 transposed, 2 and 3 the same in float32 under bf16, 4 "
-        "the skinny engine, 5 MKL's sgemm (both float32).");
+        "the skinny engine, 5 MKL's sgemm, 6 the skinny engine's 16-lane tile (all float32).");
   m.def("gemm_candidates", &cct::gemm_candidates, py::arg("trans_b"), py::arg("m"),
         py::arg("n"), py::arg("k"),
         "The choices a float32 GEMM of this shape would race now.");
   m.def("gemm_skinny_available", &cct::gemm_skinny_available,
         "Whether this CPU has the skinny GEMM engine's kernel (AVX2 and FMA), which the GEMM "
         "races then try for float32 C = op(A) B^T of at most 64 rows.");
+  m.def("gemm_skinny16_available", &cct::gemm_skinny16_available,
+        "Whether this CPU also has the skinny engine's 16-lane tile (AVX-512F; the same bits), "
+        "which the races then try as GEMM choice 6.");
   m.def("conv_plan_table", &cct::conv_plan_table,
         "(kernel, geometry, itemsize, threads, modes, partitions, layout, cache_chunks) per "
         "convolution plan in the table.");

@@ -6,7 +6,8 @@
 #   scripts/cpu_bundle.sh [python3.12]     # makes .cpu-bundle/ (git-ignored), ~53 MB
 #   device run, carry [".cpu-bundle"]:  bash scripts/cpu_check.sh --bundle .cpu-bundle
 #
-# .cpu-bundle/whl: cct's wheel for cp312, lmdb and protobuf 6.31.1; .cpu-bundle/mkl.tar.xz:
+# .cpu-bundle/whl: cct's wheel for cp312, lmdb, protobuf 6.31.1 and pytest (the kernel tests'
+# step); .cpu-bundle/mkl.tar.xz:
 # the MKL libraries the bf16 engines load (libmkl_rt, the LP64 interface, core, sequential,
 # gnu_thread and the AVX-512 kernels, which hold AMX's; 255 MB, 45 MB in xz: the whole `mkl`
 # wheel would not fit the 64 MiB a device call carries, and the device has no network);
@@ -20,6 +21,8 @@ rm -rf .cpu-bundle && mkdir -p .cpu-bundle/whl .cpu-bundle/shared
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d .cpu-bundle/whl lmdb "protobuf==6.31.1"
+python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+    -d .cpu-bundle/whl pytest
 MKL=$(python3 -c "
 import importlib.metadata as md, pathlib
 f = [f for f in md.files('mkl') if f.name.startswith('libmkl_rt.so')][0]

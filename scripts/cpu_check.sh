@@ -3,6 +3,8 @@
 # machine's host CPU, on two of its cores (`taskset -c 0,1`, as issue 34's tables were
 # taken), each step under its own time limit, in order of what matters most, stopping before
 # DEADLINE seconds:
+#   0. the CPU kernels' tests (tests/backend: the code only an AVX-512 or AMX CPU runs, held to
+#      the bits the tests promise);
 #   1. the bf16 engine race (cct's AVX512-BF16 kernel, MKL in column blocks, MKL's own
 #      threads) on a fresh plan cache, with the CPU's flags;
 #   2. bench_train --precision bf16 on LeNet, CIFAR10-quick and CaffeNet b32 against PyTorch
@@ -79,14 +81,22 @@ print('float32 races with MKL:', _C.gemm_choices())" > "$OUT/logs/mkl_probe.txt"
 else
     echo "== MKL probe:"; tail -n 4 "$OUT/logs/mkl_probe.txt" 2>/dev/null
 fi
+# The kernels' tests, from a copy of tests/ beside no cct/ source (the wheel's _C is the one
+# tested): the direct convolution's 16-pixel tile, the skinny engine's 16-lane tile and the
+# AVX-512 vector clones (Winograd, pooling, LRN) give the bits the tests promise; cct's
+# AVX512-BF16 kernel; MKL's sgemm plans across operand alignments (strict CNR is not set).
+rm -rf /tmp/cct_tests && mkdir -p /tmp/cct_tests && cp -r tests pyproject.toml /tmp/cct_tests/
+step kernel_tests 90 8 bash -c "cd /tmp/cct_tests && $PIN python3 -m pytest -q -p no:cacheprovider \
+    tests/backend/test_cpu_kernels.py tests/backend/test_gemm_skinny.py \
+    tests/backend/test_gemm_mkl.py tests/backend/test_bf16.py tests/backend/test_plans.py"
 step engine_race 60 6 $PIN python3 -P -c "
 from cct.backend import precision
 print('bf16:', precision.set_precision('bf16', source='cpu_check'))
 print(precision.engine_description())"
 step bench_train_bf16 200 12 $PIN python3 bench/bench_train.py \
     --nets lenet,cifar10_quick,caffenet_b32 --iters 5 --precision bf16
-# the skinny float32 GEMM engine against OpenBLAS's orders on the FC forward shapes (AVX2 tile;
-# on AVX-512 OpenBLAS may win every race), and CaffeNet b32 with and without its plans
+# the skinny float32 GEMM engine against OpenBLAS's orders on the FC forward shapes (its 8- and
+# 16-lane tiles), and CaffeNet b32 with and without its plans
 step skinny_gemm 90 10 $PIN python3 bench/bench_skinny_gemm.py --nets caffenet_b32 --rounds 6
 # every raced GEMM of two nets in the plan cct chose (MKL's sgemm among the candidates)
 # against MKL's, then each iteration with MKL in the races and without: what MKL's AVX-512

@@ -29,8 +29,9 @@ lowered, 1 pointwise, 2 direct, 3 Winograd F(2x2, 3x3) or F(2x2, 5x5), 4 Winogra
 3x3); a GEMM's accumulate: whether it adds into C (raced apart from overwriting it), its
 choice true/false for its operand order, 2 or 3 for the same orders run in float32 under
 bf16, 4 for the skinny float32 engine, 5 for MKL's sgemm where MKL is installed,
-cct/backend/mkl.py), and the bf16 GEMM engine once one was chosen (cct/backend/precision.py
-times them: the engines round differently too).
+cct/backend/mkl.py, 6 for the skinny engine's 16-lane tile on AVX-512 CPUs, the same bits as
+4), and the bf16 GEMM engine once one was chosen (cct/backend/precision.py times them: the
+engines round differently too).
 """
 from __future__ import annotations
 
@@ -56,10 +57,12 @@ FORMAT = 1
 # 9: the skinny float32 GEMM engine (GEMM choice 4); 10: that engine adds beta C after the
 # products, not before (its bits changed: a cache of 9 would replay other numbers); 11: MKL's
 # sgemm (GEMM choice 5, where MKL is offered: the fingerprint holds its version then), and the
-# lowered convolution's forward and backward-data GEMMs raced like its weight gradient's.
-KERNEL_PLANS = 11
+# lowered convolution's forward and backward-data GEMMs raced like its weight gradient's; 12:
+# the skinny engine's 16-lane tile on AVX-512 CPUs (GEMM choice 6).
+KERNEL_PLANS = 12
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 MKL_CHOICE = 5  # a GEMM row's choice of MKL's sgemm
+SKINNY_CHOICES = (4, 6)  # the skinny engine's: vectors of 8 lanes, of 16 (the same bits)
 _CONV_FIELDS = 8
 _GEMM_FIELDS = 9
 _GEMM_FIELDS_BEFORE_ACCUMULATE = 8  # tables written before adding and overwriting were apart
@@ -87,7 +90,8 @@ def table() -> dict:
     conv = [[k, list(geom), size, threads, modes, parts, layout, bool(chunks)]
             for k, geom, size, threads, modes, parts, layout, chunks in _C.conv_plan_table()]
     # choice: true/false (the operand order transposed or not); under bf16 also 2 and 3, the
-    # same orders in float32; 4 the skinny float32 engine (csrc/gemm_skinny.h), 5 MKL's sgemm
+    # same orders in float32; 4 the skinny float32 engine (csrc/gemm_skinny.h), 5 MKL's sgemm,
+    # 6 the skinny engine's 16-lane tile
     gemm = [[bool(ta), bool(tb), m, n, k, size, threads, bool(acc), bool(ch) if ch < 2 else ch]
             for ta, tb, m, n, k, size, threads, acc, ch in _C.gemm_choices()]
     tab = {"conv": conv, "gemm": gemm}
@@ -152,9 +156,9 @@ def _gemm_row(row) -> tuple:
     ta, tb, m, n, k, size, threads, accumulate, choice = row
     if not all(isinstance(v, bool) for v in (ta, tb, accumulate)):
         raise ValueError(f"a GEMM order's flags are not true/false: {row!r:.80}")
-    if not (isinstance(choice, bool) or choice in (2, 3, 4, MKL_CHOICE)
+    if not (isinstance(choice, bool) or choice in (2, 3, MKL_CHOICE, *SKINNY_CHOICES)
             and isinstance(choice, int)):
-        raise ValueError(f"a GEMM order's choice is not true/false, 2, 3, 4 or 5: {row!r:.80}")
+        raise ValueError(f"a GEMM order's choice is not true/false, 2, 3, 4, 5 or 6: {row!r:.80}")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (m, n, k, size, threads)):
         raise ValueError(f"a GEMM order holds a size that is not an integer: {row!r:.80}")
     return ta, tb, m, n, k, size, threads, accumulate, int(choice)

@@ -1,5 +1,8 @@
 """The skinny float32 GEMM engine (csrc/gemm_skinny.cpp): C = op(A) B^T + beta C for C of at most
-64 rows, which the measured GEMMs race against the BLAS's two operand orders (GEMM choice 4).
+64 rows, which the measured GEMMs race against the BLAS's two operand orders (GEMM choice 4; 6
+for its 16-lane tile on AVX-512 CPUs, which promises the same bits: a plan naming it on any
+other CPU runs the 8-lane tile, so the tests of choice 6 check that tile's bits here and the
+16-lane one's where the CPU has it).
 
 Its promise is exact: each C value is one chain of fused multiply-adds in k's order from 0,
 then beta C added with one rounding (last, as the BLAS adds it). The operands here are dyadic
@@ -15,7 +18,7 @@ from cct.backend import cpu, plans
 pytestmark = pytest.mark.skipif(not _C.gemm_skinny_available(),
                                 reason="this CPU has no AVX2 and FMA: no skinny engine")
 
-SKINNY = 4
+SKINNY, SKINNY16 = plans.SKINNY_CHOICES
 
 
 @pytest.fixture
@@ -51,21 +54,23 @@ SHAPES = [(1, 1, 1), (5, 7, 3), (8, 6, 300), (13, 13, 257), (16, 11, 40), (17, 2
           (32, 37, 700), (64, 9, 4100)]
 
 
+@pytest.mark.parametrize("choice", [SKINNY, SKINNY16])
 @pytest.mark.parametrize("accumulate", [False, True])
 @pytest.mark.parametrize("trans_a", [False, True])
 @pytest.mark.parametrize("m,n,k", SHAPES, ids=str)
-def test_each_value_is_one_fma_chain_in_k_order(fresh_plans, m, n, k, trans_a, accumulate):
+def test_each_value_is_one_fma_chain_in_k_order(fresh_plans, m, n, k, trans_a, accumulate,
+                                                choice):
     a_op, b = dyadic((m, k), 1), dyadic((n, k), 2)
     start = dyadic((m, n), 3, 2.0 ** -20) if accumulate else np.zeros((m, n), np.float32)
     # Without accumulate C is not read: NaN there must not come through.
     out = start.copy() if accumulate else np.full((m, n), np.nan, np.float32)
-    install(trans_a, m, n, k, accumulate)
+    install(trans_a, m, n, k, accumulate, choice)
     a = np.ascontiguousarray(a_op.T) if trans_a else a_op
     _C.gemm(a, b, trans_a, True, measured=True, out=out, accumulate=accumulate)
     np.testing.assert_array_equal(out, fma_chain(a_op, b, start))
 
 
-def test_the_threads_do_not_change_the_bits(fresh_plans):
+def test_neither_the_threads_nor_the_tile_change_the_bits(fresh_plans):
     m, n, k = 32, 100, 3000
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((m, k), np.float32), rng.standard_normal((n, k), np.float32)
@@ -74,8 +79,9 @@ def test_the_threads_do_not_change_the_bits(fresh_plans):
     try:
         for threads in (1, 2, 3):
             cpu.set_num_threads(threads)
-            install(False, m, n, k, False)
-            got.append(_C.gemm(a, b, False, True, measured=True))
+            for choice in (SKINNY, SKINNY16):
+                install(False, m, n, k, False, choice)
+                got.append(_C.gemm(a, b, False, True, measured=True))
     finally:
         cpu.set_num_threads(saved)
     for g in got[1:]:
@@ -84,15 +90,16 @@ def test_the_threads_do_not_change_the_bits(fresh_plans):
                                rtol=1e-4, atol=1e-3)
 
 
-def test_a_call_the_engine_cannot_take_runs_the_direct_order(fresh_plans):
-    """A plan naming the engine for a shape outside its form (op(B) = B here, or 65 rows)
-    runs the BLAS's direct order, bit for bit."""
+@pytest.mark.parametrize("choice", [SKINNY, SKINNY16])
+def test_a_call_the_engine_cannot_take_runs_the_direct_order(fresh_plans, choice):
+    """A plan naming the engine (either tile) for a shape outside its form (op(B) = B here, or
+    65 rows) runs the BLAS's direct order, bit for bit."""
     rng = np.random.default_rng(6)
     for m, trans_b in ((8, False), (65, True)):
         a = rng.standard_normal((m, 50), np.float32)
         b = rng.standard_normal((50, 30) if not trans_b else (30, 50), np.float32)
         _C.load_gemm_choices([(False, trans_b, m, 30, 50, 4, _C.blas_num_threads(), False,
-                               SKINNY)])
+                               choice)])
         skinny = _C.gemm(a, b, False, trans_b, measured=True)
         _C.load_gemm_choices([(False, trans_b, m, 30, 50, 4, _C.blas_num_threads(), False, 0)])
         np.testing.assert_array_equal(skinny, _C.gemm(a, b, False, trans_b, measured=True))
@@ -100,22 +107,26 @@ def test_a_call_the_engine_cannot_take_runs_the_direct_order(fresh_plans):
 
 def test_the_race_tries_it_and_a_plan_keeps_it(fresh_plans):
     """A fully connected forward's shape at batch 32 is raced with the engine among the
-    candidates; whichever won, the table holds it, and a table naming the engine installs
-    and runs it."""
+    candidates (its 16-lane tile too, on a CPU with AVX-512); whichever won, the table holds
+    it, and a table naming either tile installs and runs it."""
+    candidates = _C.gemm_candidates(True, 32, 256, 2048)
+    assert SKINNY in candidates and (SKINNY16 in candidates) == _C.gemm_skinny16_available()
     x, w = dyadic((32, 2048), 7), dyadic((256, 2048), 8)
     want = fma_chain(x, w, np.zeros((32, 256), np.float32))
     np.testing.assert_allclose(cpu.matmul(x, w.T), want, rtol=1e-5, atol=1e-9)
     rows = [r for r in plans.table()["gemm"] if r[2:5] == [32, 256, 2048]]
-    assert len(rows) == 1 and rows[0][8] in (False, True, SKINNY)
-    forced = {"gemm": [rows[0][:8] + [SKINNY]]}
-    assert plans.install(forced) == 1
-    assert plans.table()["gemm"] == forced["gemm"]
-    np.testing.assert_array_equal(cpu.matmul(x, w.T), want)
+    assert len(rows) == 1 and rows[0][8] in (False, True, SKINNY, SKINNY16)
+    for choice in (SKINNY, SKINNY16):
+        forced = {"gemm": [rows[0][:8] + [choice]]}
+        assert plans.install(forced) == 1
+        assert plans.table()["gemm"] == forced["gemm"]
+        np.testing.assert_array_equal(cpu.matmul(x, w.T), want)
 
 
 @pytest.mark.parametrize("row", [
     [False, True, 8, 6, 5, 8, 1, False, SKINNY],     # float64: no skinny engine
-    [False, True, 8, 6, 5, 4, 1, False, 6],          # no such choice
+    [False, True, 8, 6, 5, 8, 1, False, SKINNY16],   # nor its 16-lane tile
+    [False, True, 8, 6, 5, 4, 1, False, 7],          # no such choice
 ])
 def test_a_choice_the_engines_do_not_have_is_refused(fresh_plans, row):
     with pytest.raises(ValueError, match="GEMM"):
