@@ -146,15 +146,24 @@ bool bf16_takes_rounded_operands() {
   return g_on.load(std::memory_order_relaxed) && g_engine.load() != kKernel;
 }
 
-void gemm_bf16_rounded_b(bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                         int64_t lda, const uint16_t* b16, int64_t ldb, float beta, float* c,
-                         int64_t ldc) {
+void gemm_bf16_rounded_b(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float* a, int64_t lda, const uint16_t* b16, int64_t ldb,
+                         float beta, float* c, int64_t ldc) {
   const int chosen = g_engine.load();
   if (chosen == kKernel)
     throw std::runtime_error("gemm_bf16_rounded_b without an MKL engine");
   thread_local std::vector<uint16_t> a_buffer;
-  const uint16_t* a16 = rounded_copy(a_buffer, a, m, k, lda);
-  mkl_gemm(chosen, false, tb, m, n, k, alpha, a16, k, b16, ldb, beta, c, ldc);
+  const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+  const uint16_t* a16 = rounded_copy(a_buffer, a, a_rows, a_cols, lda);
+  mkl_gemm(chosen, ta, tb, m, n, k, alpha, a16, a_cols, b16, ldb, beta, c, ldc);
+}
+
+void gemm_bf16_rounded(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const uint16_t* a16, const uint16_t* b16, float beta, float* c,
+                       int64_t ldc) {
+  const int chosen = g_engine.load();
+  if (chosen == kKernel) throw std::runtime_error("gemm_bf16_rounded without an MKL engine");
+  mkl_gemm(chosen, ta, tb, m, n, k, alpha, a16, ta ? m : k, b16, tb ? k : n, beta, c, ldc);
 }
 
 }  // namespace cct

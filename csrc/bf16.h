@@ -55,15 +55,21 @@ void widen_bf16(const uint16_t* src, float* dst, int64_t count);
 void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 // Whether bf16 GEMMs are on with an MKL engine, which multiplies operands already in bf16: a
-// caller that makes the B operand itself (the lowered convolution's im2col) can write it in
-// bf16 and call gemm_bf16_rounded_b, sparing a float32 copy written and read back to be
-// rounded. cct's kernel rounds while it packs: no such copy to spare.
+// caller that makes an operand itself (the lowered convolution's im2col, its gathered top
+// diff) can write it in bf16 and call gemm_bf16_rounded_b or gemm_bf16_rounded, sparing a
+// float32 copy written and read back to be rounded. cct's kernel rounds while it packs: no
+// such copy to spare.
 bool bf16_takes_rounded_operands();
-// gemm_bf16 with A untransposed and B given in bf16 (k x n, or n x k with tb; leading
-// dimension ldb): the same bits.
-void gemm_bf16_rounded_b(bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                         int64_t lda, const uint16_t* b16, int64_t ldb, float beta, float* c,
-                         int64_t ldc);
+// gemm_bf16 with B given in bf16 (k x n, or n x k with tb; leading dimension ldb): the same
+// bits.
+void gemm_bf16_rounded_b(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float* a, int64_t lda, const uint16_t* b16, int64_t ldb,
+                         float beta, float* c, int64_t ldc);
+// gemm_bf16 with both operands given in bf16, contiguous (A m x k, or k x m with ta; B k x n,
+// or n x k with tb): the same bits.
+void gemm_bf16_rounded(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const uint16_t* a16, const uint16_t* b16, float beta, float* c,
+                       int64_t ldc);
 // The same on cct's own kernel, whatever engine is chosen (bf16_kernel_supported() only).
 void gemm_bf16_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta,

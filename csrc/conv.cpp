@@ -225,15 +225,20 @@ void scatter_top(const T* yt, const T* bias, bool relu, const ConvGeom& g, int64
   });
 }
 
-// The inverse of scatter_top (without bias): gather a group's top diff into O/g x M.
-template <typename T>
-void gather_top(const T* dy, const ConvGeom& g, int64_t grp, int64_t n0, int64_t n1, T* dyt) {
+// The inverse of scatter_top (without bias): gather a group's top diff into O/g x M, in T or
+// (Out uint16_t, from float) rounded to bf16 as the bf16 GEMM rounds its operands.
+template <typename T, typename Out = T>
+void gather_top(const T* dy, const ConvGeom& g, int64_t grp, int64_t n0, int64_t n1, Out* dyt) {
   const int64_t og = g.o / g.group, nb = n1 - n0, p = g.ho * g.wo, m = nb * p;
   parallel_for(og * nb, p, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t nn = item / og, o = item % og;
-      std::memcpy(dyt + o * m + nn * p, dy + ((n0 + nn) * g.o + grp * og + o) * p,
-                  size_t(p) * sizeof(T));
+      const T* src = dy + ((n0 + nn) * g.o + grp * og + o) * p;
+      if constexpr (std::is_same_v<Out, uint16_t>) {
+        round_to_bf16(src, dyt + o * m + nn * p, p);
+      } else {
+        std::memcpy(dyt + o * m + nn * p, src, size_t(p) * sizeof(T));
+      }
     }
   });
 }
@@ -319,8 +324,8 @@ void forward_range(const T* x, const T* weight, const T* bias, bool relu, T* y,
         if (in_bf16) {
           uint16_t* cols16 = buf.cols<uint16_t>();
           im2col(x, g, grp, n0, n1, cols16);
-          gemm_bf16_rounded_b(false, buf.og, buf.m, buf.k, 1.0f, w, buf.k, cols16, buf.m, 0.0f,
-                              top, buf.m);
+          gemm_bf16_rounded_b(false, false, buf.og, buf.m, buf.k, 1.0f, w, buf.k, cols16, buf.m,
+                              0.0f, top, buf.m);
         }
       }
       if (!in_bf16) {
@@ -347,13 +352,29 @@ void backward_data_range(const T* dy, const T* weight, T* dx, const ConvGeom& g,
     const int64_t n1 = std::min(end, n0 + step);
     const Buffers buf = workspace_for<T>(g, n1 - n0);
     const bool single = n1 - n0 == 1, direct = single && is_pointwise(g);
+    // bf16 on an MKL engine, the shape's race run and won by the bf16 GEMM in this order: a
+    // chunk's top diff gathered straight into bf16, which the engine multiplies, rather than
+    // into float32 written, read back and rounded (one image's is read in place: no gather).
+    const bool in_bf16 = std::is_same_v<T, float> && !single && bf16_takes_rounded_operands() &&
+                         gemm_known_choice<T>(true, false, buf.k, buf.m, buf.og, T(0)) == 0;
     for (int64_t grp = 0; grp < g.group; ++grp) {
-      const T* dyt = single ? dy + (n0 * g.o + grp * buf.og) * p : buf.top<T>();
-      if (!single) gather_top(dy, g, grp, n0, n1, buf.top<T>());
+      const T* w = weight + grp * buf.og * buf.k;
       // A pointwise convolution's dcols are dx's channels: each bottom element gets one term.
       T* dcols = direct ? dx + (n0 * g.c + grp * cg) * p : buf.cols<T>();
-      gemm_measured(true, false, buf.k, buf.m, buf.og, T(1), weight + grp * buf.og * buf.k,
-                    buf.k, dyt, buf.m, T(0), dcols, buf.m);
+      if constexpr (std::is_same_v<T, float>) {
+        if (in_bf16) {
+          uint16_t* dyt16 = reinterpret_cast<uint16_t*>(buf.top<T>());
+          gather_top(dy, g, grp, n0, n1, dyt16);
+          gemm_bf16_rounded_b(true, false, buf.k, buf.m, buf.og, 1.0f, w, buf.k, dyt16, buf.m,
+                              0.0f, dcols, buf.m);
+        }
+      }
+      if (!in_bf16) {
+        const T* dyt = single ? dy + (n0 * g.o + grp * buf.og) * p : buf.top<T>();
+        if (!single) gather_top(dy, g, grp, n0, n1, buf.top<T>());
+        gemm_measured(true, false, buf.k, buf.m, buf.og, T(1), w, buf.k, dyt, buf.m, T(0), dcols,
+                      buf.m);
+      }
       if (!direct) col2im(buf.cols<T>(), g, grp, n0, n1, dx);
     }
   }
@@ -378,16 +399,23 @@ void backward_weight_range(const T* x, const T* dy, T* dweight, const ConvGeom& 
                          gemm_known_choice<T>(false, true, og, k, buf.m, beta) == 0;
     for (int64_t grp = 0; grp < g.group; ++grp) {
       const T* dyt = single ? dy + (n0 * g.o + grp * og) * p : buf.top<T>();
-      if (!single) gather_top(dy, g, grp, n0, n1, buf.top<T>());
       if constexpr (std::is_same_v<T, float>) {
         if (in_bf16) {
           uint16_t* cols16 = buf.cols<uint16_t>();
           im2col(x, g, grp, n0, n1, cols16);
-          gemm_bf16_rounded_b(true, og, k, buf.m, 1.0f, dyt, buf.m, cols16, buf.m, beta,
+          if (single) {  // the top diff read in place, rounded by the call
+            gemm_bf16_rounded_b(false, true, og, k, buf.m, 1.0f, dyt, buf.m, cols16, buf.m,
+                                beta, dweight + grp * og * k, k);
+          } else {  // gathered straight into bf16, as the columns are lowered
+            uint16_t* dyt16 = reinterpret_cast<uint16_t*>(buf.top<T>());
+            gather_top(dy, g, grp, n0, n1, dyt16);
+            gemm_bf16_rounded(false, true, og, k, buf.m, 1.0f, dyt16, cols16, beta,
                               dweight + grp * og * k, k);
+          }
         }
       }
       if (!in_bf16) {
+        if (!single) gather_top(dy, g, grp, n0, n1, buf.top<T>());
         const T* cols = direct ? x + (n0 * g.c + grp * cg) * p : buf.cols<T>();
         if (!direct) im2col(x, g, grp, n0, n1, buf.cols<T>());
         gemm_measured(false, true, og, k, buf.m, T(1), dyt, buf.m, cols, buf.m, beta,

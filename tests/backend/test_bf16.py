@@ -253,6 +253,33 @@ def test_weight_gradient_lowered_straight_into_bf16_gives_the_gemms_bits(bf16, c
     np.testing.assert_array_equal(got, want.reshape(got.shape))
 
 
+def small_integers(shape, seed):
+    """Integers in [-4, 4] as float32: bf16 holds each, and float32 holds every sum of the
+    tests' products, so any order of summing gives the exact result."""
+    return np.random.default_rng(seed).integers(-4, 5, shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("case", [c for c in CONV_CASES if c[0] > 1])
+def test_top_diff_gathered_straight_into_bf16_lands_in_place(bf16, case):
+    """On MKL's engines a chunk of several images gathers its top diff straight into bf16 for
+    the backward-data and weight-gradient GEMMs (once their races are known to have gone to
+    the bf16 GEMM in the direct order: forced here). With values bf16 holds and sums float32
+    holds, both gradients are the exact ones whatever the engine's order of summing: a value
+    gathered out of place would show."""
+    _C.set_conv_layout(1)
+    _C.set_partition_mode(1)
+    _C.set_gemm_order(1)
+    x, weight, _, dy, geom = conv_arrays(case, np.float32)
+    x, weight, dy = (small_integers(a.shape, seed) for seed, a in enumerate((x, weight, dy)))
+    want_dx = reference.conv_backward_data(dy.astype(np.float64), weight.astype(np.float64),
+                                           x.shape, *geom)
+    want_dw = reference.conv_backward_weight(x.astype(np.float64), dy.astype(np.float64), *geom)
+    np.testing.assert_array_equal(cpu.conv_backward_data(dy, weight, x.shape, *geom),
+                                  want_dx.astype(np.float32))
+    np.testing.assert_array_equal(cpu.conv_backward_weight(x, dy, *geom),
+                                  want_dw.astype(np.float32))
+
+
 @pytest.mark.parametrize("layout", [3, 4])
 def test_forced_float32_layouts_stay_float32_under_bf16(bf16, layout):
     """The direct and Winograd layouts are float32 kernels (the Winograd's GEMMs included):
@@ -379,12 +406,14 @@ def test_measured_gemms_may_choose_float32(bf16):
         want = (a.astype(np.float64) @ b) if expect_float32 else rounded(a) @ rounded(b)
         close(out, want.astype(np.float32), np.float32)
     if _C.gemm_skinny_available():
-        # the skinny engine (choice 4) is a float32 candidate under bf16 too, where its form
-        # fits: op(B) = B^T
+        # the skinny engine (choice 4, and 6 for its 16-lane tile) is a float32 candidate under
+        # bf16 too, where its form fits: op(B) = B^T
         bt = np.ascontiguousarray(b.T)
-        _C.clear_plans()
-        plans.install({"gemm": [[False, True] + row[2:8] + [4]]})
-        close(cpu.matmul(a, bt.T), (a.astype(np.float64) @ b).astype(np.float32), np.float32)
+        for skinny in plans.SKINNY_CHOICES:
+            _C.clear_plans()
+            plans.install({"gemm": [[False, True] + row[2:8] + [skinny]]})
+            close(cpu.matmul(a, bt.T), (a.astype(np.float64) @ b).astype(np.float32),
+                  np.float32)
     if _C.mkl_loaded():
         # MKL's sgemm (choice 5) is a float32 candidate under bf16 too
         _C.clear_plans()
@@ -392,4 +421,4 @@ def test_measured_gemms_may_choose_float32(bf16):
         close(cpu.matmul(a, b), (a.astype(np.float64) @ b).astype(np.float32), np.float32)
     _C.clear_plans()
     with pytest.raises(ValueError, match="choice"):
-        plans.install({"gemm": [row[:8] + [6]]})
+        plans.install({"gemm": [row[:8] + [7]]})
