@@ -126,8 +126,12 @@ EXTRAS = {
 # about 1.9 GB (MKL, Ray, ONNX Runtime). grpcio-tools is pinned to the protoc that generated the
 # committed caffe_pb2.py, for tests/test_proto.py's freshness check; it requires protobuf 6,
 # so this extra downgrades a protobuf 7 and the light one must never hold it.
+# simde-py, pybind11 and CMake: tests/backend/test_avx512_emulated.py builds a second _C whose
+# AVX-512 tiles run on AVX2 through SIMDe's headers (pinned: an sdist of headers only).
 EXTRAS["test-full"] = (EXTRAS["test"] + EXTRAS["onnx"] + EXTRAS["io"] + EXTRAS["ray"]
-                       + EXTRAS["bf16"] + ["matplotlib>=3.5", "grpcio-tools==1.75.1"])
+                       + EXTRAS["bf16"] + ["matplotlib>=3.5", "grpcio-tools==1.75.1",
+                                           "simde-py==0.8.2.post1", "pybind11>=2.12",
+                                           "cmake>=3.18"])
 
 setup(
     name=DIST,

@@ -39,7 +39,7 @@
 #include <stdexcept>
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "avx512.h"
 
 #include <algorithm>
 #include <cstring>
@@ -173,12 +173,10 @@ __attribute__((target("avx2,fma"))) void store_tile(const float* out, int rows, 
 // forward_tile with vectors of 16 pixels (out: 12 vectors of 16). Written out again rather
 // than one template over the vector width: GCC does not inline a target's intrinsics into a
 // template body that has no target of its own.
-__attribute__((target("avx512f"))) void forward_tile_avx512(const float* w, const float* p0,
-                                                         const float* p1, const float* p2,
-                                                         int64_t channels, int64_t plane,
-                                                         int64_t kh, int64_t kw,
-                                                         const int32_t* extent, int64_t row,
-                                                         int64_t col, float* out) {
+CCT_AVX512F_TARGET void forward_tile_avx512(const float* w, const float* p0, const float* p1,
+                                            const float* p2, int64_t channels, int64_t plane,
+                                            int64_t kh, int64_t kw, const int32_t* extent,
+                                            int64_t row, int64_t col, float* out) {
   __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
   __m512 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
   for (int64_t c = 0; c < channels; ++c) {
@@ -446,7 +444,7 @@ bool cpu_has_direct_conv() {
 }
 
 bool cpu_has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f");
+  static const bool has = CCT_CPU_HAS_AVX512F();
   return has;
 }
 

@@ -39,7 +39,7 @@
 #include "parallel.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
+#include "avx512.h"
 
 namespace cct {
 
@@ -84,9 +84,8 @@ __attribute__((target("avx2,fma"))) void skinny_tile(const float* b, int64_t ldb
 // vector width: GCC does not inline a target's intrinsics into a template body that has no
 // target of its own.
 template <int R, int V>
-__attribute__((target("avx512f"))) void skinny_tile16(const float* b, int64_t ldb,
-                                                      const float* ap, int64_t mpad, int64_t kc,
-                                                      float* ot, int64_t mpad_ot) {
+CCT_AVX512F_TARGET void skinny_tile16(const float* b, int64_t ldb, const float* ap, int64_t mpad,
+                                      int64_t kc, float* ot, int64_t mpad_ot) {
   __m512 acc[R][V];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r)
@@ -161,7 +160,7 @@ bool gemm_skinny_available() {
 }
 
 bool gemm_skinny16_available() {
-  static const bool has = gemm_skinny_available() && __builtin_cpu_supports("avx512f");
+  static const bool has = gemm_skinny_available() && CCT_CPU_HAS_AVX512F();
   return has;
 }
 
