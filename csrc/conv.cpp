@@ -441,9 +441,9 @@ void forward_pointwise(const T* x, const T* weight, const T* bias, bool relu, T*
   for (int64_t n0 = begin; n0 < end; n0 += step) {
     const int64_t n1 = std::min(end, n0 + step);
     for (int64_t grp = 0; grp < g.group; ++grp)
-      gemm_batch_strided(false, false, og, p, cg, T(1), weight + grp * og * cg, cg, 0,
-                         x + (n0 * g.c + grp * cg) * p, p, g.c * p, T(0),
-                         y + (n0 * g.o + grp * og) * p, p, g.o * p, n1 - n0);
+      gemm_batch_measured(false, false, og, p, cg, T(1), weight + grp * og * cg, cg, 0,
+                          x + (n0 * g.c + grp * cg) * p, p, g.c * p, T(0),
+                          y + (n0 * g.o + grp * og) * p, p, g.o * p, n1 - n0);
     finish_top_range(bias, relu, g, n0, n1, y);
   }
 }
@@ -455,9 +455,9 @@ void backward_data_pointwise(const T* dy, const T* weight, T* dx, const ConvGeom
   const int64_t og = g.o / g.group, cg = g.c / g.group, p = g.ho * g.wo;
   if (end == begin) return;
   for (int64_t grp = 0; grp < g.group; ++grp)
-    gemm_batch_strided(true, false, cg, p, og, T(1), weight + grp * og * cg, cg, 0,
-                       dy + (begin * g.o + grp * og) * p, p, g.o * p, T(0),
-                       dx + (begin * g.c + grp * cg) * p, p, g.c * p, end - begin);
+    gemm_batch_measured(true, false, cg, p, og, T(1), weight + grp * og * cg, cg, 0,
+                        dy + (begin * g.o + grp * og) * p, p, g.o * p, T(0),
+                        dx + (begin * g.c + grp * cg) * p, p, g.c * p, end - begin);
 }
 
 // dW_g (+)= sum over images of dy[n, grp] x[n, grp]^T, one GEMM per image adding into dW_g (a

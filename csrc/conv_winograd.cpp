@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "gemm.h"
+#include "kernels.h"
 #include "padding.h"
 #include "parallel.h"
 #include "vector_clones.h"
@@ -380,8 +381,8 @@ void winograd(const float* x, int64_t x_image, int64_t x_group, const float* bia
           thread_workspace(size_t(tile * (v_step + m_step)) * sizeof(float)));
       float* mm = v + tile * v_step;
       transform_input<T>(x + n0 * x_image + grp * x_group, x_image, s, nb, v);
-      gemm_batch_strided(false, false, s.o, count, s.c, 1.0f, u, s.c, u_step, v, count,
-                         v_step, 0.0f, mm, count, m_step, tile, true);
+      gemm_batch_measured(false, false, s.o, count, s.c, 1.0f, u, s.c, u_step, v, count,
+                          v_step, 0.0f, mm, count, m_step, tile, true);
       transform_output<T>(mm, bias ? bias + grp * s.o : nullptr, relu, s, nb,
                           y + n0 * y_image + grp * y_group, y_image);
     }
@@ -513,8 +514,8 @@ void backward_weight(const float* x, const float* dy, float* dweight, const Conv
                          nb, v);
       transform_top_diff<T>(dy + n0 * g.o * g.ho * g.wo + grp * og * g.ho * g.wo,
                             g.o * g.ho * g.wo, s, nb, d);
-      gemm_batch_strided(false, true, s.o, s.c, count, 1.0f, d, count, d_step, v, count, v_step,
-                         1.0f, w, s.c, w_step, tile, true);
+      gemm_batch_measured(false, true, s.o, s.c, count, 1.0f, d, count, d_step, v, count,
+                          v_step, 1.0f, w, s.c, w_step, tile, true);
     }
     transform_filter_gradient<T>(w, s, dweight + grp * og * cg * T::r * T::r, accumulate);
   }

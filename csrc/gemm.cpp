@@ -22,6 +22,13 @@
 // inside a batch partition). Its AVX-512 kernels are the small-GEMM engine OpenBLAS lacks on
 // Intel's CPUs (OpenBLAS's SkylakeX kernels ran 32-row GEMMs at 45-70% of a Xeon core's peak);
 // on AMD's the races seldom pick it.
+//
+// Strided batched GEMMs (gemm_batch_measured: Winograd's 16 or 36 products a chunk of images,
+// the pointwise layout's one a image) run one BLAS call, OpenBLAS's cblas_sgemm_batch_strided;
+// where MKL is offered, float32 ones race MKL's too, per shape and count, in a table of their
+// own. Their matrices are small (32 x 64 by 32 on CIFAR10-quick's conv2), where OpenBLAS's
+// small-matrix kernels ran at half a Xeon core's peak (its `sgemm_small_kernel_tn` under
+// Winograd's weight gradient, bench/RESULTS.md).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -51,6 +58,9 @@ std::mutex g_mutex;
 constexpr int kSkinnyChoice = 4, kMklChoice = 5, kSkinny16Choice = 6;
 std::map<Key, int> g_transposed;
 std::atomic<int> g_order{0};  // 0 measure, 1 direct, 2 transposed
+// Batched GEMMs: ta tb m n k count BLAS-threads accumulate -> 0 the BLAS's call, 5 MKL's.
+using BatchKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int, bool>;
+std::map<BatchKey, int> g_batched;
 
 template <typename F>
 double seconds_of(F&& f) {
@@ -217,7 +227,102 @@ int choose_order(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, 
   return g_transposed.emplace(key, fastest).first->second;
 }
 
+// Whether MKL's batched sgemm races a batched call: float32 (no bf16 rounding asked), MKL's
+// sgemm offered (gemm.cpp's rule above), this MKL has the batched form, and every item's offset
+// fits MKL's 32-bit integers.
+bool mkl_batch_applies(int64_t count, int64_t stride_a, int64_t stride_b, int64_t stride_c) {
+  const int64_t limit = int64_t(1) << 31;
+  return mkl_applies<float>() && mkl_has_sgemm_batch() && count > 1 &&
+         stride_a * count < limit && stride_b * count < limit && stride_c * count < limit;
+}
+
+void run_batch_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                      float alpha, const float* a, int64_t lda, int64_t stride_a,
+                      const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
+                      int64_t ldc, int64_t stride_c, int64_t count) {
+  if (choice == kMklChoice && mkl_loaded() && mkl_has_sgemm_batch()) {
+    mkl_sgemm_batch_strided(mkl_threads(), ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                            stride_b, beta, c, ldc, stride_c, count);
+    return;
+  }
+  gemm_batch_strided(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                     stride_c, count, true);
+}
+
+// The batched call's choice: the table's, else raced as choose_order races (each candidate
+// twice in turn, best of two; a call that adds into C on a copy of C's span).
+int choose_batch(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a,
+                 int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b,
+                 float beta, float* c, int64_t ldc, int64_t stride_c, int64_t count) {
+  if (g_order != 0) return 0;
+  const bool accumulate = beta != 0.0f;
+  const BatchKey key{ta, tb, m, n, k, count, blas_get_num_threads(), accumulate};
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_batched.find(key);
+    if (it != g_batched.end()) return it->second;
+    if (!plan_measurement()) return g_batched.emplace(key, 0).first->second;
+  }
+  const int64_t span = (count - 1) * stride_c + (m - 1) * ldc + n;
+  std::vector<float> out(accumulate ? size_t(span) : 0);
+  float* target = accumulate ? out.data() : c;
+  const int choices[2] = {0, kMklChoice};
+  double seconds[2] = {1e300, 1e300};
+  for (int round = 0; round < 2; ++round) {
+    const double best = std::min(seconds[0], seconds[1]);
+    for (int at = 0; at < 2; ++at) {
+      if (round > 0 && seconds[at] > 2 * best) continue;
+      if (accumulate) std::copy(c, c + span, out.begin());
+      seconds[at] = std::min(seconds[at], seconds_of([&] {
+        run_batch_choice(choices[at], ta, tb, m, n, k, 1.0f, a, lda, stride_a, b, ldb, stride_b,
+                         beta, target, ldc, stride_c, count);
+      }));
+    }
+  }
+  const int fastest = seconds[1] < seconds[0] ? kMklChoice : 0;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_batched.emplace(key, fastest).first->second;
+}
+
 }  // namespace
+
+template <typename T>
+void gemm_batch_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                         int64_t lda, int64_t stride_a, const T* b, int64_t ldb, int64_t stride_b,
+                         T beta, T* c, int64_t ldc, int64_t stride_c, int64_t count,
+                         bool float32_only) {
+  if constexpr (std::is_same_v<T, float>) {
+    if ((float32_only || !bf16_gemm_enabled()) &&
+        mkl_batch_applies(count, stride_a, stride_b, stride_c)) {
+      const int choice = choose_batch(ta, tb, m, n, k, a, lda, stride_a, b, ldb, stride_b, beta,
+                                      c, ldc, stride_c, count);
+      run_batch_choice(choice, ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta,
+                       c, ldc, stride_c, count);
+      return;
+    }
+  }
+  gemm_batch_strided(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                     stride_c, count, float32_only);
+}
+
+std::vector<GemmBatchChoice> gemm_batch_choices() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::vector<GemmBatchChoice> out;
+  for (const auto& [key, choice] : g_batched)
+    out.emplace_back(std::get<0>(key), std::get<1>(key), std::get<2>(key), std::get<3>(key),
+                     std::get<4>(key), std::get<5>(key), std::get<6>(key), std::get<7>(key),
+                     choice);
+  return out;
+}
+
+void load_gemm_batch_choices(const std::vector<GemmBatchChoice>& entries) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (const auto& [ta, tb, m, n, k, count, threads, accumulate, choice] : entries) {
+    if (choice != 0 && choice != kMklChoice)
+      throw std::invalid_argument("a batched GEMM's choice must be 0 (the BLAS's) or 5 (MKL's)");
+    g_batched[BatchKey{ta, tb, m, n, k, count, threads, accumulate}] = choice;
+  }
+}
 
 template <typename T>
 void gemm_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
@@ -262,12 +367,13 @@ void load_gemm_choices(const std::vector<GemmChoice>& entries) {
 
 int64_t gemm_choice_count() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  return int64_t(g_transposed.size());
+  return int64_t(g_transposed.size() + g_batched.size());
 }
 
 void clear_gemm_choices() {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_transposed.clear();
+  g_batched.clear();
 }
 
 void set_gemm_order(int order) {
@@ -278,6 +384,14 @@ void set_gemm_order(int order) {
 template int gemm_known_choice<float>(bool, bool, int64_t, int64_t, int64_t, float);
 template void gemm_measured<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,
                                    int64_t, const float*, int64_t, float, float*, int64_t);
+template void gemm_batch_measured<float>(bool, bool, int64_t, int64_t, int64_t, float,
+                                         const float*, int64_t, int64_t, const float*, int64_t,
+                                         int64_t, float, float*, int64_t, int64_t, int64_t,
+                                         bool);
+template void gemm_batch_measured<double>(bool, bool, int64_t, int64_t, int64_t, double,
+                                          const double*, int64_t, int64_t, const double*,
+                                          int64_t, int64_t, double, double*, int64_t, int64_t,
+                                          int64_t, bool);
 template void gemm_measured<double>(bool, bool, int64_t, int64_t, int64_t, double,
                                     const double*, int64_t, const double*, int64_t, double,
                                     double*, int64_t);

@@ -19,6 +19,10 @@ using GemmBf16 = void (*)(int layout, int trans_a, int trans_b, int m, int n, in
 using Sgemm = void (*)(int layout, int trans_a, int trans_b, int m, int n, int k, float alpha,
                        const float* a, int lda, const float* b, int ldb, float beta, float* c,
                        int ldc);
+using SgemmBatchStrided = void (*)(int layout, int trans_a, int trans_b, int m, int n, int k,
+                                   float alpha, const float* a, int lda, int stride_a,
+                                   const float* b, int ldb, int stride_b, float beta, float* c,
+                                   int ldc, int stride_c, int batch);
 using SetThreadingLayer = int (*)(int layer);
 using SetInt = void (*)(int value);
 using SetIntLocal = int (*)(int value);
@@ -29,6 +33,7 @@ constexpr int kMklThreadingSequential = 1, kMklThreadingGnu = 3;
 std::mutex g_load_mutex;
 std::atomic<GemmBf16> g_gemm_bf16{nullptr};
 std::atomic<Sgemm> g_sgemm{nullptr};
+std::atomic<SgemmBatchStrided> g_sgemm_batch{nullptr};  // null where this MKL lacks it
 // MKL's per-thread thread count; set when MKL was loaded with its GNU OpenMP threading layer.
 std::atomic<SetIntLocal> g_set_threads_local{nullptr};
 std::atomic<bool> g_sgemm_offered{false};
@@ -57,6 +62,8 @@ std::string load_mkl(const std::string& path, bool threaded) {
   if (lib == nullptr) return std::string(dlerror());
   auto gemm_bf16 = reinterpret_cast<GemmBf16>(dlsym(lib, "cblas_gemm_bf16bf16f32"));
   auto sgemm = reinterpret_cast<Sgemm>(dlsym(lib, "cblas_sgemm"));
+  auto sgemm_batch =
+      reinterpret_cast<SgemmBatchStrided>(dlsym(lib, "cblas_sgemm_batch_strided"));
   auto layer = reinterpret_cast<SetThreadingLayer>(dlsym(lib, "MKL_Set_Threading_Layer"));
   auto set_threads = reinterpret_cast<SetInt>(dlsym(lib, "MKL_Set_Num_Threads"));
   auto set_dynamic = reinterpret_cast<SetInt>(dlsym(lib, "MKL_Set_Dynamic"));
@@ -79,6 +86,7 @@ std::string load_mkl(const std::string& path, bool threaded) {
   version(text, int(sizeof(text)) - 1);
   g_version = text;
   g_gemm_bf16 = gemm_bf16;
+  g_sgemm_batch = sgemm_batch;
   g_sgemm = sgemm;
   return "";
 }
@@ -99,6 +107,21 @@ void mkl_sgemm(int threads, bool ta, bool tb, int64_t m, int64_t n, int64_t k, f
   on_threads(threads, [&] {
     sgemm(kMklRowMajor, trans(ta), trans(tb), int(m), int(n), int(k), alpha, a, int(lda), b,
           int(ldb), beta, c, int(ldc));
+  });
+}
+
+bool mkl_has_sgemm_batch() { return g_sgemm_batch.load() != nullptr; }
+
+void mkl_sgemm_batch_strided(int threads, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                             float alpha, const float* a, int64_t lda, int64_t stride_a,
+                             const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
+                             int64_t ldc, int64_t stride_c, int64_t count) {
+  const SgemmBatchStrided batch = g_sgemm_batch.load();
+  if (batch == nullptr) throw std::runtime_error("MKL's batched sgemm without MKL loaded");
+  on_threads(threads, [&] {
+    batch(kMklRowMajor, trans(ta), trans(tb), int(m), int(n), int(k), alpha, a, int(lda),
+          int(stride_a), b, int(ldb), int(stride_b), beta, c, int(ldc), int(stride_c),
+          int(count));
   });
 }
 

@@ -26,6 +26,14 @@ std::string mkl_version();  // MKL's version string, "" before it is loaded
 void mkl_sgemm(int threads, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                int64_t ldc);
+// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count, X_i = X + i * stride_x (each offset
+// under 2^31 elements: MKL takes 32-bit integers), in one MKL call, as mkl_sgemm; where this
+// MKL has cblas_sgemm_batch_strided (mkl_has_sgemm_batch).
+bool mkl_has_sgemm_batch();
+void mkl_sgemm_batch_strided(int threads, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                             float alpha, const float* a, int64_t lda, int64_t stride_a,
+                             const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
+                             int64_t ldc, int64_t stride_c, int64_t count);
 void mkl_gemm_bf16(int threads, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                    const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
                    float* c, int64_t ldc);

@@ -214,6 +214,41 @@ void bias_backward(Arr<T> dy, Buf<T> out, bool accumulate) {
   cct::bias_backward<T>(dyd, dbd, num, channels, pixels, accumulate);
 }
 
+// c[i] = op(a[i]) @ op(b[i]) for 3-D arrays (items along axis 0), through gemm_batch_measured:
+// one strided batched call of the BLAS's, or MKL's where the batched race chose it. Into out
+// when given (out[i] += ... with accumulate), else a new array.
+template <typename T>
+py::array gemm_batch(Arr<T> a, Arr<T> b, bool trans_a, bool trans_b, std::optional<Buf<T>> out,
+                     bool accumulate) {
+  if (a.ndim() != 3 || b.ndim() != 3)
+    throw std::invalid_argument("gemm_batch: a and b must be 3-D (items, rows, columns)");
+  const int64_t count = a.shape(0);
+  if (b.shape(0) != count) throw std::invalid_argument("gemm_batch: a and b differ in items");
+  const int64_t m = trans_a ? a.shape(2) : a.shape(1), k = trans_a ? a.shape(1) : a.shape(2);
+  const int64_t kb = trans_b ? b.shape(2) : b.shape(1), n = trans_b ? b.shape(1) : b.shape(2);
+  if (k != kb) throw std::invalid_argument("gemm_batch: inner dimensions differ");
+  if (accumulate && !out) throw std::invalid_argument("gemm_batch: accumulate needs out");
+  Buf<T> c = out ? *out : Buf<T>({count, m, n});
+  if (out) {
+    check_out(c, {count, m, n}, "gemm_batch");
+    check_disjoint(c, a, "gemm_batch", "a");
+    check_disjoint(c, b, "gemm_batch", "b");
+  }
+  const T* ad = a.data();
+  const T* bd = b.data();
+  T* cd = c.mutable_data();
+  if (count == 0 || m == 0 || n == 0) return c;
+  py::gil_scoped_release release;
+  if (k == 0) {
+    if (!accumulate) std::fill(cd, cd + count * m * n, T(0));
+  } else {
+    cct::gemm_batch_measured<T>(trans_a, trans_b, m, n, k, T(1), ad, a.shape(2), m * k, bd,
+                                b.shape(2), k * n, accumulate ? T(1) : T(0), cd, n, m * n,
+                                count);
+  }
+  return c;
+}
+
 // c = op(a) @ op(b) for 2-D arrays through the linked BLAS: as asked (the bench times it for
 // the peak), or in the operand order measured fastest for the shape (measured=True). Into out
 // when given (out += op(a) @ op(b) with accumulate), else a new array.
@@ -420,6 +455,9 @@ void bind_dtype(py::module_& m) {
         py::arg("caffe_engine") = false);
   m.def("bias_backward", &bias_backward<T>, py::arg("dy"), py::arg("out").noconvert(),
         py::arg("accumulate") = false);
+  m.def("gemm_batch", &gemm_batch<T>, py::arg("a"), py::arg("b"), py::arg("trans_a") = false,
+        py::arg("trans_b") = false, py::arg("out").noconvert() = py::none(),
+        py::arg("accumulate") = false);
   m.def("gemm", &gemm<T>, py::arg("a"), py::arg("b"), py::arg("trans_a") = false,
         py::arg("trans_b") = false, py::arg("measured") = false,
         py::arg("out").noconvert() = py::none(), py::arg("accumulate") = false);
@@ -536,6 +574,12 @@ PYBIND11_MODULE(_C, m) {
         "(trans_a, trans_b, m, n, k, itemsize, BLAS threads, accumulate, choice) per shape "
         "measured; choice 0 direct, 1 transposed, 2 and 3 the same in float32 under bf16, 4 "
         "the skinny engine, 5 MKL's sgemm, 6 the skinny engine's 16-lane tile (all float32).");
+  m.def("gemm_batch_choices", &cct::gemm_batch_choices,
+        "(trans_a, trans_b, m, n, k, count, BLAS threads, accumulate, choice) per strided batched "
+        "GEMM shape raced: choice 0 the BLAS's batched call, 5 MKL's (where MKL is offered).");
+  m.def("load_gemm_batch_choices", &cct::load_gemm_batch_choices, py::arg("entries"),
+        "Installs batched-GEMM choices (gemm_batch_choices' rows), replacing those of the same "
+        "key.");
   m.def("gemm_candidates", &cct::gemm_candidates, py::arg("trans_b"), py::arg("m"),
         py::arg("n"), py::arg("k"),
         "The choices a float32 GEMM of this shape would race now.");
@@ -555,7 +599,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_plan_measurement", &cct::set_plan_measurement, py::arg("measure"),
         "True: time every new shape's plans (default); False: a fixed rule, no timing.");
   m.def("plan_measurement", &cct::plan_measurement);
-  m.def("plan_count", &cct::plan_count, "Entries in the convolution-plan and GEMM tables.");
+  m.def("plan_count", &cct::plan_count,
+        "Entries in the convolution-plan and GEMM tables (batched GEMMs' too).");
   m.def("clear_plans", &cct::clear_plans, "Empties the convolution-plan and GEMM tables.");
   m.def("set_gemm_order", &cct::set_gemm_order, py::arg("order"),
         "0: measure the two operand orders per shape (default); 1: direct; 2: transposed.");

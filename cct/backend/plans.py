@@ -31,7 +31,10 @@ choice true/false for its operand order, 2 or 3 for the same orders run in float
 bf16, 4 for the skinny float32 engine, 5 for MKL's sgemm where MKL is installed,
 cct/backend/mkl.py, 6 for the skinny engine's 16-lane tile on AVX-512 CPUs, the same bits as
 4), and the bf16 GEMM engine once one was chosen (cct/backend/precision.py times them: the
-engines round differently too).
+engines round differently too). Where MKL is offered, a table also holds ``"gemm_batch":
+[[trans_a, trans_b, m, n, k, count, threads, accumulate, choice], ...]``: the strided batched
+GEMMs' (Winograd's products, the pointwise layout's), 0 for the BLAS's batched call, 5 for
+MKL's.
 """
 from __future__ import annotations
 
@@ -58,17 +61,21 @@ FORMAT = 1
 # products, not before (its bits changed: a cache of 9 would replay other numbers); 11: MKL's
 # sgemm (GEMM choice 5, where MKL is offered: the fingerprint holds its version then), and the
 # lowered convolution's forward and backward-data GEMMs raced like its weight gradient's; 12:
-# the skinny engine's 16-lane tile on AVX-512 CPUs (GEMM choice 6).
-KERNEL_PLANS = 12
+# the skinny engine's 16-lane tile on AVX-512 CPUs (GEMM choice 6); 13: MKL's batched sgemm
+# raced for the strided batched GEMMs (the "gemm_batch" table).
+KERNEL_PLANS = 13
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 MKL_CHOICE = 5  # a GEMM row's choice of MKL's sgemm
 SKINNY_CHOICES = (4, 6)  # the skinny engine's: vectors of 8 lanes, of 16 (the same bits)
 _CONV_FIELDS = 8
 _GEMM_FIELDS = 9
 _GEMM_FIELDS_BEFORE_ACCUMULATE = 8  # tables written before adding and overwriting were apart
+_GEMM_BATCH_FIELDS = 9
 # Leading fields of a row that are its key (the rest is the choice): kernel, geometry,
-# itemsize, threads, modes; trans_a, trans_b, m, n, k, itemsize, threads.
-_KEY_FIELDS = {"conv": 5, "gemm": 8}
+# itemsize, threads, modes; trans_a, trans_b, m, n, k, itemsize, threads, accumulate; trans_a,
+# trans_b, m, n, k, count, threads, accumulate.
+_KEY_FIELDS = {"conv": 5, "gemm": 8, "gemm_batch": 8}
+_TABLES = (("conv", _CONV_FIELDS), ("gemm", _GEMM_FIELDS), ("gemm_batch", _GEMM_BATCH_FIELDS))
 
 _state = {"loaded": False, "path": None, "saved_count": None, "bf16": None, "bf16_saved": None}
 
@@ -95,6 +102,10 @@ def table() -> dict:
     gemm = [[bool(ta), bool(tb), m, n, k, size, threads, bool(acc), bool(ch) if ch < 2 else ch]
             for ta, tb, m, n, k, size, threads, acc, ch in _C.gemm_choices()]
     tab = {"conv": conv, "gemm": gemm}
+    batched = [[bool(ta), bool(tb), m, n, k, count, threads, bool(acc), choice]
+               for ta, tb, m, n, k, count, threads, acc, choice in _C.gemm_batch_choices()]
+    if batched:   # raced only where MKL is offered
+        tab["gemm_batch"] = batched
     if _state["bf16"] is not None:
         tab["bf16"] = _state["bf16"]
     for name, (rows, _) in _device_tables.items():
@@ -164,6 +175,18 @@ def _gemm_row(row) -> tuple:
     return ta, tb, m, n, k, size, threads, accumulate, int(choice)
 
 
+def _gemm_batch_row(row) -> tuple:
+    ta, tb, m, n, k, count, threads, accumulate, choice = row
+    if not all(isinstance(v, bool) for v in (ta, tb, accumulate)):
+        raise ValueError(f"a batched GEMM's flags are not true/false: {row!r:.80}")
+    if isinstance(choice, bool) or choice not in (0, MKL_CHOICE):
+        raise ValueError(f"a batched GEMM's choice is not 0 or {MKL_CHOICE}: {row!r:.80}")
+    if not all(isinstance(v, int) and not isinstance(v, bool)
+               for v in (m, n, k, count, threads)):
+        raise ValueError(f"a batched GEMM holds a size that is not an integer: {row!r:.80}")
+    return ta, tb, m, n, k, count, threads, accumulate, choice
+
+
 def install(tab) -> int:
     """Install a table's plans (replacing those of the same shapes); returns how many. Raises
     ValueError, saying what is wrong, for anything that is not such a table; then nothing
@@ -172,25 +195,27 @@ def install(tab) -> int:
         raise ValueError("the plan table is not a JSON object")
     conv = [_conv_row(r) for r in _rows(tab, "conv", _CONV_FIELDS)]
     gemm = [_gemm_row(r) for r in _rows(tab, "gemm", _GEMM_FIELDS)]
+    batched = [_gemm_batch_row(r) for r in _rows(tab, "gemm_batch", _GEMM_BATCH_FIELDS)]
     bf16 = tab.get("bf16")
     if bf16 is not None and bf16 not in BF16_ENGINES:
         raise ValueError(f"the bf16 engine {bf16!r:.40} is none of {', '.join(BF16_ENGINES)}")
     try:
         _C.load_conv_plans(conv)
         _C.load_gemm_choices(gemm)
+        _C.load_gemm_batch_choices(batched)
         if bf16 is not None and _C.bf16_gemm_enabled():
             _C.set_bf16_engine(bf16)
     except (TypeError, ValueError, OverflowError, RuntimeError) as e:
         raise ValueError(f"a plan does not fit the kernels' tables: {e}") from None
     if bf16 is not None:
         _state["bf16"] = bf16
-    on_mkl = sum(row[-1] == MKL_CHOICE for row in gemm)
+    on_mkl = sum(row[-1] == MKL_CHOICE for row in gemm + batched)
     failure = mkl.load() if on_mkl else None  # plans of MKL's run it wherever it loads
     if failure is not None:
         warning("plans.py:0", f"{on_mkl} GEMM plan(s) run MKL's sgemm, which cannot run here "
                 f"({failure}): they run OpenBLAS's direct order, whose numbers differ in the "
                 f"last bits")
-    count = len(conv) + len(gemm) + (bf16 is not None)
+    count = len(conv) + len(gemm) + len(batched) + (bf16 is not None)
     for name, (_, install_rows) in _device_tables.items():
         rows = tab.get(name)
         if rows is not None:   # a table from a run without this device's library has none
@@ -298,7 +323,7 @@ def persist() -> None:
     engine = theirs.get("bf16") if theirs.get("bf16") in BF16_ENGINES else ours.get("bf16")
     if engine is not None:
         merged["bf16"] = engine
-    for key, width in (("conv", _CONV_FIELDS), ("gemm", _GEMM_FIELDS)):
+    for key, width in _TABLES:
         rows = {}
         for source in (ours, theirs):
             try:
@@ -307,7 +332,8 @@ def persist() -> None:
                 continue
             for row in source_rows:
                 rows[json.dumps(row[:_KEY_FIELDS[key]])] = row
-        merged[key] = list(rows.values())
+        if rows or key != "gemm_batch":
+            merged[key] = list(rows.values())
     text = json.dumps(merged)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from cct import _C
-from cct.backend import mkl, plans
+from cct.backend import cpu, mkl, plans, reference
 from cct.errors import CCTError
 from cct.install import install_hint
+from tests.backend.kernel_cases import close, conv_arrays
 
 MKL = plans.MKL_CHOICE
 
@@ -268,3 +269,164 @@ def test_mkl_runs_its_own_threads_where_gnu_openmp_spins_briefly(setting):
         before = 'ctypes.CDLL("libgomp.so.1")'
     err = mkl_in_a_child(LOAD_AFTER.format(before=before, threaded=True), env)
     assert "MKL runs without its own threads" not in err
+
+
+# --------------------------------------------------------------------------------------------
+# Strided batched GEMMs (Winograd's products, the pointwise layout's): MKL's
+# cblas_sgemm_batch_strided raced against the BLAS's, in the "gemm_batch" table
+# --------------------------------------------------------------------------------------------
+def batch_operands(count, m, n, k, tb, seed=0, dyadic_values=True):
+    if dyadic_values:
+        return dyadic((count, m, k), seed), dyadic((count, n, k) if tb else (count, k, n), seed + 1)
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((count, m, k), np.float32),
+            rng.standard_normal((count, n, k) if tb else (count, k, n), np.float32))
+
+
+def batch_exact(a, b, tb, start=None):
+    out = np.einsum("imk,ink->imn" if tb else "imk,ikn->imn", a.astype(np.float64),
+                    b.astype(np.float64))
+    return (out if start is None else out + start).astype(np.float32)
+
+
+def install_batch(m, n, k, count, tb, accumulate, choice=MKL):
+    _C.load_gemm_batch_choices([(False, tb, m, n, k, count, _C.blas_num_threads(), accumulate,
+                                 choice)])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("count,m,n,k", [(2, 1, 1, 1), (36, 32, 64, 32), (16, 13, 70, 33)],
+                         ids=str)
+def test_a_batched_plan_of_mkl_computes_the_products(fresh_plans, count, m, n, k, tb,
+                                                     accumulate, threads):
+    needs_mkl()
+    _C.set_num_threads(threads)
+    a, b = batch_operands(count, m, n, k, tb)
+    start = dyadic((count, m, n), 7, 2.0 ** -20)
+    out = start.copy() if accumulate else np.full((count, m, n), np.nan, np.float32)
+    install_batch(m, n, k, count, tb, accumulate)
+    with _offered_for_the_test():
+        _C.gemm_batch(a, b, False, tb, out=out, accumulate=accumulate)
+    assert _C.gemm_batch_choices() == [(False, tb, m, n, k, count, _C.blas_num_threads(),
+                                        accumulate, MKL)]
+    np.testing.assert_array_equal(out, batch_exact(a, b, tb, start if accumulate else None))
+
+
+class _offered_for_the_test:
+    """MKL's sgemm offered inside the block (a batched plan runs only where MKL is offered,
+    as the races are), as it was after."""
+    def __enter__(self):
+        self.was = _C.mkl_sgemm_offered()
+        _C.set_mkl_sgemm_offered(True)
+
+    def __exit__(self, *exc):
+        _C.set_mkl_sgemm_offered(self.was)
+
+
+def test_a_batched_plan_of_mkl_is_mkls_own_product(fresh_plans):
+    """The bits MKL's cblas_sgemm_batch_strided gives the same call on one thread: the plan
+    runs MKL's batched call, and the BLAS's plan gives other bits."""
+    needs_mkl()
+    _C.set_num_threads(1)
+    count, m, n, k = 36, 32, 32, 200
+    a, b = batch_operands(count, m, n, k, True, seed=3, dyadic_values=False)
+    install_batch(m, n, k, count, True, False)
+    with _offered_for_the_test():
+        got = _C.gemm_batch(a, b, False, True)
+        library = ctypes.CDLL(mkl.library_path())
+        f, i, p = ctypes.c_float, ctypes.c_int, ctypes.c_void_p
+        library.cblas_sgemm_batch_strided.argtypes = [i, i, i, i, i, i, f, p, i, i, p, i, i, f,
+                                                      p, i, i, i]
+        library.cblas_sgemm_batch_strided.restype = None
+        want = np.empty((count, m, n), np.float32)
+        library.cblas_sgemm_batch_strided(101, 111, 112, m, n, k, 1.0, a.ctypes.data, k, m * k,
+                                          b.ctypes.data, k, n * k, 0.0, want.ctypes.data, n,
+                                          m * n, count)
+        np.testing.assert_array_equal(got, want)
+        install_batch(m, n, k, count, True, False, choice=0)
+        assert not np.array_equal(_C.gemm_batch(a, b, False, True), got), \
+            "OpenBLAS gave MKL's bits: the comparison cannot tell the engines apart"
+
+
+def test_the_batched_race_runs_only_where_mkl_is_offered(fresh_plans):
+    """Not offered: the BLAS's call, nothing timed or kept. Offered: one row, either engine,
+    the product either way; deterministic mode keeps the BLAS's without timing."""
+    needs_mkl()
+    a, b = batch_operands(36, 32, 64, 32, False)
+    with _offered_for_the_test():
+        _C.set_mkl_sgemm_offered(False)
+        np.testing.assert_array_equal(_C.gemm_batch(a, b), batch_exact(a, b, False))
+        assert _C.gemm_batch_choices() == []
+        _C.set_mkl_sgemm_offered(True)
+        np.testing.assert_array_equal(_C.gemm_batch(a, b), batch_exact(a, b, False))
+        [row] = _C.gemm_batch_choices()
+        assert row[:8] == (False, False, 32, 64, 32, 36, _C.blas_num_threads(), False)
+        assert row[8] in (0, MKL)
+        _C.clear_plans()
+        _C.set_plan_measurement(False)
+        try:
+            _C.gemm_batch(a, b)
+        finally:
+            _C.set_plan_measurement(True)
+        assert [r[8] for r in _C.gemm_batch_choices()] == [0]
+
+
+@pytest.mark.parametrize("layout,case", [
+    (4, (3, 16, 9, 9, 16, (3, 3), (1, 1), (1, 1), (1, 1), 1)),    # Winograd F(2x2, 3x3)
+    (4, (2, 8, 12, 12, 12, (5, 5), (1, 1), (2, 2), (1, 1), 1)),   # Winograd F(2x2, 5x5)
+    (2, (3, 16, 7, 7, 24, (1, 1), (1, 1), (0, 0), (1, 1), 2)),    # pointwise, shared weights
+], ids=["winograd3x3", "winograd5x5", "pointwise"])
+def test_a_layer_on_mkl_batched_plans_repeats_its_bits_through_the_table(fresh_plans, layout,
+                                                                          case):
+    """A convolution whose batched GEMMs are MKL's: every kernel close to the reference, the
+    table holds MKL's rows, and the same plans installed anew give the same bits."""
+    needs_mkl()
+    x, weight, bias, dy, geom = conv_arrays(case, np.float32)
+    _C.set_conv_layout(layout)
+    try:
+        with _offered_for_the_test():
+            def run():
+                return (cpu.conv_forward(x, weight, bias, *geom),
+                        cpu.conv_backward_data(dy, weight, x.shape, *geom),
+                        cpu.conv_backward_weight(x, dy, *geom))
+            run()   # the races
+            rows = _C.gemm_batch_choices()
+            assert rows, "the layout made no batched GEMM"
+            plans.install({"gemm_batch": [list(r[:8]) + [MKL] for r in rows]})
+            first = run()
+            table = plans.table()
+            assert {r[8] for r in table["gemm_batch"]} == {MKL}
+            _C.clear_plans()
+            plans.install(table)
+            again = run()
+    finally:
+        _C.set_conv_layout(0)
+    want = (reference.conv_forward(x, weight, bias, *geom),
+            reference.conv_backward_data(dy, weight, x.shape, *geom),
+            reference.conv_backward_weight(x, dy, *geom))
+    for got, same, ref in zip(first, again, want):
+        close(got, ref, np.float32)
+        np.testing.assert_array_equal(got, same)
+
+
+@pytest.mark.parametrize("row", [
+    [False, True, 8, 9, 10, 4, 1, False, 4],     # no skinny engine for a batch
+    [False, True, 8, 9, 10, 4, 1, False, True],  # not an operand order
+    [False, True, 8, 9, 10, 4, 1, False],        # one field short
+    [False, 1, 8, 9, 10, 4, 1, False, 5],        # a flag that is not true/false
+])
+def test_a_batched_plan_row_is_checked(fresh_plans, row):
+    with pytest.raises(ValueError):
+        plans.install({"gemm_batch": [row]})
+    assert _C.gemm_batch_choices() == []
+
+
+def test_a_batched_plan_of_mkl_where_it_cannot_run_warns(fresh_plans, monkeypatch, capfd):
+    monkeypatch.setattr(mkl, "load", lambda: "no MKL here")
+    row = [False, False, 8, 9, 10, 4, _C.blas_num_threads(), False, MKL]
+    assert plans.install({"gemm_batch": [row]}) == 1
+    assert "1 GEMM plan(s) run MKL's sgemm, which cannot run here (no MKL here)" in \
+        capfd.readouterr().err
+    assert plans.table()["gemm_batch"] == [row]
