@@ -3,7 +3,9 @@ SkylakeX kernels for thin GEMMs"): every GEMM the nets' plans race (the fully co
 three GEMMs, the convolutions' weight gradients), timed as cct runs it (the plan the race chose:
 an OpenBLAS operand order, the skinny engine, or MKL's sgemm where MKL is installed) against
 MKL's ``cblas_sgemm`` as cct calls it (GEMM choice 5, cct/backend/mkl.py: the whole GEMM on
-MKL's own GNU OpenMP threads, as many as cct's) and PyTorch's ``mm``.
+MKL's own GNU OpenMP threads, as many as cct's) and PyTorch's ``mm``; then each strided batched
+GEMM the races met (Winograd's products, the pointwise layout's: the "gemm_batch" table, raced
+where MKL is offered), OpenBLAS's batched call against MKL's.
 
     python bench/bench_thin_gemm.py [--nets cifar10_quick,caffenet_b32] [--rounds 5]
 
@@ -88,6 +90,37 @@ def shape_times(row, with_mkl: bool, rounds: int) -> dict:
     return {name: min(v) for name, v in times.items()}
 
 
+def batch_shape_times(row, rounds: int) -> dict:
+    """Seconds of one batched row's call, best of ``rounds`` alternated: OpenBLAS's batched
+    call (choice 0) and MKL's (5), on the same operands (their products checked close)."""
+    from cct import _C
+    from cct.backend import plans
+    ta, tb, m, n, k, count, _, accumulate, _ = row
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((count, k, m) if ta else (count, m, k), np.float32)
+    b = rng.standard_normal((count, n, k) if tb else (count, k, n), np.float32)
+    outs = {name: np.zeros((count, m, n), np.float32) for name in ("blas", "mkl")}
+    choice = {"blas": 0, "mkl": plans.MKL_CHOICE}
+
+    def arm(name):
+        def run():
+            _C.load_gemm_batch_choices([tuple(row[:8]) + (choice[name],)])
+            _C.gemm_batch(a, b, ta, tb, out=outs[name], accumulate=accumulate)
+        return run
+    for name in outs:
+        outs[name][...] = 0
+        arm(name)()
+    scale = np.abs(outs["blas"]).max() + 1e-30
+    assert np.abs(outs["mkl"] - outs["blas"]).max() <= 1e-4 * scale, \
+        f"MKL's batched product differs on {row}"
+    times = {name: [] for name in outs}
+    for r in range(rounds):
+        for name in (list(outs) if r % 2 == 0 else list(outs)[::-1]):
+            times[name].append(seconds(arm(name)))
+    _C.load_gemm_batch_choices([tuple(row)])
+    return {name: min(v) for name, v in times.items()}
+
+
 def torch_times(rows, rounds: int, threads: int) -> list:
     """PyTorch's ``mm`` on each row's operands (seconds, best of ``rounds``; ``threads``
     threads), in a worker process; an empty list where PyTorch is not installed."""
@@ -113,8 +146,10 @@ def torch_worker(shapes, rounds: int, threads: int) -> None:
     print("RESULT " + json.dumps({"times": times}))
 
 
-def net_rows(name: str, zoo) -> list:
-    """The GEMM plan rows a net's training iteration races, each shape once."""
+def net_rows(name: str, zoo) -> tuple:
+    """The GEMM plan rows a net's training iteration races, each shape once, and its batched
+    GEMMs' rows (raced where MKL is offered; those of layouts the convolution races tried and
+    did not keep among them)."""
     from cct import _C
     from cct.backend import plans
     _C.clear_plans()
@@ -123,9 +158,10 @@ def net_rows(name: str, zoo) -> list:
     for _ in range(2):
         net.clear_param_diffs()
         net.forward_backward()
-    rows = [r for r in plans.table()["gemm"] if r[5] == 4]
+    table = plans.table()
+    rows = [r for r in table["gemm"] if r[5] == 4]
     del net
-    return rows
+    return rows, table.get("gemm_batch", [])
 
 
 def iteration_with_and_without(name: str, zoo, rounds: int, iters: int = 3) -> dict:
@@ -163,6 +199,9 @@ def iteration_with_and_without(name: str, zoo, rounds: int, iters: int = 3) -> d
     out = {arm: 1e3 * min(v) for arm, v in times.items()}
     out["chose_mkl"] = sum(row[-1] == plans.MKL_CHOICE for row in tables["with"]["gemm"])
     out["shapes"] = len(tables["with"]["gemm"])
+    batched = tables["with"].get("gemm_batch", [])
+    out["batch_chose_mkl"] = sum(row[-1] == plans.MKL_CHOICE for row in batched)
+    out["batch_shapes"] = len(batched)
     return out
 
 
@@ -185,7 +224,7 @@ def main() -> None:
     choice_name = {False: "direct", True: "transp.", 2: "f32 d", 3: "f32 t", 4: "skinny",
                    5: "MKL"}
     for name in names:
-        rows = net_rows(name, args.zoo)
+        rows, batched = net_rows(name, args.zoo)
         print(f"\n{name}: {len(rows)} raced GEMM shapes")
         print(f"{'ta tb    m     n      k acc':28} {'plan':>8} {'cct ms':>8} {'GF/s':>6} "
               f"{'MKL ms':>8} {'cct/MKL':>7} {'torch ms':>8} {'cct/torch':>9}")
@@ -209,9 +248,23 @@ def main() -> None:
             saved = 1 - total["best"] / total["cct"]
             print(f"sum: cct {1e3 * total['cct']:.1f} ms; with MKL where faster "
                   f"{1e3 * total['best']:.1f} ms ({100 * saved:.0f}% of these GEMMs' time saved)")
+        if batched:
+            print(f"{len(batched)} strided batched GEMM shapes (tried by the layouts' races):")
+            print(f"{'ta tb    m     n      k count acc':34} {'OpenBLAS ms':>11} {'GF/s':>6} "
+                  f"{'MKL ms':>8} {'GF/s':>6} {'OB/MKL':>7}")
+            for row in batched:
+                ta, tb, m, n, k, count, _, acc, _ = row
+                t = batch_shape_times(row, args.rounds)
+                flops = 2.0 * m * n * k * count
+                print(f"{int(ta):2} {int(tb):2} {m:5} {n:5} {k:6} {count:5} {int(acc):3} "
+                      f"{1e3 * t['blas']:11.3f} {flops / t['blas'] / 1e9:6.1f} "
+                      f"{1e3 * t['mkl']:8.3f} {flops / t['mkl'] / 1e9:6.1f} "
+                      f"{t['blas'] / t['mkl']:7.2f}", flush=True)
+        if with_mkl:
             it = iteration_with_and_without(name, args.zoo, args.rounds)
             print(f"iteration: MKL in the races {it['with']:.1f} ms ({it['chose_mkl']} of "
-                  f"{it['shapes']} raced shapes chose it), without {it['without']:.1f} ms: "
+                  f"{it['shapes']} raced shapes chose it; batched {it['batch_chose_mkl']} of "
+                  f"{it['batch_shapes']}), without {it['without']:.1f} ms: "
                   f"{it['without'] / it['with']:.3f}x", flush=True)
     _C.clear_plans()
 
