@@ -82,11 +82,18 @@ def shape_times(row, with_mkl: bool, rounds: int) -> dict:
         scale = np.abs(products["direct"]).max() + 1e-30
         assert np.abs(products["mkl"] - products["direct"]).max() <= 1e-4 * scale, \
             f"MKL's product differs on {row}"
+    best = best_alternated(arms, rounds)
+    _C.load_gemm_choices([tuple(row)])
+    return best
+
+
+def best_alternated(arms: dict, rounds: int) -> dict:
+    """Each arm's best seconds over ``rounds`` rounds, the arms' order reversed every other
+    round."""
     times = {name: [] for name in arms}
     for r in range(rounds):
         for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
             times[name].append(seconds(arms[name]))
-    _C.load_gemm_choices([tuple(row)])
     return {name: min(v) for name, v in times.items()}
 
 
@@ -113,12 +120,9 @@ def batch_shape_times(row, rounds: int) -> dict:
     scale = np.abs(outs["blas"]).max() + 1e-30
     assert np.abs(outs["mkl"] - outs["blas"]).max() <= 1e-4 * scale, \
         f"MKL's batched product differs on {row}"
-    times = {name: [] for name in outs}
-    for r in range(rounds):
-        for name in (list(outs) if r % 2 == 0 else list(outs)[::-1]):
-            times[name].append(seconds(arm(name)))
+    best = best_alternated({name: arm(name) for name in outs}, rounds)
     _C.load_gemm_batch_choices([tuple(row)])
-    return {name: min(v) for name, v in times.items()}
+    return best
 
 
 def torch_times(rows, rounds: int, threads: int) -> list:
