@@ -9,8 +9,9 @@
 #      threads) on a fresh plan cache, with the CPU's flags;
 #   2. bench_train --precision bf16 on LeNet, CIFAR10-quick and CaffeNet b32 against PyTorch
 #      (issue 34's first table, the three nets with a 1.5x target), then bench_skinny_gemm
-#      and bench_thin_gemm (every raced GEMM with MKL's sgemm among the candidates, and the
-#      iteration with MKL in the races against without);
+#      and bench_thin_gemm (every raced GEMM with MKL's sgemm among the candidates, each
+#      strided batch of Winograd's and the pointwise layout's GEMMs in OpenBLAS and in MKL,
+#      and the iteration with MKL in the races against without);
 #   3. issue 33's LeNet to 98% by its own protocol (bench_cli_time_to_accuracy.py, 3 seeds),
 #      then CIFAR10-quick to loss 0.3 with settings already good and with Caffe's, one round;
 #   4. bench_train --precision bf16 on CaffeNet b256, AlexNet b32 and GoogLeNet b32;
@@ -86,8 +87,9 @@ step bench_train_bf16 200 12 $PIN python3 bench/bench_train.py \
 # 16-lane tiles), and CaffeNet b32 with and without its plans
 step skinny_gemm 90 10 $PIN python3 bench/bench_skinny_gemm.py --nets caffenet_b32 --rounds 6
 # every raced GEMM of two nets in the plan cct chose (MKL's sgemm among the candidates)
-# against MKL's, then each iteration with MKL in the races and without: what MKL's AVX-512
-# kernels take from OpenBLAS's SkylakeX ones on the thin shapes here
+# against MKL's, each strided batch (Winograd's products) in OpenBLAS and in MKL, then each
+# iteration with MKL in the races and without: what MKL's AVX-512 kernels take from
+# OpenBLAS's SkylakeX ones on the thin and small shapes here
 step thin_gemm 120 12 $PIN python3 bench/bench_thin_gemm.py --nets cifar10_quick,caffenet_b32 \
     --rounds 3
 step time_to_98 150 12 $PIN python3 bench/bench_cli_time_to_accuracy.py --seeds 1701-1703 \
