@@ -23,10 +23,11 @@
 // Intel's CPUs (OpenBLAS's SkylakeX kernels ran 32-row GEMMs at 45-70% of a Xeon core's peak);
 // on AMD's the races seldom pick it.
 //
-// Strided batched GEMMs (gemm_batch_measured: Winograd's 16 or 36 products a chunk of images,
-// the pointwise layout's one a image) run one BLAS call, OpenBLAS's cblas_sgemm_batch_strided;
-// where MKL is offered, float32 ones race MKL's too, per shape and count, in a table of their
-// own. Their matrices are small (32 x 64 by 32 on CIFAR10-quick's conv2), where OpenBLAS's
+// Strided batched GEMMs (gemm_batch_measured: Winograd's 16 or 36 products per chunk of
+// images, the pointwise layout's one per image) run one BLAS call, OpenBLAS's
+// cblas_sgemm_batch_strided; where MKL is offered, float32 ones race MKL's too, per shape and
+// count, in a table of their own, whose choices (a cache's, a resumed run's) run wherever MKL
+// is loaded. Their matrices are small (32 x 64 by 32 on CIFAR10-quick's conv2), where OpenBLAS's
 // small-matrix kernels ran at half a Xeon core's peak (its `sgemm_small_kernel_tn` under
 // Winograd's weight gradient, bench/RESULTS.md).
 #include <algorithm>
@@ -227,20 +228,34 @@ int choose_order(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, 
   return g_transposed.emplace(key, fastest).first->second;
 }
 
-// Whether MKL's batched sgemm races a batched call: float32 (no bf16 rounding asked), MKL's
-// sgemm offered (gemm.cpp's rule above), this MKL has the batched form, and every item's offset
-// fits MKL's 32-bit integers.
-bool mkl_batch_applies(int64_t count, int64_t stride_a, int64_t stride_b, int64_t stride_c) {
+// Whether MKL's batched sgemm can run a batched call: MKL loaded with the batched form, and
+// every item's offset fits MKL's 32-bit integers.
+bool mkl_batch_runs(int64_t count, int64_t stride_a, int64_t stride_b, int64_t stride_c) {
   const int64_t limit = int64_t(1) << 31;
-  return mkl_applies<float>() && mkl_has_sgemm_batch() && count > 1 &&
-         stride_a * count < limit && stride_b * count < limit && stride_c * count < limit;
+  return mkl_loaded() && mkl_has_sgemm_batch() && count > 1 && stride_a * count < limit &&
+         stride_b * count < limit && stride_c * count < limit;
 }
 
+// Whether it races the call too: MKL's sgemm offered (gemm.cpp's rule above).
+bool mkl_batch_applies(int64_t count, int64_t stride_a, int64_t stride_b, int64_t stride_c) {
+  return mkl_applies<float>() && mkl_batch_runs(count, stride_a, stride_b, stride_c);
+}
+
+// The table's choice for a batched call (0 when an order is forced), -1 before it has one.
+int known_batch_choice(const BatchKey& key) {
+  if (g_order != 0) return 0;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_batched.find(key);
+  return it == g_batched.end() ? -1 : it->second;
+}
+
+// Runs the call as `choice` says; MKL's where it cannot run here (a plan from a run with MKL,
+// MKL not loaded now; plans.py warns) runs the BLAS's.
 void run_batch_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                       float alpha, const float* a, int64_t lda, int64_t stride_a,
                       const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
                       int64_t ldc, int64_t stride_c, int64_t count) {
-  if (choice == kMklChoice && mkl_loaded() && mkl_has_sgemm_batch()) {
+  if (choice == kMklChoice && mkl_batch_runs(count, stride_a, stride_b, stride_c)) {
     mkl_sgemm_batch_strided(mkl_threads(), ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb,
                             stride_b, beta, c, ldc, stride_c, count);
     return;
@@ -249,19 +264,17 @@ void run_batch_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_
                      stride_c, count, true);
 }
 
-// The batched call's choice: the table's, else raced as choose_order races (each candidate
-// twice in turn, best of two; a call that adds into C on a copy of C's span).
-int choose_batch(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a,
-                 int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b,
-                 float beta, float* c, int64_t ldc, int64_t stride_c, int64_t count) {
-  if (g_order != 0) return 0;
+// A batched call's choice when the table has none: raced as choose_order races (each
+// candidate twice in turn, best of two; a call that adds into C on a copy of C's span), or the
+// BLAS's without timing when plans are not measured.
+int choose_batch(const BatchKey& key, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                 const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
+                 int64_t stride_b, float beta, float* c, int64_t ldc, int64_t stride_c,
+                 int64_t count) {
   const bool accumulate = beta != 0.0f;
-  const BatchKey key{ta, tb, m, n, k, count, blas_get_num_threads(), accumulate};
-  {
+  if (!plan_measurement()) {
     std::lock_guard<std::mutex> lock(g_mutex);
-    auto it = g_batched.find(key);
-    if (it != g_batched.end()) return it->second;
-    if (!plan_measurement()) return g_batched.emplace(key, 0).first->second;
+    return g_batched.emplace(key, 0).first->second;
   }
   const int64_t span = (count - 1) * stride_c + (m - 1) * ldc + n;
   std::vector<float> out(accumulate ? size_t(span) : 0);
@@ -292,13 +305,17 @@ void gemm_batch_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T al
                          T beta, T* c, int64_t ldc, int64_t stride_c, int64_t count,
                          bool float32_only) {
   if constexpr (std::is_same_v<T, float>) {
-    if ((float32_only || !bf16_gemm_enabled()) &&
-        mkl_batch_applies(count, stride_a, stride_b, stride_c)) {
-      const int choice = choose_batch(ta, tb, m, n, k, a, lda, stride_a, b, ldb, stride_b, beta,
-                                      c, ldc, stride_c, count);
-      run_batch_choice(choice, ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta,
-                       c, ldc, stride_c, count);
-      return;
+    if (float32_only || !bf16_gemm_enabled()) {
+      const BatchKey key{ta, tb, m, n, k, count, blas_get_num_threads(), beta != 0.0f};
+      int choice = known_batch_choice(key);
+      if (choice < 0 && mkl_batch_applies(count, stride_a, stride_b, stride_c))
+        choice = choose_batch(key, ta, tb, m, n, k, a, lda, stride_a, b, ldb, stride_b, beta, c,
+                              ldc, stride_c, count);
+      if (choice >= 0) {
+        run_batch_choice(choice, ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                         beta, c, ldc, stride_c, count);
+        return;
+      }
     }
   }
   gemm_batch_strided(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,

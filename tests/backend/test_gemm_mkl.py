@@ -315,11 +315,14 @@ def test_a_batched_plan_of_mkl_computes_the_products(fresh_plans, count, m, n, k
 
 
 class _offered_for_the_test:
-    """MKL's sgemm offered inside the block (a batched plan runs only where MKL is offered,
-    as the races are), as it was after."""
+    """MKL's sgemm offered to the races inside the block (or not, with on=False), as it was
+    after."""
+    def __init__(self, on=True):
+        self.on = on
+
     def __enter__(self):
         self.was = _C.mkl_sgemm_offered()
-        _C.set_mkl_sgemm_offered(True)
+        _C.set_mkl_sgemm_offered(self.on)
 
     def __exit__(self, *exc):
         _C.set_mkl_sgemm_offered(self.was)
@@ -327,13 +330,14 @@ class _offered_for_the_test:
 
 def test_a_batched_plan_of_mkl_is_mkls_own_product(fresh_plans):
     """The bits MKL's cblas_sgemm_batch_strided gives the same call on one thread: the plan
-    runs MKL's batched call, and the BLAS's plan gives other bits."""
+    runs MKL's batched call, and the BLAS's plan gives other bits. An installed plan runs where
+    MKL is loaded, offered to the races or not (a resumed run replays the run it continues)."""
     needs_mkl()
     _C.set_num_threads(1)
     count, m, n, k = 36, 32, 32, 200
     a, b = batch_operands(count, m, n, k, True, seed=3, dyadic_values=False)
     install_batch(m, n, k, count, True, False)
-    with _offered_for_the_test():
+    with _offered_for_the_test(on=False):
         got = _C.gemm_batch(a, b, False, True)
         library = ctypes.CDLL(mkl.library_path())
         f, i, p = ctypes.c_float, ctypes.c_int, ctypes.c_void_p
