@@ -70,6 +70,24 @@ double seconds_of(F&& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The fastest of `choices`, each run (run(choice)) twice in turn, best of two: one sample is at
+// the mercy of a busy machine. The second round skips a candidate over twice the best's first
+// time (fc6's weight gradient in the slow order: 150 ms a call). reset() before each run puts
+// back what a run changes (a copy of C for a call that adds into it). Ties go to the earlier.
+template <typename Reset, typename Run>
+int fastest_of(const std::vector<int>& choices, Reset&& reset, Run&& run) {
+  std::vector<double> seconds(choices.size(), 1e300);
+  for (int round = 0; round < 2; ++round) {
+    const double best = *std::min_element(seconds.begin(), seconds.end());
+    for (size_t at = 0; at < choices.size(); ++at) {
+      if (round > 0 && seconds[at] > 2 * best) continue;
+      reset();
+      seconds[at] = std::min(seconds[at], seconds_of([&] { run(choices[at]); }));
+    }
+  }
+  return choices[size_t(std::min_element(seconds.begin(), seconds.end()) - seconds.begin())];
+}
+
 // C (m x n, ldc) = beta C + T^T, T being n x m (contiguous).
 template <typename T>
 void add_transposed(const T* t, int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
@@ -197,30 +215,22 @@ int choose_order(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, 
     if (it != g_transposed.end()) return it->second;
     if (!plan_measurement()) return g_transposed.emplace(key, 0).first->second;
   }
-  // Each candidate twice in turn, best of two: one sample is at the mercy of a busy machine.
-  // The second round skips a candidate over twice the best's first time (fc6's weight
-  // gradient in the slow order: 150 ms a call). A call that adds into C races on a copy of
-  // it; one that overwrites C races in C itself, which the chosen plan then writes again (no
-  // second C: the lowered convolutions' tops are tens of MB).
+  // A call that adds into C races on a copy of it; one that overwrites C races in C itself,
+  // which the chosen plan then writes again (no second C: the lowered convolutions' tops are
+  // tens of MB).
   std::vector<T> out(accumulate ? size_t(m * n) : 0);
   T* target = accumulate ? out.data() : c;
   const int64_t ld_target = accumulate ? n : ldc;
-  const std::vector<int> choices = candidates<T>(tb, m, n, k);
-  std::vector<double> seconds(choices.size(), 1e300);
-  for (int round = 0; round < 2; ++round) {
-    const double best = *std::min_element(seconds.begin(), seconds.end());
-    for (size_t at = 0; at < choices.size(); ++at) {
-      if (round > 0 && seconds[at] > 2 * best) continue;
-      if (accumulate)
-        for (int64_t i = 0; i < m; ++i) std::copy(c + i * ldc, c + i * ldc + n, &out[i * n]);
-      seconds[at] = std::min(seconds[at], seconds_of([&] {
-        run_choice(choices[at], ta, tb, m, n, k, T(1), a, lda, b, ldb, beta, target,
-                   ld_target, scratch);
-      }));
-    }
-  }
-  const int fastest =
-      choices[size_t(std::min_element(seconds.begin(), seconds.end()) - seconds.begin())];
+  const int fastest = fastest_of(
+      candidates<T>(tb, m, n, k),
+      [&] {
+        if (accumulate)
+          for (int64_t i = 0; i < m; ++i) std::copy(c + i * ldc, c + i * ldc + n, &out[i * n]);
+      },
+      [&](int choice) {
+        run_choice(choice, ta, tb, m, n, k, T(1), a, lda, b, ldb, beta, target, ld_target,
+                   scratch);
+      });
   // The transposed orders' product stays in this thread's scratch between calls; a race it
   // lost gives that memory back (a shape that chose it grows it again at its next call).
   if (fastest != 1 && fastest != 3) std::vector<T>().swap(scratch);
@@ -264,9 +274,9 @@ void run_batch_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_
                      stride_c, count, true);
 }
 
-// A batched call's choice when the table has none: raced as choose_order races (each
-// candidate twice in turn, best of two; a call that adds into C on a copy of C's span), or the
-// BLAS's without timing when plans are not measured.
+// A batched call's choice when the table has none: raced as choose_order races (a call that
+// adds into C on a copy of C's span), or the BLAS's without timing when plans are not
+// measured.
 int choose_batch(const BatchKey& key, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                  const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
                  int64_t stride_b, float beta, float* c, int64_t ldc, int64_t stride_c,
@@ -279,20 +289,12 @@ int choose_batch(const BatchKey& key, bool ta, bool tb, int64_t m, int64_t n, in
   const int64_t span = (count - 1) * stride_c + (m - 1) * ldc + n;
   std::vector<float> out(accumulate ? size_t(span) : 0);
   float* target = accumulate ? out.data() : c;
-  const int choices[2] = {0, kMklChoice};
-  double seconds[2] = {1e300, 1e300};
-  for (int round = 0; round < 2; ++round) {
-    const double best = std::min(seconds[0], seconds[1]);
-    for (int at = 0; at < 2; ++at) {
-      if (round > 0 && seconds[at] > 2 * best) continue;
-      if (accumulate) std::copy(c, c + span, out.begin());
-      seconds[at] = std::min(seconds[at], seconds_of([&] {
-        run_batch_choice(choices[at], ta, tb, m, n, k, 1.0f, a, lda, stride_a, b, ldb, stride_b,
+  const int fastest = fastest_of(
+      {0, kMklChoice}, [&] { if (accumulate) std::copy(c, c + span, out.begin()); },
+      [&](int choice) {
+        run_batch_choice(choice, ta, tb, m, n, k, 1.0f, a, lda, stride_a, b, ldb, stride_b,
                          beta, target, ldc, stride_c, count);
-      }));
-    }
-  }
-  const int fastest = seconds[1] < seconds[0] ? kMklChoice : 0;
+      });
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_batched.emplace(key, fastest).first->second;
 }
@@ -304,8 +306,9 @@ void gemm_batch_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T al
                          int64_t lda, int64_t stride_a, const T* b, int64_t ldb, int64_t stride_b,
                          T beta, T* c, int64_t ldc, int64_t stride_c, int64_t count,
                          bool float32_only) {
+  // Without MKL loaded every choice runs the BLAS's call: no table to read on this path.
   if constexpr (std::is_same_v<T, float>) {
-    if (float32_only || !bf16_gemm_enabled()) {
+    if (mkl_loaded() && (float32_only || !bf16_gemm_enabled())) {
       const BatchKey key{ta, tb, m, n, k, count, blas_get_num_threads(), beta != 0.0f};
       int choice = known_batch_choice(key);
       if (choice < 0 && mkl_batch_applies(count, stride_a, stride_b, stride_c))

@@ -299,82 +299,63 @@ def install_batch(m, n, k, count, tb, accumulate, choice=MKL):
 @pytest.mark.parametrize("tb", [False, True])
 @pytest.mark.parametrize("count,m,n,k", [(2, 1, 1, 1), (36, 32, 64, 32), (16, 13, 70, 33)],
                          ids=str)
-def test_a_batched_plan_of_mkl_computes_the_products(fresh_plans, count, m, n, k, tb,
+def test_a_batched_plan_of_mkl_computes_the_products(fresh_plans, offered, count, m, n, k, tb,
                                                      accumulate, threads):
-    needs_mkl()
     _C.set_num_threads(threads)
     a, b = batch_operands(count, m, n, k, tb)
     start = dyadic((count, m, n), 7, 2.0 ** -20)
     out = start.copy() if accumulate else np.full((count, m, n), np.nan, np.float32)
     install_batch(m, n, k, count, tb, accumulate)
-    with _offered_for_the_test():
-        _C.gemm_batch(a, b, False, tb, out=out, accumulate=accumulate)
+    _C.gemm_batch(a, b, False, tb, out=out, accumulate=accumulate)
     assert _C.gemm_batch_choices() == [(False, tb, m, n, k, count, _C.blas_num_threads(),
                                         accumulate, MKL)]
     np.testing.assert_array_equal(out, batch_exact(a, b, tb, start if accumulate else None))
 
 
-class _offered_for_the_test:
-    """MKL's sgemm offered to the races inside the block (or not, with on=False), as it was
-    after."""
-    def __init__(self, on=True):
-        self.on = on
-
-    def __enter__(self):
-        self.was = _C.mkl_sgemm_offered()
-        _C.set_mkl_sgemm_offered(self.on)
-
-    def __exit__(self, *exc):
-        _C.set_mkl_sgemm_offered(self.was)
-
-
-def test_a_batched_plan_of_mkl_is_mkls_own_product(fresh_plans):
+def test_a_batched_plan_of_mkl_is_mkls_own_product(fresh_plans, offered):
     """The bits MKL's cblas_sgemm_batch_strided gives the same call on one thread: the plan
     runs MKL's batched call, and the BLAS's plan gives other bits. An installed plan runs where
     MKL is loaded, offered to the races or not (a resumed run replays the run it continues)."""
-    needs_mkl()
+    _C.set_mkl_sgemm_offered(False)   # the fixture offers it again after
     _C.set_num_threads(1)
     count, m, n, k = 36, 32, 32, 200
     a, b = batch_operands(count, m, n, k, True, seed=3, dyadic_values=False)
     install_batch(m, n, k, count, True, False)
-    with _offered_for_the_test(on=False):
-        got = _C.gemm_batch(a, b, False, True)
-        library = ctypes.CDLL(mkl.library_path())
-        f, i, p = ctypes.c_float, ctypes.c_int, ctypes.c_void_p
-        library.cblas_sgemm_batch_strided.argtypes = [i, i, i, i, i, i, f, p, i, i, p, i, i, f,
-                                                      p, i, i, i]
-        library.cblas_sgemm_batch_strided.restype = None
-        want = np.empty((count, m, n), np.float32)
-        library.cblas_sgemm_batch_strided(101, 111, 112, m, n, k, 1.0, a.ctypes.data, k, m * k,
-                                          b.ctypes.data, k, n * k, 0.0, want.ctypes.data, n,
-                                          m * n, count)
-        np.testing.assert_array_equal(got, want)
-        install_batch(m, n, k, count, True, False, choice=0)
-        assert not np.array_equal(_C.gemm_batch(a, b, False, True), got), \
-            "OpenBLAS gave MKL's bits: the comparison cannot tell the engines apart"
+    got = _C.gemm_batch(a, b, False, True)
+    library = ctypes.CDLL(mkl.library_path())
+    f, i, p = ctypes.c_float, ctypes.c_int, ctypes.c_void_p
+    library.cblas_sgemm_batch_strided.argtypes = [i, i, i, i, i, i, f, p, i, i, p, i, i, f, p,
+                                                  i, i, i]
+    library.cblas_sgemm_batch_strided.restype = None
+    want = np.empty((count, m, n), np.float32)
+    library.cblas_sgemm_batch_strided(101, 111, 112, m, n, k, 1.0, a.ctypes.data, k, m * k,
+                                      b.ctypes.data, k, n * k, 0.0, want.ctypes.data, n, m * n,
+                                      count)
+    np.testing.assert_array_equal(got, want)
+    install_batch(m, n, k, count, True, False, choice=0)
+    assert not np.array_equal(_C.gemm_batch(a, b, False, True), got), \
+        "OpenBLAS gave MKL's bits: the comparison cannot tell the engines apart"
 
 
-def test_the_batched_race_runs_only_where_mkl_is_offered(fresh_plans):
+def test_the_batched_race_runs_only_where_mkl_is_offered(fresh_plans, offered):
     """Not offered: the BLAS's call, nothing timed or kept. Offered: one row, either engine,
     the product either way; deterministic mode keeps the BLAS's without timing."""
-    needs_mkl()
     a, b = batch_operands(36, 32, 64, 32, False)
-    with _offered_for_the_test():
-        _C.set_mkl_sgemm_offered(False)
-        np.testing.assert_array_equal(_C.gemm_batch(a, b), batch_exact(a, b, False))
-        assert _C.gemm_batch_choices() == []
-        _C.set_mkl_sgemm_offered(True)
-        np.testing.assert_array_equal(_C.gemm_batch(a, b), batch_exact(a, b, False))
-        [row] = _C.gemm_batch_choices()
-        assert row[:8] == (False, False, 32, 64, 32, 36, _C.blas_num_threads(), False)
-        assert row[8] in (0, MKL)
-        _C.clear_plans()
-        _C.set_plan_measurement(False)
-        try:
-            _C.gemm_batch(a, b)
-        finally:
-            _C.set_plan_measurement(True)
-        assert [r[8] for r in _C.gemm_batch_choices()] == [0]
+    _C.set_mkl_sgemm_offered(False)
+    np.testing.assert_array_equal(_C.gemm_batch(a, b), batch_exact(a, b, False))
+    assert _C.gemm_batch_choices() == []
+    _C.set_mkl_sgemm_offered(True)
+    np.testing.assert_array_equal(_C.gemm_batch(a, b), batch_exact(a, b, False))
+    [row] = _C.gemm_batch_choices()
+    assert row[:8] == (False, False, 32, 64, 32, 36, _C.blas_num_threads(), False)
+    assert row[8] in (0, MKL)
+    _C.clear_plans()
+    _C.set_plan_measurement(False)
+    try:
+        _C.gemm_batch(a, b)
+    finally:
+        _C.set_plan_measurement(True)
+    assert [r[8] for r in _C.gemm_batch_choices()] == [0]
 
 
 @pytest.mark.parametrize("layout,case", [
@@ -382,29 +363,28 @@ def test_the_batched_race_runs_only_where_mkl_is_offered(fresh_plans):
     (4, (2, 8, 12, 12, 12, (5, 5), (1, 1), (2, 2), (1, 1), 1)),   # Winograd F(2x2, 5x5)
     (2, (3, 16, 7, 7, 24, (1, 1), (1, 1), (0, 0), (1, 1), 2)),    # pointwise, shared weights
 ], ids=["winograd3x3", "winograd5x5", "pointwise"])
-def test_a_layer_on_mkl_batched_plans_repeats_its_bits_through_the_table(fresh_plans, layout,
-                                                                          case):
+def test_a_layer_on_mkl_batched_plans_repeats_its_bits_through_the_table(fresh_plans, offered,
+                                                                          layout, case):
     """A convolution whose batched GEMMs are MKL's: every kernel close to the reference, the
     table holds MKL's rows, and the same plans installed anew give the same bits."""
-    needs_mkl()
     x, weight, bias, dy, geom = conv_arrays(case, np.float32)
+
+    def run():
+        return (cpu.conv_forward(x, weight, bias, *geom),
+                cpu.conv_backward_data(dy, weight, x.shape, *geom),
+                cpu.conv_backward_weight(x, dy, *geom))
     _C.set_conv_layout(layout)
     try:
-        with _offered_for_the_test():
-            def run():
-                return (cpu.conv_forward(x, weight, bias, *geom),
-                        cpu.conv_backward_data(dy, weight, x.shape, *geom),
-                        cpu.conv_backward_weight(x, dy, *geom))
-            run()   # the races
-            rows = _C.gemm_batch_choices()
-            assert rows, "the layout made no batched GEMM"
-            plans.install({"gemm_batch": [list(r[:8]) + [MKL] for r in rows]})
-            first = run()
-            table = plans.table()
-            assert {r[8] for r in table["gemm_batch"]} == {MKL}
-            _C.clear_plans()
-            plans.install(table)
-            again = run()
+        run()   # the races
+        rows = _C.gemm_batch_choices()
+        assert rows, "the layout made no batched GEMM"
+        plans.install({"gemm_batch": [list(r[:8]) + [MKL] for r in rows]})
+        first = run()
+        table = plans.table()
+        assert {r[8] for r in table["gemm_batch"]} == {MKL}
+        _C.clear_plans()
+        plans.install(table)
+        again = run()
     finally:
         _C.set_conv_layout(0)
     want = (reference.conv_forward(x, weight, bias, *geom),
