@@ -34,6 +34,12 @@ from bench.bench_train import (NETS, add_net_arguments, alternated_tables,  # no
                                chosen_nets, machine, sgd_update, sgemm_peak, synthetic_net)
 from bench.worker import run_worker, seconds  # noqa: E402
 
+# A GEMM plan row's choice (csrc/gemm.cpp): OpenBLAS's two operand orders (False, True), its
+# float32 orders for bf16 operands (2, 3), the skinny engine's 8- and 16-lane tiles (4, 6; 6
+# only on AVX-512 CPUs), MKL's sgemm (5).
+CHOICE_NAMES = {False: "direct", True: "transp.", 2: "f32 d", 3: "f32 t", 4: "skinny",
+                5: "MKL", 6: "skinny16"}
+
 
 def load_mkl():
     """True and MKL's version where cct's MKL sgemm runs here, else False and why not. The
@@ -225,8 +231,6 @@ def main() -> None:
     with_mkl, mkl_note = load_mkl()
     print(f"SGEMM peak {sgemm_peak():.1f} GFLOP/s; MKL: {mkl_note}; {args.rounds} rounds, "
           f"alternated; ms, best")
-    choice_name = {False: "direct", True: "transp.", 2: "f32 d", 3: "f32 t", 4: "skinny",
-                   5: "MKL"}
     for name in names:
         rows, batched = net_rows(name, args.zoo)
         print(f"\n{name}: {len(rows)} raced GEMM shapes")
@@ -246,7 +250,7 @@ def main() -> None:
             torch_cols = (f"{1e3 * t['torch']:8.2f} {t['cct'] / t['torch']:9.2f}"
                           if "torch" in t else f"{'-':>8} {'-':>9}")
             print(f"{int(ta):2} {int(tb):2} {m:5} {n:5} {k:6} {int(acc):3} "
-                  f"{choice_name[choice]:>8} {1e3 * t['cct']:8.2f} "
+                  f"{CHOICE_NAMES[choice]:>8} {1e3 * t['cct']:8.2f} "
                   f"{2.0 * m * n * k / t['cct'] / 1e9:6.1f} {mkl_cols} {torch_cols}", flush=True)
         if with_mkl:
             saved = 1 - total["best"] / total["cct"]

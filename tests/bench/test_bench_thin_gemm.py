@@ -27,6 +27,14 @@ def test_operands_are_stored_as_the_row_says(ta, tb):
     assert out.shape == (3, 5) and not out.any()
 
 
+def test_every_gemm_choice_has_a_name():
+    """The table names each row's plan; a choice only some CPUs make (the 16-lane skinny tile,
+    on AVX-512 ones) once ended the bench there with a KeyError."""
+    from cct.backend import plans
+    for choice in (0, 1, 2, 3, plans.MKL_CHOICE, *plans.SKINNY_CHOICES):
+        assert choice in bench.CHOICE_NAMES, choice
+
+
 def needs_mkl():
     from cct.backend import mkl
     if mkl.library_path() is None:
