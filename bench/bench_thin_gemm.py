@@ -108,7 +108,7 @@ def batch_shape_times(row, rounds: int) -> dict:
     call (choice 0) and MKL's (5), on the same operands (their products checked close)."""
     from cct import _C
     from cct.backend import plans
-    ta, tb, m, n, k, count, _, accumulate, _ = row
+    ta, tb, m, n, k, count, _, _, accumulate, _ = row
     rng = np.random.default_rng(0)
     a = rng.standard_normal((count, k, m) if ta else (count, m, k), np.float32)
     b = rng.standard_normal((count, n, k) if tb else (count, k, n), np.float32)
@@ -117,7 +117,7 @@ def batch_shape_times(row, rounds: int) -> dict:
 
     def arm(name):
         def run():
-            _C.load_gemm_batch_choices([tuple(row[:8]) + (choice[name],)])
+            _C.load_gemm_batch_choices([tuple(row[:9]) + (choice[name],)])
             _C.gemm_batch(a, b, ta, tb, out=outs[name], accumulate=accumulate)
         return run
     for name in outs:
@@ -261,7 +261,7 @@ def main() -> None:
             print(f"{'ta tb    m     n      k count acc':34} {'OpenBLAS ms':>11} {'GF/s':>6} "
                   f"{'MKL ms':>8} {'GF/s':>6} {'OB/MKL':>7}")
             for row in batched:
-                ta, tb, m, n, k, count, _, acc, _ = row
+                ta, tb, m, n, k, count, _, _, acc, _ = row
                 t = batch_shape_times(row, args.rounds)
                 flops = 2.0 * m * n * k * count
                 print(f"{int(ta):2} {int(tb):2} {m:5} {n:5} {k:6} {count:5} {int(acc):3} "

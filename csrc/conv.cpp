@@ -561,9 +561,10 @@ int plan_modes(bool measured, bool bf16, bool caffe_engine) {
 // machine's table may name one this CPU or shape cannot run: it runs lowered).
 template <typename T>
 bool layout_applies(Layout layout, Kernel kernel, const ConvGeom& g) {
-  // The direct and Winograd layouts are float32 kernels. Under bf16 GEMMs they stay
-  // candidates: a layer where float32 measures faster than the bf16 GEMM runs in float32
-  // (CIFAR10-quick's thin layers, CaffeNet's 3x3 ones on AVX512-BF16: bench/RESULTS.md).
+  // The direct and Winograd layouts are float32 kernels (F(2x2, 3x3)'s products excepted,
+  // which race bf16 under bf16: conv_winograd.cpp). Under bf16 GEMMs they stay candidates: a
+  // layer where float32 measures faster than the bf16 GEMM runs in float32 (CIFAR10-quick's
+  // thin layers, CaffeNet's 3x3 ones on AVX512-BF16: bench/RESULTS.md).
   const bool float32_kernels = std::is_same_v<T, float>;
   switch (layout) {
     case kPointwise: return is_pointwise(g);

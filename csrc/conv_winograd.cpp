@@ -27,6 +27,12 @@
 // data the result differs from the lowered GEMM's by about 4e-7 (F(2x2, 3x3)) and 2e-6 (6x6
 // tiles) of the largest output (within the kernel tests' float32 tolerance), and like every
 // plan is the same on every call of a geometry.
+//
+// Under bf16 GEMMs (bf16.h) F(2x2, 3x3)'s products may multiply U and V (or D and V) rounded
+// to bf16, where the batched race (gemm.cpp) finds that faster than float32: the transforms
+// stay float32. Rounding the transformed operands costs F(2x2, 3x3) about 1.7x the error of the
+// lowered bf16 GEMM (0.39% against 0.23% rms on random data); the 6x6 tiles' points would
+// cost 11x (2.5%), so their products stay float32.
 #include "conv_winograd.h"
 
 #include <algorithm>
@@ -48,6 +54,7 @@ namespace {
 // gradient's two adjoints, top_diff A g (a from m) and filter_gradient G^T w (r from a).
 struct F2x3 {
   static constexpr int m = 2, r = 3, a = 4;
+  static constexpr bool float32_products = false;  // bf16 where faster, under bf16
   static void input(const float* d, float* o) {
     o[0] = d[0] - d[2];
     o[1] = d[1] + d[2];
@@ -94,6 +101,7 @@ struct Points6 {
 
 struct F2x5 : Points6 {
   static constexpr int m = 2, r = 5, a = 6;
+  static constexpr bool float32_products = true;
   static void output(const float* t, float* y) {
     y[0] = t[0] + t[1] + t[2] + t[3] + t[4];
     y[1] = (t[1] - t[2]) + 2.0f * (t[3] - t[4]) + t[5];
@@ -131,6 +139,7 @@ struct F2x5 : Points6 {
 // 6x6 tiles (a larger error, as 5x5's, and more of the tile past the edge of a small top).
 struct F4x3 : Points6 {
   static constexpr int m = 4, r = 3, a = 6;
+  static constexpr bool float32_products = true;
   static void output(const float* t, float* y) {
     const float sum12 = t[1] + t[2], diff12 = t[1] - t[2];
     const float sum34 = t[3] + t[4], diff34 = t[3] - t[4];
@@ -382,7 +391,7 @@ void winograd(const float* x, int64_t x_image, int64_t x_group, const float* bia
       float* mm = v + tile * v_step;
       transform_input<T>(x + n0 * x_image + grp * x_group, x_image, s, nb, v);
       gemm_batch_measured(false, false, s.o, count, s.c, 1.0f, u, s.c, u_step, v, count,
-                          v_step, 0.0f, mm, count, m_step, tile, true);
+                          v_step, 0.0f, mm, count, m_step, tile, T::float32_products);
       transform_output<T>(mm, bias ? bias + grp * s.o : nullptr, relu, s, nb,
                           y + n0 * y_image + grp * y_group, y_image);
     }
@@ -515,7 +524,7 @@ void backward_weight(const float* x, const float* dy, float* dweight, const Conv
       transform_top_diff<T>(dy + n0 * g.o * g.ho * g.wo + grp * og * g.ho * g.wo,
                             g.o * g.ho * g.wo, s, nb, d);
       gemm_batch_measured(false, true, s.o, s.c, count, 1.0f, d, count, d_step, v, count,
-                          v_step, 1.0f, w, s.c, w_step, tile, true);
+                          v_step, 1.0f, w, s.c, w_step, tile, T::float32_products);
     }
     transform_filter_gradient<T>(w, s, dweight + grp * og * cg * T::r * T::r, accumulate);
   }

@@ -29,7 +29,11 @@
 // count, in a table of their own, whose choices (a cache's, a resumed run's) run wherever MKL
 // is loaded. Their matrices are small (32 x 64 by 32 on CIFAR10-quick's conv2), where OpenBLAS's
 // small-matrix kernels ran at half a Xeon core's peak (its `sgemm_small_kernel_tn` under
-// Winograd's weight gradient, bench/RESULTS.md).
+// Winograd's weight gradient, bench/RESULTS.md). Under bf16 GEMMs a batch that may multiply in
+// bf16 (not float32_only: the pointwise layout's, Winograd F(2x2, 3x3)'s) races the items one
+// by one in bf16 against the float32 calls, in the same table with element size 2, as the plain
+// GEMMs race float32 under bf16: bf16 where it is faster (Winograd's large products on a Zen 4's
+// AVX512-BF16: 1.5-1.85x), float32 where the items are too small to repay bf16's packing.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -59,8 +63,10 @@ std::mutex g_mutex;
 constexpr int kSkinnyChoice = 4, kMklChoice = 5, kSkinny16Choice = 6;
 std::map<Key, int> g_transposed;
 std::atomic<int> g_order{0};  // 0 measure, 1 direct, 2 transposed
-// Batched GEMMs: ta tb m n k count BLAS-threads accumulate -> 0 the BLAS's call, 5 MKL's.
-using BatchKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int, bool>;
+// Batched GEMMs: ta tb m n k count element-size BLAS-threads accumulate -> 0 the BLAS's
+// float32 call, 5 MKL's, 7 the items one by one in bf16 (element size 2, under bf16 only).
+using BatchKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>;
+constexpr int kBf16ItemsChoice = 7;
 std::map<BatchKey, int> g_batched;
 
 template <typename F>
@@ -251,16 +257,23 @@ bool mkl_batch_applies(int64_t count, int64_t stride_a, int64_t stride_b, int64_
   return mkl_applies<float>() && mkl_batch_runs(count, stride_a, stride_b, stride_c);
 }
 
-// The table's choice for a batched call (0 when an order is forced), -1 before it has one.
+// A batched call's choice without a race: the precision's own (bf16 items under bf16).
+int default_batch_choice(const BatchKey& key) {
+  return std::get<6>(key) == 2 ? kBf16ItemsChoice : 0;
+}
+
+// The table's choice for a batched call (the default when an order is forced), -1 before it
+// has one.
 int known_batch_choice(const BatchKey& key) {
-  if (g_order != 0) return 0;
+  if (g_order != 0) return default_batch_choice(key);
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_batched.find(key);
   return it == g_batched.end() ? -1 : it->second;
 }
 
 // Runs the call as `choice` says; MKL's where it cannot run here (a plan from a run with MKL,
-// MKL not loaded now; plans.py warns) runs the BLAS's.
+// MKL not loaded now; plans.py warns) runs the BLAS's. The bf16 items go through gemm(),
+// which rounds the operands while bf16 GEMMs are on (its key holds that they are).
 void run_batch_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                       float alpha, const float* a, int64_t lda, int64_t stride_a,
                       const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
@@ -271,26 +284,26 @@ void run_batch_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_
     return;
   }
   gemm_batch_strided(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
-                     stride_c, count, true);
+                     stride_c, count, choice != kBf16ItemsChoice);
 }
 
-// A batched call's choice when the table has none: raced as choose_order races (a call that
-// adds into C on a copy of C's span), or the BLAS's without timing when plans are not
-// measured.
-int choose_batch(const BatchKey& key, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+// A batched call's choice among `choices` when the table has none: raced as choose_order races
+// (a call that adds into C on a copy of C's span), or the default without timing when plans
+// are not measured.
+int choose_batch(const BatchKey& key, const std::vector<int>& choices, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                  const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
                  int64_t stride_b, float beta, float* c, int64_t ldc, int64_t stride_c,
                  int64_t count) {
   const bool accumulate = beta != 0.0f;
   if (!plan_measurement()) {
     std::lock_guard<std::mutex> lock(g_mutex);
-    return g_batched.emplace(key, 0).first->second;
+    return g_batched.emplace(key, default_batch_choice(key)).first->second;
   }
   const int64_t span = (count - 1) * stride_c + (m - 1) * ldc + n;
   std::vector<float> out(accumulate ? size_t(span) : 0);
   float* target = accumulate ? out.data() : c;
   const int fastest = fastest_of(
-      {0, kMklChoice}, [&] { if (accumulate) std::copy(c, c + span, out.begin()); },
+      choices, [&] { if (accumulate) std::copy(c, c + span, out.begin()); },
       [&](int choice) {
         run_batch_choice(choice, ta, tb, m, n, k, 1.0f, a, lda, stride_a, b, ldb, stride_b,
                          beta, target, ldc, stride_c, count);
@@ -306,14 +319,25 @@ void gemm_batch_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T al
                          int64_t lda, int64_t stride_a, const T* b, int64_t ldb, int64_t stride_b,
                          T beta, T* c, int64_t ldc, int64_t stride_c, int64_t count,
                          bool float32_only) {
-  // Without MKL loaded every choice runs the BLAS's call: no table to read on this path.
+  // Without MKL loaded or bf16 on every choice runs the BLAS's call: no table to read on this
+  // path.
   if constexpr (std::is_same_v<T, float>) {
-    if (mkl_loaded() && (float32_only || !bf16_gemm_enabled())) {
-      const BatchKey key{ta, tb, m, n, k, count, blas_get_num_threads(), beta != 0.0f};
+    const bool bf16 = !float32_only && bf16_gemm_enabled();
+    if (mkl_loaded() || bf16) {
+      const BatchKey key{ta, tb, m, n, k, count, bf16 ? 2 : 4, blas_get_num_threads(),
+                         beta != 0.0f};
       int choice = known_batch_choice(key);
-      if (choice < 0 && mkl_batch_applies(count, stride_a, stride_b, stride_c))
-        choice = choose_batch(key, ta, tb, m, n, k, a, lda, stride_a, b, ldb, stride_b, beta, c,
-                              ldc, stride_c, count);
+      if (choice < 0) {
+        // bf16's items first: ties, and plans not measured, go to the precision asked for.
+        std::vector<int> choices;
+        if (bf16) choices.push_back(kBf16ItemsChoice);
+        choices.push_back(0);
+        if (mkl_batch_applies(count, stride_a, stride_b, stride_c))
+          choices.push_back(kMklChoice);
+        if (choices.size() > 1)
+          choice = choose_batch(key, choices, ta, tb, m, n, k, a, lda, stride_a, b, ldb,
+                                stride_b, beta, c, ldc, stride_c, count);
+      }
       if (choice >= 0) {
         run_batch_choice(choice, ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
                          beta, c, ldc, stride_c, count);
@@ -331,16 +355,19 @@ std::vector<GemmBatchChoice> gemm_batch_choices() {
   for (const auto& [key, choice] : g_batched)
     out.emplace_back(std::get<0>(key), std::get<1>(key), std::get<2>(key), std::get<3>(key),
                      std::get<4>(key), std::get<5>(key), std::get<6>(key), std::get<7>(key),
-                     choice);
+                     std::get<8>(key), choice);
   return out;
 }
 
 void load_gemm_batch_choices(const std::vector<GemmBatchChoice>& entries) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (const auto& [ta, tb, m, n, k, count, threads, accumulate, choice] : entries) {
-    if (choice != 0 && choice != kMklChoice)
-      throw std::invalid_argument("a batched GEMM's choice must be 0 (the BLAS's) or 5 (MKL's)");
-    g_batched[BatchKey{ta, tb, m, n, k, count, threads, accumulate}] = choice;
+  for (const auto& [ta, tb, m, n, k, count, size, threads, accumulate, choice] : entries) {
+    if ((size != 4 && size != 2) ||
+        (choice != 0 && choice != kMklChoice && (choice != kBf16ItemsChoice || size != 2)))
+      throw std::invalid_argument(
+          "a batched GEMM's element size must be 4 (float32) or 2 (bf16), its choice 0 (the "
+          "BLAS's) or 5 (MKL's), or 7 (bf16 items) with element size 2");
+    g_batched[BatchKey{ta, tb, m, n, k, count, size, threads, accumulate}] = choice;
   }
 }
 

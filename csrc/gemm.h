@@ -56,8 +56,8 @@ enum : int { kRowMajor = 101, kNoTrans = 111, kTrans = 112 };
 
 // C (m x n) = alpha op(A) op(B) + beta C, all row-major; op(A) is m x k, op(B) is k x n.
 // In float32 with bf16 operands while bf16 GEMMs are on (bf16.h).
-// float32_only: in float32 whatever the precision (the Winograd layout's GEMMs: it is a
-// float32 kernel, chosen under bf16 only where it beats the bf16 GEMMs).
+// float32_only: in float32 whatever the precision (the float32 calls the races make under bf16,
+// Winograd's 6x6 tiles' products, gemm_batch_measured's float32 choices).
 inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
                  bool float32_only = false) {

@@ -104,15 +104,16 @@ using GemmChoice =
 std::vector<GemmChoice> gemm_choices();
 void load_gemm_choices(const std::vector<GemmChoice>& entries);
 // Strided batched GEMMs (gemm.h's gemm_batch_strided), MKL's batched sgemm raced against the
-// BLAS's per shape where MKL is offered; the choices so far: (ta, tb, m, n, k, count, BLAS
-// threads, accumulate, choice): 0 the BLAS's call, 5 MKL's.
+// BLAS's per shape where MKL is offered, and under bf16 (float32_only false) the items in bf16
+// against both; the choices so far: (ta, tb, m, n, k, count, element size (2 under bf16, else
+// 4), BLAS threads, accumulate, choice): 0 the BLAS's float32 call, 5 MKL's, 7 bf16 items.
 template <typename T>
 void gemm_batch_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                          int64_t lda, int64_t stride_a, const T* b, int64_t ldb, int64_t stride_b,
                          T beta, T* c, int64_t ldc, int64_t stride_c, int64_t count,
                          bool float32_only = false);
 using GemmBatchChoice =
-    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int, bool, int>;
+    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int>;
 std::vector<GemmBatchChoice> gemm_batch_choices();
 void load_gemm_batch_choices(const std::vector<GemmBatchChoice>& entries);
 // Entries in both GEMM tables; clear_gemm_choices empties both.

@@ -575,8 +575,9 @@ PYBIND11_MODULE(_C, m) {
         "measured; choice 0 direct, 1 transposed, 2 and 3 the same in float32 under bf16, 4 "
         "the skinny engine, 5 MKL's sgemm, 6 the skinny engine's 16-lane tile (all float32).");
   m.def("gemm_batch_choices", &cct::gemm_batch_choices,
-        "(trans_a, trans_b, m, n, k, count, BLAS threads, accumulate, choice) per strided batched "
-        "GEMM shape raced: choice 0 the BLAS's batched call, 5 MKL's (where MKL is offered).");
+        "(trans_a, trans_b, m, n, k, count, itemsize, BLAS threads, accumulate, choice) per "
+        "strided batched GEMM shape raced (itemsize 2 under bf16, else 4): choice 0 the BLAS's "
+        "float32 batched call, 5 MKL's (where MKL is offered), 7 the items in bf16.");
   m.def("load_gemm_batch_choices", &cct::load_gemm_batch_choices, py::arg("entries"),
         "Installs batched-GEMM choices (gemm_batch_choices' rows), replacing those of the same "
         "key.");

@@ -31,10 +31,11 @@ choice true/false for its operand order, 2 or 3 for the same orders run in float
 bf16, 4 for the skinny float32 engine, 5 for MKL's sgemm where MKL is installed,
 cct/backend/mkl.py, 6 for the skinny engine's 16-lane tile on AVX-512 CPUs, the same bits as
 4), and the bf16 GEMM engine once one was chosen (cct/backend/precision.py times them: the
-engines round differently too). Where MKL is offered, a table also holds ``"gemm_batch":
-[[trans_a, trans_b, m, n, k, count, threads, accumulate, choice], ...]``: the strided batched
-GEMMs' (Winograd's products, the pointwise layout's), 0 for the BLAS's batched call, 5 for
-MKL's.
+engines round differently too). Where MKL is offered or bf16 is on, a table also holds
+``"gemm_batch": [[trans_a, trans_b, m, n, k, count, itemsize, threads, accumulate, choice],
+...]``: the strided batched GEMMs' (Winograd's products, the pointwise layout's), itemsize 2
+for a batch that may multiply in bf16 (under bf16), else 4; 0 for the BLAS's float32 batched
+call, 5 for MKL's, 7 for the items one by one in bf16 (itemsize 2 only).
 """
 from __future__ import annotations
 
@@ -62,19 +63,22 @@ FORMAT = 1
 # sgemm (GEMM choice 5, where MKL is offered: the fingerprint holds its version then), and the
 # lowered convolution's forward and backward-data GEMMs raced like its weight gradient's; 12:
 # the skinny engine's 16-lane tile on AVX-512 CPUs (GEMM choice 6); 13: MKL's batched sgemm
-# raced for the strided batched GEMMs (the "gemm_batch" table).
-KERNEL_PLANS = 13
+# raced for the strided batched GEMMs (the "gemm_batch" table); 14: under bf16, the batched
+# GEMMs (Winograd F(2x2, 3x3)'s products, the pointwise layout's) race bf16 items against
+# float32 (batched choice 7; the batched rows gain the element size).
+KERNEL_PLANS = 14
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 MKL_CHOICE = 5  # a GEMM row's choice of MKL's sgemm
+BF16_ITEMS_CHOICE = 7  # a batched GEMM row's choice of its items one by one in bf16
 SKINNY_CHOICES = (4, 6)  # the skinny engine's: vectors of 8 lanes, of 16 (the same bits)
 _CONV_FIELDS = 8
 _GEMM_FIELDS = 9
 _GEMM_FIELDS_BEFORE_ACCUMULATE = 8  # tables written before adding and overwriting were apart
-_GEMM_BATCH_FIELDS = 9
+_GEMM_BATCH_FIELDS = 10
 # Leading fields of a row that are its key (the rest is the choice): kernel, geometry,
 # itemsize, threads, modes; trans_a, trans_b, m, n, k, itemsize, threads, accumulate; trans_a,
-# trans_b, m, n, k, count, threads, accumulate.
-_KEY_FIELDS = {"conv": 5, "gemm": 8, "gemm_batch": 8}
+# trans_b, m, n, k, count, itemsize, threads, accumulate.
+_KEY_FIELDS = {"conv": 5, "gemm": 8, "gemm_batch": 9}
 _TABLES = (("conv", _CONV_FIELDS), ("gemm", _GEMM_FIELDS), ("gemm_batch", _GEMM_BATCH_FIELDS))
 
 _state = {"loaded": False, "path": None, "saved_count": None, "bf16": None, "bf16_saved": None}
@@ -102,9 +106,10 @@ def table() -> dict:
     gemm = [[bool(ta), bool(tb), m, n, k, size, threads, bool(acc), bool(ch) if ch < 2 else ch]
             for ta, tb, m, n, k, size, threads, acc, ch in _C.gemm_choices()]
     tab = {"conv": conv, "gemm": gemm}
-    batched = [[bool(ta), bool(tb), m, n, k, count, threads, bool(acc), choice]
-               for ta, tb, m, n, k, count, threads, acc, choice in _C.gemm_batch_choices()]
-    if batched:   # raced only where MKL is offered
+    batched = [[bool(ta), bool(tb), m, n, k, count, size, threads, bool(acc), choice]
+               for ta, tb, m, n, k, count, size, threads, acc, choice
+               in _C.gemm_batch_choices()]
+    if batched:   # raced only where MKL is offered or bf16 is on
         tab["gemm_batch"] = batched
     if _state["bf16"] is not None:
         tab["bf16"] = _state["bf16"]
@@ -176,15 +181,19 @@ def _gemm_row(row) -> tuple:
 
 
 def _gemm_batch_row(row) -> tuple:
-    ta, tb, m, n, k, count, threads, accumulate, choice = row
+    ta, tb, m, n, k, count, size, threads, accumulate, choice = row
     if not all(isinstance(v, bool) for v in (ta, tb, accumulate)):
         raise ValueError(f"a batched GEMM's flags are not true/false: {row!r:.80}")
-    if isinstance(choice, bool) or choice not in (0, MKL_CHOICE):
-        raise ValueError(f"a batched GEMM's choice is not 0 or {MKL_CHOICE}: {row!r:.80}")
     if not all(isinstance(v, int) and not isinstance(v, bool)
-               for v in (m, n, k, count, threads)):
+               for v in (m, n, k, count, size, threads)):
         raise ValueError(f"a batched GEMM holds a size that is not an integer: {row!r:.80}")
-    return ta, tb, m, n, k, count, threads, accumulate, choice
+    if size not in (2, 4):
+        raise ValueError(f"a batched GEMM's itemsize is not 2 (bf16) or 4: {row!r:.80}")
+    if isinstance(choice, bool) or choice not in (0, MKL_CHOICE) + (
+            (BF16_ITEMS_CHOICE,) if size == 2 else ()):
+        raise ValueError(f"a batched GEMM's choice is not 0, {MKL_CHOICE} or (itemsize 2) "
+                         f"{BF16_ITEMS_CHOICE}: {row!r:.80}")
+    return ta, tb, m, n, k, count, size, threads, accumulate, choice
 
 
 def install(tab) -> int:

@@ -280,12 +280,12 @@ def test_top_diff_gathered_straight_into_bf16_lands_in_place(bf16, case):
                                   want_dw.astype(np.float32))
 
 
-@pytest.mark.parametrize("layout", [3, 4])
-def test_forced_float32_layouts_stay_float32_under_bf16(bf16, layout):
-    """The direct and Winograd layouts are float32 kernels (the Winograd's GEMMs included):
-    under bf16 a convolution that takes them computes what it computes in float32, to the
-    bit."""
-    case = (2, 8, 12, 12, 8, (3, 3), (1, 1), (1, 1), (1, 1), 1)
+@pytest.mark.parametrize("layout,kernel", [(3, (3, 3)), (5, (3, 3)), (4, (5, 5))])
+def test_forced_float32_layouts_stay_float32_under_bf16(bf16, layout, kernel):
+    """The direct layout and Winograd's 6x6 tiles (F(4x4, 3x3), F(2x2, 5x5)) are float32
+    kernels, their GEMMs included: under bf16 a convolution that takes them computes what it
+    computes in float32, to the bit."""
+    case = (2, 8, 12, 12, 8, kernel, (1, 1), (1, 1), (1, 1), 1)
     x, weight, bias, dy, geom = conv_arrays(case, np.float32)
     _C.set_conv_layout(layout)
     _C.set_partition_mode(1)  # the partitions sum the weight gradient in their own order
@@ -299,6 +299,66 @@ def test_forced_float32_layouts_stay_float32_under_bf16(bf16, layout):
     lowered_bf16 = rounded(x), rounded(weight)
     assert not np.allclose(under_bf16[0], reference.conv_forward(
         *lowered_bf16, bias.astype(np.float64), *geom), rtol=1e-6, atol=0)
+
+
+WINOGRAD_2X2 = 4  # set_conv_layout's Winograd F(2x2, 3x3) (and F(2x2, 5x5))
+
+
+def winograd_2x2_kernels(x, weight, bias, dy, geom):
+    return [cpu.conv_forward(x, weight, bias, *geom),
+            cpu.conv_backward_data(dy, weight, x.shape, *geom),
+            cpu.conv_backward_weight(x, dy, *geom)]
+
+
+def test_winograd_2x2_products_race_bf16_against_float32(bf16):
+    """Under bf16, Winograd F(2x2, 3x3)'s batched products race their items in bf16
+    (choice 7) against the float32 batched call (0; and MKL's, 5, where offered), in the
+    batched table under element size 2. Whatever the race chose, its table installed anew
+    gives the same bits; with every row on 0 the kernels give float32's bits; with every row on
+    7 they give bf16's: close to the exact gradients, not float32's."""
+    case = (4, 16, 12, 12, 32, (3, 3), (1, 1), (1, 1), (1, 1), 1)
+    x, weight, bias, dy, geom = conv_arrays(case, np.float32)
+    _C.set_conv_layout(WINOGRAD_2X2)
+    _C.set_partition_mode(1)
+    _C.set_gemm_order(0)
+    _C.clear_plans()
+    raced = winograd_2x2_kernels(x, weight, bias, dy, geom)
+    rows = plans.table()["gemm_batch"]
+    assert len(rows) == 3  # forward, backward data, weight gradient
+    assert all(r[6] == 2 and r[9] in (0, plans.MKL_CHOICE, plans.BF16_ITEMS_CHOICE)
+               for r in rows), rows
+    _C.clear_plans()
+    plans.install({"gemm_batch": rows})
+    for a, b in zip(winograd_2x2_kernels(x, weight, bias, dy, geom), raced):
+        np.testing.assert_array_equal(a, b)
+
+    def with_every_row_on(choice):
+        _C.clear_plans()
+        plans.install({"gemm_batch": [r[:9] + [choice] for r in rows]})
+        return winograd_2x2_kernels(x, weight, bias, dy, geom)
+
+    on_float32, on_bf16 = with_every_row_on(0), with_every_row_on(plans.BF16_ITEMS_CHOICE)
+    precision.set_precision("float32")
+    in_float32 = winograd_2x2_kernels(x, weight, bias, dy, geom)
+    for a, b in zip(on_float32, in_float32):
+        np.testing.assert_array_equal(a, b)
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, weight, dy))
+    exact = [reference.conv_forward(x64, w64, bias.astype(np.float64), *geom),
+             reference.conv_backward_data(dy64, w64, x.shape, *geom),
+             reference.conv_backward_weight(x64, dy64, *geom)]
+    for got, float32, want in zip(on_bf16, in_float32, exact):
+        # bf16 operands' error (about 1.7x the lowered bf16 GEMM's: conv_winograd.cpp), far
+        # above float32 Winograd's
+        assert 1e-4 < relative_error(got, want) < 1e-2
+        assert relative_error(float32, want) < 1e-5
+
+
+def test_batched_bf16_items_are_refused_outside_bf16_rows():
+    with pytest.raises(ValueError, match="itemsize 2"):
+        plans.install({"gemm_batch": [[False, False, 4, 5, 6, 16, 4, 1, False,
+                                       plans.BF16_ITEMS_CHOICE]]})
+    with pytest.raises(ValueError, match="itemsize is not 2"):
+        plans.install({"gemm_batch": [[False, False, 4, 5, 6, 16, 8, 1, False, 0]]})
 
 
 def relative_error(got, exact):

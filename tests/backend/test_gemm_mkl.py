@@ -290,8 +290,8 @@ def batch_exact(a, b, tb, start=None):
 
 
 def install_batch(m, n, k, count, tb, accumulate, choice=MKL):
-    _C.load_gemm_batch_choices([(False, tb, m, n, k, count, _C.blas_num_threads(), accumulate,
-                                 choice)])
+    _C.load_gemm_batch_choices([(False, tb, m, n, k, count, 4, _C.blas_num_threads(),
+                                 accumulate, choice)])
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -307,7 +307,7 @@ def test_a_batched_plan_of_mkl_computes_the_products(fresh_plans, offered, count
     out = start.copy() if accumulate else np.full((count, m, n), np.nan, np.float32)
     install_batch(m, n, k, count, tb, accumulate)
     _C.gemm_batch(a, b, False, tb, out=out, accumulate=accumulate)
-    assert _C.gemm_batch_choices() == [(False, tb, m, n, k, count, _C.blas_num_threads(),
+    assert _C.gemm_batch_choices() == [(False, tb, m, n, k, count, 4, _C.blas_num_threads(),
                                         accumulate, MKL)]
     np.testing.assert_array_equal(out, batch_exact(a, b, tb, start if accumulate else None))
 
@@ -347,15 +347,15 @@ def test_the_batched_race_runs_only_where_mkl_is_offered(fresh_plans, offered):
     _C.set_mkl_sgemm_offered(True)
     np.testing.assert_array_equal(_C.gemm_batch(a, b), batch_exact(a, b, False))
     [row] = _C.gemm_batch_choices()
-    assert row[:8] == (False, False, 32, 64, 32, 36, _C.blas_num_threads(), False)
-    assert row[8] in (0, MKL)
+    assert row[:9] == (False, False, 32, 64, 32, 36, 4, _C.blas_num_threads(), False)
+    assert row[9] in (0, MKL)
     _C.clear_plans()
     _C.set_plan_measurement(False)
     try:
         _C.gemm_batch(a, b)
     finally:
         _C.set_plan_measurement(True)
-    assert [r[8] for r in _C.gemm_batch_choices()] == [0]
+    assert [r[9] for r in _C.gemm_batch_choices()] == [0]
 
 
 @pytest.mark.parametrize("layout,case", [
@@ -378,10 +378,10 @@ def test_a_layer_on_mkl_batched_plans_repeats_its_bits_through_the_table(fresh_p
         run()   # the races
         rows = _C.gemm_batch_choices()
         assert rows, "the layout made no batched GEMM"
-        plans.install({"gemm_batch": [list(r[:8]) + [MKL] for r in rows]})
+        plans.install({"gemm_batch": [list(r[:9]) + [MKL] for r in rows]})
         first = run()
         table = plans.table()
-        assert {r[8] for r in table["gemm_batch"]} == {MKL}
+        assert {r[9] for r in table["gemm_batch"]} == {MKL}
         _C.clear_plans()
         plans.install(table)
         again = run()
@@ -396,10 +396,11 @@ def test_a_layer_on_mkl_batched_plans_repeats_its_bits_through_the_table(fresh_p
 
 
 @pytest.mark.parametrize("row", [
-    [False, True, 8, 9, 10, 4, 1, False, 4],     # no skinny engine for a batch
-    [False, True, 8, 9, 10, 4, 1, False, True],  # not an operand order
-    [False, True, 8, 9, 10, 4, 1, False],        # one field short
-    [False, 1, 8, 9, 10, 4, 1, False, 5],        # a flag that is not true/false
+    [False, True, 8, 9, 10, 4, 4, 1, False, 4],     # no skinny engine for a batch
+    [False, True, 8, 9, 10, 4, 4, 1, False, True],  # not an operand order
+    [False, True, 8, 9, 10, 4, 4, 1, False],        # one field short
+    [False, 1, 8, 9, 10, 4, 4, 1, False, 5],        # a flag that is not true/false
+    [False, True, 8, 9, 10, 4, 4, 1, False, 7],     # bf16 items in a float32 row
 ])
 def test_a_batched_plan_row_is_checked(fresh_plans, row):
     with pytest.raises(ValueError):
@@ -409,7 +410,7 @@ def test_a_batched_plan_row_is_checked(fresh_plans, row):
 
 def test_a_batched_plan_of_mkl_where_it_cannot_run_warns(fresh_plans, monkeypatch, capfd):
     monkeypatch.setattr(mkl, "load", lambda: "no MKL here")
-    row = [False, False, 8, 9, 10, 4, _C.blas_num_threads(), False, MKL]
+    row = [False, False, 8, 9, 10, 4, 4, _C.blas_num_threads(), False, MKL]
     assert plans.install({"gemm_batch": [row]}) == 1
     assert "1 GEMM plan(s) run MKL's sgemm, which cannot run here (no MKL here)" in \
         capfd.readouterr().err

@@ -99,3 +99,17 @@ it = b.iteration_with_and_without("lenet", pathlib.Path({str(zoo)!r}), 1, 1)
 assert it["with"] > 0 and it["without"] > 0, it
 assert it["shapes"] > 0 and 0 <= it["chose_mkl"] <= it["shapes"], it
 """)
+
+
+def test_a_batched_row_is_timed_in_openblas_and_in_mkl():
+    """A batched row as the plan table holds it (ten fields, float32's element size 4): both
+    engines timed on the same operands (the bench checks their products agree), and the row's
+    own choice installed again after."""
+    needs_mkl()
+    run_with_the_bench("""
+from cct import _C
+row = [False, True, 24, 40, 16, 16, 4, _C.blas_num_threads(), True, 0]
+t = b.batch_shape_times(row, 1)
+assert set(t) == {"blas", "mkl"} and min(t.values()) > 0, t
+assert _C.gemm_batch_choices() == [tuple(row)], _C.gemm_batch_choices()
+""")
