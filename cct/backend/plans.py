@@ -75,6 +75,7 @@ _CONV_FIELDS = 8
 _GEMM_FIELDS = 9
 _GEMM_FIELDS_BEFORE_ACCUMULATE = 8  # tables written before adding and overwriting were apart
 _GEMM_BATCH_FIELDS = 10
+_GEMM_BATCH_FIELDS_BEFORE_SIZE = 9  # tables written before batches raced bf16 (all float32)
 # Leading fields of a row that are its key (the rest is the choice): kernel, geometry,
 # itemsize, threads, modes; trans_a, trans_b, m, n, k, itemsize, threads, accumulate; trans_a,
 # trans_b, m, n, k, count, itemsize, threads, accumulate.
@@ -137,6 +138,8 @@ def _rows(tab, key: str, width: int) -> list:
         raise ValueError(f"'{key}' is not a list")
     if key == "gemm":
         rows = _gemm_rows_now(rows)
+    if key == "gemm_batch":
+        rows = _gemm_batch_rows_now(rows)
     for row in rows:
         if not isinstance(row, list) or len(row) != width:
             raise ValueError(f"a '{key}' entry is not a list of {width} values: {row!r:.80}")
@@ -154,6 +157,15 @@ def _gemm_rows_now(rows: list) -> list:
         else:
             now.append(row)
     return now
+
+
+def _gemm_batch_rows_now(rows: list) -> list:
+    """Batched rows in today's form: a row of a table written before the batches raced bf16
+    items (KERNEL_PLANS 13) was a float32 call's, element size 4, and a run resumed from it
+    keeps its choice."""
+    return [row[:6] + [4] + row[6:]
+            if isinstance(row, list) and len(row) == _GEMM_BATCH_FIELDS_BEFORE_SIZE else row
+            for row in rows]
 
 
 def _conv_row(row) -> tuple:

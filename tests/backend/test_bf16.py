@@ -310,7 +310,8 @@ def winograd_2x2_kernels(x, weight, bias, dy, geom):
             cpu.conv_backward_weight(x, dy, *geom)]
 
 
-def test_winograd_2x2_products_race_bf16_against_float32(bf16):
+@pytest.mark.parametrize("parts", [1, 2], ids=["one partition", "one per thread"])
+def test_winograd_2x2_products_race_bf16_against_float32(bf16, parts):
     """Under bf16, Winograd F(2x2, 3x3)'s batched products race their items in bf16
     (choice 7) against the float32 batched call (0; and MKL's, 5, where offered), in the
     batched table under element size 2. Whatever the race chose, its table installed anew
@@ -319,7 +320,8 @@ def test_winograd_2x2_products_race_bf16_against_float32(bf16):
     case = (4, 16, 12, 12, 32, (3, 3), (1, 1), (1, 1), (1, 1), 1)
     x, weight, bias, dy, geom = conv_arrays(case, np.float32)
     _C.set_conv_layout(WINOGRAD_2X2)
-    _C.set_partition_mode(1)
+    _C.set_partition_mode(parts)  # 2: the batched calls made inside each thread's partition
+    _C.set_num_threads(2)
     _C.set_gemm_order(0)
     _C.clear_plans()
     raced = winograd_2x2_kernels(x, weight, bias, dy, geom)

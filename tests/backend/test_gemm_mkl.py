@@ -398,7 +398,7 @@ def test_a_layer_on_mkl_batched_plans_repeats_its_bits_through_the_table(fresh_p
 @pytest.mark.parametrize("row", [
     [False, True, 8, 9, 10, 4, 4, 1, False, 4],     # no skinny engine for a batch
     [False, True, 8, 9, 10, 4, 4, 1, False, True],  # not an operand order
-    [False, True, 8, 9, 10, 4, 4, 1, False],        # one field short
+    [False, True, 8, 9, 10, 4, 1, False],           # short (even of the older nine)
     [False, 1, 8, 9, 10, 4, 4, 1, False, 5],        # a flag that is not true/false
     [False, True, 8, 9, 10, 4, 4, 1, False, 7],     # bf16 items in a float32 row
 ])

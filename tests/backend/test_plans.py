@@ -107,6 +107,14 @@ def test_a_table_from_before_beta_was_in_the_key_holds_its_choice_for_both(fresh
                                              [False, True, 24, 200, 300, 4, 1, True, True]]
 
 
+def test_a_batched_row_from_before_the_element_size_is_a_float32_row(fresh_plans):
+    """Batched rows written before batches raced bf16 (nine fields) were float32 calls': a run
+    resumed from such a table keeps their choices, under element size 4."""
+    old = {"gemm_batch": [[False, True, 24, 40, 16, 16, 1, True, 0]]}
+    assert plans.install(old) == 1
+    assert plans.table()["gemm_batch"] == [[False, True, 24, 40, 16, 16, 4, 1, True, 0]]
+
+
 @pytest.mark.parametrize("bad", [
     [], {"conv": 3}, {"conv": [[0, [1] * 16, 4, 1, 0, 1, 0]]},
     {"conv": [[0, [1] * 15, 4, 1, 0, 1, 0, False]]},
