@@ -290,10 +290,10 @@ void run_batch_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_
 // A batched call's choice among `choices` when the table has none: raced as choose_order races
 // (a call that adds into C on a copy of C's span), or the default without timing when plans
 // are not measured.
-int choose_batch(const BatchKey& key, const std::vector<int>& choices, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                 const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
-                 int64_t stride_b, float beta, float* c, int64_t ldc, int64_t stride_c,
-                 int64_t count) {
+int choose_batch(const BatchKey& key, const std::vector<int>& choices, bool ta, bool tb,
+                 int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                 int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b, float beta,
+                 float* c, int64_t ldc, int64_t stride_c, int64_t count) {
   const bool accumulate = beta != 0.0f;
   if (!plan_measurement()) {
     std::lock_guard<std::mutex> lock(g_mutex);
@@ -319,8 +319,8 @@ void gemm_batch_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T al
                          int64_t lda, int64_t stride_a, const T* b, int64_t ldb, int64_t stride_b,
                          T beta, T* c, int64_t ldc, int64_t stride_c, int64_t count,
                          bool float32_only) {
-  // Without MKL loaded or bf16 on every choice runs the BLAS's call: no table to read on this
-  // path.
+  // With neither MKL loaded nor bf16 on, every choice runs the BLAS's call: no table to read
+  // on this path.
   if constexpr (std::is_same_v<T, float>) {
     const bool bf16 = !float32_only && bf16_gemm_enabled();
     if (mkl_loaded() || bf16) {
