@@ -42,6 +42,10 @@ from bench.worker import cpu_model, run_worker  # noqa: E402
 from cct.install import install_hint  # noqa: E402
 
 WORKS = ("lenet", "cifar10_quick")
+# lenet3x3: LeNet with conv2 a 3x3 layer (pad 1, the same top size), whose 20 -> 50 channels
+# the races may put on Winograd F(2x2, 3x3), the one layout whose products bf16 may take
+# (csrc/conv_winograd.cpp); LeNet's and CIFAR10-quick's layers are all 5x5. Asked for by name.
+EXTRA_WORKS = ("lenet3x3",)
 PRECISIONS = {"cpu": ("float32", "bf16"), "gpu": ("float32", "tf32", "bf16", "fp16")}
 PRECISIONS["standin"] = PRECISIONS["gpu"]
 BACKEND = {"cpu": "cpu", "gpu": "gpu", "standin": "numpy"}
@@ -50,9 +54,13 @@ GAP_POINTS = 0.3
 
 
 def solver_for(job: dict):
-    if job["work"] == "lenet":
+    if job["work"] in ("lenet", "lenet3x3"):
         train, test = mnist_lmdbs(pathlib.Path(job["data"]))
         param = lenet_solver(train, test, 0.01, job["iters"])
+        if job["work"] == "lenet3x3":
+            (conv2,) = [lp for lp in param.net_param.layer if lp.name == "conv2"]
+            conv2.convolution_param.kernel_size[:] = [3]
+            conv2.convolution_param.pad[:] = [1]
     else:
         train, test = cifar_h5(pathlib.Path(job["data"]) / "cifar")
         param = cifar_solver(pathlib.Path(job["zoo"]), train, test, job["iters"])
@@ -75,6 +83,9 @@ def run_one(job: dict) -> dict:
     if job["precision"] == "bf16" and device == "cpu":
         os.environ["CCT_BF16"] = "emulate"
     param.precision = caffe_pb2.SolverParameter.Precision.Value(job["precision"].upper())
+    if job.get("deterministic"):
+        from cct.backend import plans
+        plans.set_deterministic(True)
     solver = Solver(param, source=f"{job['work']} solver", backend=backend)
     try:
         applied = (_C.bf16_gemm_enabled() == (job["precision"] == "bf16") if device == "cpu"
@@ -86,7 +97,12 @@ def run_one(job: dict) -> dict:
         accuracy, loss = evaluate(solver, None)
     finally:
         solver.close()
+    from cct.backend import plans
+    batched = plans.table().get("gemm_batch", []) if device == "cpu" else []
     return {**job, "accuracy": accuracy, "loss": loss, "seconds": seconds,
+            # the batched GEMMs (Winograd F(2x2, 3x3)'s, the pointwise layout's) run in bf16
+            "bf16_batches": sum(r[-1] == plans.BF16_ITEMS_CHOICE for r in batched),
+            "batches": len(batched),
             "native": device != "cpu" or bool(_C.cpu_has_bf16_units()),
             "engine": _C.bf16_engine() if device == "cpu" else backend,
             "loss_scale": solver.loss_scale.scale if solver.loss_scale else None,
@@ -97,13 +113,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help=f"{QUICK} iterations per run")
     ap.add_argument("--iters", type=int, default=0, help=f"iterations per run ({FULL})")
-    ap.add_argument("--work", default=",".join(WORKS), help=f"from {', '.join(WORKS)}")
+    ap.add_argument("--work", default=",".join(WORKS),
+                    help=f"from {', '.join(WORKS + EXTRA_WORKS)}")
     ap.add_argument("--device", choices=sorted(BACKEND), default="cpu")
     ap.add_argument("--precisions", default="", help="a comma-separated subset of the "
                     "device's (reduced ones compared with float32, which always runs)")
     ap.add_argument("--zoo", default=str(default_zoo()), help="the caffe-zoo folder")
     ap.add_argument("--data", default=str(default_data_dir().parent / "bench_data"),
                     help="where the LMDBs and synthetic images are made once")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="plans by rule, not by the races (as cct train --deterministic): bf16 "
+                    "then takes every batched GEMM it may, Winograd F(2x2, 3x3)'s products "
+                    "among them, where the races may keep them float32")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -122,6 +143,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     names = ["float32"] + [p for p in names if p != "float32"]
     iters = args.iters or (QUICK if args.quick else FULL)
     works = [w.strip() for w in args.work.split(",") if w.strip()]
+    unknown = set(works) - set(WORKS + EXTRA_WORKS)
+    if unknown:
+        ap.error(f"--work: {', '.join(sorted(unknown))} not among "
+                 f"{', '.join(WORKS + EXTRA_WORKS)}")
     where = {"cpu": f"CPU: {cpu_model()}", "standin": "the stand-in device (NumPy, tensor-core "
              "rounding emulated)", "gpu": "GPU 0"}[args.device]
     print(f"{where}; {iters} iterations per run, seed 1701")
@@ -131,12 +156,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         runs = {}
         for name in names:
             job = {"work": work, "precision": name, "iters": iters, "data": args.data,
-                   "zoo": args.zoo, "device": args.device}
+                   "zoo": args.zoo, "device": args.device,
+                   "deterministic": args.deterministic}
             runs[name] = run_worker([sys.executable, str(pathlib.Path(__file__).resolve()),
                                      "--worker", json.dumps(job)], f"{work} in {name}")
             r = runs[name]
             label = name if name == "float32" or r["native"] else f"{name} (emu)"
-            extra = f"  engine {r['engine']}" if name == "bf16" and args.device == "cpu" else ""
+            extra = (f"  engine {r['engine']}, {r['bf16_batches']} of {r['batches']} batched "
+                     f"GEMM plans in bf16" if name == "bf16" and args.device == "cpu" else "")
             if r.get("loss_scale"):
                 extra += f"  loss scale {r['loss_scale']:g}, {r['skipped']} updates skipped"
             print(f"{work:<15}{label:>10}{r['accuracy']:>10.4f}{r['loss']:>9.4f}"
