@@ -6,6 +6,7 @@ to float32 in points (the target: within 0.3), and the times.
 
     python bench/bench_bf16_accuracy.py                  # LeNet 2,000 and CIFAR10-quick 2,000
     python bench/bench_bf16_accuracy.py --quick          # 200 iterations each: checks it works
+    python bench/bench_bf16_accuracy.py --work lenet3x3 --deterministic  # bf16 Winograd products
     python bench/bench_bf16_accuracy.py --device gpu     # tf32, bf16, fp16 on GPU 0
     python bench/bench_bf16_accuracy.py --device standin # the same on the stand-in device
 
@@ -74,7 +75,7 @@ def run_one(job: dict) -> dict:
     from cct.api import Solver
     from cct.proto import caffe_pb2
     glog.set_quiet(True)
-    from cct.backend import get
+    from cct.backend import get, plans
     param = solver_for(job)
     device = job.get("device", "cpu")
     backend = BACKEND[device]
@@ -84,7 +85,6 @@ def run_one(job: dict) -> dict:
         os.environ["CCT_BF16"] = "emulate"
     param.precision = caffe_pb2.SolverParameter.Precision.Value(job["precision"].upper())
     if job.get("deterministic"):
-        from cct.backend import plans
         plans.set_deterministic(True)
     solver = Solver(param, source=f"{job['work']} solver", backend=backend)
     try:
@@ -97,7 +97,6 @@ def run_one(job: dict) -> dict:
         accuracy, loss = evaluate(solver, None)
     finally:
         solver.close()
-    from cct.backend import plans
     batched = plans.table().get("gemm_batch", []) if device == "cpu" else []
     return {**job, "accuracy": accuracy, "loss": loss, "seconds": seconds,
             # the batched GEMMs (Winograd F(2x2, 3x3)'s, the pointwise layout's) run in bf16
