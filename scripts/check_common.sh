@@ -12,10 +12,15 @@ install_bundle() {
 
 # step NAME SECONDS LINES CMD...: run CMD under min(SECONDS, what is left of DEADLINE), its
 # output in $OUT/logs/NAME.txt, its last LINES lines printed, the logs tarred after each step
-# (a device run returns at most 8 files).
+# (a device run returns at most 8 files). With STEPS set (comma-separated names), only those
+# steps run: a second device run can take the steps the first one's deadline left out.
 step() {
     local name=$1 secs=$2 lines=$3 left
     shift 3
+    case ",${STEPS:-$name}," in
+        *",$name,"*) ;;
+        *) echo "== $name: not in STEPS"; return ;;
+    esac
     left=$(( DEADLINE - ($(date +%s) - T0) ))
     if [ "$left" -lt 20 ]; then echo "== $name: skipped (deadline)"; return; fi
     [ "$secs" -gt "$left" ] && secs=$left

@@ -22,6 +22,9 @@
 # and into $OUT/logs.tgz after each step; the last lines of each step are printed.
 #
 #   DEADLINE=540 bash scripts/cpu_check.sh --bundle .cpu-bundle
+#   STEPS=bench_train_bf16_big,bench_layers DEADLINE=540 bash scripts/cpu_check.sh --bundle ...
+# (STEPS: only the steps named; the big nets' step took about 10 minutes on a Zen 4's 2 cores,
+# past a first run's deadline.)
 set -u
 REPO=$(pwd)
 OUT=${OUT:-cpu_check_out}
