@@ -69,6 +69,15 @@ using BatchKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int6
 constexpr int kBf16ItemsChoice = 7;
 std::map<BatchKey, int> g_batched;
 
+// A table's rows: each key's fields, then its choice (kernels.h's GemmChoice, GemmBatchChoice).
+template <typename Row, typename Key_>
+std::vector<Row> rows_of(const std::map<Key_, int>& table) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::vector<Row> out;
+  for (const auto& [key, choice] : table) out.push_back(std::tuple_cat(key, std::tuple(choice)));
+  return out;
+}
+
 template <typename F>
 double seconds_of(F&& f) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -349,15 +358,7 @@ void gemm_batch_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T al
                      stride_c, count, float32_only);
 }
 
-std::vector<GemmBatchChoice> gemm_batch_choices() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  std::vector<GemmBatchChoice> out;
-  for (const auto& [key, choice] : g_batched)
-    out.emplace_back(std::get<0>(key), std::get<1>(key), std::get<2>(key), std::get<3>(key),
-                     std::get<4>(key), std::get<5>(key), std::get<6>(key), std::get<7>(key),
-                     std::get<8>(key), choice);
-  return out;
-}
+std::vector<GemmBatchChoice> gemm_batch_choices() { return rows_of<GemmBatchChoice>(g_batched); }
 
 void load_gemm_batch_choices(const std::vector<GemmBatchChoice>& entries) {
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -391,15 +392,7 @@ std::vector<int> gemm_candidates(bool tb, int64_t m, int64_t n, int64_t k) {
   return candidates<float>(tb, m, n, k);
 }
 
-std::vector<GemmChoice> gemm_choices() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  std::vector<GemmChoice> out;
-  for (const auto& [key, transposed] : g_transposed)
-    out.emplace_back(std::get<0>(key), std::get<1>(key), std::get<2>(key), std::get<3>(key),
-                     std::get<4>(key), std::get<5>(key), std::get<6>(key), std::get<7>(key),
-                     transposed);
-  return out;
-}
+std::vector<GemmChoice> gemm_choices() { return rows_of<GemmChoice>(g_transposed); }
 
 void load_gemm_choices(const std::vector<GemmChoice>& entries) {
   std::lock_guard<std::mutex> lock(g_mutex);
