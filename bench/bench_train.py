@@ -413,6 +413,34 @@ def use_bf16() -> dict:
     return {"precision": got, "native": bool(_C.cpu_has_bf16_units())}
 
 
+def bf16_plans() -> str:
+    """Where this process's bf16 GEMM shapes went, from its plan table: the engine (and those
+    raced shape by shape), then the plain and the batched GEMM shapes by what they chose."""
+    from cct import _C
+    from cct.backend import plans
+    tab = plans.table()
+    engine, others = _C.bf16_engine(), _C.bf16_shape_engines()
+
+    def where(choice, batched):
+        choice = int(choice)
+        if choice in plans.BF16_ENGINE_CHOICES:
+            return plans.BF16_ENGINE_CHOICES[choice]
+        on_engine = choice == plans.BF16_ITEMS_CHOICE if batched else choice < 2
+        return engine if on_engine else "float32"
+
+    parts = []
+    for key, batched in (("gemm", False), ("gemm_batch", True)):
+        counts: dict = {}
+        for row in tab.get(key, []):
+            if row[6 if batched else 5] == 2:
+                counts[where(row[-1], batched)] = counts.get(where(row[-1], batched), 0) + 1
+        spread = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
+        parts.append(f"{sum(counts.values())} {'batched' if batched else 'plain'}"
+                     + (f" ({spread})" if spread else ""))
+    return (f"engine {engine}, shape by shape also {' and '.join(others) or 'none'}; "
+            + "; ".join(parts))
+
+
 def worker(args) -> None:
     if args.worker == "peak":
         result = {"gflops": sgemm_peak(), "machine": machine()}
@@ -434,6 +462,8 @@ def worker(args) -> None:
         else:
             result = run_cct(path, batch, args.warmup, args.iters,
                              engine="CAFFE" if args.worker == "cct-caffe" else "")
+            if extra.get("precision") == "bf16":
+                result["bf16_plans"] = bf16_plans()
         result.update(extra)
         result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print("RESULT " + json.dumps(result))
@@ -542,7 +572,7 @@ def main(argv=None) -> None:
         if have_torch:
             header += f"{'torch bf16':>12}{'t bf16 RSS':>12}{'ratio':>7}"
     print(header)
-    rows = []
+    rows, bf16_lines = [], []
     for name in nets:
         batch = args.batch or NETS[name][1]
         res = spawn("cct", name, args)
@@ -566,6 +596,8 @@ def main(argv=None) -> None:
             bres = spawn("cct-bf16", name, args)
             bips = batch / statistics.median(bres["times"])
             line += f"{bips:>12.1f}{bres['peak_rss_mb']:>10.0f}{bips / ips:>6.2f}"
+            if "bf16_plans" in bres:
+                bf16_lines.append(f"  {name}: {bres['bf16_plans']}")
             if have_torch:
                 tbres = spawn("torch-bf16", name, args)
                 tbips = batch / statistics.median(tbres["times"])
@@ -594,6 +626,10 @@ def main(argv=None) -> None:
     if bf16:
         print("bf16: cct -precision=bf16 (/f32: against cct's float32 above) and PyTorch's "
               "bfloat16 autocast (ratio: cct bf16 / torch bf16)")
+        if bf16_lines:
+            print("bf16 GEMM shapes by where the races put them (plain GEMMs and strided "
+                  "batched ones):")
+            print("\n".join(bf16_lines))
 
 
 if __name__ == "__main__":

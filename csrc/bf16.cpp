@@ -14,11 +14,12 @@ namespace cct {
 
 namespace {
 
-enum Engine : int { kMkl, kMklThreaded, kKernel };
+constexpr int kMkl = kBf16Mkl, kMklThreaded = kBf16MklThreaded, kKernel = kBf16Kernel;
 constexpr const char* kEngineNames[] = {"mkl", "mkl_threaded", "avx512bf16"};
 
 std::atomic<bool> g_on{false};
 std::atomic<int> g_engine{kMkl};
+std::atomic<int> g_shape_engines{0};  // bit e: engine e offered to the per-shape races
 
 // Columns of C per engine call when a GEMM is split over cct's threads: a multiple of the
 // 16 float32 lanes of an AMX tile row and of an AVX-512 register.
@@ -79,6 +80,42 @@ void set_bf16_engine(const std::string& name) {
 
 std::string bf16_engine() { return kEngineNames[g_engine.load()]; }
 
+bool bf16_engine_runs(int engine) {
+  switch (engine) {
+    case kMkl: return mkl_loaded();
+    case kMklThreaded: return mkl_loaded() && mkl_threaded();
+    case kKernel: return bf16_kernel_supported();
+    default: return false;
+  }
+}
+
+void set_bf16_shape_engines(const std::vector<std::string>& names) {
+  int bits = 0;
+  for (const std::string& name : names) {
+    if (name == "mkl_threaded") {
+      bits |= 1 << kMklThreaded;
+    } else if (name == "avx512bf16") {
+      bits |= 1 << kKernel;
+    } else {
+      throw std::runtime_error("bf16 engine '" + name + "' cannot race shape by shape (expected "
+                               "mkl_threaded or avx512bf16)");
+    }
+  }
+  g_shape_engines = bits;
+}
+
+std::vector<std::string> bf16_shape_engines() {
+  std::vector<std::string> names;
+  for (int engine : {kMklThreaded, kKernel})
+    if (g_shape_engines.load() & (1 << engine)) names.push_back(kEngineNames[engine]);
+  return names;
+}
+
+bool bf16_shape_engine_offered(int engine) {
+  return (g_shape_engines.load(std::memory_order_relaxed) & (1 << engine)) &&
+         engine != g_engine.load() && bf16_engine_runs(engine);
+}
+
 void set_bf16_gemm(bool on) {
   if (on && g_engine != kKernel && !mkl_loaded())
     throw std::runtime_error("bf16 GEMMs need an engine: call load_mkl first, or "
@@ -130,7 +167,14 @@ void mkl_gemm(int chosen, bool ta, bool tb, int64_t m, int64_t n, int64_t k, flo
 
 void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const int chosen = g_engine.load();
+  gemm_bf16_on(g_engine.load(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void gemm_bf16_on(int chosen, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                  float* c, int64_t ldc) {
+  if (!bf16_engine_runs(chosen))
+    throw std::runtime_error("bf16 engine " + std::to_string(chosen) + " cannot run here");
   if (chosen == kKernel)
     return gemm_bf16_kernel(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   // Separate from thread_workspace(): the lowered matrix being multiplied lives there.

@@ -21,8 +21,12 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace cct {
+
+// The engines by number: set_bf16_engine's names in this order.
+enum Bf16Engine : int { kBf16Mkl = 0, kBf16MklThreaded = 1, kBf16Kernel = 2 };
 
 // Whether this CPU (and the OS) runs bf16 arithmetic natively: AVX512-BF16 or AMX-BF16.
 bool cpu_has_bf16_units();
@@ -32,6 +36,22 @@ bool cpu_has_bf16_units();
 // set.
 void set_bf16_engine(const std::string& name);
 std::string bf16_engine();
+// Whether `engine` can run now: MKL loaded (with its threading layer for kBf16MklThreaded),
+// or the CPU's AVX512-BF16 for cct's kernel.
+bool bf16_engine_runs(int engine);
+
+// The engines that bf16 GEMMs race shape by shape besides the chosen one (gemm.cpp's choices
+// 8 and 9): "mkl_threaded" and "avx512bf16" where they beat float32 on the engine race's GEMM
+// (cct/backend/precision.py). One engine wins that race on a convolution-sized GEMM; on an
+// AMX Xeon MKL's whole-GEMM calls are expected to win the large ones and lose the small ones
+// (OpenMP's start, AMX's 16-row tiles) to cct's kernel, which the per-shape race can then
+// give them. None until set; "mkl" (column blocks) is never offered: it is the engine of
+// thread-count-independent results, which a per-shape race does not give anyway.
+void set_bf16_shape_engines(const std::vector<std::string>& names);
+std::vector<std::string> bf16_shape_engines();
+// Whether the per-shape races offer `engine`: set so, runnable, and not the chosen engine
+// (whose GEMMs the plain bf16 choices already run).
+bool bf16_shape_engine_offered(int engine);
 bool bf16_kernel_supported();  // the CPU runs cct's own kernel (AVX512-BF16, -BW, -VL)
 
 // Turns bf16 GEMMs on or off (on needs the chosen engine; throws otherwise).
@@ -70,6 +90,10 @@ void gemm_bf16_rounded_b(bool ta, bool tb, int64_t m, int64_t n, int64_t k, floa
 void gemm_bf16_rounded(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                        const uint16_t* a16, const uint16_t* b16, float beta, float* c,
                        int64_t ldc);
+// gemm_bf16 on `engine` (a Bf16Engine that runs: bf16_engine_runs) rather than the chosen one.
+void gemm_bf16_on(int engine, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                  float* c, int64_t ldc);
 // The same on cct's own kernel, whatever engine is chosen (bf16_kernel_supported() only).
 void gemm_bf16_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta,

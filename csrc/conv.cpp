@@ -313,9 +313,12 @@ void forward_range(const T* x, const T* weight, const T* bias, bool relu, T* y,
     const int64_t n1 = std::min(end, n0 + step);
     const Buffers buf = workspace_for<T>(g, n1 - n0);
     const bool single = n1 - n0 == 1, direct = single && is_pointwise(g);
-    // bf16 on an MKL engine: lowered straight into bf16, which the engine multiplies, rather
-    // than into float32 written, read back and rounded (bf16.h); the same bits.
-    const bool in_bf16 = std::is_same_v<T, float> && !direct && bf16_takes_rounded_operands();
+    // bf16 on an MKL engine, the shape's race run and won by the bf16 GEMM in the direct
+    // order: lowered straight into bf16, which the engine multiplies, rather than into float32
+    // written, read back and rounded (bf16.h); the same bits. Until the race has run, and
+    // where float32 or an engine raced shape by shape won it, the columns are float32.
+    const bool in_bf16 = std::is_same_v<T, float> && !direct && bf16_takes_rounded_operands() &&
+                         gemm_known_choice<T>(false, false, buf.og, buf.m, buf.k, T(0)) == 0;
     for (int64_t grp = 0; grp < g.group; ++grp) {
       const T* w = weight + grp * buf.og * buf.k;
       // One image: its top block in y is the product (buf.m == p); else buf's top, scattered.

@@ -59,12 +59,28 @@ using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int, bool
 std::mutex g_mutex;
 // 0 direct, 1 transposed; under bf16 also 2 and 3: the same orders in float32; 4 the skinny
 // engine, 5 MKL's sgemm, 6 the skinny engine's 16-lane tile (AVX-512; the same bits as 4): all
-// float32 whatever the precision.
+// float32 whatever the precision; under bf16 also 8 and 9: the direct order in bf16 on MKL's
+// whole-GEMM threads and on cct's kernel, where bf16.h offers them shape by shape.
 constexpr int kSkinnyChoice = 4, kMklChoice = 5, kSkinny16Choice = 6;
+constexpr int kBf16MklThreadedChoice = 8, kBf16KernelChoice = 9;
+
+// The bf16 engine of choice 8 or 9 (in both tables), else -1.
+int bf16_engine_of(int choice) {
+  return choice == kBf16MklThreadedChoice ? kBf16MklThreaded
+         : choice == kBf16KernelChoice    ? kBf16Kernel
+                                          : -1;
+}
+
+// The per-shape engines' choices the races offer now (bf16.h's bf16_shape_engine_offered).
+void push_offered_engines(std::vector<int>& choices) {
+  for (int choice : {kBf16MklThreadedChoice, kBf16KernelChoice})
+    if (bf16_shape_engine_offered(bf16_engine_of(choice))) choices.push_back(choice);
+}
 std::map<Key, int> g_transposed;
 std::atomic<int> g_order{0};  // 0 measure, 1 direct, 2 transposed
 // Batched GEMMs: ta tb m n k count element-size BLAS-threads accumulate -> 0 the BLAS's
-// float32 call, 5 MKL's, 7 the items one by one in bf16 (element size 2, under bf16 only).
+// float32 call, 5 MKL's, 7 the items one by one in bf16 (element size 2, under bf16 only), 8
+// and 9 the same on MKL's whole-GEMM threads and on cct's kernel (offered as for a GEMM).
 using BatchKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>;
 constexpr int kBf16ItemsChoice = 7;
 std::map<BatchKey, int> g_batched;
@@ -172,6 +188,15 @@ void run_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T
     }
     choice = 0;
   }
+  if (const int engine = bf16_engine_of(choice); engine >= 0) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (bf16_engine_runs(engine)) {
+        gemm_bf16_on(engine, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+      }
+    }
+    choice = 0;  // the chosen engine's direct order
+  }
   const bool float32_only = choice >= 2;
   if (choice & 1) {
     gemm_transposed(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, scratch,
@@ -201,6 +226,7 @@ std::vector<int> candidates(bool tb, int64_t m, int64_t n, int64_t k) {
     if (gemm_skinny16_available()) choices.push_back(kSkinny16Choice);
   }
   if (mkl_applies<T>()) choices.push_back(kMklChoice);
+  if (bf16) push_offered_engines(choices);
   return choices;
 }
 
@@ -281,8 +307,9 @@ int known_batch_choice(const BatchKey& key) {
 }
 
 // Runs the call as `choice` says; MKL's where it cannot run here (a plan from a run with MKL,
-// MKL not loaded now; plans.py warns) runs the BLAS's. The bf16 items go through gemm(),
-// which rounds the operands while bf16 GEMMs are on (its key holds that they are).
+// MKL not loaded now; plans.py warns) runs the BLAS's, and a per-shape bf16 engine that cannot
+// runs the items on the chosen one. The bf16 items go through gemm(), which rounds the
+// operands while bf16 GEMMs are on (its key holds that they are).
 void run_batch_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                       float alpha, const float* a, int64_t lda, int64_t stride_a,
                       const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
@@ -291,6 +318,15 @@ void run_batch_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_
     mkl_sgemm_batch_strided(mkl_threads(), ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb,
                             stride_b, beta, c, ldc, stride_c, count);
     return;
+  }
+  if (const int engine = bf16_engine_of(choice); engine >= 0) {
+    if (bf16_engine_runs(engine)) {
+      for (int64_t i = 0; i < count; ++i)
+        gemm_bf16_on(engine, ta, tb, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b,
+                     ldb, beta, c + i * stride_c, ldc);
+      return;
+    }
+    choice = kBf16ItemsChoice;
   }
   gemm_batch_strided(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
                      stride_c, count, choice != kBf16ItemsChoice);
@@ -343,6 +379,7 @@ void gemm_batch_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T al
         choices.push_back(0);
         if (mkl_batch_applies(count, stride_a, stride_b, stride_c))
           choices.push_back(kMklChoice);
+        if (bf16) push_offered_engines(choices);
         if (choices.size() > 1)
           choice = choose_batch(key, choices, ta, tb, m, n, k, a, lda, stride_a, b, ldb,
                                 stride_b, beta, c, ldc, stride_c, count);
@@ -363,11 +400,12 @@ std::vector<GemmBatchChoice> gemm_batch_choices() { return rows_of<GemmBatchChoi
 void load_gemm_batch_choices(const std::vector<GemmBatchChoice>& entries) {
   std::lock_guard<std::mutex> lock(g_mutex);
   for (const auto& [ta, tb, m, n, k, count, size, threads, accumulate, choice] : entries) {
+    const bool bf16_choice = choice == kBf16ItemsChoice || bf16_engine_of(choice) >= 0;
     if ((size != 4 && size != 2) ||
-        (choice != 0 && choice != kMklChoice && (choice != kBf16ItemsChoice || size != 2)))
+        (choice != 0 && choice != kMklChoice && (!bf16_choice || size != 2)))
       throw std::invalid_argument(
           "a batched GEMM's element size must be 4 (float32) or 2 (bf16), its choice 0 (the "
-          "BLAS's) or 5 (MKL's), or 7 (bf16 items) with element size 2");
+          "BLAS's) or 5 (MKL's), or 7, 8 or 9 (bf16 items) with element size 2");
     g_batched[BatchKey{ta, tb, m, n, k, count, size, threads, accumulate}] = choice;
   }
 }
@@ -397,10 +435,12 @@ std::vector<GemmChoice> gemm_choices() { return rows_of<GemmChoice>(g_transposed
 void load_gemm_choices(const std::vector<GemmChoice>& entries) {
   std::lock_guard<std::mutex> lock(g_mutex);
   for (const auto& [ta, tb, m, n, k, size, threads, accumulate, choice] : entries) {
-    if (choice < 0 || choice > kSkinny16Choice || (choice >= 2 && choice <= 3 && size != 2) ||
-        (choice >= kSkinnyChoice && size == 8))
+    const bool bf16_only = (choice >= 2 && choice <= 3) || bf16_engine_of(choice) >= 0;
+    if (choice < 0 || choice == kBf16ItemsChoice || choice > kBf16KernelChoice ||
+        (bf16_only && size != 2) || (choice >= kSkinnyChoice && size == 8))
       throw std::invalid_argument(
-          "a GEMM choice must be 0 or 1 (2 or 3 under bf16), or 4, 5 or 6 in float32 or bf16");
+          "a GEMM choice must be 0 or 1 (2, 3, 8 or 9 under bf16), or 4, 5 or 6 in float32 or "
+          "bf16");
     g_transposed[Key{ta, tb, m, n, k, size, threads, accumulate}] = choice;
   }
 }

@@ -98,7 +98,8 @@ int gemm_known_choice(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T beta)
 std::vector<int> gemm_candidates(bool tb, int64_t m, int64_t n, int64_t k);
 // The orders chosen so far: (ta, tb, m, n, k, element size, BLAS threads, accumulate (beta !=
 // 0), choice): 0 the direct order, 1 transposed; under bf16 also 2 and 3, the same in float32;
-// 4 the skinny engine, 5 MKL's sgemm, 6 the skinny engine's 16-lane tile.
+// 4 the skinny engine, 5 MKL's sgemm, 6 the skinny engine's 16-lane tile; under bf16 also 8
+// and 9, the direct order in bf16 on MKL's whole-GEMM threads and on cct's kernel.
 using GemmChoice =
     std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int, bool, int>;
 std::vector<GemmChoice> gemm_choices();
@@ -106,7 +107,8 @@ void load_gemm_choices(const std::vector<GemmChoice>& entries);
 // Strided batched GEMMs (gemm.h's gemm_batch_strided), MKL's batched sgemm raced against the
 // BLAS's per shape where MKL is offered, and under bf16 (float32_only false) the items in bf16
 // against both; the choices so far: (ta, tb, m, n, k, count, element size (2 under bf16, else
-// 4), BLAS threads, accumulate, choice): 0 the BLAS's float32 call, 5 MKL's, 7 bf16 items.
+// 4), BLAS threads, accumulate, choice): 0 the BLAS's float32 call, 5 MKL's, 7 bf16 items, 8
+// and 9 bf16 items on MKL's whole-GEMM threads and on cct's kernel.
 template <typename T>
 void gemm_batch_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                          int64_t lda, int64_t stride_a, const T* b, int64_t ldb, int64_t stride_b,

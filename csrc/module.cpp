@@ -551,6 +551,10 @@ PYBIND11_MODULE(_C, m) {
         "The bf16 GEMM engine: 'mkl', 'mkl_threaded' (loaded first) or 'avx512bf16' "
         "(cct's own kernel).");
   m.def("bf16_engine", &cct::bf16_engine);
+  m.def("set_bf16_shape_engines", &cct::set_bf16_shape_engines, py::arg("names"),
+        "The engines bf16 GEMMs race shape by shape besides the chosen one ('mkl_threaded', "
+        "'avx512bf16'; GEMM and batched choices 8 and 9).");
+  m.def("bf16_shape_engines", &cct::bf16_shape_engines);
   m.def("bf16_kernel_supported", &cct::bf16_kernel_supported,
         "Whether this CPU runs cct's own bf16 kernel (AVX512-BF16).");
   m.def("set_bf16_gemm", &cct::set_bf16_gemm, py::arg("on"),
@@ -573,11 +577,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("gemm_choices", &cct::gemm_choices,
         "(trans_a, trans_b, m, n, k, itemsize, BLAS threads, accumulate, choice) per shape "
         "measured; choice 0 direct, 1 transposed, 2 and 3 the same in float32 under bf16, 4 "
-        "the skinny engine, 5 MKL's sgemm, 6 the skinny engine's 16-lane tile (all float32).");
+        "the skinny engine, 5 MKL's sgemm, 6 the skinny engine's 16-lane tile (all float32), 8 "
+        "and 9 the direct order in bf16 on MKL's threads and on cct's kernel.");
   m.def("gemm_batch_choices", &cct::gemm_batch_choices,
         "(trans_a, trans_b, m, n, k, count, itemsize, BLAS threads, accumulate, choice) per "
         "strided batched GEMM shape raced (itemsize 2 under bf16, else 4): choice 0 the BLAS's "
-        "float32 batched call, 5 MKL's (where MKL is offered), 7 the items in bf16.");
+        "float32 batched call, 5 MKL's (where MKL is offered), 7 the items in bf16, 8 and 9 the "
+        "same on MKL's threads and on cct's kernel.");
   m.def("load_gemm_batch_choices", &cct::load_gemm_batch_choices, py::arg("entries"),
         "Installs batched-GEMM choices (gemm_batch_choices' rows), replacing those of the same "
         "key.");

@@ -84,7 +84,8 @@ step engine_race 60 6 $PIN python3 -P -c "
 from cct.backend import precision
 print('bf16:', precision.set_precision('bf16', source='cpu_check'))
 print(precision.engine_description())"
-step bench_train_bf16 200 12 $PIN python3 bench/bench_train.py \
+# (its last lines: where each net's bf16 GEMM shapes went, the engines raced shape by shape)
+step bench_train_bf16 200 18 $PIN python3 bench/bench_train.py \
     --nets lenet,cifar10_quick,caffenet_b32 --iters 5 --precision bf16
 # the skinny float32 GEMM engine against OpenBLAS's orders on the FC forward shapes (its 8- and
 # 16-lane tiles), and CaffeNet b32 with and without its plans
@@ -105,7 +106,7 @@ step time_to_loss_cifar 120 8 $PIN python3 bench/bench_time_to_accuracy.py --wor
 step time_to_loss_cifar_caffe 120 8 $PIN python3 bench/bench_time_to_accuracy.py \
     --work cifar10_quick --arms caffe,optimize --runs 1 \
     --json "$OUT/logs/cifar_caffe.json" --png "$OUT/logs/cifar_caffe.png"
-step bench_train_bf16_big 300 12 $PIN python3 bench/bench_train.py \
+step bench_train_bf16_big 300 18 $PIN python3 bench/bench_train.py \
     --nets caffenet_b256,alexnet_b32,googlenet_b32 --iters 3 --warmup 1 --precision bf16
 step bench_layers 150 40 $PIN python3 bench/bench_layers.py --nets cifar10_quick,caffenet_b32 \
     --iters 5

@@ -30,12 +30,15 @@ lowered, 1 pointwise, 2 direct, 3 Winograd F(2x2, 3x3) or F(2x2, 5x5), 4 Winogra
 choice true/false for its operand order, 2 or 3 for the same orders run in float32 under
 bf16, 4 for the skinny float32 engine, 5 for MKL's sgemm where MKL is installed,
 cct/backend/mkl.py, 6 for the skinny engine's 16-lane tile on AVX-512 CPUs, the same bits as
-4), and the bf16 GEMM engine once one was chosen (cct/backend/precision.py times them: the
-engines round differently too). Where MKL is offered or bf16 is on, a table also holds
+4; under bf16 also 8 and 9, the direct order on MKL's whole-GEMM threads and on cct's
+kernel), and the bf16 GEMM engine once one was chosen (cct/backend/precision.py times them: the
+engines round differently too), with ``"bf16_shapes"``, the engines the races also try shape by
+shape (those faster than float32 there). Where MKL is offered or bf16 is on, a table also holds
 ``"gemm_batch": [[trans_a, trans_b, m, n, k, count, itemsize, threads, accumulate, choice],
 ...]``: the strided batched GEMMs' (Winograd's products, the pointwise layout's), itemsize 2
 for a batch that may multiply in bf16 (under bf16), else 4; 0 for the BLAS's float32 batched
-call, 5 for MKL's, 7 for the items one by one in bf16 (itemsize 2 only).
+call, 5 for MKL's, 7 for the items one by one in bf16 (itemsize 2 only), 8 and 9 for the same
+on MKL's whole-GEMM threads and on cct's kernel.
 """
 from __future__ import annotations
 
@@ -65,11 +68,17 @@ FORMAT = 1
 # the skinny engine's 16-lane tile on AVX-512 CPUs (GEMM choice 6); 13: MKL's batched sgemm
 # raced for the strided batched GEMMs (the "gemm_batch" table); 14: under bf16, the batched
 # GEMMs (Winograd F(2x2, 3x3)'s products, the pointwise layout's) race bf16 items against
-# float32 (batched choice 7; the batched rows gain the element size).
-KERNEL_PLANS = 14
+# float32 (batched choice 7; the batched rows gain the element size); 15: under bf16, the
+# engines faster than float32 besides the chosen one race shape by shape (GEMM and batched
+# choices 8 and 9; the table's "bf16_shapes").
+KERNEL_PLANS = 15
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 MKL_CHOICE = 5  # a GEMM row's choice of MKL's sgemm
 BF16_ITEMS_CHOICE = 7  # a batched GEMM row's choice of its items one by one in bf16
+# Under bf16, a row's choice of one engine for its shape (the direct order; a batch's items one
+# by one), whatever engine the process chose: csrc/gemm.cpp.
+BF16_ENGINE_CHOICES = {8: "mkl_threaded", 9: "avx512bf16"}
+BF16_SHAPE_ENGINES = tuple(BF16_ENGINE_CHOICES.values())
 SKINNY_CHOICES = (4, 6)  # the skinny engine's: vectors of 8 lanes, of 16 (the same bits)
 _CONV_FIELDS = 8
 _GEMM_FIELDS = 9
@@ -82,7 +91,8 @@ _GEMM_BATCH_FIELDS_BEFORE_SIZE = 9  # tables written before batches raced bf16 (
 _KEY_FIELDS = {"conv": 5, "gemm": 8, "gemm_batch": 9}
 _TABLES = (("conv", _CONV_FIELDS), ("gemm", _GEMM_FIELDS), ("gemm_batch", _GEMM_BATCH_FIELDS))
 
-_state = {"loaded": False, "path": None, "saved_count": None, "bf16": None, "bf16_saved": None}
+_state = {"loaded": False, "path": None, "saved_count": None, "bf16": None, "bf16_saved": None,
+          "bf16_shapes": []}
 
 
 # Plan tables kept by a device's own libraries (the GPU's cuDNN engines, cct/backend/cudnn.py):
@@ -114,6 +124,8 @@ def table() -> dict:
         tab["gemm_batch"] = batched
     if _state["bf16"] is not None:
         tab["bf16"] = _state["bf16"]
+        if _state["bf16_shapes"]:
+            tab["bf16_shapes"] = list(_state["bf16_shapes"])
     for name, (rows, _) in _device_tables.items():
         got = rows()
         if got:
@@ -127,9 +139,26 @@ def bf16_engine() -> Optional[str]:
     return _state["bf16"]
 
 
-def record_bf16_engine(name: str) -> None:
-    """Keeps ``name`` as the bf16 engine plan (written with the machine's cache)."""
+def bf16_shape_engines() -> list:
+    """The engines this process's plans race shape by shape besides the bf16 engine."""
+    return list(_state["bf16_shapes"])
+
+
+def record_bf16_engine(name: str, shape_engines=()) -> None:
+    """Keeps ``name`` as the bf16 engine plan, with the engines raced shape by shape besides it
+    (written with the machine's cache)."""
     _state["bf16"] = name
+    _state["bf16_shapes"] = list(shape_engines)
+
+
+def _bf16_shapes(tab) -> list:
+    shapes = tab.get("bf16_shapes", [])
+    if not (isinstance(shapes, list) and all(e in BF16_SHAPE_ENGINES for e in shapes)):
+        raise ValueError(f"'bf16_shapes' is not a list of engines from "
+                         f"{', '.join(BF16_SHAPE_ENGINES)}: {shapes!r:.80}")
+    if shapes and tab.get("bf16") is None:
+        raise ValueError("'bf16_shapes' without the 'bf16' engine it races beside")
+    return shapes
 
 
 def _rows(tab, key: str, width: int) -> list:
@@ -184,11 +213,16 @@ def _gemm_row(row) -> tuple:
     ta, tb, m, n, k, size, threads, accumulate, choice = row
     if not all(isinstance(v, bool) for v in (ta, tb, accumulate)):
         raise ValueError(f"a GEMM order's flags are not true/false: {row!r:.80}")
-    if not (isinstance(choice, bool) or choice in (2, 3, MKL_CHOICE, *SKINNY_CHOICES)
+    if not (isinstance(choice, bool) or choice in (2, 3, MKL_CHOICE, *SKINNY_CHOICES,
+                                                   *BF16_ENGINE_CHOICES)
             and isinstance(choice, int)):
-        raise ValueError(f"a GEMM order's choice is not true/false, 2, 3, 4, 5 or 6: {row!r:.80}")
+        raise ValueError(f"a GEMM order's choice is not true/false, 2, 3, 4, 5, 6, 8 or 9: "
+                         f"{row!r:.80}")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (m, n, k, size, threads)):
         raise ValueError(f"a GEMM order holds a size that is not an integer: {row!r:.80}")
+    if choice in BF16_ENGINE_CHOICES and size != 2:
+        raise ValueError(f"a GEMM order's choice {choice} (bf16 on one engine) needs itemsize 2: "
+                         f"{row!r:.80}")
     return ta, tb, m, n, k, size, threads, accumulate, int(choice)
 
 
@@ -202,10 +236,30 @@ def _gemm_batch_row(row) -> tuple:
     if size not in (2, 4):
         raise ValueError(f"a batched GEMM's itemsize is not 2 (bf16) or 4: {row!r:.80}")
     if isinstance(choice, bool) or choice not in (0, MKL_CHOICE) + (
-            (BF16_ITEMS_CHOICE,) if size == 2 else ()):
+            (BF16_ITEMS_CHOICE, *BF16_ENGINE_CHOICES) if size == 2 else ()):
         raise ValueError(f"a batched GEMM's choice is not 0, {MKL_CHOICE} or (itemsize 2) "
-                         f"{BF16_ITEMS_CHOICE}: {row!r:.80}")
+                         f"{BF16_ITEMS_CHOICE}, 8 or 9: {row!r:.80}")
     return ta, tb, m, n, k, count, size, threads, accumulate, choice
+
+
+def _warn_engines_missing(rows) -> None:
+    """Says which bf16 plans of one engine (choices 8 and 9) cannot run here: they run the
+    chosen engine's (a plain GEMM's direct order, a batch's items), whose numbers differ."""
+    for choice, engine in BF16_ENGINE_CHOICES.items():
+        count = sum(row[-1] == choice for row in rows)
+        if not count:
+            continue
+        why = None
+        if engine == "avx512bf16" and not _C.bf16_kernel_supported():
+            why = "this CPU has no AVX512-BF16"
+        elif engine == "mkl_threaded":
+            why = mkl.load()
+            if why is None and not _C.mkl_threaded():
+                why = f"MKL cannot run its own threads here: {mkl.threading()}"
+        if why is not None:
+            warning("plans.py:0", f"{count} bf16 GEMM plan(s) run on {engine}, which cannot run "
+                    f"here ({why}): they run on the chosen bf16 engine, whose numbers differ "
+                    f"in the last bits")
 
 
 def install(tab) -> int:
@@ -220,22 +274,26 @@ def install(tab) -> int:
     bf16 = tab.get("bf16")
     if bf16 is not None and bf16 not in BF16_ENGINES:
         raise ValueError(f"the bf16 engine {bf16!r:.40} is none of {', '.join(BF16_ENGINES)}")
+    shapes = _bf16_shapes(tab)
     try:
         _C.load_conv_plans(conv)
         _C.load_gemm_choices(gemm)
         _C.load_gemm_batch_choices(batched)
         if bf16 is not None and _C.bf16_gemm_enabled():
             _C.set_bf16_engine(bf16)
+            _C.set_bf16_shape_engines(shapes)  # each raced only where it runs (csrc/bf16.h)
     except (TypeError, ValueError, OverflowError, RuntimeError) as e:
         raise ValueError(f"a plan does not fit the kernels' tables: {e}") from None
     if bf16 is not None:
         _state["bf16"] = bf16
+        _state["bf16_shapes"] = list(shapes)
     on_mkl = sum(row[-1] == MKL_CHOICE for row in gemm + batched)
     failure = mkl.load() if on_mkl else None  # plans of MKL's run it wherever it loads
     if failure is not None:
         warning("plans.py:0", f"{on_mkl} GEMM plan(s) run MKL's sgemm, which cannot run here "
                 f"({failure}): they run OpenBLAS's direct order, whose numbers differ in the "
                 f"last bits")
+    _warn_engines_missing(gemm + batched)
     count = len(conv) + len(gemm) + len(batched) + (bf16 is not None)
     for name, (_, install_rows) in _device_tables.items():
         rows = tab.get(name)
@@ -341,9 +399,15 @@ def persist() -> None:
     ours = table()
     theirs = _read_cache(path) or {}
     merged = {"format": FORMAT, "fingerprint": fingerprint()}
-    engine = theirs.get("bf16") if theirs.get("bf16") in BF16_ENGINES else ours.get("bf16")
-    if engine is not None:
-        merged["bf16"] = engine
+    source = theirs if theirs.get("bf16") in BF16_ENGINES else ours
+    if source.get("bf16") is not None:
+        merged["bf16"] = source["bf16"]
+        try:
+            shapes = _bf16_shapes(source)
+        except ValueError:
+            shapes = []
+        if shapes:
+            merged["bf16_shapes"] = shapes
     for key, width in _TABLES:
         rows = {}
         for source in (ours, theirs):

@@ -69,15 +69,16 @@ def _runnable(named: str, kernel: bool, mkl_failure: Optional[str]) -> List[str]
 
 
 def _gflops(engine: str, repeats: int = 3) -> float:
-    """Best GFLOP/s of RACE_SHAPE's GEMM on ``engine``."""
+    """Best GFLOP/s of RACE_SHAPE's GEMM on ``engine`` (``"float32"``: OpenBLAS's sgemm)."""
     m, k, n = RACE_SHAPE
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k), dtype=np.float32)
     b = rng.standard_normal((k, n), dtype=np.float32)
     out = np.empty((m, n), np.float32)
-    _C.set_bf16_engine(engine)
+    if engine != "float32":
+        _C.set_bf16_engine(engine)
     was = _C.bf16_gemm_enabled()
-    _C.set_bf16_gemm(True)
+    _C.set_bf16_gemm(engine != "float32")
     try:
         best = float("inf")
         for _ in range(repeats + 1):  # the first call grows the packing buffers
@@ -89,11 +90,21 @@ def _gflops(engine: str, repeats: int = 3) -> float:
     return 2.0 * m * k * n / best / 1e9
 
 
+def _shape_engines(engine: str, speeds: Dict[str, float]) -> List[str]:
+    """The engines the GEMM races offer shape by shape besides ``engine`` (csrc/bf16.h): those
+    faster than float32 on RACE_SHAPE's GEMM (one slower there, MKL's emulation on an AMD CPU,
+    would only lengthen every race), never ``mkl``'s column blocks."""
+    return [e for e in plans.BF16_SHAPE_ENGINES
+            if e != engine and speeds.get(e, 0.0) > speeds.get("float32", float("inf"))]
+
+
 def _choose_engine() -> Optional[str]:
     """Sets the engine: the one $CCT_BF16_ENGINE names, else the plans' one (chosen earlier
     in this process, or from a cache or a side file: the run repeats its engine), else the
     only one, else the fastest (in deterministic mode, the first of ENGINES, whose results do
-    not depend on the thread count). None when set, else why none can run."""
+    not depend on the thread count). With it, the engines the GEMM races also try shape by
+    shape (_shape_engines; none where one engine runs, one is named, or in deterministic
+    mode). None when set, else why none can run."""
     named = os.environ.get(ENGINE_ENV, "")
     if named and named not in ENGINES:
         raise CCTError(f"${ENGINE_ENV} must be one of {', '.join(ENGINES)} or unset, "
@@ -112,11 +123,12 @@ def _choose_engine() -> Optional[str]:
     if engine not in runnable:
         speeds: Dict[str, float] = {}
         if len(runnable) > 1 and not plans.deterministic():
-            speeds = {e: _gflops(e) for e in runnable}
+            speeds = {e: _gflops(e) for e in runnable + ["float32"]}
         engine = max(runnable, key=lambda e: speeds.get(e, 0.0))  # untimed: ENGINES' order
-        plans.record_bf16_engine(engine)
+        plans.record_bf16_engine(engine, _shape_engines(engine, speeds))
         _chosen["speeds"] = speeds
     _C.set_bf16_engine(engine)
+    _C.set_bf16_shape_engines([e for e in plans.bf16_shape_engines() if e in runnable])
     return None
 
 
@@ -133,6 +145,9 @@ def engine_description() -> str:
         m, k, n = RACE_SHAPE
         words += (f", measured the faster on a {m}x{k}x{n} GEMM: "
                   + ", ".join(f"{e} {g:.0f} GFLOP/s" for e, g in speeds.items()))
+    others = _C.bf16_shape_engines()
+    if others:
+        words += f"; {' and '.join(others)} raced too, shape by shape (faster than float32)"
     return words
 
 

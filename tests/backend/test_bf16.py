@@ -434,10 +434,16 @@ def test_the_fastest_engine_is_chosen_by_timing_each(monkeypatch):
     try:
         assert precision.set_precision("bf16", emulate=True) == "bf16"
         speeds = precision._chosen["speeds"]
-        assert set(speeds) == set(runnable) and all(g > 0 for g in speeds.values())
-        assert _C.bf16_engine() == max(speeds, key=speeds.get)
+        # float32's speed too: the engines faster than it race shape by shape besides the one
+        assert set(speeds) == set(runnable) | {"float32"}
+        assert all(g > 0 for g in speeds.values())
+        assert _C.bf16_engine() == max(runnable, key=speeds.get)
         assert "measured the faster" in precision.engine_description()
         assert plans.table()["bf16"] == _C.bf16_engine()  # a plan: cached, and in side files
+        others = [e for e in plans.BF16_SHAPE_ENGINES
+                  if e in runnable and e != _C.bf16_engine() and speeds[e] > speeds["float32"]]
+        assert plans.bf16_shape_engines() == others == _C.bf16_shape_engines()
+        assert plans.table().get("bf16_shapes", []) == others
     finally:
         precision.set_precision("float32")
         precision._chosen.clear()
@@ -488,3 +494,173 @@ def test_measured_gemms_may_choose_float32(bf16):
     _C.clear_plans()
     with pytest.raises(ValueError, match="choice"):
         plans.install({"gemm": [row[:8] + [7]]})
+
+
+# --- engines raced shape by shape (csrc/bf16.h's set_bf16_shape_engines; GEMM and batched
+# choices 8 and 9, csrc/gemm.cpp) ------------------------------------------------------------
+ENGINE_CHOICE = {engine: choice for choice, engine in plans.BF16_ENGINE_CHOICES.items()}
+ENGINE_PAIRS = [(chosen, other) for chosen in precision.ENGINES
+                for other in plans.BF16_SHAPE_ENGINES if other != chosen]
+
+
+def bf16_on(monkeypatch, engine):
+    """bf16 GEMMs on ``engine``, as the fixture above sets them (no shape engines yet)."""
+    skip_unless_runs(engine)
+    monkeypatch.setenv(precision.ENGINE_ENV, engine)
+    monkeypatch.setitem(plans._state, "bf16", None)
+    monkeypatch.setitem(plans._state, "bf16_shapes", [])
+    precision._chosen.clear()
+    assert precision.set_precision("bf16", emulate=True) == "bf16"
+    assert _C.bf16_engine() == engine and _C.bf16_shape_engines() == []
+
+
+@pytest.fixture
+def shape_engines(monkeypatch):
+    """Sets bf16 on an engine (bf16_on); float32, no shape engines, measured plans after."""
+    _C.set_num_threads(2)
+    yield lambda engine: bf16_on(monkeypatch, engine)
+    _C.set_bf16_shape_engines([])
+    _C.set_gemm_order(0)
+    precision.set_precision("float32")
+    precision._chosen.clear()
+    _C.clear_plans()
+    _C.set_conv_layout(0)
+    _C.set_partition_mode(0)
+    _C.set_num_threads(0)
+
+
+@pytest.mark.parametrize("chosen,other", ENGINE_PAIRS)
+def test_a_shape_engine_choice_runs_that_engine_whatever_the_chosen_one(shape_engines, chosen,
+                                                                         other):
+    """A GEMM row on choice 8 or 9 gives the bits of that engine's direct order, and a batched
+    row (Winograd F(2x2, 3x3)'s products) the bits of its items on it, whichever engine the
+    process chose."""
+    skip_unless_runs(chosen)
+    a, b = rand((40, 300), np.float32, 1), rand((300, 200), np.float32, 2)
+    case = (4, 16, 12, 12, 32, (3, 3), (1, 1), (1, 1), (1, 1), 1)
+    x, weight, bias, dy, geom = conv_arrays(case, np.float32)
+    _C.set_conv_layout(WINOGRAD_2X2)
+    _C.set_partition_mode(1)  # one partition: the batched calls of the whole batch
+
+    shape_engines(other)
+    _C.set_gemm_order(1)  # the direct order, batches' items in bf16: other's own bits
+    want, want_conv = cpu.matmul(a, b), winograd_2x2_kernels(x, weight, bias, dy, geom)
+
+    precision.set_precision("float32")
+    shape_engines(chosen)
+    _C.set_gemm_order(0)
+    _C.clear_plans()
+    cpu.matmul(a, b)
+    winograd_2x2_kernels(x, weight, bias, dy, geom)
+    tab = plans.table()
+    (row,) = [r for r in tab["gemm"] if r[2:5] == [40, 200, 300]]
+    batched = tab["gemm_batch"]
+    assert row[5] == 2 and len(batched) == 3 and all(r[6] == 2 for r in batched)
+    _C.clear_plans()
+    choice = ENGINE_CHOICE[other]
+    plans.install({"gemm": [row[:8] + [choice]], "gemm_batch": [r[:9] + [choice] for r in batched]})
+    np.testing.assert_array_equal(cpu.matmul(a, b), want)
+    for got, expected in zip(winograd_2x2_kernels(x, weight, bias, dy, geom), want_conv):
+        np.testing.assert_array_equal(got, expected)
+    if {chosen, other} == {"avx512bf16", "mkl_threaded"}:
+        # the two engines round alike but sum in other orders: the rows did change engine
+        _C.clear_plans()
+        plans.install({"gemm": [row[:8] + [False]]})
+        assert not np.array_equal(cpu.matmul(a, b), want)
+
+
+@pytest.mark.parametrize("chosen,other", ENGINE_PAIRS)
+def test_offered_engines_join_the_race_and_replay(shape_engines, chosen, other):
+    """Offered, an engine other than the chosen one is a candidate of every bf16 GEMM race and
+    batched race; not offered, or the chosen one itself, it is not. A race's table installed
+    anew gives the same bits."""
+    skip_unless_runs(other)
+    shape_engines(chosen)
+    choice = ENGINE_CHOICE[other]
+    assert choice not in _C.gemm_candidates(False, 40, 200, 300)
+    _C.set_bf16_shape_engines([other])
+    assert choice in _C.gemm_candidates(False, 40, 200, 300)
+    if chosen in plans.BF16_SHAPE_ENGINES:
+        _C.set_bf16_shape_engines([other, chosen])
+        assert ENGINE_CHOICE[chosen] not in _C.gemm_candidates(False, 40, 200, 300)
+    a, b = rand((40, 300), np.float32, 1), rand((300, 200), np.float32, 2)
+    x, weight, bias, dy, geom = conv_arrays((4, 16, 12, 12, 32, (3, 3), (1, 1), (1, 1),
+                                             (1, 1), 1), np.float32)
+    _C.set_conv_layout(WINOGRAD_2X2)
+    _C.set_partition_mode(1)
+    _C.clear_plans()
+    raced = [cpu.matmul(a, b)] + winograd_2x2_kernels(x, weight, bias, dy, geom)
+    tab = plans.table()
+    allowed_gemm = {False, True, 2, 3, plans.MKL_CHOICE, *plans.SKINNY_CHOICES, choice}
+    assert all(r[8] in allowed_gemm for r in tab["gemm"]), tab["gemm"]
+    allowed_batch = {0, plans.MKL_CHOICE, plans.BF16_ITEMS_CHOICE, choice}
+    assert all(r[9] in allowed_batch for r in tab["gemm_batch"]), tab["gemm_batch"]
+    _C.clear_plans()
+    plans.install(tab)
+    again = [cpu.matmul(a, b)] + winograd_2x2_kernels(x, weight, bias, dy, geom)
+    for got, first in zip(again, raced):
+        np.testing.assert_array_equal(got, first)
+
+
+def test_shape_engines_are_those_faster_than_float32():
+    speeds = {"avx512bf16": 343.0, "mkl": 113.0, "mkl_threaded": 166.0, "float32": 203.0}
+    assert precision._shape_engines("avx512bf16", speeds) == []  # MKL emulated (Zen 4)
+    amx = {"avx512bf16": 408.0, "mkl": 700.0, "mkl_threaded": 1400.0, "float32": 320.0}
+    assert precision._shape_engines("mkl_threaded", amx) == ["avx512bf16"]
+    assert precision._shape_engines("mkl", amx) == ["mkl_threaded", "avx512bf16"]
+    assert precision._shape_engines("mkl", {}) == []  # untimed (one engine, deterministic)
+
+
+def test_deterministic_runs_race_no_engine_shape_by_shape(monkeypatch):
+    if len(runnable_engines()) < 2:
+        pytest.skip("one bf16 engine runs here: nothing to race shape by shape anyway")
+    monkeypatch.delenv(precision.ENGINE_ENV, raising=False)
+    monkeypatch.setitem(plans._state, "bf16", None)
+    monkeypatch.setitem(plans._state, "bf16_shapes", ["avx512bf16"])
+    precision._chosen.clear()
+    plans.set_deterministic(True)
+    try:
+        assert precision.set_precision("bf16", emulate=True) == "bf16"
+        assert plans.bf16_shape_engines() == [] == _C.bf16_shape_engines()
+        assert "bf16_shapes" not in plans.table()
+    finally:
+        plans.set_deterministic(False)
+        precision.set_precision("float32")
+        precision._chosen.clear()
+
+
+def test_shape_engines_are_a_plan_and_bad_ones_are_refused(monkeypatch):
+    monkeypatch.setitem(plans._state, "bf16", None)
+    monkeypatch.setitem(plans._state, "bf16_shapes", [])
+    plans.record_bf16_engine("mkl", ["mkl_threaded", "avx512bf16"])
+    tab = plans.table()
+    assert tab["bf16"] == "mkl" and tab["bf16_shapes"] == ["mkl_threaded", "avx512bf16"]
+    plans.record_bf16_engine("mkl", [])
+    plans.install(tab)
+    assert plans.bf16_shape_engines() == ["mkl_threaded", "avx512bf16"]
+    for bad, match in (({"bf16": "mkl", "bf16_shapes": ["mkl"]}, "bf16_shapes"),
+                       ({"bf16": "mkl", "bf16_shapes": "mkl_threaded"}, "bf16_shapes"),
+                       ({"bf16_shapes": ["avx512bf16"]}, "without the 'bf16' engine"),
+                       ({"gemm": [[False, False, 4, 5, 6, 4, 1, False, 8]]}, "itemsize 2"),
+                       ({"gemm": [[False, False, 4, 5, 6, 2, 1, False, 7]]}, "choice"),
+                       ({"gemm_batch": [[False, False, 4, 5, 6, 16, 4, 1, False, 9]]},
+                        "itemsize 2")):
+        with pytest.raises(ValueError, match=match):
+            plans.install(bad)
+    with pytest.raises(ValueError, match="8 or 9"):   # the kernels' own check, under plans.py's
+        _C.load_gemm_choices([(False, False, 4, 5, 6, 4, 1, False, 9)])
+    with pytest.raises(ValueError, match="7, 8 or 9"):
+        _C.load_gemm_batch_choices([(False, False, 4, 5, 6, 16, 4, 1, False, 8)])
+    with pytest.raises(RuntimeError, match="cannot race shape by shape"):
+        _C.set_bf16_shape_engines(["mkl"])
+
+
+def test_a_shape_engine_plan_that_cannot_run_here_says_so(monkeypatch, capfd):
+    monkeypatch.setattr(_C, "bf16_kernel_supported", lambda: False)
+    _C.clear_plans()
+    try:
+        plans.install({"gemm": [[False, False, 4, 5, 6, 2, 1, False, 9]]})
+    finally:
+        _C.clear_plans()
+    assert re.search(r"1 bf16 GEMM plan\(s\) run on avx512bf16, which cannot run here "
+                     r"\(this CPU has no AVX512-BF16\)", capfd.readouterr().err)

@@ -31,7 +31,8 @@ def test_every_gemm_choice_has_a_name():
     """The table names each row's plan; a choice only some CPUs make (the 16-lane skinny tile,
     on AVX-512 ones) once ended the bench there with a KeyError."""
     from cct.backend import plans
-    for choice in (0, 1, 2, 3, plans.MKL_CHOICE, *plans.SKINNY_CHOICES):
+    for choice in (0, 1, 2, 3, plans.MKL_CHOICE, *plans.SKINNY_CHOICES,
+                   *plans.BF16_ENGINE_CHOICES):
         assert choice in bench.CHOICE_NAMES, choice
 
 
