@@ -253,6 +253,30 @@ def test_weight_gradient_lowered_straight_into_bf16_gives_the_gemms_bits(bf16, c
     np.testing.assert_array_equal(got, want.reshape(got.shape))
 
 
+@pytest.mark.parametrize("case", CONV_CASES[:6])
+def test_lowered_kernels_repeat_their_raced_first_call(bf16, case):
+    """Measured, a lowered kernel's first call races its GEMM on float32 columns; later calls
+    lower straight into bf16 only where the race chose the engine's direct order (MKL's
+    engines), else run the raced plan again: the first call's bits either way."""
+    _C.set_conv_layout(1)
+    _C.set_partition_mode(1)
+    _C.set_gemm_order(0)
+    _C.clear_plans()
+    x, weight, bias, dy, geom = conv_arrays(case, np.float32)
+
+    def kernels():
+        return [cpu.conv_forward(x, weight, bias, *geom),
+                cpu.conv_backward_data(dy, weight, x.shape, *geom),
+                cpu.conv_backward_weight(x, dy, *geom)]
+
+    forward = cpu.conv_forward(x, weight, bias, *geom)
+    # its GEMM raced, on MKL's engines too (it once lowered into bf16 unraced there)
+    assert [r for r in plans.table()["gemm"] if r[5] == 2]
+    first = [forward] + kernels()[1:]
+    for again, was in zip(kernels(), first):
+        np.testing.assert_array_equal(again, was)
+
+
 def small_integers(shape, seed):
     """Integers in [-4, 4] as float32: bf16 holds each, and float32 holds every sum of the
     tests' products, so any order of summing gives the exact result."""
