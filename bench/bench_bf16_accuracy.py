@@ -99,8 +99,10 @@ def run_one(job: dict) -> dict:
         solver.close()
     batched = plans.table().get("gemm_batch", []) if device == "cpu" else []
     return {**job, "accuracy": accuracy, "loss": loss, "seconds": seconds,
-            # the batched GEMMs (Winograd F(2x2, 3x3)'s, the pointwise layout's) run in bf16
-            "bf16_batches": sum(r[-1] == plans.BF16_ITEMS_CHOICE for r in batched),
+            # the batched GEMMs (Winograd F(2x2, 3x3)'s, the pointwise layout's) run in bf16,
+            # on the chosen engine or on one raced shape by shape
+            "bf16_batches": sum(r[-1] in (plans.BF16_ITEMS_CHOICE, *plans.BF16_ENGINE_CHOICES)
+                                for r in batched),
             "batches": len(batched),
             "native": device != "cpu" or bool(_C.cpu_has_bf16_units()),
             "engine": _C.bf16_engine() if device == "cpu" else backend,
