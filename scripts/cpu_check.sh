@@ -12,10 +12,12 @@
 #      and bench_thin_gemm (every raced GEMM with MKL's sgemm among the candidates, each
 #      strided batch of Winograd's and the pointwise layout's GEMMs in OpenBLAS and in MKL,
 #      and the iteration with MKL in the races against without);
-#   3. issue 33's LeNet to 98% by its own protocol (bench_cli_time_to_accuracy.py, 3 seeds),
+#   3. bench_conv_layouts and bench_layers on CIFAR10-quick and CaffeNet b32: each
+#      convolution's kernels under every layout, then the iteration layer by layer (issue 34's
+#      second table): where the Xeon's convolutions lose to the Zen 4's (item 1);
+#   4. issue 33's LeNet to 98% by its own protocol (bench_cli_time_to_accuracy.py, 3 seeds),
 #      then CIFAR10-quick to loss 0.3 with settings already good and with Caffe's, one round;
-#   4. bench_train --precision bf16 on CaffeNet b256, AlexNet b32 and GoogLeNet b32;
-#   5. bench_layers on CIFAR10-quick and CaffeNet b32 (issue 34's second table).
+#   5. bench_train --precision bf16 on CaffeNet b256, AlexNet b32 and GoogLeNet b32.
 # With --bundle DIR (scripts/cpu_bundle.sh made it here; carry it): installs its wheels into
 # /tmp/site, unpacks MKL into /tmp/mkl (CCT_BF16_LIBRARY), puts this tree's Python over the
 # wheel's and reads DIR/shared as CCT_SHARED. Logs go under $OUT (default ./cpu_check_out)
@@ -96,6 +98,12 @@ step skinny_gemm 90 10 $PIN python3 bench/bench_skinny_gemm.py --nets caffenet_b
 # OpenBLAS's SkylakeX ones on the thin and small shapes here
 step thin_gemm 120 12 $PIN python3 bench/bench_thin_gemm.py --nets cifar10_quick,caffenet_b32 \
     --rounds 3
+# each convolution under each layout (lowered, direct 8 and 16 pixels, Winograd 2x2 and 4x4,
+# a strided layer's phase forms), forward and both backward kernels: 45 s on a Zen 4
+step conv_layouts 120 30 $PIN python3 bench/bench_conv_layouts.py \
+    --nets cifar10_quick,caffenet_b32 --repeats 3
+step bench_layers 150 40 $PIN python3 bench/bench_layers.py --nets cifar10_quick,caffenet_b32 \
+    --iters 5
 step time_to_98 150 12 $PIN python3 bench/bench_cli_time_to_accuracy.py --seeds 1701-1703 \
     --json "$OUT/logs/time_to_98.json"
 # issue 33's 0.9x floor (CIFAR10-quick at lr 0.009, settings already good) and its 1.3x
@@ -108,6 +116,4 @@ step time_to_loss_cifar_caffe 120 8 $PIN python3 bench/bench_time_to_accuracy.py
     --json "$OUT/logs/cifar_caffe.json" --png "$OUT/logs/cifar_caffe.png"
 step bench_train_bf16_big 300 18 $PIN python3 bench/bench_train.py \
     --nets caffenet_b256,alexnet_b32,googlenet_b32 --iters 3 --warmup 1 --precision bf16
-step bench_layers 150 40 $PIN python3 bench/bench_layers.py --nets cifar10_quick,caffenet_b32 \
-    --iters 5
 echo "== done at $(( $(date +%s) - T0 )) s; logs in $OUT/logs.tgz"
