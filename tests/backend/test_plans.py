@@ -254,14 +254,19 @@ def test_the_bf16_engine_is_a_plan_cached_with_the_others(fresh_plans, machine_c
     monkeypatch.setitem(plans._state, "bf16_saved", None)
     plans.use_machine_cache()
     assert "bf16" not in plans.table()
-    plans.record_bf16_engine("mkl")              # as precision.py's race does
+    monkeypatch.setitem(plans._state, "bf16_shapes", [])
+    # as precision.py's race does: the engine, and those raced shape by shape besides it
+    plans.record_bf16_engine("mkl", ["avx512bf16"])
     plans.persist()                              # a new choice, no new shapes: written
     with open(plans.cache_path()) as f:
-        assert json.load(f)["bf16"] == "mkl"
+        written = json.load(f)
+    assert written["bf16"] == "mkl" and written["bf16_shapes"] == ["avx512bf16"]
     monkeypatch.setitem(plans._state, "bf16", None)
+    monkeypatch.setitem(plans._state, "bf16_shapes", [])
     plans._state["loaded"] = False
     plans.use_machine_cache()
     assert plans.bf16_engine() == "mkl" and plans.table()["bf16"] == "mkl"
+    assert plans.bf16_shape_engines() == ["avx512bf16"]
 
 
 def test_a_damaged_machine_cache_is_ignored_with_a_warning(fresh_plans, machine_cache, capfd):
