@@ -21,6 +21,7 @@ bf16 training (-precision=bf16) and PyTorch's bfloat16 autocast, with their peak
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.util
 import json
 import os
@@ -430,10 +431,8 @@ def bf16_plans() -> str:
 
     parts = []
     for key, batched in (("gemm", False), ("gemm_batch", True)):
-        counts: dict = {}
-        for row in tab.get(key, []):
-            if row[6 if batched else 5] == 2:
-                counts[where(row[-1], batched)] = counts.get(where(row[-1], batched), 0) + 1
+        counts = collections.Counter(where(row[-1], batched) for row in tab.get(key, [])
+                                     if row[6 if batched else 5] == 2)   # bf16's rows
         spread = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
         parts.append(f"{sum(counts.values())} {'batched' if batched else 'plain'}"
                      + (f" ({spread})" if spread else ""))

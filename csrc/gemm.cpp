@@ -63,6 +63,14 @@ std::mutex g_mutex;
 // whole-GEMM threads and on cct's kernel, where bf16.h offers them shape by shape.
 constexpr int kSkinnyChoice = 4, kMklChoice = 5, kSkinny16Choice = 6;
 constexpr int kBf16MklThreadedChoice = 8, kBf16KernelChoice = 9;
+std::map<Key, int> g_transposed;
+std::atomic<int> g_order{0};  // 0 measure, 1 direct, 2 transposed
+// Batched GEMMs: ta tb m n k count element-size BLAS-threads accumulate -> 0 the BLAS's
+// float32 call, 5 MKL's, 7 the items one by one in bf16 (element size 2, under bf16 only), 8
+// and 9 the same on MKL's whole-GEMM threads and on cct's kernel (offered as for a GEMM).
+using BatchKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>;
+constexpr int kBf16ItemsChoice = 7;
+std::map<BatchKey, int> g_batched;
 
 // The bf16 engine of choice 8 or 9 (in both tables), else -1.
 int bf16_engine_of(int choice) {
@@ -76,14 +84,6 @@ void push_offered_engines(std::vector<int>& choices) {
   for (int choice : {kBf16MklThreadedChoice, kBf16KernelChoice})
     if (bf16_shape_engine_offered(bf16_engine_of(choice))) choices.push_back(choice);
 }
-std::map<Key, int> g_transposed;
-std::atomic<int> g_order{0};  // 0 measure, 1 direct, 2 transposed
-// Batched GEMMs: ta tb m n k count element-size BLAS-threads accumulate -> 0 the BLAS's
-// float32 call, 5 MKL's, 7 the items one by one in bf16 (element size 2, under bf16 only), 8
-// and 9 the same on MKL's whole-GEMM threads and on cct's kernel (offered as for a GEMM).
-using BatchKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>;
-constexpr int kBf16ItemsChoice = 7;
-std::map<BatchKey, int> g_batched;
 
 // A table's rows: each key's fields, then its choice (kernels.h's GemmChoice, GemmBatchChoice).
 template <typename Row, typename Key_>
