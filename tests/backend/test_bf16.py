@@ -586,11 +586,8 @@ def test_a_shape_engine_choice_runs_that_engine_whatever_the_chosen_one(shape_en
     np.testing.assert_array_equal(cpu.matmul(a, b), want)
     for got, expected in zip(winograd_2x2_kernels(x, weight, bias, dy, geom), want_conv):
         np.testing.assert_array_equal(got, expected)
-    if {chosen, other} == {"avx512bf16", "mkl_threaded"}:
-        # the two engines round alike but sum in other orders: the rows did change engine
-        _C.clear_plans()
-        plans.install({"gemm": [row[:8] + [False]]})
-        assert not np.array_equal(cpu.matmul(a, b), want)
+    # (Whether the chosen engine's bits differ from the other's is not asserted: both add
+    # pair products in float32, and an AMX tile may add them in the kernel's order.)
 
 
 @pytest.mark.parametrize("chosen,other", ENGINE_PAIRS)
