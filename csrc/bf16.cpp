@@ -1,8 +1,10 @@
 // bf16 GEMMs on Intel MKL's cblas_gemm_bf16bf16f32 or cct's own kernel (see bf16.h).
 #include "bf16.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <vector>
 
@@ -92,14 +94,12 @@ bool bf16_engine_runs(int engine) {
 void set_bf16_shape_engines(const std::vector<std::string>& names) {
   int bits = 0;
   for (const std::string& name : names) {
-    if (name == "mkl_threaded") {
-      bits |= 1 << kMklThreaded;
-    } else if (name == "avx512bf16") {
-      bits |= 1 << kKernel;
-    } else {
+    const auto named = std::find(std::begin(kEngineNames), std::end(kEngineNames), name);
+    const int engine = int(named - std::begin(kEngineNames));
+    if (engine != kMklThreaded && engine != kKernel)
       throw std::runtime_error("bf16 engine '" + name + "' cannot race shape by shape (expected "
                                "mkl_threaded or avx512bf16)");
-    }
+    bits |= 1 << engine;
   }
   g_shape_engines = bits;
 }
@@ -173,8 +173,6 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
 void gemm_bf16_on(int chosen, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                   float* c, int64_t ldc) {
-  if (!bf16_engine_runs(chosen))
-    throw std::runtime_error("bf16 engine " + std::to_string(chosen) + " cannot run here");
   if (chosen == kKernel)
     return gemm_bf16_kernel(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   // Separate from thread_workspace(): the lowered matrix being multiplied lives there.

@@ -90,7 +90,8 @@ void gemm_bf16_rounded_b(bool ta, bool tb, int64_t m, int64_t n, int64_t k, floa
 void gemm_bf16_rounded(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                        const uint16_t* a16, const uint16_t* b16, float beta, float* c,
                        int64_t ldc);
-// gemm_bf16 on `engine` (a Bf16Engine that runs: bf16_engine_runs) rather than the chosen one.
+// gemm_bf16 on `engine` rather than the chosen one. The caller checks that it runs
+// (bf16_engine_runs): not checked again here, on every bf16 GEMM's path.
 void gemm_bf16_on(int engine, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                   float* c, int64_t ldc);

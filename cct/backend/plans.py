@@ -242,24 +242,34 @@ def _gemm_batch_row(row) -> tuple:
     return ta, tb, m, n, k, count, size, threads, accumulate, choice
 
 
-def _warn_engines_missing(rows) -> None:
-    """Says which bf16 plans of one engine (choices 8 and 9) cannot run here: they run the
-    chosen engine's (a plain GEMM's direct order, a batch's items), whose numbers differ."""
-    for choice, engine in BF16_ENGINE_CHOICES.items():
+# What a plan runs instead where its library or instruction set is missing (csrc/gemm.cpp),
+# for the warning that says so.
+_FALLBACKS = {MKL_CHOICE: ("GEMM plan(s) run MKL's sgemm", "OpenBLAS's direct order"),
+              **{choice: (f"bf16 GEMM plan(s) run on {engine}", "on the chosen bf16 engine")
+                 for choice, engine in BF16_ENGINE_CHOICES.items()}}
+
+
+def _why_not_here(choice) -> Optional[str]:
+    """Why a plan of ``choice`` cannot run here, or None. MKL's plans load it wherever it
+    loads."""
+    engine = BF16_ENGINE_CHOICES.get(choice)
+    if engine == "avx512bf16":
+        return None if _C.bf16_kernel_supported() else "this CPU has no AVX512-BF16"
+    why = mkl.load()
+    if why is None and engine == "mkl_threaded" and not _C.mkl_threaded():
+        why = f"MKL cannot run its own threads here: {mkl.threading()}"
+    return why
+
+
+def _warn_plans_that_cannot_run(rows) -> None:
+    """Says how many plans name an engine that cannot run here, and what they run instead,
+    whose numbers differ in the last bits."""
+    for choice, (what, instead) in _FALLBACKS.items():
         count = sum(row[-1] == choice for row in rows)
-        if not count:
-            continue
-        why = None
-        if engine == "avx512bf16" and not _C.bf16_kernel_supported():
-            why = "this CPU has no AVX512-BF16"
-        elif engine == "mkl_threaded":
-            why = mkl.load()
-            if why is None and not _C.mkl_threaded():
-                why = f"MKL cannot run its own threads here: {mkl.threading()}"
+        why = _why_not_here(choice) if count else None
         if why is not None:
-            warning("plans.py:0", f"{count} bf16 GEMM plan(s) run on {engine}, which cannot run "
-                    f"here ({why}): they run on the chosen bf16 engine, whose numbers differ "
-                    f"in the last bits")
+            warning("plans.py:0", f"{count} {what}, which cannot run here ({why}): they run "
+                    f"{instead}, whose numbers differ in the last bits")
 
 
 def install(tab) -> int:
@@ -287,13 +297,7 @@ def install(tab) -> int:
     if bf16 is not None:
         _state["bf16"] = bf16
         _state["bf16_shapes"] = list(shapes)
-    on_mkl = sum(row[-1] == MKL_CHOICE for row in gemm + batched)
-    failure = mkl.load() if on_mkl else None  # plans of MKL's run it wherever it loads
-    if failure is not None:
-        warning("plans.py:0", f"{on_mkl} GEMM plan(s) run MKL's sgemm, which cannot run here "
-                f"({failure}): they run OpenBLAS's direct order, whose numbers differ in the "
-                f"last bits")
-    _warn_engines_missing(gemm + batched)
+    _warn_plans_that_cannot_run(gemm + batched)
     count = len(conv) + len(gemm) + len(batched) + (bf16 is not None)
     for name, (_, install_rows) in _device_tables.items():
         rows = tab.get(name)

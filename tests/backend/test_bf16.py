@@ -46,16 +46,22 @@ def runnable_engines():
     return runs
 
 
-@pytest.fixture(params=precision.ENGINES)
-def bf16(request, monkeypatch):
-    """bf16 GEMMs on, on one engine (MKL emulated where the CPU has no bf16 units), for the
-    test; float32 after."""
-    skip_unless_runs(request.param)
-    monkeypatch.setenv(precision.ENGINE_ENV, request.param)
+def bf16_on(monkeypatch, engine):
+    """bf16 GEMMs on ``engine``, named (MKL emulated where the CPU has no bf16 units); no
+    engine raced shape by shape."""
+    skip_unless_runs(engine)
+    monkeypatch.setenv(precision.ENGINE_ENV, engine)
     monkeypatch.setitem(plans._state, "bf16", None)
+    monkeypatch.setitem(plans._state, "bf16_shapes", [])
     precision._chosen.clear()
     assert precision.set_precision("bf16", emulate=True) == "bf16"
-    assert _C.bf16_engine() == request.param
+    assert _C.bf16_engine() == engine and _C.bf16_shape_engines() == []
+
+
+@pytest.fixture(params=precision.ENGINES)
+def bf16(request, monkeypatch):
+    """bf16 GEMMs on, on one engine, for the test; float32 after."""
+    bf16_on(monkeypatch, request.param)
     # The direct operand order in bf16: measured, a GEMM may run in float32 where that is
     # faster (test_measured_gemms_may_choose_float32 below).
     _C.set_gemm_order(1)
@@ -525,17 +531,6 @@ def test_measured_gemms_may_choose_float32(bf16):
 ENGINE_CHOICE = {engine: choice for choice, engine in plans.BF16_ENGINE_CHOICES.items()}
 ENGINE_PAIRS = [(chosen, other) for chosen in precision.ENGINES
                 for other in plans.BF16_SHAPE_ENGINES if other != chosen]
-
-
-def bf16_on(monkeypatch, engine):
-    """bf16 GEMMs on ``engine``, as the fixture above sets them (no shape engines yet)."""
-    skip_unless_runs(engine)
-    monkeypatch.setenv(precision.ENGINE_ENV, engine)
-    monkeypatch.setitem(plans._state, "bf16", None)
-    monkeypatch.setitem(plans._state, "bf16_shapes", [])
-    precision._chosen.clear()
-    assert precision.set_precision("bf16", emulate=True) == "bf16"
-    assert _C.bf16_engine() == engine and _C.bf16_shape_engines() == []
 
 
 @pytest.fixture
