@@ -52,8 +52,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -70,6 +70,7 @@
 #include "gemm.h"
 #include "kernels.h"
 #include "parallel.h"
+#include "race.h"
 #include "workspace.h"
 
 namespace cct {
@@ -716,29 +717,21 @@ void run_with_plan(Kernel kernel, const ConvGeom& g, bool caffe_engine, Run&& ru
   if (known) return run(*known);
   std::vector<T> saved;
   if (accumulated) saved.assign(accumulated, accumulated + count);
-  // Every plan twice, in turn, best of two: one sample is at the mercy of a busy machine.
-  std::vector<double> best(plans.size(), 1e300);
-  bool first = true;
-  for (int round = 0; round < 2; ++round) {
-    for (size_t i = 0; i < plans.size(); ++i) {
-      if (accumulated && !first) std::copy(saved.begin(), saved.end(), accumulated);
-      first = false;
-      const auto t0 = std::chrono::steady_clock::now();
-      run(plans[i]);
-      const double dt =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      best[i] = std::min(best[i], dt);
-    }
-  }
-  const size_t fastest = size_t(std::min_element(best.begin(), best.end()) - best.begin());
+  const auto restore = [&] {
+    if (accumulated) std::copy(saved.begin(), saved.end(), accumulated);
+  };
+  // Every plan's runs kept, however slow its first (which may hold its GEMMs' own races).
+  const RaceResult result = race(plans.size(), std::numeric_limits<double>::infinity(), restore, [&](size_t i) {
+    return seconds_of([&] { run(plans[i]); });
+  });
   Plan chosen;
   {
     // Another device's thread may have measured the same key meanwhile: its entry stands.
     std::lock_guard<std::mutex> lock(g_plan_mutex);
-    chosen = g_plans.emplace(key, plans[fastest]).first->second;
+    chosen = g_plans.emplace(key, plans[result.fastest]).first->second;
   }
-  if (!same_plan(chosen, plans.back())) {
-    if (accumulated) std::copy(saved.begin(), saved.end(), accumulated);
+  if (!same_plan(chosen, plans[result.last_run])) {
+    restore();
     run(chosen);
   }
 }

@@ -36,7 +36,6 @@
 // AVX512-BF16: 1.5-1.85x), float32 where the items are too small to repay bf16's packing.
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -49,6 +48,7 @@
 #include "kernels.h"
 #include "mkl.h"
 #include "parallel.h"
+#include "race.h"
 
 namespace cct {
 
@@ -94,29 +94,14 @@ std::vector<Row> rows_of(const std::map<Key_, int>& table) {
   return out;
 }
 
-template <typename F>
-double seconds_of(F&& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// The fastest of `choices`, each run (run(choice)) twice in turn, best of two: one sample is at
-// the mercy of a busy machine. The second round skips a candidate over twice the best's first
-// time (fc6's weight gradient in the slow order: 150 ms a call). reset() before each run puts
-// back what a run changes (a copy of C for a call that adds into it). Ties go to the earlier.
+// The fastest of `choices` (race.h's race, a candidate over twice the best's first time not
+// run again). Ties go to the earlier.
 template <typename Reset, typename Run>
 int fastest_of(const std::vector<int>& choices, Reset&& reset, Run&& run) {
-  std::vector<double> seconds(choices.size(), 1e300);
-  for (int round = 0; round < 2; ++round) {
-    const double best = *std::min_element(seconds.begin(), seconds.end());
-    for (size_t at = 0; at < choices.size(); ++at) {
-      if (round > 0 && seconds[at] > 2 * best) continue;
-      reset();
-      seconds[at] = std::min(seconds[at], seconds_of([&] { run(choices[at]); }));
-    }
-  }
-  return choices[size_t(std::min_element(seconds.begin(), seconds.end()) - seconds.begin())];
+  const RaceResult result = race(choices.size(), 2.0, reset, [&](size_t at) {
+    return seconds_of([&] { run(choices[at]); });
+  });
+  return choices[result.fastest];
 }
 
 // C (m x n, ldc) = beta C + T^T, T being n x m (contiguous).

@@ -18,6 +18,7 @@
 #include "gemm_skinny.h"
 #include "kernels.h"
 #include "parallel.h"
+#include "race.h"
 
 namespace py = pybind11;
 using Pair = std::array<int, 2>;
@@ -606,6 +607,22 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_plan_measurement", &cct::set_plan_measurement, py::arg("measure"),
         "True: time every new shape's plans (default); False: a fixed rule, no timing.");
   m.def("plan_measurement", &cct::plan_measurement);
+  m.def(
+      "plan_race",
+      [](const std::vector<std::vector<double>>& times, double skip_over) {
+        for (const auto& t : times)
+          if (t.empty()) throw std::invalid_argument("every candidate needs a time");
+        std::vector<size_t> seen(times.size(), 0), runs;
+        const cct::RaceResult result = cct::race(times.size(), skip_over, [] {}, [&](size_t i) {
+          runs.push_back(i);
+          return times[i][std::min(seen[i]++, times[i].size() - 1)];
+        });
+        return py::make_tuple(result.fastest, result.last_run, runs);
+      },
+      py::arg("times"), py::arg("skip_over"),
+      "The plans' race (race.h) on given times instead of timed runs: times[i] are candidate "
+      "i's seconds on its successive runs (its last repeated). Returns (fastest, the candidate "
+      "run last, every run's candidate in order).");
   m.def("plan_count", &cct::plan_count,
         "Entries in the convolution-plan and GEMM tables (batched GEMMs' too).");
   m.def("clear_plans", &cct::clear_plans, "Empties the convolution-plan and GEMM tables.");

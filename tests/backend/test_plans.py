@@ -287,3 +287,28 @@ def test_cache_off_and_deterministic_mode_leave_it_alone(fresh_plans, machine_ca
     conv_step(x, weight, bias, dy, geom, np.zeros(weight.shape, np.float32))
     plans.persist()
     assert list(machine_cache.iterdir()) == []
+
+
+# The plans' race (csrc/race.h) on given times: each candidate's list is its seconds on its
+# successive runs, the last repeated.
+@pytest.mark.parametrize("times, skip_over, fastest, runs", [
+    # a clear winner: two rounds, no more
+    ([[1.0], [2.0], [1.5]], float("inf"), 0, [0, 1, 2, 0, 1, 2]),
+    # the GEMMs' rule: a candidate over twice the best first time is not run again; the
+    # near-tie (within 15%) runs twice more, then the race ends
+    ([[1.0], [2.5], [1.1]], 2.0, 0, [0, 1, 2, 0, 2, 0, 2, 0, 2]),
+    # a disturbance over both of a candidate's first runs: timed close to the best, it runs
+    # again and wins; then it leads by more than 15% and the race ends
+    ([[1.0], [1.1, 1.05, 0.8]], float("inf"), 1, [0, 1, 0, 1, 0, 1]),
+    # a true tie: two more rounds, and the earlier candidate
+    ([[1.0], [1.0]], float("inf"), 0, [0, 1, 0, 1, 0, 1, 0, 1]),
+    # one candidate: its two runs
+    ([[1.0]], float("inf"), 0, [0, 0]),
+])
+def test_the_race_times_the_near_ties_again(times, skip_over, fastest, runs):
+    assert _C.plan_race(times, skip_over) == (fastest, runs[-1], runs)
+
+
+def test_the_race_refuses_a_candidate_without_a_time():
+    with pytest.raises(ValueError, match="every candidate needs a time"):
+        _C.plan_race([[1.0], []], 2.0)
