@@ -14,7 +14,8 @@ has a column of its own.
 Printed per layer and kernel: the best of --repeats calls in milliseconds for each layout that
 applies ("-" where one does not), the fastest other layout's speed as a ratio of the lowered
 one's (> 1: faster than lowered) in direct-convolution GFLOP/s, and the layout that training's
-measured plan picks (layout mode 0, as `cct train` runs). The nets come from bench_train (the
+measured plan picks (layout mode 0, as `cct train` runs) with its own time: a plan much slower
+than the fastest layout is a race that measured wrong (csrc/race.h). The nets come from bench_train (the
 zoo's prototxts, synthetic data, the nets' own batches).
 """
 from __future__ import annotations
@@ -138,7 +139,7 @@ def main(argv=None) -> None:
     if not _C.cpu_has_direct_conv():
         print("this CPU has no AVX2/FMA: the direct layout is left out")
     print(f"{'layer':<24} {'kernel':<16} {'lowered ms':>10} {'direct ms':>10} {'direct16':>10} "
-          f"{'wino2x2 ms':>10} {'wino4x4 ms':>10} {'best GF/s':>9} {'ratio':>6}  plan")
+          f"{'wino2x2 ms':>10} {'wino4x4 ms':>10} {'best GF/s':>9} {'ratio':>6} {'plan ms':>8}  plan")
     for net_name in names:
         path, batch = NETS[net_name]
         net = synthetic_net(zoo / path, batch)
@@ -160,8 +161,9 @@ def main(argv=None) -> None:
                 cells = "".join(f"{t[k] * 1e3:10.2f} " if t[k] is not None else f"{'-':>10} "
                                 for t in (r["times"][mode] for mode in modes))
                 print(f"{label:<24} {kernel:<16} {lowered * 1e3:10.2f} {cells}"
-                      f"{2 * macs / best / 1e9:9.1f} {lowered / best:6.2f}  "
-                      f"{r['chosen'].get(k, '?')}", flush=True)
+                      f"{2 * macs / best / 1e9:9.1f} {lowered / best:6.2f} "
+                      f"{r['times'][MEASURED][k] * 1e3:8.2f}  {r['chosen'].get(k, '?')}",
+                      flush=True)
 
 
 if __name__ == "__main__":
