@@ -15,8 +15,8 @@ Printed per layer and kernel: the best of --repeats calls in milliseconds for ea
 applies ("-" where one does not), the fastest other layout's speed as a ratio of the lowered
 one's (> 1: faster than lowered) in direct-convolution GFLOP/s, and the layout that training's
 measured plan picks (layout mode 0, as `cct train` runs) with its own time: a plan much slower
-than the fastest layout is a race that measured wrong (csrc/race.h). The nets come from bench_train (the
-zoo's prototxts, synthetic data, the nets' own batches).
+than the fastest layout is a race that measured wrong (csrc/race.h). The nets come from
+bench_train (the zoo's prototxts, synthetic data, the nets' own batches).
 """
 from __future__ import annotations
 
@@ -139,7 +139,8 @@ def main(argv=None) -> None:
     if not _C.cpu_has_direct_conv():
         print("this CPU has no AVX2/FMA: the direct layout is left out")
     print(f"{'layer':<24} {'kernel':<16} {'lowered ms':>10} {'direct ms':>10} {'direct16':>10} "
-          f"{'wino2x2 ms':>10} {'wino4x4 ms':>10} {'best GF/s':>9} {'ratio':>6} {'plan ms':>8}  plan")
+          f"{'wino2x2 ms':>10} {'wino4x4 ms':>10} {'best GF/s':>9} {'ratio':>6} {'plan ms':>8}"
+          f"  plan")
     for net_name in names:
         path, batch = NETS[net_name]
         net = synthetic_net(zoo / path, batch)

@@ -681,9 +681,9 @@ bool same_plan(const Plan& a, const Plan& b) {
 
 // Runs a kernel with the plan measured fastest on this geometry: the first call runs it with
 // every candidate plan (one partition with threaded BLAS or one per thread with single-threaded
-// BLAS; lowered or pointwise), keeps the fastest and caches it. run(plan) must compute the full
-// result; a kernel that adds into its output passes that output (accumulated, count) so that
-// every measured run starts from what the caller gave.
+// BLAS; each layout that applies), races them (race.h), keeps the fastest and caches it.
+// run(plan) must compute the full result; a kernel that adds into its output passes that
+// output (accumulated, count) so that every measured run starts from what the caller gave.
 //
 // The plans round differently, so which one produced a result matters for reproducibility:
 // the result of the first call is always the chosen plan's (rerun if the last one timed was
@@ -720,10 +720,11 @@ void run_with_plan(Kernel kernel, const ConvGeom& g, bool caffe_engine, Run&& ru
   const auto restore = [&] {
     if (accumulated) std::copy(saved.begin(), saved.end(), accumulated);
   };
-  // Every plan's runs kept, however slow its first (which may hold its GEMMs' own races).
-  const RaceResult result = race(plans.size(), std::numeric_limits<double>::infinity(), restore, [&](size_t i) {
-    return seconds_of([&] { run(plans[i]); });
-  });
+  // No plan skipped in the second round, however slow its first run (which may hold its
+  // GEMMs' own races).
+  const double never = std::numeric_limits<double>::infinity();
+  const RaceResult result = race(plans.size(), never, restore,
+                                 [&](size_t i) { return seconds_of([&] { run(plans[i]); }); });
   Plan chosen;
   {
     // Another device's thread may have measured the same key meanwhile: its entry stands.

@@ -3,12 +3,13 @@
 //
 // Every candidate runs twice, in turn, and keeps the better of its two times: one sample is at
 // the mercy of a busy machine. That is not enough where a disturbance outlasts a round: on a
-// 2-vCPU VM, LeNet's conv2 forward chose the direct layout in one process of a dozen, timed 1%
-// ahead of Winograd, which had timed 25% faster in the other eleven (both of Winograd's runs
-// slowed, bench/RESULTS.md). A measured plan is cached for the machine, so one such race slows
-// every later run. So the near-ties are timed again: while others lie within kRaceClose of the
-// best time, every candidate within it runs once more, up to kRaceExtraRounds rounds. A true
-// tie costs those few runs; a candidate that lost by more is not run again.
+// 2-vCPU VM, 6 processes of 52 chose the direct layout for LeNet's conv2 forward or weight
+// gradient, though Winograd ran it 25% faster (in one race caught, both of Winograd's runs were
+// slowed and direct came out 1% ahead; bench/RESULTS.md). A measured plan is cached for the
+// machine, so one such race slows every later run. So the near-ties are timed again: while
+// others lie within kRaceClose of the best time, every candidate within it runs once more, up
+// to kRaceExtraRounds rounds (then 0 processes of 50). A true tie costs those few runs; a
+// candidate that lost by more is not run again.
 #pragma once
 
 #include <algorithm>
