@@ -1,6 +1,7 @@
 """Kernel plans chosen once and kept (cct/backend/plans.py, csrc/conv.cpp, csrc/gemm.cpp): the
 first call's result is the chosen plan's, an installed table is what runs, deterministic mode
-times nothing, and the machine's cache is written, merged and read back."""
+times nothing, the machine's cache is written, merged and read back, and the race that picks a
+plan (csrc/race.h) runs the candidates it should."""
 import json
 
 import numpy as np
