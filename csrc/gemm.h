@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "bf16.h"
+#include "parallel.h"
 
 #if defined(CCT_BLAS_SCIPY)
 #define CCT_BLAS_SYM(name) scipy_##name
@@ -63,6 +64,7 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                  bool float32_only = false) {
   if (!float32_only && bf16_gemm_enabled())
     return gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  park_workers();  // the BLAS's threads need the cores
   CCT_BLAS_SYM(cblas_sgemm)(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(m),
                             int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
@@ -70,6 +72,7 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
                  const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
                  double* c, int64_t ldc, bool /*float32_only*/ = false) {
+  park_workers();
   CCT_BLAS_SYM(cblas_dgemm)(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(m),
                             int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
@@ -92,6 +95,7 @@ void gemm_batch_strided(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alp
   const int64_t limit = int64_t(1) << 31;
   if (have && count > 1 && stride_a * count < limit && stride_b * count < limit &&
       stride_c * count < limit) {
+    park_workers();
     if constexpr (is_float) {
       CCT_BLAS_SYM(cblas_sgemm_batch_strided)(
           kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(m), int(n), int(k),

@@ -1,5 +1,6 @@
 // Intel MKL loaded at run time (see mkl.h).
 #include "mkl.h"
+#include "parallel.h"
 
 #include <dlfcn.h>
 
@@ -48,6 +49,7 @@ template <typename F>
 void on_threads(int threads, F&& call) {
   const SetIntLocal set_local = g_set_threads_local.load();
   if (set_local == nullptr || threads <= 1) return call();
+  park_workers();  // MKL's OpenMP threads need the cores
   const int before = set_local(threads);
   call();
   set_local(before);

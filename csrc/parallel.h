@@ -32,11 +32,15 @@ class SerialScope {
 };
 
 // Runs job(i) for every i in [0, parts): i = 0 on the calling thread, the others on cct's
-// persistent worker threads (started at first use and then kept waiting on a condition
-// variable, which wakes them in a few microseconds where starting a thread costs tens), or on
+// persistent worker threads (started at first use and then kept waiting, spinning a little and
+// then on a condition variable: starting a thread costs tens of microseconds), or on
 // fresh threads when the workers are already serving another call (a second Python thread, or
 // a job that itself runs in parallel). Returns when every job has returned.
 void run_parallel(int parts, const std::function<void(int)>& job);
+// The workers, and a caller waiting for them, spin a little before they block (threads.cpp),
+// so that the next loop finds them awake. A caller about to run the BLAS's or MKL's own threads
+// parks them first: until the next loop they block at once, and leave the cores to those.
+void park_workers();
 
 // Below this much work (elements touched) a loop runs on the calling thread.
 constexpr int64_t kParallelGrain = 1 << 16;

@@ -5,6 +5,7 @@ float64."""
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -179,6 +180,27 @@ def test_results_do_not_depend_on_thread_count(num_threads):
     np.testing.assert_array_equal(one, two)
     num_threads(0)
     assert cpu.get_num_threads() == _C.available_cores()
+
+
+@pytest.mark.parametrize("gap_us", [0, 50, 150, 250, 2000])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_parallel_loops_any_gap_apart_all_run(num_threads, threads, gap_us):
+    """cct's workers spin for a while after a parallel loop, then block (csrc/threads.cpp), and
+    a threaded BLAS call parks them at once: a loop that finds them spinning, blocking, blocked
+    or parked still runs every part of its work, whatever the gap since the last one."""
+    num_threads(threads)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(1 << 18, dtype=np.float32)  # over the grain: one slice per thread
+    a = rng.standard_normal((96, 96), dtype=np.float32)
+    for i in range(40):
+        deadline = time.perf_counter() + gap_us * 1e-6
+        while time.perf_counter() < deadline:
+            pass
+        if i % 3 == 2:
+            _C.gemm(a, a)  # the BLAS's threads: parks the spinning workers
+        shift = np.float32(i % 5 - 2)
+        np.testing.assert_array_equal(cpu.relu_forward(x + shift, 0.0),
+                                      np.maximum(x + shift, 0))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
