@@ -31,10 +31,10 @@ thread_local int t_num_threads = 0;
 // the condition variable. A net's layers run one parallel loop after another, most a few to a
 // few hundred microseconds apart (Python between them); a worker blocked on the condition
 // variable took 30-60 us to wake on a 2-vCPU KVM guest (Zen 4), so a 128K-element ReLU on two
-// threads took 46-87 us where one thread took 19 us, and 10 us with spinning workers. LeNet's
-// forward and backward measured 13% faster spinning, CIFAR10-quick's 6%, CaffeNet b32's the
-// same (bench/RESULTS.md). A BLAS call parks the spinners first (park_workers): its own threads
-// need the cores.
+// threads took 46-87 us where one thread took 19 us, and 10 us with spinning workers. A
+// training step measured 9% faster spinning on LeNet, 2-3% on CIFAR10-quick, CaffeNet b32 and
+// GoogLeNet b32 (bench/RESULTS.md). A BLAS call parks the spinners first (park_workers): its
+// own threads need the cores.
 constexpr double kSpinSeconds = 200e-6;
 // Set by park_workers, cleared by the next parallel loop: while set, idle workers block at once.
 std::atomic<bool> g_parked{false};
