@@ -3,7 +3,9 @@
 # scripts/cpu_check.sh: run here, from the repository root, with a Python 3.12 that can build
 # the wheel (the device's Python), then carry the folder:
 #
-#   scripts/cpu_bundle.sh [python3.12]     # makes .cpu-bundle/ (git-ignored), ~53 MB
+#   scripts/cpu_bundle.sh [python3.12]     # makes .cpu-bundle/ (git-ignored), ~55 MB
+#   BASELINE=REV scripts/cpu_bundle.sh     # and REV's compiled _C (1.1 MB): cpu_check.sh's
+#                                          # baseline_ab step times this build against it
 #   device run, carry [".cpu-bundle"]:  bash scripts/cpu_check.sh --bundle .cpu-bundle
 #
 # .cpu-bundle/whl: cct's wheel for cp312, lmdb, protobuf 6.31.1 and pytest (the kernel tests'
@@ -31,5 +33,14 @@ tar -C "$MKL" -cf - libmkl_rt.so.3 libmkl_core.so.3 libmkl_sequential.so.3 \
     libmkl_gnu_thread.so.3 libmkl_intel_lp64.so.3 libmkl_avx512.so.3 | xz -T0 -6 \
     > .cpu-bundle/mkl.tar.xz
 cp -r "$SHARED/caffe-zoo" .cpu-bundle/shared/
+if [ -n "${BASELINE:-}" ]; then     # a wheel of REV's tree, of which only _C travels
+    TREE=$(mktemp -d) && git worktree add -q --detach "$TREE" "$BASELINE"
+    "$PY" -m pip wheel -q --no-deps "$TREE" -w "$TREE/whl"
+    mkdir -p .cpu-bundle/baseline && git rev-parse --short "$BASELINE" > .cpu-bundle/baseline/REV
+    python3 -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+[z.extract(n, sys.argv[2]) for n in z.namelist() if n.startswith('cct/_C')]" \
+        "$TREE"/whl/*.whl "$TREE/c" && cp "$TREE"/c/cct/_C*.so .cpu-bundle/baseline/
+    git worktree remove --force "$TREE"
+fi
 chmod -R u+w .cpu-bundle
 du -sh .cpu-bundle

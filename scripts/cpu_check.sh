@@ -18,6 +18,9 @@
 #   4. issue 33's LeNet to 98% by its own protocol (bench_cli_time_to_accuracy.py, 3 seeds),
 #      then CIFAR10-quick to loss 0.3 with settings already good and with Caffe's, one round;
 #   5. bench_train --precision bf16 on CaffeNet b256, AlexNet b32 and GoogLeNet b32.
+#   6. with a baseline build in the bundle (cpu_bundle.sh's BASELINE=REV): bench_builds, the
+#      training step of LeNet and CIFAR10-quick under this build and the baseline's, in
+#      alternating processes (what a change to the compiled kernels gains on this host).
 # With --bundle DIR (scripts/cpu_bundle.sh made it here; carry it): installs its wheels into
 # /tmp/site, unpacks MKL into /tmp/mkl (CCT_BF16_LIBRARY), puts this tree's Python over the
 # wheel's and reads DIR/shared as CCT_SHARED. Logs go under $OUT (default ./cpu_check_out)
@@ -27,6 +30,13 @@
 #   STEPS=bench_train_bf16_big,bench_layers DEADLINE=540 bash scripts/cpu_check.sh --bundle ...
 # (STEPS: only the steps named; the big nets' step took about 10 minutes on a Zen 4's 2 cores,
 # past a first run's deadline.)
+#
+# STREAMS=N on a host with more cores than two (the device's has 16): the steps run in up to N
+# streams at once (four; six where there are six pairs of physical cores, the big nets then one
+# to a stream), each pinned to two CPUs of its own physical cores (the first stream to 0,1, as
+# issue 34's tables were taken), so that one device run takes all of them. The streams
+# share the host's L3 and memory bandwidth, which a figure from this mode must say. Each
+# stream's log lines start with its letter; every stream's logs go into $OUT/logs.tgz.
 set -u
 REPO=$(pwd)
 OUT=${OUT:-cpu_check_out}
@@ -40,10 +50,65 @@ if [ "${1:-}" = "--bundle" ]; then
     mkdir -p /tmp/mkl && tar -C /tmp/mkl -xJf "$BUNDLE/mkl.tar.xz"
     export CCT_BF16_LIBRARY=/tmp/mkl/libmkl_rt.so.3 \
         LD_LIBRARY_PATH=/tmp/mkl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    if [ -d "$BUNDLE/baseline" ]; then    # this install with the baseline's compiled _C
+        rm -rf /tmp/site_baseline && cp -r /tmp/site /tmp/site_baseline
+        rm -f /tmp/site_baseline/cct/_C*.so && cp "$BUNDLE"/baseline/_C*.so /tmp/site_baseline/cct/
+        export CCT_BASELINE_SITE=/tmp/site_baseline
+        echo "== baseline build: $(cat "$BUNDLE/baseline/REV")"
+    fi
 fi
 export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=$(mktemp -d)     # plans timed afresh, as a user's
 [ -d "${CCT_SHARED:-../shared}" ] && export CCT_SHARED=$(cd "${CCT_SHARED:-../shared}" && pwd)
 OUT=$(cd "$OUT" && pwd)
+
+if [ -n "${STREAMS:-}" ]; then
+    # Pairs of CPUs, each pair on two physical cores no other pair (nor the first, 0,1) uses.
+    PAIRS=$(python3 - <<'PY'
+import os
+def core(c):
+    t = f"/sys/devices/system/cpu/cpu{c}/topology/"
+    return tuple(open(t + f).read().strip() for f in ("physical_package_id", "core_id"))
+used, pairs, cur = {core(0), core(1)}, ["0,1"], []
+for c in sorted(os.sched_getaffinity(0)):
+    if core(c) not in used:
+        used.add(core(c)); cur.append(str(c))
+        if len(cur) == 2:
+            pairs.append(",".join(cur)); cur = []
+print(" ".join(pairs))
+PY
+)
+    lscpu -e > "$OUT/logs/lscpu.txt" 2>&1
+    echo "== streams on CPU pairs: $PAIRS"
+    read -r -a PAIR <<< "$PAIRS"; NAMES=(A B C D E F)
+    if [ "${#PAIR[@]}" -ge 6 ]; then     # the big nets one to a stream: each takes minutes
+        GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16" "bench_train_bf16_googlenet_b32"
+                   "bench_train_bf16_caffenet_b256" "bench_train_bf16_alexnet_b32"
+                   "conv_layouts,bench_layers" "skinny_gemm,thin_gemm,baseline_ab")
+    else
+        GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16" "bench_train_bf16_big"
+                   "conv_layouts,bench_layers" "skinny_gemm,thin_gemm,baseline_ab")
+    fi
+    rm -rf /tmp/cpu_streams; n=0
+    for g in "${!GROUPS_OF[@]}"; do
+        [ "$g" -ge "$STREAMS" ] && break
+        cpus=${PAIR[$g]:-0,1}       # too few cores: the stream shares the first pair's
+        name=${NAMES[$g]}
+        mkdir -p "/tmp/cpu_streams/$name/logs"
+        ( OUT=/tmp/cpu_streams/$name STREAMS= PIN="taskset -c $cpus" STEPS=${GROUPS_OF[$g]} \
+            DEADLINE=$(( DEADLINE - ($(date +%s) - T0) )) bash "$0" 2>&1 \
+            | sed -u "s/^/[$name $cpus] /" ) &
+        n=$((n + 1))
+    done
+    tar_logs() {
+        tar czf "$OUT/.logs.tgz" -C /tmp cpu_streams -C "$OUT" logs && mv "$OUT/.logs.tgz" "$OUT/logs.tgz"
+    }
+    while [ "$(jobs -r | wc -l)" -gt 0 ]; do   # the logs so far, in case the run is cut off
+        sleep 15; tar_logs
+    done
+    wait; tar_logs
+    echo "== $n streams done at $(( $(date +%s) - T0 )) s; logs in $OUT/logs.tgz"
+    exit 0
+fi
 
 
 echo "== $(lscpu | grep 'Model name' | sed 's/  */ /g'); flags: $(grep -o -w \
@@ -78,8 +143,8 @@ fi
 # tested): the direct convolution's 16-pixel tile, the skinny engine's 16-lane tile and the
 # AVX-512 vector clones (Winograd, pooling, LRN) give the bits the tests promise; cct's
 # AVX512-BF16 kernel; MKL's sgemm plans across operand alignments (strict CNR is not set).
-rm -rf /tmp/cct_tests && mkdir -p /tmp/cct_tests && cp -r tests pyproject.toml /tmp/cct_tests/
-step kernel_tests 90 8 bash -c "cd /tmp/cct_tests && $PIN python3 -m pytest -q -p no:cacheprovider \
+TESTS_COPY=$(mktemp -d) && cp -r tests pyproject.toml "$TESTS_COPY/"
+step kernel_tests 90 8 bash -c "cd $TESTS_COPY && $PIN python3 -m pytest -q -p no:cacheprovider \
     tests/backend/test_cpu_kernels.py tests/backend/test_gemm_skinny.py \
     tests/backend/test_gemm_mkl.py tests/backend/test_bf16.py tests/backend/test_plans.py"
 step engine_race 60 6 $PIN python3 -P -c "
@@ -114,6 +179,16 @@ step time_to_loss_cifar 120 8 $PIN python3 bench/bench_time_to_accuracy.py --wor
 step time_to_loss_cifar_caffe 120 8 $PIN python3 bench/bench_time_to_accuracy.py \
     --work cifar10_quick --arms caffe,optimize --runs 1 \
     --json "$OUT/logs/cifar_caffe.json" --png "$OUT/logs/cifar_caffe.png"
-step bench_train_bf16_big 300 18 $PIN python3 bench/bench_train.py \
+step bench_train_bf16_big 600 18 $PIN python3 bench/bench_train.py \
     --nets caffenet_b256,alexnet_b32,googlenet_b32 --iters 3 --warmup 1 --precision bf16
+for net in caffenet_b256 alexnet_b32 googlenet_b32; do   # one net a step: only when named
+    case ",${STEPS:-}," in
+        *",bench_train_bf16_$net,"*) step bench_train_bf16_$net 600 18 $PIN python3 \
+            bench/bench_train.py --nets $net --iters 3 --warmup 1 --precision bf16 ;;
+    esac
+done
+# what the compiled kernels of this build gain on this host over the baseline build's
+[ -n "${CCT_BASELINE_SITE:-}" ] && step baseline_ab 150 6 $PIN python3 bench/bench_builds.py \
+    --build this=/tmp/site --build baseline="$CCT_BASELINE_SITE" --nets lenet,cifar10_quick \
+    --rounds 5 --iters 20
 echo "== done at $(( $(date +%s) - T0 )) s; logs in $OUT/logs.tgz"

@@ -1,0 +1,102 @@
+"""Two or more installed builds of cct on one machine, training step against training step, in
+alternating processes: how a change to the compiled kernels (cct._C) is measured when the
+machine's own noise is larger than the change.
+
+    python bench/bench_builds.py --build new=/tmp/site --build old=/tmp/site_old \\
+        --nets lenet,cifar10_quick --rounds 6
+
+Each ``--build NAME=DIR`` is a folder that ``import cct`` finds cct in (a ``pip install
+--target`` folder). Each round starts one process per build, in turn, the order reversed every
+other round, so that a slow minute of the machine falls on every build alike. Each process
+builds bench_train's synthetic net, runs ``--warmup`` training steps (forward, backward, SGD
+update) and prints the median of the next ``--iters``. All processes share one plan cache,
+written by an untimed first process, so the builds run the same kernel plans unless their plan
+tables differ. Printed per net and
+build: the processes' medians (lowest-highest, and their median), and each build's ratio to
+the first build's.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.append(str(REPO))  # after the installed packages: `import cct` is a build's
+
+
+def one_process(net_name: str, warmup: int, iters: int) -> None:
+    """In a child: the median training step of ``net_name``, in ms, on stdout."""
+    from bench.bench_train import NETS, default_zoo, sgd_update, synthetic_net
+
+    prototxt, batch = NETS[net_name]
+    net = synthetic_net(default_zoo() / prototxt, batch)
+    times = []
+    for i in range(warmup + iters):
+        t = time.perf_counter()
+        net.forward()
+        net.backward()
+        sgd_update(net)
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+    import cct
+    print(f"{statistics.median(times) * 1e3:.4f} {cct.__file__}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", action="append", default=[], metavar="NAME=DIR",
+                    help="a folder holding an installed cct (two or more)")
+    ap.add_argument("--nets", default="lenet", help="comma-separated, from bench_train's nets")
+    ap.add_argument("--rounds", type=int, default=6, help="processes per build and net")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=30, help="timed steps per process")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # a child's net
+    args = ap.parse_args()
+    if args.one:
+        return one_process(args.one, args.warmup, args.iters)
+
+    builds = []
+    for spec in args.build:
+        name, sep, folder = spec.partition("=")
+        if not sep or not (pathlib.Path(folder) / "cct").is_dir():
+            sys.exit(f"bench_builds: --build {spec!r}: expected NAME=DIR with DIR/cct in it")
+        builds.append((name, str(pathlib.Path(folder).resolve())))
+    if len(builds) < 2:
+        sys.exit("bench_builds: give two or more --build NAME=DIR")
+
+    cache = tempfile.mkdtemp(prefix="cct_builds_cache_")
+    for net_name in args.nets.split(","):
+        ms = {name: [] for name, _ in builds}
+        # round -1, untimed: the first build races the plans and writes the cache
+        for r in range(-1, args.rounds):
+            for name, folder in builds if r % 2 == 0 else builds[::-1]:
+                if r < 0 and name != builds[0][0]:
+                    continue
+                env = dict(os.environ, PYTHONPATH=folder, XDG_CACHE_HOME=cache)
+                out = subprocess.run(
+                    [sys.executable, "-P", __file__, "--one", net_name, "--warmup",
+                     str(args.warmup), "--iters", str(args.iters)],
+                    env=env, capture_output=True, text=True)
+                if out.returncode:
+                    sys.exit(f"bench_builds: {name} on {net_name} failed:\n{out.stderr[-2000:]}")
+                value, where = out.stdout.split()[-2:]
+                if not where.startswith(folder):
+                    sys.exit(f"bench_builds: {name} imported cct from {where}, not {folder}")
+                if r >= 0:
+                    ms[name].append(float(value))
+        first = statistics.median(ms[builds[0][0]])
+        for name, _ in builds:
+            v = ms[name]
+            print(f"{net_name:14s} {name:10s} training step {min(v):8.3f}-{max(v):8.3f} ms, "
+                  f"median {statistics.median(v):8.3f} ms, "
+                  f"{statistics.median(v) / first:5.3f}x of {builds[0][0]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
