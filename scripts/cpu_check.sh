@@ -18,6 +18,8 @@
 #   4. issue 33's LeNet to 98% by its own protocol (bench_cli_time_to_accuracy.py, 3 seeds),
 #      then CIFAR10-quick to loss 0.3 with settings already good and with Caffe's, one round;
 #   5. bench_train --precision bf16 on CaffeNet b256, AlexNet b32 and GoogLeNet b32.
+#   (3, after bench_layers: bench_layers_bf16, CaffeNet b32 and GoogLeNet b32 layer by layer
+#      in float32 and in bf16: where bf16's time goes)
 #   6. with a baseline build in the bundle (cpu_bundle.sh's BASELINE=REV): bench_builds, the
 #      training step of LeNet and CIFAR10-quick under this build and the baseline's, in
 #      alternating processes (what a change to the compiled kernels gains on this host).
@@ -32,11 +34,16 @@
 # past a first run's deadline.)
 #
 # STREAMS=N on a host with more cores than two (the device's has 16): the steps run in up to N
-# streams at once (four; six where there are six pairs of physical cores, the big nets then one
-# to a stream), each pinned to two CPUs of its own physical cores (the first stream to 0,1, as
-# issue 34's tables were taken), so that one device run takes all of them. The streams
-# share the host's L3 and memory bandwidth, which a figure from this mode must say. Each
-# stream's log lines start with its letter; every stream's logs go into $OUT/logs.tgz.
+# streams at once (four; seven where there are seven pairs of physical cores, the big nets then
+# one to a stream), each pinned to two CPUs of its own cores (the first stream to 0,1, as issue
+# 34's tables were taken), so that one device run takes all of them. The streams share the
+# host (on the device's, a VM's, its SGEMM peak read 142-258 GFLOP/s in one such run), which
+# a figure from this mode must say. Each stream's log lines start with its letter; every
+# stream's logs go into $OUT/logs.tgz. What a lent device took in 785 s of its 900 (the
+# thirty-fifth session, with six streams: bench_layers_bf16 came after): a first run with every
+# step in streams, then the first table and the baseline alone, on a quiet host:
+#   STREAMS=7 DEADLINE=500 OUT=$OUT bash scripts/cpu_check.sh --bundle .cpu-bundle   (570 s)
+#   STEPS=bench_train_bf16,baseline_ab DEADLINE=255 OUT=$OUT bash scripts/cpu_check.sh ...
 set -u
 REPO=$(pwd)
 OUT=${OUT:-cpu_check_out}
@@ -79,14 +86,16 @@ PY
 )
     lscpu -e > "$OUT/logs/lscpu.txt" 2>&1
     echo "== streams on CPU pairs: $PAIRS"
-    read -r -a PAIR <<< "$PAIRS"; NAMES=(A B C D E F)
-    if [ "${#PAIR[@]}" -ge 6 ]; then     # the big nets one to a stream: each takes minutes
+    read -r -a PAIR <<< "$PAIRS"; NAMES=(A B C D E F G)
+    if [ "${#PAIR[@]}" -ge 7 ]; then     # the big nets one to a stream: each takes minutes
         GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16" "bench_train_bf16_googlenet_b32"
                    "bench_train_bf16_caffenet_b256" "bench_train_bf16_alexnet_b32"
-                   "conv_layouts,bench_layers" "skinny_gemm,thin_gemm,baseline_ab")
+                   "conv_layouts,bench_layers" "skinny_gemm,thin_gemm,baseline_ab"
+                   "bench_layers_bf16")
     else
         GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16" "bench_train_bf16_big"
-                   "conv_layouts,bench_layers" "skinny_gemm,thin_gemm,baseline_ab")
+                   "conv_layouts,bench_layers,bench_layers_bf16"
+                   "skinny_gemm,thin_gemm,baseline_ab")
     fi
     rm -rf /tmp/cpu_streams; n=0
     for g in "${!GROUPS_OF[@]}"; do
@@ -100,7 +109,8 @@ PY
         n=$((n + 1))
     done
     tar_logs() {
-        tar czf "$OUT/.logs.tgz" -C /tmp cpu_streams -C "$OUT" logs && mv "$OUT/.logs.tgz" "$OUT/logs.tgz"
+        tar czf "$OUT/.logs.tgz" -C /tmp cpu_streams -C "$OUT" logs &&
+            mv "$OUT/.logs.tgz" "$OUT/logs.tgz"
     }
     while [ "$(jobs -r | wc -l)" -gt 0 ]; do   # the logs so far, in case the run is cut off
         sleep 15; tar_logs
@@ -169,6 +179,11 @@ step conv_layouts 120 30 $PIN python3 bench/bench_conv_layouts.py \
     --nets cifar10_quick,caffenet_b32 --repeats 3
 step bench_layers 150 40 $PIN python3 bench/bench_layers.py --nets cifar10_quick,caffenet_b32 \
     --iters 5
+# where bf16's time goes on this CPU (its targets are 2x float32): each layer of CaffeNet b32
+# and GoogLeNet b32 in both precisions, in one step so that the two tables are side by side
+step bench_layers_bf16 300 20 bash -c "for p in float32 bf16; do $PIN python3 \
+    bench/bench_layers.py --nets caffenet_b32,googlenet_b32 --layers --iters 3 \
+    --precision \$p; done"
 step time_to_98 150 12 $PIN python3 bench/bench_cli_time_to_accuracy.py --seeds 1701-1703 \
     --json "$OUT/logs/time_to_98.json"
 # issue 33's 0.9x floor (CIFAR10-quick at lr 0.009, settings already good) and its 1.3x
