@@ -550,6 +550,9 @@ def main(argv=None) -> None:
     print(f"SGEMM peak (3072^3 float32 through cct._C): {peak:.1f} GFLOP/s at the start "
           f"(measured again at the end; the larger one counts)")
     print(f"{args.iters} timed iterations per net after {args.warmup} warm-up; median shown")
+    if have_torch:  # the peer's version, read without importing it into this process
+        from importlib import metadata
+        print(f"PyTorch {metadata.version('torch')} in its own processes")
     header = (f"{'net':<15}{'batch':>6}{'img/s':>9}{'GFLOP/s':>9}{'% peak':>8}{'RSS MB':>9}"
               f"{'update':>8}{'faults':>8}")
     if have_torch:
