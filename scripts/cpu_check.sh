@@ -12,9 +12,9 @@
 #      and bench_thin_gemm (every raced GEMM with MKL's sgemm among the candidates, each
 #      strided batch of Winograd's and the pointwise layout's GEMMs in OpenBLAS and in MKL,
 #      and the iteration with MKL in the races against without);
-#   3. bench_conv_layouts and bench_layers on CIFAR10-quick and CaffeNet b32: each
-#      convolution's kernels under every layout, then the iteration layer by layer (issue 34's
-#      second table): where the Xeon's convolutions lose to the Zen 4's (item 1);
+#   3. bench_conv_layouts on CIFAR10-quick and CaffeNet b32 (each convolution's kernels under
+#      every layout), then bench_layers on those and LeNet (the iteration layer by layer, issue
+#      34's second table): where the Xeon's convolutions lose to the Zen 4's (item 1);
 #   4. issue 33's LeNet to 98% by its own protocol (bench_cli_time_to_accuracy.py, 3 seeds),
 #      then CIFAR10-quick to loss 0.3 with settings already good and with Caffe's, one round;
 #   5. bench_train --precision bf16 on CaffeNet b256, AlexNet b32 and GoogLeNet b32.
@@ -177,8 +177,9 @@ step thin_gemm 120 12 $PIN python3 bench/bench_thin_gemm.py --nets cifar10_quick
 # a strided layer's phase forms), forward and both backward kernels: 45 s on a Zen 4
 step conv_layouts 120 30 $PIN python3 bench/bench_conv_layouts.py \
     --nets cifar10_quick,caffenet_b32 --repeats 3
-step bench_layers 150 40 $PIN python3 bench/bench_layers.py --nets cifar10_quick,caffenet_b32 \
-    --iters 5
+# (LeNet too: the net with the thinnest margin on this Xeon, 1.52x PyTorch in the quiet run)
+step bench_layers 150 50 $PIN python3 bench/bench_layers.py \
+    --nets lenet,cifar10_quick,caffenet_b32 --iters 5
 # where bf16's time goes on this CPU (its targets are 2x float32): each layer of CaffeNet b32
 # and GoogLeNet b32 in both precisions, in one step so that the two tables are side by side
 step bench_layers_bf16 300 20 bash -c "for p in float32 bf16; do $PIN python3 \
