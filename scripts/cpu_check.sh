@@ -14,12 +14,12 @@
 #      and the iteration with MKL in the races against without);
 #   3. bench_conv_layouts on CIFAR10-quick and CaffeNet b32 (each convolution's kernels under
 #      every layout), then bench_layers on those and LeNet (the iteration layer by layer, issue
-#      34's second table): where the Xeon's convolutions lose to the Zen 4's (item 1);
+#      34's second table): where the Xeon's convolutions lose to the Zen 4's (item 1); then
+#      bench_layers_bf16 (CaffeNet b32 and GoogLeNet b32 layer by layer in float32 and in bf16:
+#      where bf16's time goes) and bf16_engines (each bf16 engine forced on the small nets);
 #   4. issue 33's LeNet to 98% by its own protocol (bench_cli_time_to_accuracy.py, 3 seeds),
 #      then CIFAR10-quick to loss 0.3 with settings already good and with Caffe's, one round;
-#   5. bench_train --precision bf16 on CaffeNet b256, AlexNet b32 and GoogLeNet b32.
-#   (3, after bench_layers: bench_layers_bf16, CaffeNet b32 and GoogLeNet b32 layer by layer
-#      in float32 and in bf16: where bf16's time goes)
+#   5. bench_train --precision bf16 on CaffeNet b256, AlexNet b32 and GoogLeNet b32;
 #   6. with a baseline build in the bundle (cpu_bundle.sh's BASELINE=REV): bench_builds, the
 #      training step of LeNet and CIFAR10-quick under this build and the baseline's, in
 #      alternating processes (what a change to the compiled kernels gains on this host).
@@ -34,7 +34,7 @@
 # past a first run's deadline.)
 #
 # STREAMS=N on a host with more cores than two (the device's has 16): the steps run in up to N
-# streams at once (four; seven where there are seven pairs of physical cores, the big nets then
+# streams at once (four; eight where there are eight pairs of physical cores, the big nets then
 # one to a stream), each pinned to two CPUs of its own cores (the first stream to 0,1, as issue
 # 34's tables were taken), so that one device run takes all of them. The streams share the
 # host (on the device's, a VM's, its SGEMM peak read 142-258 GFLOP/s in one such run), which
@@ -42,7 +42,7 @@
 # stream's logs go into $OUT/logs.tgz. What a lent device took in 785 s of its 900 (the
 # thirty-fifth session, with six streams: bench_layers_bf16 came after): a first run with every
 # step in streams, then the first table and the baseline alone, on a quiet host:
-#   STREAMS=7 DEADLINE=500 OUT=$OUT bash scripts/cpu_check.sh --bundle .cpu-bundle   (570 s)
+#   STREAMS=8 DEADLINE=500 OUT=$OUT bash scripts/cpu_check.sh --bundle .cpu-bundle   (570 s)
 #   STEPS=bench_train_bf16,baseline_ab DEADLINE=255 OUT=$OUT bash scripts/cpu_check.sh ...
 set -u
 REPO=$(pwd)
@@ -86,16 +86,16 @@ PY
 )
     lscpu -e > "$OUT/logs/lscpu.txt" 2>&1
     echo "== streams on CPU pairs: $PAIRS"
-    read -r -a PAIR <<< "$PAIRS"; NAMES=(A B C D E F G)
-    if [ "${#PAIR[@]}" -ge 7 ]; then     # the big nets one to a stream: each takes minutes
+    read -r -a PAIR <<< "$PAIRS"; NAMES=(A B C D E F G H)
+    if [ "${#PAIR[@]}" -ge 8 ]; then     # the big nets one to a stream: each takes minutes
         GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16" "bench_train_bf16_googlenet_b32"
                    "bench_train_bf16_caffenet_b256" "bench_train_bf16_alexnet_b32"
                    "conv_layouts,bench_layers" "skinny_gemm,thin_gemm,baseline_ab"
-                   "bench_layers_bf16")
+                   "bench_layers_bf16" "bf16_engines")
     else
         GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16" "bench_train_bf16_big"
                    "conv_layouts,bench_layers,bench_layers_bf16"
-                   "skinny_gemm,thin_gemm,baseline_ab")
+                   "skinny_gemm,thin_gemm,baseline_ab,bf16_engines")
     fi
     rm -rf /tmp/cpu_streams; n=0
     for g in "${!GROUPS_OF[@]}"; do
@@ -171,7 +171,7 @@ step skinny_gemm 90 10 $PIN python3 bench/bench_skinny_gemm.py --nets caffenet_b
 # against MKL's, each strided batch (Winograd's products) in OpenBLAS and in MKL, then each
 # iteration with MKL in the races and without: what MKL's AVX-512 kernels take from
 # OpenBLAS's SkylakeX ones on the thin and small shapes here
-step thin_gemm 120 12 $PIN python3 bench/bench_thin_gemm.py --nets cifar10_quick,caffenet_b32 \
+step thin_gemm 180 12 $PIN python3 bench/bench_thin_gemm.py --nets cifar10_quick,caffenet_b32 \
     --rounds 3
 # each convolution under each layout (lowered, direct 8 and 16 pixels, Winograd 2x2 and 4x4,
 # a strided layer's phase forms), forward and both backward kernels: 45 s on a Zen 4
@@ -185,6 +185,12 @@ step bench_layers 150 50 $PIN python3 bench/bench_layers.py \
 step bench_layers_bf16 300 20 bash -c "for p in float32 bf16; do $PIN python3 \
     bench/bench_layers.py --nets caffenet_b32,googlenet_b32 --layers --iters 3 \
     --precision \$p; done"
+# each bf16 engine forced on the small nets (the race's choice, MKL on its own threads, made
+# CIFAR10-quick's bf16 0.81-0.87x its float32 on this Xeon): whether an engine that wins its
+# race in isolation loses inside the iteration (its threads' wake-ups between cct's loops)
+step bf16_engines 150 12 bash -c "for e in mkl_threaded mkl avx512bf16; do echo \$e:; \
+    CCT_BF16_ENGINE=\$e $PIN python3 bench/bench_train.py --nets lenet,cifar10_quick \
+    --iters 5 --precision bf16 --no-torch | grep -E '^(lenet|cifar)' | sort -u; done"
 step time_to_98 150 12 $PIN python3 bench/bench_cli_time_to_accuracy.py --seeds 1701-1703 \
     --json "$OUT/logs/time_to_98.json"
 # issue 33's 0.9x floor (CIFAR10-quick at lr 0.009, settings already good) and its 1.3x
