@@ -11,7 +11,8 @@ other round, so that a slow minute of the machine falls on every build alike. Ea
 builds bench_train's synthetic net, runs ``--warmup`` training steps (forward, backward, SGD
 update) and prints the median of the next ``--iters``. All processes share one plan cache,
 written by an untimed first process, so the builds run the same kernel plans unless their plan
-tables differ. Printed per net and
+tables differ; with ``--fresh-plans`` each process races its own instead (a change to the
+races themselves, measured by how often a process ends up with slow plans). Printed per net and
 build: the processes' medians (lowest-highest, and their median), and each build's ratio to
 the first build's.
 """
@@ -56,6 +57,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6, help="processes per build and net")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=30, help="timed steps per process")
+    ap.add_argument("--fresh-plans", action="store_true",
+                    help="each process races its own plans (a cache of its own), so the "
+                         "medians' spread shows how often the races pick a slow plan")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a child's net
     args = ap.parse_args()
     if args.one:
@@ -70,19 +74,21 @@ def main() -> None:
     if len(builds) < 2:
         sys.exit("bench_builds: give two or more --build NAME=DIR")
 
-    cache = tempfile.mkdtemp(prefix="cct_builds_cache_")
+    shared = tempfile.TemporaryDirectory(prefix="cct_builds_cache_")
     for net_name in args.nets.split(","):
         ms = {name: [] for name, _ in builds}
-        # round -1, untimed: the first build races the plans and writes the cache
+        # round -1, untimed: the first build races the plans and writes the shared cache
         for r in range(-1, args.rounds):
             for name, folder in builds if r % 2 == 0 else builds[::-1]:
-                if r < 0 and name != builds[0][0]:
+                if r < 0 and (args.fresh_plans or name != builds[0][0]):
                     continue
-                env = dict(os.environ, PYTHONPATH=folder, XDG_CACHE_HOME=cache)
-                out = subprocess.run(
-                    [sys.executable, "-P", __file__, "--one", net_name, "--warmup",
-                     str(args.warmup), "--iters", str(args.iters)],
-                    env=env, capture_output=True, text=True)
+                with tempfile.TemporaryDirectory(prefix="cct_builds_cache_") as own:
+                    env = dict(os.environ, PYTHONPATH=folder,
+                               XDG_CACHE_HOME=own if args.fresh_plans else shared.name)
+                    out = subprocess.run(
+                        [sys.executable, "-P", __file__, "--one", net_name, "--warmup",
+                         str(args.warmup), "--iters", str(args.iters)],
+                        env=env, capture_output=True, text=True)
                 if out.returncode:
                     sys.exit(f"bench_builds: {name} on {net_name} failed:\n{out.stderr[-2000:]}")
                 value, where = out.stdout.split()[-2:]
@@ -96,6 +102,8 @@ def main() -> None:
             print(f"{net_name:14s} {name:10s} training step {min(v):8.3f}-{max(v):8.3f} ms, "
                   f"median {statistics.median(v):8.3f} ms, "
                   f"{statistics.median(v) / first:5.3f}x of {builds[0][0]}", flush=True)
+            if args.fresh_plans:  # each process's own plans: the slow ones show here
+                print(f"{'':25s} each process: {' '.join(f'{t:.3f}' for t in sorted(v))}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 import cct
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -20,7 +22,8 @@ def run(*args, env_shared=None):
                           timeout=600, env=env)
 
 
-def test_each_build_runs_from_its_own_folder(tmp_path):
+@pytest.mark.parametrize("fresh", [False, True])
+def test_each_build_runs_from_its_own_folder(tmp_path, fresh):
     # two copies of the installed cct (its compiled _C with it), and the bundled LeNet as the
     # zoo's, so that no ../shared is needed
     for name in ("a", "b"):
@@ -31,11 +34,14 @@ def test_each_build_runs_from_its_own_folder(tmp_path):
     shutil.copy(ROOT / "examples" / "mnist" / "lenet_train_test.prototxt", zoo)
     out = run("--build", f"a={tmp_path / 'a'}", "--build", f"b={tmp_path / 'b'}",
               "--nets", "lenet", "--rounds", "2", "--warmup", "1", "--iters", "2",
-              env_shared=tmp_path / "shared")
+              *(["--fresh-plans"] if fresh else []), env_shared=tmp_path / "shared")
     assert out.returncode == 0, out.stderr
-    rows = out.stdout.splitlines()
+    rows = [r for r in out.stdout.splitlines() if "training step" in r]
     assert [r.split()[:2] for r in rows] == [["lenet", "a"], ["lenet", "b"]]
     assert rows[0].endswith("1.000x of a")
+    # with fresh plans, each process's median too (two rounds: two a build)
+    each = [r.split(":")[1].split() for r in out.stdout.splitlines() if "each process" in r]
+    assert [len(e) for e in each] == ([2, 2] if fresh else [])
 
 
 def test_a_folder_without_cct_is_refused(tmp_path):
