@@ -1,5 +1,6 @@
 """bench/bench_builds.py: two installed builds, each process importing its own (a process that
 found cct somewhere else would time the wrong build), and the refusals of a bad --build."""
+import os
 import pathlib
 import shutil
 import subprocess
@@ -14,7 +15,6 @@ BENCH = ROOT / "bench" / "bench_builds.py"
 
 
 def run(*args, env_shared=None):
-    import os
     env = dict(os.environ)
     if env_shared:
         env["CCT_SHARED"] = str(env_shared)
