@@ -16,7 +16,8 @@
 #      every layout), then bench_layers on those and LeNet (the iteration layer by layer, issue
 #      34's second table): where the Xeon's convolutions lose to the Zen 4's (item 1); then
 #      bench_layers_bf16 (CaffeNet b32 and GoogLeNet b32 layer by layer in float32 and in bf16:
-#      where bf16's time goes) and bf16_engines (each bf16 engine forced on the small nets);
+#      where bf16's time goes), bf16_engines (each bf16 engine forced on the small nets) and
+#      bf16_batched (Winograd's products in bf16 on each engine against float32);
 #   4. issue 33's LeNet to 98% by its own protocol (bench_cli_time_to_accuracy.py, 3 seeds),
 #      then CIFAR10-quick to loss 0.3 with settings already good and with Caffe's, one round;
 #   5. bench_train --precision bf16 on CaffeNet b256, AlexNet b32 and GoogLeNet b32;
@@ -90,11 +91,12 @@ PY
     if [ "${#PAIR[@]}" -ge 7 ]; then     # the big nets one to a stream: each takes minutes
         GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16"
                    "bench_train_bf16_googlenet_b32,bf16_engines"
-                   "bench_train_bf16_caffenet_b256" "bench_train_bf16_alexnet_b32"
+                   "bench_train_bf16_caffenet_b256" "bench_train_bf16_alexnet_b32,bf16_batched"
                    "conv_layouts,bench_layers" "skinny_gemm,thin_gemm,baseline_ab"
                    "bench_layers_bf16")
     else
-        GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16" "bench_train_bf16_big"
+        GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16,bf16_batched"
+                   "bench_train_bf16_big"
                    "conv_layouts,bench_layers,bench_layers_bf16"
                    "skinny_gemm,thin_gemm,baseline_ab,bf16_engines")
     fi
@@ -192,6 +194,10 @@ step bench_layers_bf16 300 20 bash -c "for p in float32 bf16; do $PIN python3 \
 step bf16_engines 150 12 bash -c "for e in mkl_threaded mkl avx512bf16; do echo \$e:; \
     CCT_BF16_ENGINE=\$e $PIN python3 bench/bench_train.py --nets lenet,cifar10_quick \
     --iters 5 --precision bf16 --no-torch | grep -E '^(lenet|cifar)' | sort -u; done"
+# Winograd's products in bf16 on each engine against float32 (CaffeNet b32's 22 shapes): bf16
+# can double a net that runs Winograd in float32 only where these run over twice as fast
+step bf16_batched 150 30 $PIN python3 bench/bench_bf16_batched.py --nets caffenet_b32 \
+    --rounds 3
 step time_to_98 150 12 $PIN python3 bench/bench_cli_time_to_accuracy.py --seeds 1701-1703 \
     --json "$OUT/logs/time_to_98.json"
 # issue 33's 0.9x floor (CIFAR10-quick at lr 0.009, settings already good) and its 1.3x
