@@ -21,8 +21,8 @@ import numpy as np
 
 sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))  # after the installed cct
 
-from bench.bench_train import (NETS, add_net_arguments, chosen_nets, machine,  # noqa: E402
-                               synthetic_net)
+from bench.bench_thin_gemm import net_rows  # noqa: E402
+from bench.bench_train import add_net_arguments, chosen_nets, machine  # noqa: E402
 from bench.worker import seconds  # noqa: E402
 
 # a batched row's choice (csrc/gemm.cpp): 0 the BLAS's float32 call, 5 MKL's, 7 the items one
@@ -47,17 +47,7 @@ def arms_here() -> list:
 
 def batched_rows(name: str, zoo) -> list:
     """The bf16 batched rows (element size 2) of the net's convolution races, each once."""
-    from cct import _C
-    from cct.backend import plans
-    _C.clear_plans()
-    rel, batch = NETS[name]
-    net = synthetic_net(zoo / rel, batch)
-    for _ in range(2):
-        net.clear_param_diffs()
-        net.forward_backward()
-    rows = [r for r in plans.table().get("gemm_batch", []) if r[6] == 2]
-    del net
-    return rows
+    return [r for r in net_rows(name, zoo)[1] if r[6] == 2]
 
 
 def row_times(row, arms: list, rounds: int) -> dict:
