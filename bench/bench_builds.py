@@ -8,11 +8,12 @@ machine's own noise is larger than the change.
 Each ``--build NAME=DIR`` is a folder that ``import cct`` finds cct in (a ``pip install
 --target`` folder). Each round starts one process per build, in turn, the order reversed every
 other round, so that a slow minute of the machine falls on every build alike. Each process
-builds bench_train's synthetic net, runs ``--warmup`` training steps (forward, backward, SGD
-update) and prints the median of the next ``--iters``. All processes share one plan cache,
-written by an untimed first process, so the builds run the same kernel plans unless their plan
-tables differ; with ``--fresh-plans`` each process races its own instead (a change to the
-races themselves, measured by how often a process ends up with slow plans). Printed per net and
+runs bench_train's training step (its synthetic net; forward, backward and the SGD update, as
+bench_train times cct) ``--warmup`` times and prints the median of the next ``--iters``. All
+processes share one plan cache, written by an untimed first process, so the builds run the
+same kernel plans unless their plan tables differ; with ``--fresh-plans`` each process races
+its own instead (a change to the races themselves, measured by how often a process ends up
+with slow plans). Printed per net and
 build: the processes' medians (lowest-highest, and their median), and each build's ratio to
 the first build's.
 """
@@ -25,27 +26,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))  # after the installed packages: `import cct` is a build's
 
 
 def one_process(net_name: str, warmup: int, iters: int) -> None:
-    """In a child: the median training step of ``net_name``, in ms, on stdout."""
-    from bench.bench_train import NETS, default_zoo, sgd_update, synthetic_net
+    """In a child: the median training step of ``net_name`` as bench_train times cct's, in ms,
+    on stdout, with the folder cct came from."""
+    import cct
+    from bench.bench_train import NETS, default_zoo, run_cct
 
     prototxt, batch = NETS[net_name]
-    net = synthetic_net(default_zoo() / prototxt, batch)
-    times = []
-    for i in range(warmup + iters):
-        t = time.perf_counter()
-        net.forward()
-        net.backward()
-        sgd_update(net)
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
-    import cct
+    times = run_cct(default_zoo() / prototxt, batch, warmup, iters)["times"]
     print(f"{statistics.median(times) * 1e3:.4f} {cct.__file__}")
 
 
