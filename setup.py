@@ -97,6 +97,10 @@ EXTRAS = {
     # Intel MKL's sgemm as a candidate in the float32 GEMM races (cct/backend/mkl.py): on
     # Intel's CPUs the small-GEMM kernels OpenBLAS lacks there.
     "mkl": [MKL],
+    # oneDNN's convolutions as a layout in the convolution races (cct/backend/onednn.py): on
+    # Intel's Xeons with AMX, bf16 convolutions on AMX's tiles. x86-64 Linux, GNU OpenMP build.
+    "onednn": ["onednn-cpu-gomp>=2023.0; platform_machine == 'x86_64' and sys_platform == "
+               "'linux'"],
     # cct train --engine=ray: groups and the parameter store's shards as Ray actors.
     "ray": ["ray>=2.60"],
     # caffe.io.resize_image calls what Caffe's io.py calls (scikit-image, SciPy's zoom)
@@ -123,13 +127,13 @@ EXTRAS = {
     "test": ["pytest>=7", "hypothesis>=6.100"],
 }
 # CI's run (.ci/run): the light extra plus the optional parts whose tests skip without them,
-# about 1.9 GB (MKL, Ray, ONNX Runtime). grpcio-tools is pinned to the protoc that generated the
+# about 2.1 GB (MKL, oneDNN, Ray, ONNX Runtime). grpcio-tools is pinned to the protoc that generated the
 # committed caffe_pb2.py, for tests/test_proto.py's freshness check; it requires protobuf 6,
 # so this extra downgrades a protobuf 7 and the light one must never hold it.
 # simde-py, pybind11 and CMake: tests/backend/test_avx512_emulated.py builds a second _C whose
 # AVX-512 tiles run on AVX2 through SIMDe's headers (pinned: an sdist of headers only).
 EXTRAS["test-full"] = (EXTRAS["test"] + EXTRAS["onnx"] + EXTRAS["io"] + EXTRAS["ray"]
-                       + EXTRAS["bf16"] + ["matplotlib>=3.5", "grpcio-tools==1.75.1",
+                       + EXTRAS["bf16"] + EXTRAS["onednn"] + ["matplotlib>=3.5", "grpcio-tools==1.75.1",
                                            "simde-py==0.8.2.post1", "pybind11>=2.12",
                                            "cmake>=3.18"])
 

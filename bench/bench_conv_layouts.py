@@ -6,10 +6,13 @@ Winograd F(4x4, 3x3) (3x3 ones), forward, backward data and backward weight, in 
 A strided layer (CaffeNet's conv1) gets the same three columns for its phase forms
 (csrc/conv_phase.cpp: a stride-1 layer over the bottom's phase planes, kernel ceil(k / stride)).
 On AVX-512 CPUs the direct layout's 16-pixel tile (forward and backward data, direct's bits)
-has a column of its own.
+has a column of its own. Where oneDNN is installed and offered to the precision's races
+(cct/backend/onednn.py; ``$CCT_ONEDNN=all`` for float32), its convolution has one too, for every
+layer (it takes strides itself), with the implementation it picked.
 
     python bench/bench_conv_layouts.py                       # lenet, cifar10_quick, caffenet_b32
     python bench/bench_conv_layouts.py --nets cifar10_quick --repeats 10
+    python bench/bench_conv_layouts.py --nets caffenet_b32 --precision bf16
 
 Printed per layer and kernel: the best of --repeats calls in milliseconds for each layout that
 applies ("-" where one does not), the fastest other layout's speed as a ratio of the lowered
@@ -33,12 +36,12 @@ from bench.worker import best_of  # noqa: E402
 DEFAULT_NETS = "lenet,cifar10_quick,caffenet_b32"
 KERNELS = ("forward", "backward data", "backward weight")
 # cct._C.set_conv_layout's modes (DIRECT16: the direct layout's 16-pixel AVX-512 tile)
-LOWERED, DIRECT, WINOGRAD, WINOGRAD4, DIRECT16, MEASURED = 1, 3, 4, 5, 9, 0
+LOWERED, DIRECT, WINOGRAD, WINOGRAD4, DIRECT16, ONEDNN, MEASURED = 1, 3, 4, 5, 9, 11, 0
 OTHERS = (DIRECT, DIRECT16, WINOGRAD, WINOGRAD4)
 PHASE = {DIRECT: 6, WINOGRAD: 7, WINOGRAD4: 8, DIRECT16: 10}  # a layout's phase form's mode
 # conv_plan_table's numbers
 LAYOUT_NAMES = ("lowered", "pointwise", "direct", "winograd", "winograd4x4", "phase-direct",
-                "phase-winograd", "phase-winograd4x4", "direct16", "phase-direct16")
+                "phase-winograd", "phase-winograd4x4", "direct16", "phase-direct16", "onednn")
 
 
 def phase_form(geom):
@@ -54,6 +57,8 @@ def applies(mode: int, kernel_id: int, geom) -> bool:
     """Whether set_conv_layout(mode) runs its own layout on this kernel (else lowered)."""
     from cct import _C
 
+    if mode == ONEDNN:
+        return bool(onednn_impl(kernel_id, geom))
     if mode in PHASE.values():
         phase = phase_form(geom)
         stride1 = next(m for m, p in PHASE.items() if p == mode)
@@ -70,9 +75,31 @@ def applies(mode: int, kernel_id: int, geom) -> bool:
     return True
 
 
+def onednn_impl(kernel_id: int, geom, x_shape=None, num_output=None) -> str:
+    """oneDNN's implementation of this kernel where its layout is offered to this precision's
+    races, else "" (the shapes default to the layer being timed)."""
+    from cct import _C
+
+    bf16 = _C.bf16_gemm_enabled()
+    if not _C.onednn_offered(bf16):
+        return ""
+    x_shape = x_shape or _timed["x_shape"]
+    num_output = num_output or _timed["num_output"]
+    kernel, stride, pad, dilation, group = geom
+    return _C.onednn_conv_impl(kernel_id, x_shape, num_output, kernel, stride, pad, dilation,
+                               group, bf16)
+
+
+_timed: dict = {}  # the shapes of the layer time_layer is timing, for onednn_impl
+
+
 def other_modes(geom) -> tuple:
-    """The layouts timed beside lowered: the stride-1 ones, or a strided layer's phase forms."""
-    return tuple(PHASE[m] for m in OTHERS) if geom[1] != (1, 1) else OTHERS
+    """The layouts timed beside lowered: the stride-1 ones, or a strided layer's phase forms;
+    oneDNN's where it is offered."""
+    from cct import _C
+
+    modes = tuple(PHASE[m] for m in OTHERS) if geom[1] != (1, 1) else OTHERS
+    return modes + (ONEDNN,) * _C.onednn_offered(_C.bf16_gemm_enabled())
 
 
 def conv_layers(net):
@@ -92,6 +119,7 @@ def time_layer(geom, x_shape, y_shape, repeats: int) -> dict:
 
     rng = np.random.default_rng(0)
     kernel, _, _, _, group = geom
+    _timed.update(x_shape=x_shape, num_output=y_shape[1])
     x = rng.standard_normal(x_shape, dtype=np.float32)
     dy = rng.standard_normal(y_shape, dtype=np.float32)
     weight = rng.standard_normal((y_shape[1], x_shape[1] // group) + kernel, dtype=np.float32)
@@ -109,8 +137,9 @@ def time_layer(geom, x_shape, y_shape, repeats: int) -> dict:
     finally:
         _C.set_conv_layout(MEASURED)
     chosen = {}
+    radix = len(LAYOUT_NAMES) + 1  # conv.cpp's plan_modes: the measured ones, either precision
     for kernel_id, geometry, size, _, modes, parts, layout, _ in _C.conv_plan_table():
-        if modes == 0 and size == 4 and \
+        if modes % radix == 0 and (modes // radix) % 6 == 0 and size == 4 and \
                 geometry[:5] == [x_shape[0], x_shape[1], x_shape[2], x_shape[3], y_shape[1]] and \
                 geometry[7:] == [*kernel, *geom[1], *geom[2], *geom[3], group]:
             chosen[kernel_id] = f"{LAYOUT_NAMES[layout]}, {parts} part{'s' * (parts > 1)}"
@@ -123,8 +152,16 @@ def main(argv=None) -> None:
                     f"{', '.join(NETS)}")
     ap.add_argument("--repeats", type=int, default=5, help="timed calls per kernel and layout")
     ap.add_argument("--zoo", type=pathlib.Path, default=None, help="the caffe-zoo folder")
+    ap.add_argument("--precision", choices=("float32", "bf16"), default="float32",
+                    help="the layouts' arithmetic (bf16: cct train --precision=bf16's)")
     args = ap.parse_args(argv)
     from cct import _C
+    from cct.backend import plans
+    from cct.backend.precision import set_precision
+
+    plans.offer_libraries()  # the races' candidates of cct train's runs (use_machine_cache)
+    if args.precision == "bf16":
+        print(f"precision: {set_precision('bf16', source='--precision')}")
 
     zoo = args.zoo or default_zoo()
     names = [n.strip() for n in args.nets.split(",") if n.strip()]
@@ -138,16 +175,25 @@ def main(argv=None) -> None:
     print(f"SGEMM peak: {sgemm_peak():.1f} GFLOP/s; best of {args.repeats} calls per kernel")
     if not _C.cpu_has_direct_conv():
         print("this CPU has no AVX2/FMA: the direct layout is left out")
+    onednn = _C.onednn_offered(_C.bf16_gemm_enabled())
+    if onednn:
+        print(f"oneDNN {_C.onednn_version()}: its column is the onednn layout; its "
+              f"implementations are listed after each net")
     print(f"{'layer':<24} {'kernel':<16} {'lowered ms':>10} {'direct ms':>10} {'direct16':>10} "
-          f"{'wino2x2 ms':>10} {'wino4x4 ms':>10} {'best GF/s':>9} {'ratio':>6} {'plan ms':>8}"
-          f"  plan")
+          f"{'wino2x2 ms':>10} {'wino4x4 ms':>10} " + f"{'onednn ms':>10} " * onednn +
+          f"{'best GF/s':>9} {'ratio':>6} {'plan ms':>8}  plan")
     for net_name in names:
         path, batch = NETS[net_name]
         net = synthetic_net(zoo / path, batch)
         print(f"{net_name}:")
+        impls = []
         for layer, geom, x_shape, y_shape in conv_layers(net):
             label = layer
-            if geom[1] != (1, 1) and phase_form(geom) is None:
+            if onednn:
+                impls.append(f"  {layer}: " + ", ".join(
+                    f"{kernel} {onednn_impl(k, geom, x_shape, y_shape[1]) or '-'}"
+                    for k, kernel in enumerate(KERNELS)))
+            if geom[1] != (1, 1) and phase_form(geom) is None and not onednn:
                 print(f"{label:<24} {'(stride ' + str(geom[1][0]) + ': lowered only)'}")
                 continue
             modes = other_modes(geom)
@@ -165,6 +211,8 @@ def main(argv=None) -> None:
                       f"{2 * macs / best / 1e9:9.1f} {lowered / best:6.2f} "
                       f"{r['times'][MEASURED][k] * 1e3:8.2f}  {r['chosen'].get(k, '?')}",
                       flush=True)
+        if impls:
+            print("oneDNN's implementations:\n" + "\n".join(impls))
 
 
 if __name__ == "__main__":

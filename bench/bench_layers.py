@@ -91,8 +91,10 @@ def layer_bytes(net, i: int) -> tuple:
 
 def profile(path: pathlib.Path, batch: int, warmup: int, iters: int) -> list:
     """One row per layer: name, type, forward and backward median seconds, FLOPs and bytes."""
+    from cct.backend import plans
     from cct.blob_memory import share_blob_diffs
 
+    plans.offer_libraries()  # the races' candidates of cct train's runs (use_machine_cache)
     net = synthetic_net(path, batch)
     share_blob_diffs(net)  # as cct train lays a train net's diffs out
     n = len(net.layers)

@@ -226,10 +226,10 @@ def sgd_update(net):
 
 
 def run_cct(path: pathlib.Path, batch: int, warmup: int, iters: int, engine: str = "") -> dict:
-    from cct.backend import mkl
+    from cct.backend import plans
     from cct.blob_memory import share_blob_diffs
 
-    mkl.offer_sgemm()  # the GEMM races' candidates of cct train's runs (plans.use_machine_cache)
+    plans.offer_libraries()  # the races' candidates of cct train's runs (use_machine_cache)
     net = synthetic_net(path, batch, engine=engine)
     share_blob_diffs(net)  # as cct train lays its train net's diffs out
     update = sgd_update(net)

@@ -39,6 +39,10 @@
 // where the lowered GEMM is already compute-bound. Which tile pays depends on the layer (a
 // 13x13 top wastes 34% of 4x4 tiles, 14% of 2x2 ones): both are measured.
 //
+// oneDNN's layout (onednn.h): where oneDNN is installed, its convolution on the whole batch, in
+// float32 or (under bf16 GEMMs) with bf16 operands; the engine of AMX's tiles on Intel's Xeons.
+// One more candidate, measured like the others; never a rule's plan.
+//
 // Phase layouts (conv_phase.cpp): a strided undilated float layer as a stride-1 one over its
 // bottom's phase planes, computed by the direct or a Winograd layout; CaffeNet's 11x11
 // stride-4 conv1 becomes a 3x3 layer for Winograd. Measured like the others.
@@ -69,6 +73,7 @@
 #include "conv_winograd.h"
 #include "gemm.h"
 #include "kernels.h"
+#include "onednn.h"
 #include "parallel.h"
 #include "race.h"
 #include "workspace.h"
@@ -511,14 +516,17 @@ enum Kernel : int { kForward, kBackwardData, kBackwardWeight };
 // kWinograd: F(2x2, 3x3) or F(2x2, 5x5); kWinograd4x4: F(4x4, 3x3). kPhase*: the layer in
 // phase form (conv_phase.h) computed by the stride-1 layout of the same name. kDirect16: the
 // direct layout's AVX-512 tile (forward and backward data; the same bits as kDirect's).
+// kOnednn: oneDNN's convolution on the whole batch (onednn.h). New layouts go at the end: the
+// numbers are in the plan caches.
 enum Layout : int {
   kLowered, kPointwise, kDirect, kWinograd, kWinograd4x4,
-  kPhaseDirect, kPhaseWinograd, kPhaseWinograd4x4, kDirect16, kPhaseDirect16
+  kPhaseDirect, kPhaseWinograd, kPhaseWinograd4x4, kDirect16, kPhaseDirect16, kOnednn
 };
-constexpr int kLayouts = kPhaseDirect16 + 1;
+constexpr int kLayouts = kOnednn + 1;
 constexpr const char* kLayoutNames[kLayouts] = {
     "lowered", "pointwise", "direct", "winograd", "winograd4x4",
-    "phase-direct", "phase-winograd", "phase-winograd4x4", "direct16", "phase-direct16"};
+    "phase-direct", "phase-winograd", "phase-winograd4x4", "direct16", "phase-direct16",
+    "onednn"};
 
 // The stride-1 layout a phase layout runs on the phase form (the layout itself otherwise).
 Layout stride1_layout(Layout layout) {
@@ -532,7 +540,7 @@ Layout stride1_layout(Layout layout) {
 }
 bool is_phase(Layout layout) { return stride1_layout(layout) != layout; }
 // The layouts of cct's own float32 kernels (direct, Winograd, their phase forms).
-bool is_float32_kernel(Layout layout) { return layout >= kDirect; }
+bool is_float32_kernel(Layout layout) { return layout >= kDirect && layout != kOnednn; }
 
 // How a kernel runs on one geometry: its batch partitions, its layout, and (one partition)
 // whether it lowers in cache-sized chunks.
@@ -549,7 +557,7 @@ std::mutex g_plan_mutex;
 std::map<PlanKey, Plan> g_plans;
 std::atomic<int> g_partition_mode{0};  // 0 measure, 1 one partition, 2 one per thread
 // 0 measure, 1 + layout: that layout where it applies (2 pointwise, 3 direct, 4 Winograd F(2x2),
-// 5 F(4x4), 6-8 their phase forms, 9 direct's AVX-512 tile, 10 its phase form)
+// 5 F(4x4), 6-8 their phase forms, 9 direct's AVX-512 tile, 10 its phase form, 11 oneDNN)
 std::atomic<int> g_layout_mode{0};
 std::atomic<bool> g_measure{true};     // time new shapes, or give them rule_plan's plan
 
@@ -587,6 +595,9 @@ bool layout_applies(Layout layout, Kernel kernel, const ConvGeom& g) {
     case kPhaseDirect16:
       return phase_applies(g) &&
              layout_applies<T>(stride1_layout(layout), kernel, phase_geometry(g, g.n));
+    case kOnednn:  // offered only where oneDNN is installed (cct/backend/onednn.py)
+      return float32_kernels && onednn_offered(bf16_gemm_enabled()) &&
+             onednn_conv_applies(kernel, g, bf16_gemm_enabled());
     default: return true;
   }
 }
@@ -611,7 +622,7 @@ std::vector<Plan> candidate_plans(Kernel kernel, const ConvGeom& g, int threads,
   const int mode = g_layout_mode;
   for (Layout layout :
        {kPointwise, kDirect, kWinograd, kWinograd4x4, kPhaseDirect, kPhaseWinograd,
-        kPhaseWinograd4x4, kDirect16, kPhaseDirect16}) {
+        kPhaseWinograd4x4, kDirect16, kPhaseDirect16, kOnednn}) {
     if ((mode == 0 || mode == 1 + int(layout)) && layout_applies<T>(layout, kernel, g) &&
         (!caffe_engine || layout == kPointwise))
       layouts.push_back(layout);
@@ -619,6 +630,10 @@ std::vector<Plan> candidate_plans(Kernel kernel, const ConvGeom& g, int threads,
   if (mode <= 1 || layouts.empty()) layouts.insert(layouts.begin(), kLowered);
   std::vector<Plan> plans;
   for (Layout layout : layouts) {
+    if (layout == kOnednn) {  // the whole batch in one call on oneDNN's threads
+      plans.push_back({1, layout, false});
+      continue;
+    }
     for (int p : parts) plans.push_back({p, layout, false});
     // One thread: the partitioned kernel's cache-sized chunks are the other candidate.
     if (threads == 1 && layout == kLowered && g_partition_mode != 1)
@@ -947,6 +962,10 @@ void conv_forward(const T* x, const T* weight, const T* bias, T* y, const ConvGe
                   bool caffe_engine, bool relu) {
   run_with_plan<T>(kForward, g, caffe_engine, [&](Plan plan) {
     const Layout layout = usable<T>(plan.layout, kForward, g);
+    if constexpr (std::is_same_v<T, float>) {
+      if (layout == kOnednn)
+        return onednn_conv_forward(bf16_gemm_enabled(), x, weight, bias, relu, y, g);
+    }
     run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
       if constexpr (std::is_same_v<T, float>) {
         if (is_phase(layout))
@@ -968,6 +987,10 @@ void conv_backward_data(const T* dy, const T* weight, T* dx, const ConvGeom& g,
                         bool caffe_engine) {
   run_with_plan<T>(kBackwardData, g, caffe_engine, [&](Plan plan) {
     const Layout layout = usable<T>(plan.layout, kBackwardData, g);
+    if constexpr (std::is_same_v<T, float>) {
+      if (layout == kOnednn)
+        return onednn_conv_backward_data(bf16_gemm_enabled(), dy, weight, dx, g);
+    }
     run_partitioned(g.n, plan.parts, plan.cache_chunks, [&](int, int64_t begin, int64_t end, int64_t budget) {
       if constexpr (std::is_same_v<T, float>) {
         if (is_phase(layout))
@@ -993,6 +1016,11 @@ void conv_backward_weight(const T* x, const T* dy, T* dweight, const ConvGeom& g
       [&](Plan plan) {
         // Part 0 writes (or adds into) dweight; the others their own sums, added in after.
         const Layout layout = usable<T>(plan.layout, kBackwardWeight, g);
+        if constexpr (std::is_same_v<T, float>) {
+          if (layout == kOnednn)
+            return onednn_conv_backward_weight(bf16_gemm_enabled(), x, dy, dweight, accumulate,
+                                               g);
+        }
         std::vector<T> partial(size_t(size * (plan.parts - 1)));
         run_partitioned(g.n, plan.parts, plan.cache_chunks,
                         [&](int part, int64_t begin, int64_t end, int64_t budget) {

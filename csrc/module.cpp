@@ -13,6 +13,7 @@
 
 #include "bf16.h"
 #include "mkl.h"
+#include "onednn.h"
 #include "conv_direct.h"
 #include "gemm.h"
 #include "gemm_skinny.h"
@@ -548,6 +549,32 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_mkl_sgemm_offered", &cct::set_mkl_sgemm_offered, py::arg("on"),
         "Whether the float32 GEMM races time MKL's sgemm (GEMM choice 5; needs MKL loaded).");
   m.def("mkl_sgemm_offered", &cct::mkl_sgemm_offered);
+  m.def("load_onednn", &cct::load_onednn, py::arg("path"),
+        "Loads oneDNN 3 (OpenMP build) from path and opens a CPU engine for the convolutions' "
+        "'onednn' layout: '' or why it failed.");
+  m.def("onednn_loaded", &cct::onednn_loaded);
+  m.def("onednn_version", &cct::onednn_version, "oneDNN's version ('' before it is loaded).");
+  m.def("set_onednn_offered", &cct::set_onednn_offered, py::arg("float32"), py::arg("bf16"),
+        "Whether the convolution races time oneDNN's layout (layout 10; needs oneDNN loaded) "
+        "in float32, and under bf16 GEMMs.");
+  m.def("onednn_offered", &cct::onednn_offered, py::arg("bf16"),
+        "Whether the races of this precision time oneDNN's layout.");
+  m.def(
+      "onednn_conv_impl",
+      [](int kernel, std::array<int64_t, 4> bottom, int64_t num_output, Pair k, Pair s, Pair p,
+         Pair d, int group, bool bf16) {
+        if (kernel < 0 || kernel > 2) throw std::invalid_argument("kernel must be 0, 1 or 2");
+        const std::array<int64_t, 4> w{num_output, bottom[1] / std::max(group, 1), k[0], k[1]};
+        const cct::ConvGeom g =
+            conv_geom(bottom, w, k, s, p, d, group, conv_out(bottom[2], k[0], s[0], p[0], d[0]),
+                      conv_out(bottom[3], k[1], s[1], p[1], d[1]));
+        py::gil_scoped_release release;
+        return cct::onednn_conv_impl(kernel, g, bf16);
+      },
+      py::arg("kernel"), py::arg("bottom"), py::arg("num_output"), py::arg("kernel_size"),
+      py::arg("stride"), py::arg("pad"), py::arg("dilation"), py::arg("group"), py::arg("bf16"),
+      "The implementation oneDNN runs for a convolution kernel (0 forward, 1 backward data, 2 "
+      "backward weight) on this geometry, '' where it has none of its own or is not loaded.");
   m.def("set_bf16_engine", &cct::set_bf16_engine, py::arg("name"),
         "The bf16 GEMM engine: 'mkl', 'mkl_threaded' (loaded first) or 'avx512bf16' "
         "(cct's own kernel).");

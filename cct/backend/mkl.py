@@ -50,6 +50,13 @@ def threading_failure(path: str) -> Optional[str]:
     its first call."""
     if not any(Path(path).resolve().parent.glob("libmkl_gnu_thread.so*")):
         return f"no libmkl_gnu_thread beside {path}"
+    return gnu_openmp_failure("MKL")
+
+
+def gnu_openmp_failure(library: str) -> Optional[str]:
+    """Why ``library``'s GNU OpenMP threads would keep the cores from cct's, or None (then
+    libgomp is loaded, told to spin briefly): MKL's threads here, and oneDNN's
+    (cct/backend/onednn.py)."""
     # GNU OpenMP's threads spin 300,000 times after a call before they sleep (its default),
     # taking the cores from cct's threads in the kernel that comes next; it reads the setting
     # once, when it loads. A value the user set stands. A libgomp another library loaded
@@ -59,10 +66,10 @@ def threading_failure(path: str) -> Optional[str]:
     spin_set = any(v in os.environ for v in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"))
     loaded = _loaded_libgomp()
     if loaded is not None and not spin_set:
-        return (f"GNU OpenMP was loaded before MKL ({loaded}) with its default spin-wait, "
-                f"whose threads would keep the cores from cct's after each MKL call; set "
-                f"GOMP_SPINCOUNT=10000 in the environment before Python starts to give MKL "
-                f"its threads")
+        return (f"GNU OpenMP was loaded before {library} ({loaded}) with its default "
+                f"spin-wait, whose threads would keep the cores from cct's after each "
+                f"{library} call; set GOMP_SPINCOUNT=10000 in the environment before Python "
+                f"starts to give {library} its threads")
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     try:
         ctypes.CDLL("libgomp.so.1")

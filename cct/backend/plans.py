@@ -26,8 +26,9 @@ A table is ``{"conv": [[kernel, geometry(16), itemsize, threads, modes, partitio
 cache_chunks], ...], "gemm": [[trans_a, trans_b, m, n, k, itemsize, threads, accumulate,
 transposed], ...], "bf16": engine}``: the C++ tables' keys and choices as they are (layout 0
 lowered, 1 pointwise, 2 direct, 3 Winograd F(2x2, 3x3) or F(2x2, 5x5), 4 Winograd F(4x4,
-3x3); a GEMM's accumulate: whether it adds into C (raced apart from overwriting it), its
-choice true/false for its operand order, 2 or 3 for the same orders run in float32 under
+3x3), 5-7 their phase forms, 8 the direct layout's AVX-512 tile, 9 its phase form, 10 oneDNN's
+convolution where oneDNN is offered, cct/backend/onednn.py); a GEMM's accumulate: whether it
+adds into C (raced apart from overwriting it), its choice true/false for its operand order, 2 or 3 for the same orders run in float32 under
 bf16, 4 for the skinny float32 engine, 5 for MKL's sgemm where MKL is installed,
 cct/backend/mkl.py, 6 for the skinny engine's 16-lane tile on AVX-512 CPUs, the same bits as
 4; under bf16 also 8 and 9, the direct order on MKL's whole-GEMM threads and on cct's
@@ -52,7 +53,7 @@ from ..native import _C, __version__
 from ..errors import CCTError
 from ..glog import info, warning
 from ..io.atomic import atomic_write
-from . import mkl
+from . import mkl, onednn
 
 FORMAT = 1
 # The candidate plans the kernels measure; a cache written before a new one existed would
@@ -70,8 +71,9 @@ FORMAT = 1
 # GEMMs (Winograd F(2x2, 3x3)'s products, the pointwise layout's) race bf16 items against
 # float32 (batched choice 7; the batched rows gain the element size); 15: under bf16, the
 # engines faster than float32 besides the chosen one race shape by shape (GEMM and batched
-# choices 8 and 9; the table's "bf16_shapes").
-KERNEL_PLANS = 15
+# choices 8 and 9; the table's "bf16_shapes"); 16: oneDNN's convolution layout (layout 10,
+# where oneDNN is offered: the fingerprint holds its version then; the modes' radix grew).
+KERNEL_PLANS = 16
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 MKL_CHOICE = 5  # a GEMM row's choice of MKL's sgemm
 BF16_ITEMS_CHOICE = 7  # a batched GEMM row's choice of its items one by one in bf16
@@ -272,6 +274,17 @@ def _warn_plans_that_cannot_run(rows) -> None:
                     f"{instead}, whose numbers differ in the last bits")
 
 
+def _warn_onednn_plans(rows) -> None:
+    """Says how many convolution plans name oneDNN's layout where its races do not offer it:
+    they run lowered."""
+    count = sum(row[6] == onednn.LAYOUT for row in rows)
+    why = onednn.why_not_offered() if count else None
+    if why is not None:
+        warning("plans.py:0", f"{count} convolution plan(s) run oneDNN, which is not offered "
+                f"here ({why}): they run the lowered GEMM, whose numbers differ in the last "
+                f"bits")
+
+
 def install(tab) -> int:
     """Install a table's plans (replacing those of the same shapes); returns how many. Raises
     ValueError, saying what is wrong, for anything that is not such a table; then nothing
@@ -298,6 +311,7 @@ def install(tab) -> int:
         _state["bf16"] = bf16
         _state["bf16_shapes"] = list(shapes)
     _warn_plans_that_cannot_run(gemm + batched)
+    _warn_onednn_plans(conv)
     count = len(conv) + len(gemm) + len(batched) + (bf16 is not None)
     for name, (_, install_rows) in _device_tables.items():
         rows = tab.get(name)
@@ -320,8 +334,12 @@ def fingerprint() -> dict:
                     break
     except OSError:
         pass
-    return {"cpu": model, "cores": _C.available_cores(), "blas": _C.blas_config(),
-            "cct": __version__, "kernel_plans": KERNEL_PLANS, "mkl": mkl.sgemm_fingerprint()}
+    facts = {"cpu": model, "cores": _C.available_cores(), "blas": _C.blas_config(),
+             "cct": __version__, "kernel_plans": KERNEL_PLANS, "mkl": mkl.sgemm_fingerprint()}
+    # Only where it is offered: the caches of machines without oneDNN keep their names.
+    if onednn.fingerprint() is not None:
+        facts["onednn"] = onednn.fingerprint()
+    return facts
 
 
 def user_cache_folder() -> str:
@@ -366,13 +384,21 @@ def deterministic() -> bool:
     return not _C.plan_measurement()
 
 
+def offer_libraries() -> None:
+    """The installed libraries' kernels join the races: MKL's sgemm the GEMMs'
+    (cct/backend/mkl.py), oneDNN's convolutions the convolutions' (cct/backend/onednn.py).
+    Once per process, as each says."""
+    mkl.offer_sgemm()
+    onednn.offer()
+
+
 def use_machine_cache() -> None:
     """Load the machine's plan cache into the kernels' tables, once per process (nothing in
     deterministic mode or with the cache off). A damaged cache is ignored with a warning."""
     if _state["loaded"] or deterministic():
         return
     _state["loaded"] = True
-    mkl.offer_sgemm()  # before the fingerprint, which holds the candidates
+    offer_libraries()  # before the fingerprint, which holds the candidates
     path = cache_path()
     _state["path"] = path
     if path is None:
