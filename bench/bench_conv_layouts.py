@@ -39,9 +39,6 @@ KERNELS = ("forward", "backward data", "backward weight")
 LOWERED, DIRECT, WINOGRAD, WINOGRAD4, DIRECT16, ONEDNN, MEASURED = 1, 3, 4, 5, 9, 11, 0
 OTHERS = (DIRECT, DIRECT16, WINOGRAD, WINOGRAD4)
 PHASE = {DIRECT: 6, WINOGRAD: 7, WINOGRAD4: 8, DIRECT16: 10}  # a layout's phase form's mode
-# conv_plan_table's numbers
-LAYOUT_NAMES = ("lowered", "pointwise", "direct", "winograd", "winograd4x4", "phase-direct",
-                "phase-winograd", "phase-winograd4x4", "direct16", "phase-direct16", "onednn")
 
 
 def phase_form(geom):
@@ -115,7 +112,7 @@ def time_layer(geom, x_shape, y_shape, repeats: int) -> dict:
     import numpy as np
 
     from cct import _C
-    from cct.backend import cpu
+    from cct.backend import cpu, plans
 
     rng = np.random.default_rng(0)
     kernel, _, _, _, group = geom
@@ -137,12 +134,14 @@ def time_layer(geom, x_shape, y_shape, repeats: int) -> dict:
     finally:
         _C.set_conv_layout(MEASURED)
     chosen = {}
-    radix = len(LAYOUT_NAMES) + 1  # conv.cpp's plan_modes: the measured ones, either precision
     for kernel_id, geometry, size, _, modes, parts, layout, _ in _C.conv_plan_table():
-        if modes % radix == 0 and (modes // radix) % 6 == 0 and size == 4 and \
+        spelled = plans.conv_modes(modes)   # as cct train runs: nothing forced, measured
+        if spelled["layout_mode"] == 0 and spelled["partition_mode"] == 0 and \
+                spelled["measured"] and not spelled["caffe_engine"] and size == 4 and \
                 geometry[:5] == [x_shape[0], x_shape[1], x_shape[2], x_shape[3], y_shape[1]] and \
                 geometry[7:] == [*kernel, *geom[1], *geom[2], *geom[3], group]:
-            chosen[kernel_id] = f"{LAYOUT_NAMES[layout]}, {parts} part{'s' * (parts > 1)}"
+            chosen[kernel_id] = (f"{plans.CONV_LAYOUT_NAMES[layout]}, {parts} "
+                                 f"part{'s' * (parts > 1)}")
     return {"times": times, "chosen": chosen}
 
 

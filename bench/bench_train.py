@@ -416,7 +416,8 @@ def use_bf16() -> dict:
 
 def bf16_plans() -> str:
     """Where this process's bf16 GEMM shapes went, from its plan table: the engine (and those
-    raced shape by shape), then the plain and the batched GEMM shapes by what they chose."""
+    raced shape by shape), then the plain and the batched GEMM shapes by what they chose, and
+    the convolutions' kernels by layout."""
     from cct import _C
     from cct.backend import plans
     tab = plans.table()
@@ -436,6 +437,11 @@ def bf16_plans() -> str:
         spread = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
         parts.append(f"{sum(counts.values())} {'batched' if batched else 'plain'}"
                      + (f" ({spread})" if spread else ""))
+    convs = collections.Counter(plans.CONV_LAYOUT_NAMES[row[6]] for row in tab.get("conv", [])
+                                if plans.conv_modes(row[4])["bf16"])
+    if convs:   # the convolutions' kernels by layout, oneDNN's among them where offered
+        parts.append(f"{sum(convs.values())} convolution kernels ("
+                     + ", ".join(f"{n} {name}" for name, n in sorted(convs.items())) + ")")
     return (f"engine {engine}, shape by shape also {' and '.join(others) or 'none'}; "
             + "; ".join(parts))
 

@@ -3,7 +3,7 @@
 # scripts/cpu_check.sh: run here, from the repository root, with a Python 3.12 that can build
 # the wheel (the device's Python), then carry the folder:
 #
-#   scripts/cpu_bundle.sh [python3.12]     # makes .cpu-bundle/ (git-ignored), ~55 MB
+#   scripts/cpu_bundle.sh [python3.12]     # makes .cpu-bundle/ (git-ignored), ~62 MB
 #   BASELINE=REV scripts/cpu_bundle.sh     # and REV's compiled _C (1.1 MB): cpu_check.sh's
 #                                          # baseline_ab step times this build against it
 #   device run, carry [".cpu-bundle"]:  bash scripts/cpu_check.sh --bundle .cpu-bundle
@@ -13,6 +13,8 @@
 # the MKL libraries the bf16 engines load (libmkl_rt, the LP64 interface, core, sequential,
 # gnu_thread and the AVX-512 kernels, which hold AMX's; 255 MB, 45 MB in xz: the whole `mkl`
 # wheel would not fit the 64 MiB a device call carries, and the device has no network);
+# .cpu-bundle/onednn.tar.xz: oneDNN's libdnnl.so.3 from the installed onednn-cpu-gomp wheel
+# (the `onednn` extra; 55 MB, 7 MB in xz), for the convolutions' oneDNN layout;
 # .cpu-bundle/shared:
 # the model zoo's prototxts (bench_train, bench_layers).
 set -euo pipefail
@@ -32,6 +34,11 @@ print(pathlib.Path(f.locate()).resolve().parent)")
 tar -C "$MKL" -cf - libmkl_rt.so.3 libmkl_core.so.3 libmkl_sequential.so.3 \
     libmkl_gnu_thread.so.3 libmkl_intel_lp64.so.3 libmkl_avx512.so.3 | xz -T0 -6 \
     > .cpu-bundle/mkl.tar.xz
+DNNL=$(python3 -c "
+import importlib.metadata as md, pathlib
+f = [f for f in md.files('onednn-cpu-gomp') if f.name == 'libdnnl.so.3'][0]
+print(pathlib.Path(f.locate()).parent)")
+tar -C "$DNNL" -chf - libdnnl.so.3 | xz -T0 -6 > .cpu-bundle/onednn.tar.xz
 cp -r "$SHARED/caffe-zoo" .cpu-bundle/shared/
 if [ -n "${BASELINE:-}" ]; then     # a wheel of REV's tree, of which only _C travels
     TREE=$(mktemp -d) && git worktree add -q --detach "$TREE" "$BASELINE"

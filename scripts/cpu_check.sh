@@ -6,7 +6,8 @@
 #   0. the CPU kernels' tests (tests/backend: the code only an AVX-512 or AMX CPU runs, held to
 #      the bits the tests promise);
 #   1. the bf16 engine race (cct's AVX512-BF16 kernel, MKL in column blocks, MKL's own
-#      threads) on a fresh plan cache, with the CPU's flags;
+#      threads) on a fresh plan cache, with the CPU's flags; then onednn_ab: the small nets'
+#      bf16 iteration with oneDNN's convolutions in the races against without;
 #   2. bench_train --precision bf16 on LeNet, CIFAR10-quick and CaffeNet b32 against PyTorch
 #      (issue 34's first table, the three nets with a 1.5x target), then bench_skinny_gemm
 #      and bench_thin_gemm (every raced GEMM with MKL's sgemm among the candidates, each
@@ -16,8 +17,10 @@
 #      every layout), then bench_layers on those and LeNet (the iteration layer by layer, issue
 #      34's second table): where the Xeon's convolutions lose to the Zen 4's (item 1); then
 #      bench_layers_bf16 (CaffeNet b32 and GoogLeNet b32 layer by layer in float32 and in bf16:
-#      where bf16's time goes), bf16_engines (each bf16 engine forced on the small nets) and
-#      bf16_batched (Winograd's products in bf16 on each engine against float32);
+#      where bf16's time goes), conv_layouts_bf16 (each convolution's kernels under every
+#      bf16 layout, oneDNN's with the implementation it picked: AMX's or not), bf16_engines
+#      (each bf16 engine forced on the small nets) and bf16_batched (Winograd's products in
+#      bf16 on each engine against float32);
 #   4. issue 33's LeNet to 98% by its own protocol (bench_cli_time_to_accuracy.py, 3 seeds),
 #      then CIFAR10-quick to loss 0.3 with settings already good and with Caffe's, one round;
 #   5. bench_train --precision bf16 on CaffeNet b256, AlexNet b32 and GoogLeNet b32;
@@ -25,7 +28,8 @@
 #      training step of LeNet and CIFAR10-quick under this build and the baseline's, in
 #      alternating processes (what a change to the compiled kernels gains on this host).
 # With --bundle DIR (scripts/cpu_bundle.sh made it here; carry it): installs its wheels into
-# /tmp/site, unpacks MKL into /tmp/mkl (CCT_BF16_LIBRARY), puts this tree's Python over the
+# /tmp/site, unpacks MKL into /tmp/mkl (CCT_BF16_LIBRARY) and oneDNN into /tmp/dnnl
+# (CCT_ONEDNN_LIBRARY), puts this tree's Python over the
 # wheel's and reads DIR/shared as CCT_SHARED. Logs go under $OUT (default ./cpu_check_out)
 # and into $OUT/logs.tgz after each step; the last lines of each step are printed.
 #
@@ -45,6 +49,8 @@
 # step in streams, then the first table and the baseline alone, on a quiet host:
 #   STREAMS=7 DEADLINE=500 OUT=$OUT bash scripts/cpu_check.sh --bundle .cpu-bundle   (570 s)
 #   STEPS=bench_train_bf16,baseline_ab DEADLINE=255 OUT=$OUT bash scripts/cpu_check.sh ...
+# With oneDNN in the bundle, the quiet second run is better spent on what the streams time
+# worst and oneDNN's answer rests on: STEPS=bench_train_bf16,onednn_ab,conv_layouts_bf16.
 set -u
 REPO=$(pwd)
 OUT=${OUT:-cpu_check_out}
@@ -58,6 +64,10 @@ if [ "${1:-}" = "--bundle" ]; then
     mkdir -p /tmp/mkl && tar -C /tmp/mkl -xJf "$BUNDLE/mkl.tar.xz"
     export CCT_BF16_LIBRARY=/tmp/mkl/libmkl_rt.so.3 \
         LD_LIBRARY_PATH=/tmp/mkl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    if [ -f "$BUNDLE/onednn.tar.xz" ]; then
+        mkdir -p /tmp/dnnl && tar -C /tmp/dnnl -xJf "$BUNDLE/onednn.tar.xz"
+        export CCT_ONEDNN_LIBRARY=/tmp/dnnl/libdnnl.so.3
+    fi
     if [ -d "$BUNDLE/baseline" ]; then    # this install with the baseline's compiled _C
         rm -rf /tmp/site_baseline && cp -r /tmp/site /tmp/site_baseline
         rm -f /tmp/site_baseline/cct/_C*.so && cp "$BUNDLE"/baseline/_C*.so /tmp/site_baseline/cct/
@@ -89,15 +99,15 @@ PY
     echo "== streams on CPU pairs: $PAIRS"
     read -r -a PAIR <<< "$PAIRS"; NAMES=(A B C D E F G)
     if [ "${#PAIR[@]}" -ge 7 ]; then     # the big nets one to a stream: each takes minutes
-        GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16"
+        GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16,onednn_ab"
                    "bench_train_bf16_googlenet_b32,bf16_engines"
                    "bench_train_bf16_caffenet_b256" "bench_train_bf16_alexnet_b32,bf16_batched"
-                   "conv_layouts,bench_layers" "skinny_gemm,thin_gemm,baseline_ab"
-                   "bench_layers_bf16")
+                   "conv_layouts_bf16,conv_layouts,bench_layers"
+                   "skinny_gemm,thin_gemm,baseline_ab" "bench_layers_bf16")
     else
-        GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16,bf16_batched"
+        GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16,onednn_ab,bf16_batched"
                    "bench_train_bf16_big"
-                   "conv_layouts,bench_layers,bench_layers_bf16"
+                   "conv_layouts_bf16,conv_layouts,bench_layers,bench_layers_bf16"
                    "skinny_gemm,thin_gemm,baseline_ab,bf16_engines")
     fi
     rm -rf /tmp/cpu_streams; n=0
@@ -152,6 +162,24 @@ print('float32 races with MKL:', _C.gemm_choices())" > "$OUT/logs/mkl_probe.txt"
 else
     echo "== MKL probe:"; tail -n 3 "$OUT/logs/mkl_probe.txt" 2>/dev/null
 fi
+# oneDNN: its version and the implementation its bf16 convolution takes on CaffeNet's conv3
+# (on AMX, brg:avx512_core_amx); where it does not load, the races run without it, saying so.
+if [ -n "${CCT_ONEDNN_LIBRARY:-}" ] && ! $PIN python3 -P -c "
+from cct.backend import onednn
+from cct.native import _C
+why = onednn.load()
+if why:
+    raise SystemExit(why)
+print('oneDNN', _C.onednn_version())
+for bf16 in (False, True):
+    print('bf16' if bf16 else 'float32', [_C.onednn_conv_impl(k, (32, 256, 13, 13), 384,
+          (3, 3), (1, 1), (1, 1), (1, 1), 1, bf16) for k in range(3)])" \
+        > "$OUT/logs/onednn_probe.txt" 2>&1; then
+    echo "== oneDNN does not run here:"; tail -n 3 "$OUT/logs/onednn_probe.txt"
+    unset CCT_ONEDNN_LIBRARY
+else
+    echo "== oneDNN probe:"; tail -n 3 "$OUT/logs/onednn_probe.txt" 2>/dev/null
+fi
 # The kernels' tests, from a copy of tests/ beside no cct/ source (the wheel's _C is the one
 # tested): the direct convolution's 16-pixel tile, the skinny engine's 16-lane tile and the
 # AVX-512 vector clones (Winograd, pooling, LRN) give the bits the tests promise; cct's
@@ -159,7 +187,8 @@ fi
 TESTS_COPY=$(mktemp -d) && cp -r tests pyproject.toml "$TESTS_COPY/"
 step kernel_tests 90 8 bash -c "cd $TESTS_COPY && $PIN python3 -m pytest -q -p no:cacheprovider \
     tests/backend/test_cpu_kernels.py tests/backend/test_gemm_skinny.py \
-    tests/backend/test_gemm_mkl.py tests/backend/test_bf16.py tests/backend/test_plans.py"
+    tests/backend/test_gemm_mkl.py tests/backend/test_bf16.py tests/backend/test_plans.py \
+    tests/backend/test_conv_onednn.py"
 step engine_race 60 6 $PIN python3 -P -c "
 from cct.backend import precision
 print('bf16:', precision.set_precision('bf16', source='cpu_check'))
@@ -167,6 +196,10 @@ print(precision.engine_description())"
 # (its last lines: where each net's bf16 GEMM shapes went, the engines raced shape by shape)
 step bench_train_bf16 200 18 $PIN python3 bench/bench_train.py \
     --nets lenet,cifar10_quick,caffenet_b32 --iters 5 --precision bf16
+# oneDNN's convolutions in the bf16 races (the default) against without them, alternated
+step onednn_ab 200 8 bash -c "for r in 1 2; do for e in bf16 off; do echo CCT_ONEDNN=\$e:; \
+    CCT_ONEDNN=\$e $PIN python3 bench/bench_train.py --nets lenet,cifar10_quick,caffenet_b32 \
+    --iters 5 --precision bf16 --no-torch | grep -E '^(lenet|cifar|caffenet)' | sort -u; done; done"
 # the skinny float32 GEMM engine against OpenBLAS's orders on the FC forward shapes (its 8- and
 # 16-lane tiles), and CaffeNet b32 with and without its plans
 step skinny_gemm 90 10 $PIN python3 bench/bench_skinny_gemm.py --nets caffenet_b32 --rounds 6
@@ -180,6 +213,9 @@ step thin_gemm 180 12 $PIN python3 bench/bench_thin_gemm.py --nets cifar10_quick
 # a strided layer's phase forms), forward and both backward kernels: 45 s on a Zen 4
 step conv_layouts 120 30 $PIN python3 bench/bench_conv_layouts.py \
     --nets cifar10_quick,caffenet_b32 --repeats 3
+# the same under bf16, with oneDNN's column and its implementations (AMX's?)
+step conv_layouts_bf16 150 40 $PIN python3 bench/bench_conv_layouts.py \
+    --nets cifar10_quick,caffenet_b32 --repeats 3 --precision bf16
 # (LeNet too: the net with the thinnest margin on this Xeon, 1.52x PyTorch in the quiet run)
 step bench_layers 150 50 $PIN python3 bench/bench_layers.py \
     --nets lenet,cifar10_quick,caffenet_b32 --iters 5

@@ -82,6 +82,10 @@ BF16_ITEMS_CHOICE = 7  # a batched GEMM row's choice of its items one by one in 
 BF16_ENGINE_CHOICES = {8: "mkl_threaded", 9: "avx512bf16"}
 BF16_SHAPE_ENGINES = tuple(BF16_ENGINE_CHOICES.values())
 SKINNY_CHOICES = (4, 6)  # the skinny engine's: vectors of 8 lanes, of 16 (the same bits)
+# conv.cpp's layouts by number (a convolution row's layout; onednn.LAYOUT is the last).
+CONV_LAYOUT_NAMES = ("lowered", "pointwise", "direct", "winograd", "winograd4x4", "phase-direct",
+                     "phase-winograd", "phase-winograd4x4", "direct16", "phase-direct16",
+                     "onednn")
 _CONV_FIELDS = 8
 _GEMM_FIELDS = 9
 _GEMM_FIELDS_BEFORE_ACCUMULATE = 8  # tables written before adding and overwriting were apart
@@ -197,6 +201,17 @@ def _gemm_batch_rows_now(rows: list) -> list:
     return [row[:6] + [4] + row[6:]
             if isinstance(row, list) and len(row) == _GEMM_BATCH_FIELDS_BEFORE_SIZE else row
             for row in rows]
+
+
+def conv_modes(modes: int) -> dict:
+    """A convolution row's modes (conv.cpp's plan_modes, one mixed-radix number) spelled out:
+    the forced layout mode (0: measured among all), the partition mode, whether measured (not
+    the rule's), whether under bf16 GEMMs, whether Caffe's engine."""
+    radix = len(CONV_LAYOUT_NAMES) + 1
+    rest = modes // radix
+    return {"layout_mode": modes % radix, "partition_mode": rest % 3,
+            "measured": (rest // 3) % 2 == 0, "bf16": (rest // 6) % 2 == 1,
+            "caffe_engine": (rest // 12) % 2 == 1}
 
 
 def _conv_row(row) -> tuple:

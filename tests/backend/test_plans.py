@@ -80,6 +80,28 @@ def test_an_installed_table_is_what_runs(fresh_plans, parts):
         assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("mode,partition,deterministic", [(0, 0, False), (4, 0, False),
+                                                         (0, 2, False), (0, 0, True)])
+def test_conv_modes_spells_out_the_kernels_modes(fresh_plans, mode, partition, deterministic):
+    """plans.conv_modes reads a row's modes as conv.cpp's plan_modes wrote them (its radix is
+    the number of layouts, which grows with them)."""
+    x, weight, bias, _, geom = conv_arrays(GEOMETRY, np.float32)
+    plans.set_deterministic(deterministic)
+    _C.set_conv_layout(mode)
+    _C.set_partition_mode(partition)
+    try:
+        cpu.conv_forward(x, weight, bias, *geom)
+    finally:
+        _C.set_conv_layout(0)
+        _C.set_partition_mode(0)
+    (row,) = _C.conv_plan_table()
+    assert plans.conv_modes(row[4]) == {"layout_mode": mode, "partition_mode": partition,
+                                        "measured": not deterministic, "bf16": False,
+                                        "caffe_engine": False}
+    assert plans.CONV_LAYOUT_NAMES[row[6]] in ("lowered", "winograd", "direct", "direct16",
+                                               "winograd4x4", "pointwise")
+
+
 def test_table_round_trips_through_json(fresh_plans):
     x, weight, bias, dy, geom = conv_arrays(GEOMETRY, np.float32)
     conv_step(x, weight, bias, dy, geom, np.zeros(weight.shape, np.float32))

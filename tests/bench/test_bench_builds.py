@@ -38,10 +38,21 @@ def test_each_build_runs_from_its_own_folder(tmp_path, fresh):
     assert out.returncode == 0, out.stderr
     rows = [r for r in out.stdout.splitlines() if "training step" in r]
     assert [r.split()[:2] for r in rows] == [["lenet", "a"], ["lenet", "b"]]
-    assert rows[0].endswith("1.000x of a")
+    assert "1.000x of a;" in rows[0]
+    # the shared cache: every timed process starts from the plans an untimed one wrote; with
+    # fresh plans none does
+    assert all(r.endswith(f"{0 if fresh else 2} of 2 from cached plans") for r in rows), rows
     # with fresh plans, each process's median too (two rounds: two a build)
     each = [r.split(":")[1].split() for r in out.stdout.splitlines() if "each process" in r]
     assert [len(e) for e in each] == ([2, 2] if fresh else [])
+
+
+def test_env_sets_a_build_apart(tmp_path):
+    """One folder as two builds, told apart by --env; a bad --env is refused."""
+    site = pathlib.Path(cct.__file__).parent.parent
+    out = run("--build", f"a={site}", "--build", f"b={site}", "--env", "c:X=1")
+    assert out.returncode != 0
+    assert "--env 'c:X=1': expected NAME:VAR=VALUE, NAME one of a, b" in out.stderr
 
 
 def test_a_folder_without_cct_is_refused(tmp_path):
