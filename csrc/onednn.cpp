@@ -1,6 +1,7 @@
 // oneDNN's convolutions loaded at run time (see onednn.h).
 #include "onednn.h"
 #include "parallel.h"
+#include "workspace.h"
 
 #include <dlfcn.h>
 
@@ -57,7 +58,10 @@ constexpr int kQueryImplInfo = 8, kQuerySrc = 129, kQueryDiffSrc = 130, kQueryWe
               kQueryDiffWeights = 132, kQueryDst = 133, kQueryDiffDst = 134;  // dnnl_query_t
 constexpr int kArgSrc = 1, kArgDst = 17, kArgWeights = 33, kArgBias = 41, kArgDiffSrc = 129,
               kArgDiffDst = 145, kArgDiffWeights = 161;  // DNNL_ARG_*
-void* const kAllocate = reinterpret_cast<void*>(~size_t(0));  // DNNL_MEMORY_ALLOCATE
+constexpr int kScratchpadUser = 1;                           // dnnl_scratchpad_mode_user
+constexpr int kQueryScratchpad = 136;                         // dnnl_query_scratchpad_md
+constexpr int kArgScratchpad = 80;                            // DNNL_ARG_SCRATCHPAD
+constexpr size_t kAlign = 64;  // oneDNN's kernels read and write whole cache lines
 
 struct Api {
   Status (*engine_create)(dnnl_engine**, int, size_t);
@@ -65,6 +69,7 @@ struct Api {
   Status (*stream_wait)(dnnl_stream*);
   Status (*md_create)(Md*, int, const Dims, int, int);
   Status (*md_destroy)(Md);
+  size_t (*md_size)(ConstMd);
   int (*md_equal)(ConstMd, ConstMd);
   Status (*memory_create)(Mem*, ConstMd, dnnl_engine*, void*);
   Status (*memory_set_handle)(Mem, void*);
@@ -72,6 +77,7 @@ struct Api {
   Status (*attr_create)(dnnl_primitive_attr**);
   Status (*attr_destroy)(dnnl_primitive_attr*);
   Status (*attr_set_post_ops)(dnnl_primitive_attr*, const dnnl_post_ops*);
+  Status (*attr_set_scratchpad_mode)(dnnl_primitive_attr*, int);
   Status (*post_ops_create)(dnnl_post_ops**);
   Status (*post_ops_destroy)(dnnl_post_ops*);
   Status (*post_ops_append_eltwise)(dnnl_post_ops*, int, float, float);
@@ -142,10 +148,13 @@ void make_md(OwnedMd* md, std::vector<int64_t> dims, int data_type, int tag) {
   check(g_api.md_create(&md->h, int(dims.size()), d, data_type, tag), "memory descriptor");
 }
 
+size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
 // One tensor of a convolution: cct's float32 blob (user) and the layout the primitive wants
-// (inner). Where the two differ, the inner tensor has a buffer of oneDNN's and a reorder moves
-// the data across (into it for an operand, out of it for a result); else the primitive works
-// on the blob itself.
+// (inner). Where the two differ, the inner tensor lives in the calling thread's convolution
+// workspace (workspace.h: one buffer, grown to the largest layer's, not one per layer) at
+// `offset`, and a reorder moves the data across (into it for an operand, out of it for a
+// result); else the primitive works on the blob itself.
 struct Operand {
   OwnedMd user;
   ConstMd inner = nullptr;  // the primitive descriptor's
@@ -153,20 +162,24 @@ struct Operand {
   OwnedPd reorder_pd, sum_pd;
   OwnedPrim reorder, reorder_sum;  // reorder_sum: the result added into the blob
   bool direct = false;
+  size_t offset = 0;  // in the workspace; the bytes after it are the inner tensor's
 
   // into: the reorder runs user -> inner (an operand) or inner -> user (a result); with_sum
   // (results only): a second reorder that adds into the blob, for the weight diff's
   // accumulate. Result operands never work on the blob directly where with_sum is asked.
-  void init(ConstMd wanted, bool into, bool with_sum) {
+  // Returns the workspace bytes it takes after `offset`.
+  size_t init(ConstMd wanted, bool into, bool with_sum, size_t at) {
     inner = wanted;
+    offset = at;
     check(g_api.memory_create(&user_mem.h, user.h, g_engine, nullptr), "memory");
     direct = !with_sum && g_api.md_equal(user.h, inner);
-    if (direct) return;
-    check(g_api.memory_create(&inner_mem.h, inner, g_engine, kAllocate), "memory");
+    if (direct) return 0;
+    check(g_api.memory_create(&inner_mem.h, inner, g_engine, nullptr), "memory");
     ConstMd src = into ? ConstMd(user.h) : inner, dst = into ? inner : ConstMd(user.h);
     check(g_api.reorder_pd(&reorder_pd.h, src, g_engine, dst, g_engine, nullptr), "reorder");
     check(g_api.primitive_create(&reorder.h, reorder_pd.h), "reorder");
-    if (!with_sum) return;
+    const size_t bytes = aligned(g_api.md_size(inner));
+    if (!with_sum) return bytes;
     OwnedPostOps ops;
     OwnedAttr attr;
     check(g_api.post_ops_create(&ops.h), "post-ops");
@@ -175,12 +188,15 @@ struct Operand {
     check(g_api.attr_set_post_ops(attr.h, ops.h), "attributes");
     check(g_api.reorder_pd(&sum_pd.h, src, g_engine, dst, g_engine, attr.h), "reorder");
     check(g_api.primitive_create(&reorder_sum.h, sum_pd.h), "reorder");
+    return bytes;
   }
 
-  // The memory the primitive reads or writes for `blob`; an operand's data moved in first.
-  Mem bind(const float* blob, bool into, dnnl_stream* stream) {
+  // The memory the primitive reads or writes for `blob` (the inner tensor in `workspace`); an
+  // operand's data moved in first.
+  Mem bind(const float* blob, bool into, char* workspace, dnnl_stream* stream) {
     check(g_api.memory_set_handle(user_mem.h, const_cast<float*>(blob)), "memory handle");
     if (direct) return user_mem.h;
+    check(g_api.memory_set_handle(inner_mem.h, workspace + offset), "memory handle");
     if (into) {
       const ExecArg args[] = {{kArgSrc, user_mem.h}, {kArgDst, inner_mem.h}};
       check(g_api.primitive_execute(reorder.h, stream, 2, args), "reorder");
@@ -209,7 +225,8 @@ struct Conv {
   Operand a, b, out;  // forward: src, weights, dst; backward data: diff_dst, weights,
                       // diff_src; backward weight: src, diff_dst, diff_weights
   OwnedMd bias_md;
-  OwnedMem bias_mem;
+  OwnedMem bias_mem, scratchpad;  // the scratchpad: oneDNN's own scratch, in the workspace too
+  size_t scratchpad_offset = 0, workspace_bytes = 0;
   dnnl_stream* stream = nullptr;
   std::mutex mutex;  // the stream, like the primitives, lives as long as the process
 };
@@ -270,6 +287,7 @@ void build(Conv* conv, int kernel, const ConvGeom& g, bool bf16, bool bias, bool
     OwnedPostOps ops;
     OwnedAttr attr;
     check(g_api.attr_create(&attr.h), "attributes");
+    check(g_api.attr_set_scratchpad_mode(attr.h, kScratchpadUser), "attributes");
     if (fuse_relu) {
       check(g_api.post_ops_create(&ops.h), "post-ops");
       // oneDNN's ReLU writes 0 * x, -0 for a negative x, where Caffe's writes +0
@@ -289,15 +307,18 @@ void build(Conv* conv, int kernel, const ConvGeom& g, bool bf16, bool bias, bool
     if (!conv->relu_fused && !forward_pd(&conv->pd, false)) return;
   } else {
     if (!forward_pd(&forward, false)) return;
+    OwnedAttr attr;
+    check(g_api.attr_create(&attr.h), "attributes");
+    check(g_api.attr_set_scratchpad_mode(attr.h, kScratchpadUser), "attributes");
     Status status;
     if (kernel == 1) {
       status = g_api.conv_backward_data_pd(&conv->pd.h, g_engine, kConvDirect, src_f32.h,
                                            weights_any.h, dst_any.h, d.strides, d.dilates,
-                                           d.pad_l, d.pad_r, forward.h, nullptr);
+                                           d.pad_l, d.pad_r, forward.h, attr.h);
     } else {
       status = g_api.conv_backward_weights_pd(&conv->pd.h, g_engine, kConvDirect, src_any.h,
                                               weights_f32.h, nullptr, dst_any.h, d.strides,
-                                              d.dilates, d.pad_l, d.pad_r, forward.h, nullptr);
+                                              d.dilates, d.pad_l, d.pad_r, forward.h, attr.h);
     }
     if (status != kSuccess) return;
   }
@@ -318,11 +339,12 @@ void prepare(Conv* conv, int kernel, const ConvGeom& g, bool bias) {
   make_md(&conv->out.user, kernel == 0 ? d.dst : kernel == 1 ? d.src : d.weights, kF32,
           kernel == 2 && g.group > 1 ? kTagAbcde : kTagAbcd);
   const auto md = [&](int what) { return g_api.pd_query_md(conv->pd.h, what, 0); };
+  size_t at = 0;
   switch (kernel) {
     case 0:
-      conv->a.init(md(kQuerySrc), true, false);
-      conv->b.init(md(kQueryWeights), true, false);
-      conv->out.init(md(kQueryDst), false, false);
+      at += conv->a.init(md(kQuerySrc), true, false, at);
+      at += conv->b.init(md(kQueryWeights), true, false, at);
+      at += conv->out.init(md(kQueryDst), false, false, at);
       if (bias) {
         make_md(&conv->bias_md, {g.o}, kF32, kTagA);
         check(g_api.memory_create(&conv->bias_mem.h, conv->bias_md.h, g_engine, nullptr),
@@ -330,15 +352,20 @@ void prepare(Conv* conv, int kernel, const ConvGeom& g, bool bias) {
       }
       break;
     case 1:
-      conv->a.init(md(kQueryDiffDst), true, false);
-      conv->b.init(md(kQueryWeights), true, false);
-      conv->out.init(md(kQueryDiffSrc), false, false);
+      at += conv->a.init(md(kQueryDiffDst), true, false, at);
+      at += conv->b.init(md(kQueryWeights), true, false, at);
+      at += conv->out.init(md(kQueryDiffSrc), false, false, at);
       break;
     default:
-      conv->a.init(md(kQuerySrc), true, false);
-      conv->b.init(md(kQueryDiffDst), true, false);
-      conv->out.init(md(kQueryDiffWeights), false, true);
+      at += conv->a.init(md(kQuerySrc), true, false, at);
+      at += conv->b.init(md(kQueryDiffDst), true, false, at);
+      at += conv->out.init(md(kQueryDiffWeights), false, true, at);
   }
+  const ConstMd scratchpad = md(kQueryScratchpad);
+  conv->scratchpad_offset = at;
+  at += aligned(g_api.md_size(scratchpad));
+  check(g_api.memory_create(&conv->scratchpad.h, scratchpad, g_engine, nullptr), "memory");
+  conv->workspace_bytes = at;
   check(g_api.primitive_create(&conv->prim.h, conv->pd.h), "primitive");
   dnnl_stream* stream = nullptr;
   check(g_api.stream_create(&stream, g_engine, kInOrder), "stream");
@@ -385,15 +412,21 @@ Conv* supported_conv(int kernel, const ConvGeom& g, bool bf16, bool bias, bool r
   return conv;
 }
 
-// Runs body() on the call's OpenMP team, cct's workers parked.
+// Runs body(workspace) on the call's OpenMP team, cct's workers parked; the workspace holds
+// the inner tensors and the scratchpad, the latter bound here.
 template <typename F>
 void on_threads(Conv* conv, F&& body) {
   std::lock_guard<std::mutex> lock(conv->mutex);
+  const uintptr_t raw =
+      reinterpret_cast<uintptr_t>(thread_workspace(conv->workspace_bytes + kAlign));
+  char* workspace = reinterpret_cast<char*>((raw + kAlign - 1) / kAlign * kAlign);
+  check(g_api.memory_set_handle(conv->scratchpad.h, workspace + conv->scratchpad_offset),
+        "memory handle");
   park_workers();
   const int before = g_api.omp_get_max_threads();
   g_api.omp_set_num_threads(call_threads());
   try {
-    body();
+    body(workspace);
     check(g_api.stream_wait(conv->stream), "stream");
   } catch (...) {
     g_api.omp_set_num_threads(before);
@@ -415,6 +448,7 @@ std::string load_onednn(const std::string& path) {
             bind(lib, "dnnl_stream_wait", &api.stream_wait) &&
             bind(lib, "dnnl_memory_desc_create_with_tag", &api.md_create) &&
             bind(lib, "dnnl_memory_desc_destroy", &api.md_destroy) &&
+            bind(lib, "dnnl_memory_desc_get_size", &api.md_size) &&
             bind(lib, "dnnl_memory_desc_equal", &api.md_equal) &&
             bind(lib, "dnnl_memory_create", &api.memory_create) &&
             bind(lib, "dnnl_memory_set_data_handle", &api.memory_set_handle) &&
@@ -422,6 +456,7 @@ std::string load_onednn(const std::string& path) {
             bind(lib, "dnnl_primitive_attr_create", &api.attr_create) &&
             bind(lib, "dnnl_primitive_attr_destroy", &api.attr_destroy) &&
             bind(lib, "dnnl_primitive_attr_set_post_ops", &api.attr_set_post_ops) &&
+            bind(lib, "dnnl_primitive_attr_set_scratchpad_mode", &api.attr_set_scratchpad_mode) &&
             bind(lib, "dnnl_post_ops_create", &api.post_ops_create) &&
             bind(lib, "dnnl_post_ops_destroy", &api.post_ops_destroy) &&
             bind(lib, "dnnl_post_ops_append_eltwise", &api.post_ops_append_eltwise) &&
@@ -498,10 +533,11 @@ std::string onednn_conv_impl(int kernel, const ConvGeom& g, bool bf16) {
 void onednn_conv_forward(bool bf16, const float* x, const float* weight, const float* bias,
                          bool relu, float* y, const ConvGeom& g) {
   Conv* conv = supported_conv(0, g, bf16, bias != nullptr, relu);
-  on_threads(conv, [&] {
-    std::vector<ExecArg> args = {{kArgSrc, conv->a.bind(x, true, conv->stream)},
-                                 {kArgWeights, conv->b.bind(weight, true, conv->stream)},
-                                 {kArgDst, conv->out.bind(y, false, conv->stream)}};
+  on_threads(conv, [&](char* ws) {
+    std::vector<ExecArg> args = {{kArgSrc, conv->a.bind(x, true, ws, conv->stream)},
+                                 {kArgWeights, conv->b.bind(weight, true, ws, conv->stream)},
+                                 {kArgDst, conv->out.bind(y, false, ws, conv->stream)},
+                                 {kArgScratchpad, conv->scratchpad.h}};
     if (bias != nullptr) {
       check(g_api.memory_set_handle(conv->bias_mem.h, const_cast<float*>(bias)), "memory");
       args.push_back({kArgBias, conv->bias_mem.h});
@@ -521,11 +557,12 @@ void onednn_conv_forward(bool bf16, const float* x, const float* weight, const f
 void onednn_conv_backward_data(bool bf16, const float* dy, const float* weight, float* dx,
                                const ConvGeom& g) {
   Conv* conv = supported_conv(1, g, bf16, false, false);
-  on_threads(conv, [&] {
-    const ExecArg args[] = {{kArgDiffDst, conv->a.bind(dy, true, conv->stream)},
-                            {kArgWeights, conv->b.bind(weight, true, conv->stream)},
-                            {kArgDiffSrc, conv->out.bind(dx, false, conv->stream)}};
-    check(g_api.primitive_execute(conv->prim.h, conv->stream, 3, args), "convolution");
+  on_threads(conv, [&](char* ws) {
+    const ExecArg args[] = {{kArgDiffDst, conv->a.bind(dy, true, ws, conv->stream)},
+                            {kArgWeights, conv->b.bind(weight, true, ws, conv->stream)},
+                            {kArgDiffSrc, conv->out.bind(dx, false, ws, conv->stream)},
+                            {kArgScratchpad, conv->scratchpad.h}};
+    check(g_api.primitive_execute(conv->prim.h, conv->stream, 4, args), "convolution");
     conv->out.finish(false, conv->stream);
   });
 }
@@ -533,11 +570,12 @@ void onednn_conv_backward_data(bool bf16, const float* dy, const float* weight, 
 void onednn_conv_backward_weight(bool bf16, const float* x, const float* dy, float* dweight,
                                  bool accumulate, const ConvGeom& g) {
   Conv* conv = supported_conv(2, g, bf16, false, false);
-  on_threads(conv, [&] {
-    const ExecArg args[] = {{kArgSrc, conv->a.bind(x, true, conv->stream)},
-                            {kArgDiffDst, conv->b.bind(dy, true, conv->stream)},
-                            {kArgDiffWeights, conv->out.bind(dweight, false, conv->stream)}};
-    check(g_api.primitive_execute(conv->prim.h, conv->stream, 3, args), "convolution");
+  on_threads(conv, [&](char* ws) {
+    const ExecArg args[] = {{kArgSrc, conv->a.bind(x, true, ws, conv->stream)},
+                            {kArgDiffDst, conv->b.bind(dy, true, ws, conv->stream)},
+                            {kArgDiffWeights, conv->out.bind(dweight, false, ws, conv->stream)},
+                            {kArgScratchpad, conv->scratchpad.h}};
+    check(g_api.primitive_execute(conv->prim.h, conv->stream, 4, args), "convolution");
     conv->out.finish(accumulate, conv->stream);
   });
 }
