@@ -3,16 +3,19 @@
 # scripts/cpu_check.sh: run here, from the repository root, with a Python 3.12 that can build
 # the wheel (the device's Python), then carry the folder:
 #
-#   scripts/cpu_bundle.sh [python3.12]     # makes .cpu-bundle/ (git-ignored), ~62 MB
+#   scripts/cpu_bundle.sh [python3.12]     # makes .cpu-bundle/ (git-ignored), ~58 MB
 #   BASELINE=REV scripts/cpu_bundle.sh     # and REV's compiled _C (1.1 MB): cpu_check.sh's
 #                                          # baseline_ab step times this build against it
 #   device run, carry [".cpu-bundle"]:  bash scripts/cpu_check.sh --bundle .cpu-bundle
 #
 # .cpu-bundle/whl: cct's wheel for cp312, lmdb, protobuf 6.31.1 and pytest (the kernel tests'
 # step); .cpu-bundle/mkl.tar.xz:
-# the MKL libraries the bf16 engines load (libmkl_rt, the LP64 interface, core, sequential,
-# gnu_thread and the AVX-512 kernels, which hold AMX's; 255 MB, 45 MB in xz: the whole `mkl`
-# wheel would not fit the 64 MiB a device call carries, and the device has no network);
+# the MKL libraries the bf16 engines load (libmkl_rt, the LP64 interface, core, gnu_thread and
+# the AVX-512 kernels, which hold AMX's; 227 MB, 39 MB in xz -9: the whole `mkl` wheel would
+# not fit the 64 MiB a device call carries with the tree, and the device has no network). Not
+# libmkl_sequential: cct runs MKL on its GNU threading layer wherever libgomp loads (the device
+# has it), one thread for the column-block engine, and where MKL does not run, cpu_check.sh's
+# probe says so and measures without it;
 # .cpu-bundle/onednn.tar.xz: oneDNN's libdnnl.so.3 from the installed onednn-cpu-gomp wheel
 # (the `onednn` extra; 55 MB, 7 MB in xz), for the convolutions' oneDNN layout;
 # .cpu-bundle/shared:
@@ -31,9 +34,8 @@ MKL=$(python3 -c "
 import importlib.metadata as md, pathlib
 f = [f for f in md.files('mkl') if f.name.startswith('libmkl_rt.so')][0]
 print(pathlib.Path(f.locate()).resolve().parent)")
-tar -C "$MKL" -cf - libmkl_rt.so.3 libmkl_core.so.3 libmkl_sequential.so.3 \
-    libmkl_gnu_thread.so.3 libmkl_intel_lp64.so.3 libmkl_avx512.so.3 | xz -T0 -6 \
-    > .cpu-bundle/mkl.tar.xz
+tar -C "$MKL" -cf - libmkl_rt.so.3 libmkl_core.so.3 libmkl_gnu_thread.so.3 \
+    libmkl_intel_lp64.so.3 libmkl_avx512.so.3 | xz -T0 -9 > .cpu-bundle/mkl.tar.xz
 DNNL=$(python3 -c "
 import importlib.metadata as md, pathlib
 f = [f for f in md.files('onednn-cpu-gomp') if f.name == 'libdnnl.so.3'][0]
@@ -50,4 +52,7 @@ if [ -n "${BASELINE:-}" ]; then     # a wheel of REV's tree, of which only _C tr
     git worktree remove --force "$TREE"
 fi
 chmod -R u+w .cpu-bundle
+# The tree and the bundle travel together, 64 MiB at most: say what they come to.
 du -sh .cpu-bundle
+echo "with the tracked tree: $(( ($(du -sb .cpu-bundle | cut -f1) + \
+    $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)) >> 20 )) MiB of the 64 a call carries"

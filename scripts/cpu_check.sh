@@ -140,7 +140,8 @@ echo "== $(lscpu | grep 'Model name' | sed 's/  */ /g'); flags: $(grep -o -w \
 python3 -P -c "import numpy, cct; print('NumPy', numpy.__version__, 'cct', cct.__file__)"
 cd "$REPO"
 # MKL ends the process when a kernel library it dispatches to is missing (AMD CPUs take
-# libmkl_def, AVX10 ones libmkl_avx10, neither in the bundle): probe one bf16 GEMM per MKL
+# libmkl_def, AVX10 ones libmkl_avx10, and a host without libgomp libmkl_sequential, none of
+# them in the bundle): probe one bf16 GEMM per MKL
 # engine and a float32 race with MKL's sgemm first, and without MKL measure cct's own
 # AVX512-BF16 kernel, saying so. (Whether MKL's sgemm keeps its bits at other operand
 # alignments, strict CNR mode not being set, is test_gemm_mkl's, in the kernel_tests step.)
