@@ -227,8 +227,8 @@ struct Conv {
   OwnedMd bias_md;
   OwnedMem bias_mem, scratchpad;  // the scratchpad: oneDNN's own scratch, in the workspace too
   size_t scratchpad_offset = 0, workspace_bytes = 0;
-  dnnl_stream* stream = nullptr;
-  std::mutex mutex;  // the stream, like the primitives, lives as long as the process
+  dnnl_stream* stream = nullptr;  // like the primitives, kept as long as the process
+  std::mutex mutex;
 };
 
 using ConvKey = std::tuple<int, std::array<int64_t, 16>, bool, bool, bool, int>;
