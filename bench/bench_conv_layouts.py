@@ -50,19 +50,21 @@ def phase_form(geom):
     return tuple(-(-k // s) for k, s in zip(kernel, stride)), (1, 1), (0, 0), (1, 1), group
 
 
-def applies(mode: int, kernel_id: int, geom) -> bool:
-    """Whether set_conv_layout(mode) runs its own layout on this kernel (else lowered)."""
+def applies(mode: int, kernel_id: int, geom, x_shape, num_output: int) -> bool:
+    """Whether set_conv_layout(mode) runs its own layout on this kernel of a layer with bottom
+    ``x_shape`` (else lowered)."""
     from cct import _C
 
     if mode == ONEDNN:
-        return bool(onednn_impl(kernel_id, geom))
+        return bool(onednn_impl(kernel_id, geom, x_shape, num_output))
     if mode in PHASE.values():
         phase = phase_form(geom)
         stride1 = next(m for m, p in PHASE.items() if p == mode)
-        return phase is not None and applies(stride1, kernel_id, phase)
+        return phase is not None and applies(stride1, kernel_id, phase, x_shape, num_output)
     kernel, stride, pad, dilation, _ = geom
     if mode == DIRECT16:
-        return kernel_id != 2 and _C.cpu_has_avx512() and applies(DIRECT, kernel_id, geom)
+        return kernel_id != 2 and _C.cpu_has_avx512() and applies(DIRECT, kernel_id, geom,
+                                                                  x_shape, num_output)
     if mode == DIRECT:
         return stride == (1, 1) and _C.cpu_has_direct_conv()
     if mode in (WINOGRAD, WINOGRAD4):
@@ -72,22 +74,18 @@ def applies(mode: int, kernel_id: int, geom) -> bool:
     return True
 
 
-def onednn_impl(kernel_id: int, geom, x_shape=None, num_output=None) -> str:
+def onednn_impl(kernel_id: int, geom, x_shape, num_output: int) -> str:
     """oneDNN's implementation of this kernel where its layout is offered to this precision's
-    races, else "" (the shapes default to the layer being timed)."""
+    races, else ""."""
     from cct import _C
 
     bf16 = _C.bf16_gemm_enabled()
     if not _C.onednn_offered(bf16):
         return ""
-    x_shape = x_shape or _timed["x_shape"]
-    num_output = num_output or _timed["num_output"]
     kernel, stride, pad, dilation, group = geom
     return _C.onednn_conv_impl(kernel_id, x_shape, num_output, kernel, stride, pad, dilation,
                                group, bf16)
 
-
-_timed: dict = {}  # the shapes of the layer time_layer is timing, for onednn_impl
 
 
 def other_modes(geom) -> tuple:
@@ -116,7 +114,6 @@ def time_layer(geom, x_shape, y_shape, repeats: int) -> dict:
 
     rng = np.random.default_rng(0)
     kernel, _, _, _, group = geom
-    _timed.update(x_shape=x_shape, num_output=y_shape[1])
     x = rng.standard_normal(x_shape, dtype=np.float32)
     dy = rng.standard_normal(y_shape, dtype=np.float32)
     weight = rng.standard_normal((y_shape[1], x_shape[1] // group) + kernel, dtype=np.float32)
@@ -129,7 +126,8 @@ def time_layer(geom, x_shape, y_shape, repeats: int) -> dict:
     try:
         for mode in (LOWERED, *other_modes(geom), MEASURED):
             _C.set_conv_layout(mode)
-            times[mode] = [best_of(call, repeats) if applies(mode, k, geom) else None
+            times[mode] = [best_of(call, repeats)
+                           if applies(mode, k, geom, x_shape, y_shape[1]) else None
                            for k, call in enumerate(calls)]
     finally:
         _C.set_conv_layout(MEASURED)
