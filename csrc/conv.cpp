@@ -797,6 +797,10 @@ std::vector<ConvPlanEntry> conv_plan_table() {
   return out;
 }
 
+std::vector<const char*> conv_layout_names() {
+  return std::vector<const char*>(std::begin(kLayoutNames), std::end(kLayoutNames));
+}
+
 void load_conv_plans(const std::vector<ConvPlanEntry>& entries) {
   std::vector<std::pair<PlanKey, Plan>> parsed;
   for (const auto& [kernel, geom, size, threads, modes, parts, layout, chunks] : entries) {

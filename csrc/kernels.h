@@ -60,16 +60,18 @@ void set_conv_layout(int mode);
 // The plans measured so far: (kernel 0 forward / 1 backward data / 2 backward weight,
 // geometry n c h w o ho wo kh kw sh sw ph pw dh dw group, partitions,
 // "lowered"/"lowered-cache-chunks"/"pointwise"/"direct"/"winograd"/"winograd4x4"/
-// "phase-direct"/"phase-winograd"/"phase-winograd4x4"/"direct16"/"phase-direct16").
+// "phase-direct"/"phase-winograd"/"phase-winograd4x4"/"direct16"/"phase-direct16"/"onednn").
 using PlanChoice = std::tuple<int, std::vector<int64_t>, int, const char*>;
 std::vector<PlanChoice> partition_choices();
 // Every convolution plan in the table, key and plan, so that it can be saved and installed in
 // another process: (kernel, geometry, element size, threads, modes, partitions, layout
 // 0 lowered / 1 pointwise / 2 direct / 3 Winograd / 4 Winograd F(4x4) / 5-7 their phase forms
-// / 8 direct's 16-pixel tile / 9 its phase form, cache-sized chunks).
+// / 8 direct's 16-pixel tile / 9 its phase form / 10 oneDNN's, cache-sized chunks).
 using ConvPlanEntry =
     std::tuple<int, std::vector<int64_t>, int64_t, int, int, int, int, bool>;
 std::vector<ConvPlanEntry> conv_plan_table();
+// The layouts' names by number (a plan's layout; the modes' radix is their count plus one).
+std::vector<const char*> conv_layout_names();
 // Installs plans (replacing any with the same key); a later call with that key runs them
 // without measuring.
 void load_conv_plans(const std::vector<ConvPlanEntry>& entries);

@@ -627,6 +627,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("conv_plan_table", &cct::conv_plan_table,
         "(kernel, geometry, itemsize, threads, modes, partitions, layout, cache_chunks) per "
         "convolution plan in the table.");
+  m.def("conv_layout_names", &cct::conv_layout_names,
+        "The convolution layouts' names, by the number a plan holds.");
   m.def("load_conv_plans", &cct::load_conv_plans, py::arg("entries"),
         "Installs convolution plans (conv_plan_table's rows), replacing those of the same key.");
   m.def("load_gemm_choices", &cct::load_gemm_choices, py::arg("entries"),

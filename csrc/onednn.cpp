@@ -376,6 +376,16 @@ void prepare(Conv* conv, int kernel, const ConvGeom& g, bool bias) {
 // The threads a call runs on: cct's count (kept in the key: oneDNN's blocking follows it).
 int call_threads() { return std::max(1, num_threads()); }
 
+// While it lives, the calling thread's OpenMP team is call_threads() strong: primitive
+// descriptors are made for the thread count they will run on, and run on it.
+struct Team {
+  const int before = g_api.omp_get_max_threads();
+  Team() { g_api.omp_set_num_threads(call_threads()); }
+  ~Team() { g_api.omp_set_num_threads(before); }
+  Team(const Team&) = delete;
+  Team& operator=(const Team&) = delete;
+};
+
 Conv* conv_for(int kernel, const ConvGeom& g, bool bf16, bool bias, bool relu,
                bool run = false) {
   if (!g_loaded.load()) return nullptr;
@@ -387,21 +397,13 @@ Conv* conv_for(int kernel, const ConvGeom& g, bool bf16, bool bias, bool relu,
   auto it = g_convs.find(key);
   Conv* conv = it != g_convs.end() ? it->second.get() : nullptr;
   if (conv != nullptr && (!run || conv->ready || !conv->supported)) return conv;
-  // Primitive descriptors are made for the thread count they will run on.
-  const int before = g_api.omp_get_max_threads();
-  g_api.omp_set_num_threads(call_threads());
-  try {
-    if (conv == nullptr) {
-      auto made = std::make_unique<Conv>();
-      build(made.get(), kernel, g, bf16, bias, relu);
-      conv = g_convs.emplace(key, std::move(made)).first->second.get();
-    }
-    if (run && conv->supported) prepare(conv, kernel, g, bias);
-  } catch (...) {
-    g_api.omp_set_num_threads(before);
-    throw;
+  const Team team;
+  if (conv == nullptr) {
+    auto made = std::make_unique<Conv>();
+    build(made.get(), kernel, g, bf16, bias, relu);
+    conv = g_convs.emplace(key, std::move(made)).first->second.get();
   }
-  g_api.omp_set_num_threads(before);
+  if (run && conv->supported) prepare(conv, kernel, g, bias);
   return conv;
 }
 
@@ -412,27 +414,33 @@ Conv* supported_conv(int kernel, const ConvGeom& g, bool bf16, bool bias, bool r
   return conv;
 }
 
-// Runs body(workspace) on the call's OpenMP team, cct's workers parked; the workspace holds
-// the inner tensors and the scratchpad, the latter bound here.
-template <typename F>
-void on_threads(Conv* conv, F&& body) {
+// Runs a prepared convolution on the call's OpenMP team, cct's workers parked: its two
+// operands (a, b: blobs, with their DNNL_ARG numbers) moved into the workspace where their
+// layouts differ from the blobs', the primitive (with the bias where given), and its result
+// moved out into `out` (added into it with accumulate). The workspace holds the inner tensors
+// and oneDNN's scratchpad.
+void execute(Conv* conv, int arg_a, const float* a, int arg_b, const float* b, int arg_out,
+             float* out, bool accumulate, const float* bias = nullptr) {
   std::lock_guard<std::mutex> lock(conv->mutex);
   const uintptr_t raw =
       reinterpret_cast<uintptr_t>(thread_workspace(conv->workspace_bytes + kAlign));
-  char* workspace = reinterpret_cast<char*>((raw + kAlign - 1) / kAlign * kAlign);
-  check(g_api.memory_set_handle(conv->scratchpad.h, workspace + conv->scratchpad_offset),
+  char* ws = reinterpret_cast<char*>((raw + kAlign - 1) / kAlign * kAlign);
+  check(g_api.memory_set_handle(conv->scratchpad.h, ws + conv->scratchpad_offset),
         "memory handle");
   park_workers();
-  const int before = g_api.omp_get_max_threads();
-  g_api.omp_set_num_threads(call_threads());
-  try {
-    body(workspace);
-    check(g_api.stream_wait(conv->stream), "stream");
-  } catch (...) {
-    g_api.omp_set_num_threads(before);
-    throw;
+  const Team team;
+  std::vector<ExecArg> args = {{arg_a, conv->a.bind(a, true, ws, conv->stream)},
+                               {arg_b, conv->b.bind(b, true, ws, conv->stream)},
+                               {arg_out, conv->out.bind(out, false, ws, conv->stream)},
+                               {kArgScratchpad, conv->scratchpad.h}};
+  if (bias != nullptr) {
+    check(g_api.memory_set_handle(conv->bias_mem.h, const_cast<float*>(bias)), "memory");
+    args.push_back({kArgBias, conv->bias_mem.h});
   }
-  g_api.omp_set_num_threads(before);
+  check(g_api.primitive_execute(conv->prim.h, conv->stream, int(args.size()), args.data()),
+        "convolution");
+  conv->out.finish(accumulate, conv->stream);
+  check(g_api.stream_wait(conv->stream), "stream");
 }
 
 }  // namespace
@@ -533,19 +541,7 @@ std::string onednn_conv_impl(int kernel, const ConvGeom& g, bool bf16) {
 void onednn_conv_forward(bool bf16, const float* x, const float* weight, const float* bias,
                          bool relu, float* y, const ConvGeom& g) {
   Conv* conv = supported_conv(0, g, bf16, bias != nullptr, relu);
-  on_threads(conv, [&](char* ws) {
-    std::vector<ExecArg> args = {{kArgSrc, conv->a.bind(x, true, ws, conv->stream)},
-                                 {kArgWeights, conv->b.bind(weight, true, ws, conv->stream)},
-                                 {kArgDst, conv->out.bind(y, false, ws, conv->stream)},
-                                 {kArgScratchpad, conv->scratchpad.h}};
-    if (bias != nullptr) {
-      check(g_api.memory_set_handle(conv->bias_mem.h, const_cast<float*>(bias)), "memory");
-      args.push_back({kArgBias, conv->bias_mem.h});
-    }
-    check(g_api.primitive_execute(conv->prim.h, conv->stream, int(args.size()), args.data()),
-          "convolution");
-    conv->out.finish(false, conv->stream);
-  });
+  execute(conv, kArgSrc, x, kArgWeights, weight, kArgDst, y, false, bias);
   if (relu && !conv->relu_fused) {
     const int64_t count = g.n * g.o * g.ho * g.wo;
     parallel_for(count, 1, [&](int64_t begin, int64_t end) {
@@ -556,28 +552,14 @@ void onednn_conv_forward(bool bf16, const float* x, const float* weight, const f
 
 void onednn_conv_backward_data(bool bf16, const float* dy, const float* weight, float* dx,
                                const ConvGeom& g) {
-  Conv* conv = supported_conv(1, g, bf16, false, false);
-  on_threads(conv, [&](char* ws) {
-    const ExecArg args[] = {{kArgDiffDst, conv->a.bind(dy, true, ws, conv->stream)},
-                            {kArgWeights, conv->b.bind(weight, true, ws, conv->stream)},
-                            {kArgDiffSrc, conv->out.bind(dx, false, ws, conv->stream)},
-                            {kArgScratchpad, conv->scratchpad.h}};
-    check(g_api.primitive_execute(conv->prim.h, conv->stream, 4, args), "convolution");
-    conv->out.finish(false, conv->stream);
-  });
+  execute(supported_conv(1, g, bf16, false, false), kArgDiffDst, dy, kArgWeights, weight,
+          kArgDiffSrc, dx, false);
 }
 
 void onednn_conv_backward_weight(bool bf16, const float* x, const float* dy, float* dweight,
                                  bool accumulate, const ConvGeom& g) {
-  Conv* conv = supported_conv(2, g, bf16, false, false);
-  on_threads(conv, [&](char* ws) {
-    const ExecArg args[] = {{kArgSrc, conv->a.bind(x, true, ws, conv->stream)},
-                            {kArgDiffDst, conv->b.bind(dy, true, ws, conv->stream)},
-                            {kArgDiffWeights, conv->out.bind(dweight, false, ws, conv->stream)},
-                            {kArgScratchpad, conv->scratchpad.h}};
-    check(g_api.primitive_execute(conv->prim.h, conv->stream, 4, args), "convolution");
-    conv->out.finish(accumulate, conv->stream);
-  });
+  execute(supported_conv(2, g, bf16, false, false), kArgSrc, x, kArgDiffDst, dy,
+          kArgDiffWeights, dweight, accumulate);
 }
 
 }  // namespace cct

@@ -32,7 +32,7 @@ from .mkl import gnu_openmp_failure
 LIBRARY_ENV = "CCT_ONEDNN_LIBRARY"
 OFFER_ENV = "CCT_ONEDNN"
 DISTRIBUTION = "onednn-cpu-gomp"
-LAYOUT = 10  # conv.cpp's kOnednn: a plan table's layout number
+LAYOUT = _C.conv_layout_names().index("onednn")  # conv.cpp's kOnednn: a plan row's layout
 _OFFERS = {"bf16": (False, True), "all": (True, True), "off": (False, False)}
 _state: Dict[str, object] = {}  # "offered": (float32, bf16) once offer() ran; "why": if not
 

@@ -82,10 +82,8 @@ BF16_ITEMS_CHOICE = 7  # a batched GEMM row's choice of its items one by one in 
 BF16_ENGINE_CHOICES = {8: "mkl_threaded", 9: "avx512bf16"}
 BF16_SHAPE_ENGINES = tuple(BF16_ENGINE_CHOICES.values())
 SKINNY_CHOICES = (4, 6)  # the skinny engine's: vectors of 8 lanes, of 16 (the same bits)
-# conv.cpp's layouts by number (a convolution row's layout; onednn.LAYOUT is the last).
-CONV_LAYOUT_NAMES = ("lowered", "pointwise", "direct", "winograd", "winograd4x4", "phase-direct",
-                     "phase-winograd", "phase-winograd4x4", "direct16", "phase-direct16",
-                     "onednn")
+# conv.cpp's layouts by number (a convolution row's layout), as the kernels name them.
+CONV_LAYOUT_NAMES = tuple(_C.conv_layout_names())
 _CONV_FIELDS = 8
 _GEMM_FIELDS = 9
 _GEMM_FIELDS_BEFORE_ACCUMULATE = 8  # tables written before adding and overwriting were apart
