@@ -30,7 +30,8 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))  # after the installed packages: see bench_train.py
 
-from bench.bench_train import NETS, default_zoo, machine, sgemm_peak, synthetic_net  # noqa: E402
+from bench.bench_train import (NETS, default_zoo, gemm_peak_name, machine,  # noqa: E402
+                               sgemm_peak, synthetic_net)
 from bench.worker import best_of  # noqa: E402
 
 DEFAULT_NETS = "lenet,cifar10_quick,caffenet_b32"
@@ -169,7 +170,7 @@ def main(argv=None) -> None:
     if not zoo.is_dir():
         raise SystemExit(f"bench: no caffe-zoo folder at {zoo} (give --zoo or set CCT_SHARED)")
     print(machine())
-    print(f"SGEMM peak: {sgemm_peak():.1f} GFLOP/s; best of {args.repeats} calls per kernel")
+    print(f"{gemm_peak_name()}: {sgemm_peak():.1f} GFLOP/s; best of {args.repeats} calls per kernel")
     if not _C.cpu_has_direct_conv():
         print("this CPU has no AVX2/FMA: the direct layout is left out")
     onednn = _C.onednn_offered(_C.bf16_gemm_enabled())

@@ -1,6 +1,7 @@
 """Where a training iteration's time goes, layer by layer, against this machine's two rooflines:
-the SGEMM peak for the layers that multiply (Convolution, Deconvolution, InnerProduct) and the
-bandwidth cct's threads stream memory at for the rest.
+the SGEMM peak (the bf16 GEMM peak under --precision bf16) for the layers that multiply
+(Convolution, Deconvolution, InnerProduct) and the bandwidth cct's threads stream memory at for
+the rest.
 
     python bench/bench_layers.py                       # every bench net, by layer type
     python bench/bench_layers.py --nets caffenet_b32 --layers --iters 10
@@ -37,7 +38,8 @@ from collections import defaultdict
 
 sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))  # after the installed cct
 
-from bench.bench_train import NETS, default_zoo, machine, sgemm_peak, synthetic_net  # noqa: E402
+from bench.bench_train import (NETS, default_zoo, gemm_peak_name, machine,  # noqa: E402
+                               sgemm_peak, synthetic_net)
 from bench.worker import best_of, seconds  # noqa: E402
 
 DEFAULT_NETS = ",".join(NETS)
@@ -193,13 +195,13 @@ def main(argv=None) -> None:
     print(machine())
     print(f"precision {set_precision(args.precision, source='bench_layers: --precision')}")
     peak, bandwidth = sgemm_peak(), copy_bandwidth()
-    print(f"SGEMM peak {peak:.1f} GFLOP/s; copy bandwidth (cct's threaded ReLU, 256 MiB out of "
+    print(f"{gemm_peak_name()} {peak:.1f} GFLOP/s; copy bandwidth (cct's threaded ReLU, 256 MiB out of "
           f"place) {bandwidth:.1f} GB/s; median of {args.iters} iterations after {args.warmup}")
     profiles = [(name, NETS[name][1], profile(zoo / NETS[name][0], NETS[name][1], args.warmup,
                                               args.iters)) for name in names]
     # The host's other tenants move both figures: the larger of two measurements counts.
     peak, bandwidth = max(peak, sgemm_peak()), max(bandwidth, copy_bandwidth())
-    print(f"measured again at the end: SGEMM peak {peak:.1f}, bandwidth {bandwidth:.1f} "
+    print(f"measured again at the end: {gemm_peak_name()} {peak:.1f}, bandwidth {bandwidth:.1f} "
           f"(the larger of each counts)")
     for name, batch, rows in profiles:
         total = sum(sum(r["seconds"]) for r in rows)

@@ -212,16 +212,19 @@ def synthetic_net(path: pathlib.Path, batch: int, backend: str = "cpu", engine: 
     return net
 
 
-def sgd_update(net):
+def sgd_update(net, clears_diffs: bool = False):
     """The solver's SGD update (momentum, weight decay, the prototxt's lr/decay mults) as a
-    function to call after each backward pass."""
+    function to call after each backward pass; ``clears_diffs`` (the CPU backend's kernel
+    only) leaves the diffs zero for the next pass, as the solver's step loop has it do
+    between two iterations of one step (Solver._update_may_clear)."""
     rates = [(BASE_LR * m, WEIGHT_DECAY * d)
              for m, d in zip(net.params_lr, net.params_weight_decay)]
     history = [net.backend.xp.zeros_like(p.data) for p in net.learnable_params]
+    extra = {"clear_diff": True} if clears_diffs else {}
 
     def update():
         for p, v, (lr, wd) in zip(net.learnable_params, history, rates):
-            net.backend.sgd_update(p.data, p.diff, v, lr, MOMENTUM, wd)
+            net.backend.sgd_update(p.data, p.diff, v, lr, MOMENTUM, wd, **extra)
     return update
 
 
@@ -232,12 +235,12 @@ def run_cct(path: pathlib.Path, batch: int, warmup: int, iters: int, engine: str
     plans.offer_libraries()  # the races' candidates of cct train's runs (use_machine_cache)
     net = synthetic_net(path, batch, engine=engine)
     share_blob_diffs(net)  # as cct train lays its train net's diffs out
-    update = sgd_update(net)
+    update = sgd_update(net, clears_diffs=True)
     phase = {"forward_backward": [], "update": []}
+    net.clear_param_diffs()   # the first pass's; each update then leaves them zero
 
     def step():
         t0 = time.perf_counter()
-        net.clear_param_diffs()
         net.forward_prefilled()
         net.backward_all()
         t1 = time.perf_counter()
@@ -478,7 +481,8 @@ def worker(args) -> None:
 # The driver
 # --------------------------------------------------------------------------------------------
 def sgemm_peak(size: int = 3072, repeats: int = 5) -> float:
-    """Best GFLOP/s of a size x size x size float32 GEMM through cct._C, cct's threads."""
+    """Best GFLOP/s of a size x size x size float32 GEMM through cct._C, cct's threads: bf16
+    arithmetic while bf16 GEMMs are on (--precision bf16), which gemm_peak_name names."""
     import numpy as np
 
     from cct import _C
@@ -487,6 +491,13 @@ def sgemm_peak(size: int = 3072, repeats: int = 5) -> float:
     a = rng.standard_normal((size, size), dtype=np.float32)
     b = rng.standard_normal((size, size), dtype=np.float32)
     return 2.0 * size ** 3 / best_of(lambda: _C.gemm(a, b), repeats) / 1e9
+
+
+def gemm_peak_name() -> str:
+    """What sgemm_peak measures now: "SGEMM peak", or "bf16 GEMM peak" while bf16 GEMMs are
+    on (bench_layers' and bench_conv_layouts' --precision bf16 rooflines)."""
+    from cct import _C
+    return "bf16 GEMM peak" if _C.bf16_gemm_enabled() else "SGEMM peak"
 
 
 def spawn(kind: str, net: str, args) -> dict:

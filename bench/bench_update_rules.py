@@ -7,10 +7,16 @@ NumPy expressions with temporaries, Caffe's steps one by one (the array kernels,
 backend's code, on NumPy: what the CPU ran for every rule but SGD before), and for SGD also
 against the same loop in numba, so that the faster of C++ and numba is kept knowingly. Best of
 several runs after a warm-up (which compiles the numba kernels).
+
+Then, for SGD on the CPU, what the solver's step loop spares between two iterations of one
+step (Solver._update_may_clear): the update followed by the next iteration's ClearParamDiffs
+(every diff zeroed, as Net.clear_param_diffs does), against the update leaving the diffs zero
+in its own pass (clear_diffs), alternated round by round; medians.
 Usage: python bench/bench_update_rules.py [--nets lenet,caffenet] [--repeat N] [--threads T]
 """
 import argparse
 import pathlib
+import statistics
 import sys
 import time
 
@@ -76,6 +82,37 @@ def time_update(kind: str, shapes, backend, repeat: int) -> float:
     return best
 
 
+def time_clearing(shapes, repeat: int):
+    """Median seconds of SGD's update then the diffs cleared, and of the update that leaves
+    them zero itself, on the CPU backend, the two alternated round by round."""
+    p = caffe_pb2.SolverParameter(type="SGD", weight_decay=5e-4, momentum=0.9)
+    rs = np.random.default_rng(0)
+    params = ParamSet([StoreBlob(rs.standard_normal(s, dtype=np.float32)) for s in shapes],
+                      [1.0] * len(shapes), [1.0] * len(shapes), get_backend("cpu"))
+    grads = [rs.standard_normal(s, dtype=np.float32) for s in shapes]
+    pipeline = UpdatePipeline(RULES["SGD"], p, params)
+
+    def then_clear(it):
+        pipeline.apply(1e-4, it)
+        for b in params.blobs:
+            b.diff[...] = 0
+
+    def fused(it):
+        if not pipeline.update.apply(pipeline.history, params, 1e-4, it, clear_diffs=True):
+            raise SystemExit("bench_update_rules: the CPU's SGD update did not clear the diffs")
+
+    times = {then_clear: [], fused: []}
+    for it in range(repeat + 1):
+        for run in ((then_clear, fused) if it % 2 else (fused, then_clear)):
+            for b, g in zip(params.blobs, grads):
+                b.diff[...] = g
+            t0 = time.perf_counter()
+            run(it)
+            if it:
+                times[run].append(time.perf_counter() - t0)
+    return statistics.median(times[then_clear]), statistics.median(times[fused])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nets", default="lenet,caffenet")
@@ -102,6 +139,14 @@ def main() -> None:
                 print(f"| {net} | SGD | {1e3 * t_staged:.3g} | {1e3 * t_numba:.3g} | numba "
                       f"(C++ / numba {t_fused / t_numba:.2f}) | {t_staged / t_numba:.2f} |",
                       flush=True)
+    print(f"\nSGD's update and the next iteration's clear (medians of {args.repeat}, "
+          f"alternated):")
+    print("| net | update, then clear ms | update leaving the diffs zero ms | ratio |")
+    print("|---|---|---|---|")
+    for net in args.nets.split(","):
+        apart, fused = time_clearing(SHAPES[net], args.repeat)
+        print(f"| {net} | {1e3 * apart:.3g} | {1e3 * fused:.3g} | {apart / fused:.2f} |",
+              flush=True)
 
 
 if __name__ == "__main__":

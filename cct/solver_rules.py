@@ -41,6 +41,7 @@ with many parameter sets keeps one state per set and calls the same update on ea
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -255,10 +256,13 @@ class UpdateRule(NamedTuple):
     kernel: str
     scalars: Callable       # Hyper -> the kernel's scalars, in the params' dtype
     check: Optional[Callable] = None   # param -> error message or None (sanity check)
+    # The CPU kernel can leave the diff zero instead of the update value (clear_diff=True):
+    # the next iteration's ClearParamDiffs in the update's own pass over memory.
+    clears_diff: bool = False
 
 
 RULES: Dict[str, UpdateRule] = {r.type: r for r in (
-    UpdateRule("SGD", 1, "sgd_update", lambda k: (k.local_rate, k.momentum)),
+    UpdateRule("SGD", 1, "sgd_update", lambda k: (k.local_rate, k.momentum), clears_diff=True),
     UpdateRule("Nesterov", 1, "nesterov_update",
                lambda k: (k.local_rate, k.momentum, 1 + k.momentum)),
     UpdateRule("AdaGrad", 1, "adagrad_update", lambda k: (k.local_rate, k.delta),
@@ -340,20 +344,29 @@ class SolverUpdate:
                 b.diff *= scale
 
     def apply(self, state: List, params, rate, iter_: int, momentum: Optional[float] = None,
-              only: Optional[Sequence[int]] = None) -> None:
+              only: Optional[Sequence[int]] = None, clear_diffs: bool = False) -> bool:
         """Clip, then per param normalize, regularize and compute the update value, then
         ``w -= update`` for every param, in place: the weights, the diffs (left holding the
         update value) and ``state`` (the history from :meth:`init` for these params).
         ``iter_`` is the count of updates done so far; ``momentum`` replaces the
         SolverParameter's (negative values allowed); ``only`` names the params to update (by
         position; the others are left alone, and the clipping norm is theirs alone:
-        Omnivore's FC layers updated apart from the conv layers)."""
+        Omnivore's FC layers updated apart from the conv layers).
+
+        ``clear_diffs`` asks for every diff to be left zero instead (the next iteration's
+        ClearParamDiffs, for a caller that knows nothing reads the update values first): done
+        where the rule's CPU kernel does it in its own pass, for every param; returns whether
+        it was (else the diffs hold the update values as above)."""
         p = self.param
         momentum = p.momentum if momentum is None else momentum
         n = len(params)
         chosen = range(n) if only is None else sorted(set(only))
         self.clip_gradients([params.blobs[i] for i in chosen])
         kernel = getattr(params.backend, self.rule.kernel)
+        clear = (clear_diffs and self.rule.clears_diff and only is None
+                 and params.backend.name == "cpu")
+        if clear:
+            kernel = functools.partial(kernel, clear_diff=True)
         for i in chosen:
             blob = params.blobs[i]
             dt = blob.dtype.type
@@ -368,6 +381,7 @@ class SolverUpdate:
                       momentum2=dt(p.momentum2), delta=dt(p.delta), rms_decay=dt(p.rms_decay),
                       t=iter_ + 1)
             kernel(blob.data, g, *state[i::n], *self.rule.scalars(k), local_decay)
+        return clear
 
 
 class UpdatePipeline:

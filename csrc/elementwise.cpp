@@ -10,6 +10,7 @@
 #include "vector_clones.h"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace cct {
 
@@ -30,8 +31,9 @@ void relu_backward(const T* src, const T* dy, T* dx, int64_t count, T negative_s
 
 namespace {
 
-// One pass over the four arrays; the decay test is hoisted out of the loop so that it vectorizes.
-template <typename T, bool kDecay>
+// One pass over the four arrays; the decay and clear tests are hoisted out of the loop so that
+// it vectorizes.
+template <typename T, bool kDecay, bool kClear>
 void sgd_pass(T* data, T* diff, T* history, int64_t begin, int64_t end, T local_rate,
               T momentum, T local_decay) {
   for (int64_t i = begin; i < end; ++i) {
@@ -44,7 +46,7 @@ void sgd_pass(T* data, T* diff, T* history, int64_t begin, int64_t end, T local_
     T h = history[i] * momentum;
     h += g;
     history[i] = h;
-    diff[i] = h;
+    diff[i] = kClear ? T(0) : h;
     data[i] -= h;
   }
 }
@@ -53,12 +55,17 @@ void sgd_pass(T* data, T* diff, T* history, int64_t begin, int64_t end, T local_
 
 template <typename T>
 void sgd_update(T* data, T* diff, T* history, int64_t count, T local_rate, T momentum,
-                T local_decay) {
+                T local_decay, bool clear_diff) {
   parallel_for(count, 1, [&](int64_t begin, int64_t end) {
-    if (local_decay != T(0))
-      sgd_pass<T, true>(data, diff, history, begin, end, local_rate, momentum, local_decay);
-    else
-      sgd_pass<T, false>(data, diff, history, begin, end, local_rate, momentum, local_decay);
+    const auto pass = [&](auto decay, auto clear) {
+      sgd_pass<T, decltype(decay)::value, decltype(clear)::value>(
+          data, diff, history, begin, end, local_rate, momentum, local_decay);
+    };
+    const bool decay = local_decay != T(0);
+    if (decay && clear_diff) pass(std::true_type{}, std::true_type{});
+    else if (decay) pass(std::true_type{}, std::false_type{});
+    else if (clear_diff) pass(std::false_type{}, std::true_type{});
+    else pass(std::false_type{}, std::false_type{});
   });
 }
 
@@ -106,7 +113,7 @@ void eltwise_sum(const T* const* arrays, const T* coeffs, int64_t n, T* out, int
 #define CCT_INSTANTIATE(T)                                                          \
   template void relu_forward<T>(const T*, T*, int64_t, T);                          \
   template void relu_backward<T>(const T*, const T*, T*, int64_t, T);               \
-  template void sgd_update<T>(T*, T*, T*, int64_t, T, T, T);                       \
+  template void sgd_update<T>(T*, T*, T*, int64_t, T, T, T, bool);                 \
   template void eltwise_sum<T>(const T* const*, const T*, int64_t, T*, int64_t);
 CCT_INSTANTIATE(float)
 CCT_INSTANTIATE(double)

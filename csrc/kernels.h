@@ -147,10 +147,12 @@ void relu_forward(const T* x, T* y, int64_t count, T negative_slope);
 template <typename T>
 void relu_backward(const T* src, const T* dy, T* dx, int64_t count, T negative_slope);
 // SGD with momentum and L2 weight decay, fused: g = local_rate (diff + local_decay data);
-// history = momentum history + g; diff = history; data -= history.
+// history = momentum history + g; diff = history; data -= history. With clear_diff the diff is
+// left zero instead: the next iteration's ClearParamDiffs done in the same pass, where the
+// solver knows nothing reads the update value before that clear (cct/solver's step loop).
 template <typename T>
 void sgd_update(T* data, T* diff, T* history, int64_t count, T local_rate, T momentum,
-                T local_decay);
+                T local_decay, bool clear_diff);
 // out = coeffs[0] arrays[0] + coeffs[1] arrays[1] + ... (n >= 2 arrays of count elements),
 // left to right, each product rounded before it is added (Eltwise SUM; Split's backward with
 // every coefficient 1), in one threaded pass. out may be arrays[0] or arrays[1], no later one.

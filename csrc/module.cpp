@@ -333,14 +333,15 @@ void eltwise_sum(std::vector<Buf<T>> arrays, std::vector<double> coeffs, Buf<T> 
 
 template <typename T>
 void sgd_update(Buf<T> data, Buf<T> diff, Buf<T> history, double local_rate, double momentum,
-                double local_decay) {
+                double local_decay, bool clear_diff) {
   same_size(data, diff, "sgd_update");
   same_size(data, history, "sgd_update");
   T* w = data.mutable_data();
   T* g = diff.mutable_data();
   T* h = history.mutable_data();
   py::gil_scoped_release release;
-  cct::sgd_update<T>(w, g, h, data.size(), T(local_rate), T(momentum), T(local_decay));
+  cct::sgd_update<T>(w, g, h, data.size(), T(local_rate), T(momentum), T(local_decay),
+                     clear_diff);
 }
 
 template <typename T>
@@ -480,7 +481,7 @@ void bind_dtype(py::module_& m) {
         py::arg("out").noconvert());
   m.def("sgd_update", &sgd_update<T>, py::arg("data").noconvert(), py::arg("diff").noconvert(),
         py::arg("history").noconvert(), py::arg("local_rate"), py::arg("momentum"),
-        py::arg("local_decay"));
+        py::arg("local_decay"), py::arg("clear_diff") = false);
   m.def("lrn_across_forward", &lrn_across_forward<T>, py::arg("x").noconvert(),
         py::arg("out").noconvert(), py::arg("scale").noconvert(), py::arg("size"),
         py::arg("alpha"), py::arg("beta"), py::arg("k"));

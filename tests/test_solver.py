@@ -345,6 +345,41 @@ def test_steps_as_one_go_on_as_one_caffe_step():
     assert apart[:3] == whole[:3] and apart[3] != whole[3]
 
 
+def _trained(pieces, **fields):
+    """A least-squares solver after step(n) for each n in ``pieces`` on the same batches, and
+    how many times its net cleared the diffs."""
+    data = batches(sum(pieces), seed=5)
+    s = make(momentum=0.9, weight_decay=0.01, **fields)
+    clears = []
+    clear = s.net.clear_param_diffs
+    s.net.clear_param_diffs = lambda: (clears.append(s.iter), clear())
+    s.add_callback(lambda: feed(s, *data[s.iter]), lambda: None)
+    for n in pieces:
+        s.step(n)
+    return s, clears
+
+
+@pytest.mark.parametrize("fields", [{}, {"iter_size": 2}, {"type": "Nesterov"},
+                                    {"snapshot_diff": True}], ids=str)
+def test_an_update_inside_a_step_clears_the_diffs_for_the_next(fields):
+    """Between two iterations of one step() call, SGD's update leaves the diffs zero (the next
+    clear, in the update's own pass) and the next iteration clears nothing; training gives the
+    same bits as one step(1) call per iteration, and each step() ends with Caffe's update values
+    in the diffs. Other rules, and snapshot_diff (a snapshot would write the diffs), clear as
+    Caffe does."""
+    fused, clears = _trained([4], **fields)
+    apart, clears_apart = _trained([1] * 4, **fields)
+    assert clears_apart == [0, 1, 2, 3]
+    sgd = fields.get("type", "SGD") == "SGD" and not fields.get("snapshot_diff")
+    assert clears == ([0] if sgd else [0, 1, 2, 3])
+    for a, b in zip(fused.net.learnable_params, apart.net.learnable_params):
+        np.testing.assert_array_equal(a.data, b.data)
+        np.testing.assert_array_equal(a.diff, b.diff)
+        assert np.any(a.diff)
+    for a, b in zip(fused.history, apart.history):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_iter_size_loss_is_the_mean_over_passes(capsys):
     x, t = batches(1, n=8, seed=12)[0]
     s = make(net=chunk_net("loss_halves", x.astype(np.float32), t.astype(np.float32), 4),

@@ -352,12 +352,17 @@ def softmax_loss_backward(prob, label, ignore_label: Optional[int], scale, out=N
     return _result(buf, dest)
 
 
-def sgd_update(data, diff, history, local_rate, momentum, local_decay) -> None:
+def sgd_update(data, diff, history, local_rate, momentum, local_decay,
+               clear_diff: bool = False) -> None:
     """SGD with momentum and L2 weight decay, fused and in place (sgd_solver.cpp's Regularize,
     ComputeUpdateValue and Blob::Update in one pass): g = local_rate (diff + local_decay data),
     history = momentum history + g, diff = history, data -= history. The three arrays must be
-    C-contiguous, of one dtype (a blob's data and diff and its history are)."""
-    _C.sgd_update(data, diff, history, float(local_rate), float(momentum), float(local_decay))
+    C-contiguous, of one dtype (a blob's data and diff and its history are). ``clear_diff``
+    leaves the diff zero rather than holding the update: the next iteration's ClearParamDiffs
+    in the same pass over memory (the solver's step loop asks for it where nothing reads the
+    update value first)."""
+    _C.sgd_update(data, diff, history, float(local_rate), float(momentum), float(local_decay),
+                  clear_diff=bool(clear_diff))
 
 
 # The other solver rules, fused, in numba (cct/backend/jit.py, imported on first use): the
