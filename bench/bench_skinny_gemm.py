@@ -1,6 +1,7 @@
 """What the skinny float32 GEMM engine (csrc/gemm_skinny.cpp, GEMM choice 4; 6 for its 16-lane
-tile on AVX-512 CPUs) gives: the fully connected layers' forward GEMMs at batch 32 in each
-engine (OpenBLAS in its two operand orders, the skinny engine's tiles) and in PyTorch, then
+tile on AVX-512 CPUs) gives: the fully connected layers' forward and backward-data GEMMs at
+batch 32 in each engine (OpenBLAS in its two operand orders, the skinny engine's tiles) and in
+PyTorch, then
 whole training iterations of nets with the plans the race chose against the same plans with
 every skinny choice replaced by the faster BLAS order. Rounds alternate, so that the host's
 drift falls on all arms alike.
@@ -26,26 +27,32 @@ from bench.bench_train import (NETS, add_net_arguments, alternated_tables,  # no
 from bench.worker import seconds  # noqa: E402
 
 SKINNY, SKINNY16 = 4, 6  # cct/backend/plans.py's SKINNY_CHOICES
-# (name, m, n, k): C (m x n) = X (m x k) W^T, the forward of CaffeNet's and AlexNet's fully
-# connected layers at batch 32 (fc8 with ImageNet's 1,000 classes), and LeNet's ip1 at 64.
-SHAPES = [("fc6 b32", 32, 4096, 9216), ("fc7 b32", 32, 4096, 4096),
-          ("fc8 b32", 32, 1000, 4096), ("lenet ip1 b64", 64, 500, 800)]
+# (name, m, n, k, trans_b): C (m x n) = X (m x k) W^T (trans_b: the forward, W n x k) or X W
+# (the backward data dx = dy W, W k x n) of CaffeNet's and AlexNet's fully connected layers at
+# batch 32 (fc8 with ImageNet's 1,000 classes), and of LeNet's ip1 at 64.
+SHAPES = [("fc6 b32", 32, 4096, 9216, True), ("fc7 b32", 32, 4096, 4096, True),
+          ("fc8 b32", 32, 1000, 4096, True), ("lenet ip1 b64", 64, 500, 800, True),
+          ("fc6 b32 dx", 32, 9216, 4096, False), ("fc7 b32 dx", 32, 4096, 4096, False),
+          ("fc8 b32 dx", 32, 4096, 1000, False), ("lenet ip1 b64 dx", 64, 800, 500, False)]
 
 
-def gemm_times(m: int, n: int, k: int, rounds: int) -> dict:
-    """Seconds of out += X W^T per round for each cct choice, and PyTorch's addmm_."""
+def gemm_times(m: int, n: int, k: int, trans_b: bool, rounds: int) -> dict:
+    """Seconds of out += X W^T (trans_b) or X W per round for each cct choice, and PyTorch's
+    addmm_."""
     import torch
     from cct import _C
     rng = np.random.default_rng(0)
-    x, w = rng.standard_normal((m, k), np.float32), rng.standard_normal((n, k), np.float32)
+    x = rng.standard_normal((m, k), np.float32)
+    w = rng.standard_normal((n, k) if trans_b else (k, n), np.float32)
     out = np.zeros((m, n), np.float32)
     threads = _C.blas_num_threads()
     tx, tw, tout = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(out.copy())
+    tw = tw.t() if trans_b else tw
     arms = {}
     for choice in (0, 1, SKINNY) + ((SKINNY16,) if _C.gemm_skinny16_available() else ()):
         def run(choice=choice):
-            _C.load_gemm_choices([(False, True, m, n, k, 4, threads, True, choice)])
-            _C.gemm(x, w, False, True, measured=True, out=out, accumulate=True)
+            _C.load_gemm_choices([(False, trans_b, m, n, k, 4, threads, True, choice)])
+            _C.gemm(x, w, False, trans_b, measured=True, out=out, accumulate=True)
         arms[choice] = run
     times = {arm: [] for arm in arms}
     for call in arms.values():
@@ -56,8 +63,8 @@ def gemm_times(m: int, n: int, k: int, rounds: int) -> dict:
     _C.clear_plans()
     # PyTorch after cct's arms, not between them: its OpenMP threads spin on after a call and
     # would take the cores from whichever cct arm came next.
-    tout.addmm_(tx, tw.t())
-    times["torch"] = [seconds(lambda: tout.addmm_(tx, tw.t())) for _ in range(rounds)]
+    tout.addmm_(tx, tw)
+    times["torch"] = [seconds(lambda: tout.addmm_(tx, tw)) for _ in range(rounds)]
     time.sleep(0.5)
     return times
 
@@ -72,7 +79,7 @@ def without_skinny(table: dict, rounds: int) -> dict:
         ta, tb, m, n, k, size, threads, accumulate, choice = row
         if choice in (SKINNY, SKINNY16):
             a = rng.standard_normal((k, m) if ta else (m, k), np.float32)
-            b = rng.standard_normal((n, k), np.float32)
+            b = rng.standard_normal((n, k) if tb else (k, n), np.float32)
             out = np.zeros((m, n), np.float32)
             best = {}
             for order in (0, 1):
@@ -115,14 +122,14 @@ def main() -> None:
     if not args.no_shapes:
         from cct import _C
         wide = _C.gemm_skinny16_available()
-        print(f"{'GEMM (out += X W^T)':22} {'OpenBLAS direct':>17} {'OpenBLAS transp.':>17} "
+        print(f"{'GEMM (out += X W^T; dx: X W)':28} {'OpenBLAS direct':>17} {'OpenBLAS transp.':>17} "
               f"{'skinny':>17} " + (f"{'skinny 16 lanes':>17} " if wide else "")
               + f"{'PyTorch':>17} {'skinny GF/s':>11} {'PyTorch/skinny':>14}")
-        for name, m, n, k in SHAPES:
-            t = gemm_times(m, n, k, args.rounds)
+        for name, m, n, k, trans_b in SHAPES:
+            t = gemm_times(m, n, k, trans_b, args.rounds)
             flops = 2.0 * m * n * k
             best = min(min(t[c]) for c in (SKINNY, SKINNY16) if c in t)
-            print(f"{name + f' {m}x{n}x{k}':22} {ms(t[0]):>17} {ms(t[1]):>17} "
+            print(f"{name + f' {m}x{n}x{k}':28} {ms(t[0]):>17} {ms(t[1]):>17} "
                   f"{ms(t[SKINNY]):>17} " + (f"{ms(t[SKINNY16]):>17} " if wide else "")
                   + f"{ms(t['torch']):>17} {flops / best / 1e9:11.1f} "
                   f"{min(t['torch']) / best:14.2f}", flush=True)

@@ -256,8 +256,8 @@ class UpdateRule(NamedTuple):
     kernel: str
     scalars: Callable       # Hyper -> the kernel's scalars, in the params' dtype
     check: Optional[Callable] = None   # param -> error message or None (sanity check)
-    # The CPU kernel can leave the diff zero instead of the update value (clear_diff=True):
-    # the next iteration's ClearParamDiffs in the update's own pass over memory.
+    # The kernel can leave the diff zero instead of the update value (clear_diff=True): the
+    # next iteration's ClearParamDiffs, on the CPU in the update's own pass over memory.
     clears_diff: bool = False
 
 
@@ -355,16 +355,16 @@ class SolverUpdate:
 
         ``clear_diffs`` asks for every diff to be left zero instead (the next iteration's
         ClearParamDiffs, for a caller that knows nothing reads the update values first): done
-        where the rule's CPU kernel does it in its own pass, for every param; returns whether
-        it was (else the diffs hold the update values as above)."""
+        where the rule's kernel takes ``clear_diff`` (SGD's: on the CPU in its own pass over
+        memory), for every param; returns whether it was (else the diffs hold the update
+        values as above)."""
         p = self.param
         momentum = p.momentum if momentum is None else momentum
         n = len(params)
         chosen = range(n) if only is None else sorted(set(only))
         self.clip_gradients([params.blobs[i] for i in chosen])
         kernel = getattr(params.backend, self.rule.kernel)
-        clear = (clear_diffs and self.rule.clears_diff and only is None
-                 and params.backend.name == "cpu")
+        clear = clear_diffs and self.rule.clears_diff and only is None
         if clear:
             kernel = functools.partial(kernel, clear_diff=True)
         for i in chosen:

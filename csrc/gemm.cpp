@@ -14,8 +14,8 @@
 // bf16 on a Zen 4, whose operands are rounded and packed on every call) float32 runs it.
 //
 // Float32 calls of the skinny engine's form (gemm_skinny.h: C with at most 64 rows times a
-// B^T streamed along the summed dimension, a fully connected layer's forward at batch 32 or a
-// thin convolution's weight gradient) also race that engine.
+// B or B^T streamed along the summed dimension: a fully connected layer's forward and backward
+// data at batch 32, a thin convolution's weight gradient) also race that engine.
 //
 // Where MKL is loaded and offered (mkl.h; cct/backend/mkl.py offers it where MKL is installed),
 // float32 calls also race MKL's cblas_sgemm, whole on as many MKL threads as OpenBLAS runs (one
@@ -130,8 +130,8 @@ void gemm_transposed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha,
 
 // Whether the skinny engine can take the call: float32 (or float32 under bf16), its form.
 template <typename T>
-bool skinny_applies(bool tb, int64_t m, int64_t n, int64_t k, T alpha) {
-  if constexpr (std::is_same_v<T, float>) return gemm_skinny_applies(tb, m, n, k, alpha);
+bool skinny_applies(int64_t m, int64_t n, int64_t k, T alpha) {
+  if constexpr (std::is_same_v<T, float>) return gemm_skinny_applies(m, n, k, alpha);
   return false;
 }
 
@@ -156,8 +156,8 @@ void run_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T
                 std::vector<T>& scratch) {
   if (choice == kSkinnyChoice || choice == kSkinny16Choice) {
     if constexpr (std::is_same_v<T, float>) {
-      if (skinny_applies(tb, m, n, k, alpha)) {
-        gemm_skinny(ta, m, n, k, a, lda, b, ldb, beta, c, ldc,
+      if (skinny_applies(m, n, k, alpha)) {
+        gemm_skinny(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc,
                     choice == kSkinny16Choice ? 16 : 8);
         return;
       }
@@ -199,14 +199,14 @@ void run_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T
 constexpr int64_t kTransposedMaxBytes = int64_t(4) << 20;
 
 template <typename T>
-std::vector<int> candidates(bool tb, int64_t m, int64_t n, int64_t k) {
+std::vector<int> candidates(int64_t m, int64_t n, int64_t k) {
   const bool bf16 = std::is_same_v<T, float> && bf16_gemm_enabled();
   const bool transposable = m * n * int64_t(sizeof(T)) <= kTransposedMaxBytes;
   std::vector<int> choices{0};
   if (transposable) choices.push_back(1);
   if (bf16) choices.push_back(2);
   if (bf16 && transposable) choices.push_back(3);
-  if (skinny_applies(tb, m, n, k, T(1))) {
+  if (skinny_applies(m, n, k, T(1))) {
     choices.push_back(kSkinnyChoice);
     if (gemm_skinny16_available()) choices.push_back(kSkinny16Choice);
   }
@@ -248,7 +248,7 @@ int choose_order(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, 
   T* target = accumulate ? out.data() : c;
   const int64_t ld_target = accumulate ? n : ldc;
   const int fastest = fastest_of(
-      candidates<T>(tb, m, n, k),
+      candidates<T>(m, n, k),
       [&] {
         if (accumulate)
           for (int64_t i = 0; i < m; ++i) std::copy(c + i * ldc, c + i * ldc + n, &out[i * n]);
@@ -411,8 +411,8 @@ int gemm_known_choice(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T beta)
   return it == g_transposed.end() ? -1 : it->second;
 }
 
-std::vector<int> gemm_candidates(bool tb, int64_t m, int64_t n, int64_t k) {
-  return candidates<float>(tb, m, n, k);
+std::vector<int> gemm_candidates(int64_t m, int64_t n, int64_t k) {
+  return candidates<float>(m, n, k);
 }
 
 std::vector<GemmChoice> gemm_choices() { return rows_of<GemmChoice>(g_transposed); }

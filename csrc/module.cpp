@@ -616,8 +616,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("load_gemm_batch_choices", &cct::load_gemm_batch_choices, py::arg("entries"),
         "Installs batched-GEMM choices (gemm_batch_choices' rows), replacing those of the same "
         "key.");
-  m.def("gemm_candidates", &cct::gemm_candidates, py::arg("trans_b"), py::arg("m"),
-        py::arg("n"), py::arg("k"),
+  m.def("gemm_candidates", &cct::gemm_candidates, py::arg("m"), py::arg("n"), py::arg("k"),
         "The choices a float32 GEMM of this shape would race now.");
   m.def("gemm_skinny_available", &cct::gemm_skinny_available,
         "Whether this CPU has the skinny GEMM engine's kernel (AVX2 and FMA), which the GEMM "

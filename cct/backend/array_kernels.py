@@ -765,14 +765,16 @@ class ArrayKernels:
         if local_decay:
             diff += data * local_decay
 
-    def sgd_update(self, data, diff, history, local_rate, momentum, local_decay):
-        """h = momentum h + local_rate g; g = h."""
+    def sgd_update(self, data, diff, history, local_rate, momentum, local_decay,
+                   clear_diff=False):
+        """h = momentum h + local_rate g; g = h (0 with clear_diff: the CPU kernel's next
+        ClearParamDiffs, here a second pass)."""
         dt = self._update_dtype("sgd_update", data, diff, history)
         self._regularize(data, diff, dt(local_decay))
         diff *= dt(local_rate)
         history *= dt(momentum)
         history += diff
-        diff[...] = history
+        diff[...] = 0 if clear_diff else history
         data -= history
 
     def nesterov_update(self, data, diff, history, local_rate, momentum, one_plus_momentum,

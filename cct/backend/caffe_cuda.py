@@ -615,10 +615,10 @@ def wrap_update(kernels, fast) -> None:
     array_sgd = kernels.sgd_update
     check = FirstUseCheck("sgd_update", release=getattr(fast, "release", None))
 
-    def sgd_update(data, diff, history, local_rate, momentum, local_decay):
+    def sgd_update(data, diff, history, local_rate, momentum, local_decay, clear_diff=False):
         arrays = (data, diff, history)
         if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in arrays):
-            return array_sgd(data, diff, history, local_rate, momentum, local_decay)
+            return array_sgd(data, diff, history, local_rate, momentum, local_decay, clear_diff)
         args = (local_rate, momentum, local_decay)
 
         def run(step, into):
@@ -633,6 +633,8 @@ def wrap_update(kernels, fast) -> None:
         check((data.size,), lambda into: run(fast.sgd_update, into),
               lambda into: run(array_sgd, into),
               lambda got, want: _differs(got, want, exact=True), put)
+        if clear_diff:   # the fast kernel leaves the update value there
+            diff.fill(0)
 
     kernels.sgd_update = sgd_update
     kernels.first_use_checks = dict(getattr(kernels, "first_use_checks", {}),

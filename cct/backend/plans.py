@@ -72,8 +72,10 @@ FORMAT = 1
 # float32 (batched choice 7; the batched rows gain the element size); 15: under bf16, the
 # engines faster than float32 besides the chosen one race shape by shape (GEMM and batched
 # choices 8 and 9; the table's "bf16_shapes"); 16: oneDNN's convolution layout (layout 10,
-# where oneDNN is offered: the fingerprint holds its version then; the modes' radix grew).
-KERNEL_PLANS = 16
+# where oneDNN is offered: the fingerprint holds its version then; the modes' radix grew); 17:
+# the skinny engine takes op(B) = B too (a fully connected layer's backward data: a cache of 16
+# never raced it there).
+KERNEL_PLANS = 17
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 MKL_CHOICE = 5  # a GEMM row's choice of MKL's sgemm
 BF16_ITEMS_CHOICE = 7  # a batched GEMM row's choice of its items one by one in bf16
@@ -116,8 +118,8 @@ def table() -> dict:
     conv = [[k, list(geom), size, threads, modes, parts, layout, bool(chunks)]
             for k, geom, size, threads, modes, parts, layout, chunks in _C.conv_plan_table()]
     # choice: true/false (the operand order transposed or not); under bf16 also 2 and 3, the
-    # same orders in float32; 4 the skinny float32 engine (csrc/gemm_skinny.h), 5 MKL's sgemm,
-    # 6 the skinny engine's 16-lane tile
+    # same orders in float32; 4 the skinny float32 engine (csrc/gemm_skinny.h; op(B) either
+    # way), 5 MKL's sgemm, 6 the skinny engine's 16-lane tile
     gemm = [[bool(ta), bool(tb), m, n, k, size, threads, bool(acc), bool(ch) if ch < 2 else ch]
             for ta, tb, m, n, k, size, threads, acc, ch in _C.gemm_choices()]
     tab = {"conv": conv, "gemm": gemm}

@@ -372,11 +372,17 @@ def check_softmax_loss_floor(kernels):
 
 def check_sgd_update(kernels, shape, decay, dtype):
     """sgd_update (lr 0.01, momentum 0.9) updates data, diff and history in place exactly as
-    the reference does; the three arrays."""
+    the reference does; with clear_diff (the solver's step loop, between two iterations) the
+    diff alone differs: +0, as a clear writes it, where it would hold the update value."""
     data, diff, hist = rand(shape, dtype), rand(shape, dtype, 1), rand(shape, dtype, 2)
     want = [a.copy() for a in (data, diff, hist)]
     reference.sgd_update(*want, 0.01, 0.9, decay)
     kernels.sgd_update(data, diff, hist, 0.01, 0.9, decay)
     for got, w in zip((data, diff, hist), want):
         np.testing.assert_array_equal(got, w)
+    cleared = rand(shape, dtype), rand(shape, dtype, 1), rand(shape, dtype, 2)
+    kernels.sgd_update(*cleared, 0.01, 0.9, decay, clear_diff=True)
+    np.testing.assert_array_equal(cleared[0], want[0])
+    np.testing.assert_array_equal(cleared[2], want[2])
+    assert not np.any(cleared[1]) and not np.signbit(cleared[1]).any()
     return data, diff, hist

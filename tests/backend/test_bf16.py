@@ -498,7 +498,8 @@ def test_measured_gemms_may_choose_float32(bf16):
     a, b = rand((24, 300), np.float32, 1), rand((300, 200), np.float32, 2)
     got = cpu.matmul(a, b)
     (row,) = [r for r in plans.table()["gemm"] if r[2:5] == [24, 200, 300]]
-    assert row[5] == 2 and row[7] is False and row[8] in (False, True, 2, 3, plans.MKL_CHOICE)
+    assert row[5] == 2 and row[7] is False
+    assert row[8] in (False, True, 2, 3, plans.MKL_CHOICE) + plans.SKINNY_CHOICES
     again = cpu.matmul(a, b)
     np.testing.assert_array_equal(got, again)
     for choice, expect_float32 in ((False, False), (True, False), (2, True), (3, True)):
@@ -509,13 +510,14 @@ def test_measured_gemms_may_choose_float32(bf16):
         close(out, want.astype(np.float32), np.float32)
     if _C.gemm_skinny_available():
         # the skinny engine (choice 4, and 6 for its 16-lane tile) is a float32 candidate under
-        # bf16 too, where its form fits: op(B) = B^T
+        # bf16 too, where its form fits (at most 64 rows of C), op(B) = B or B^T
         bt = np.ascontiguousarray(b.T)
         for skinny in plans.SKINNY_CHOICES:
-            _C.clear_plans()
-            plans.install({"gemm": [[False, True] + row[2:8] + [skinny]]})
-            close(cpu.matmul(a, bt.T), (a.astype(np.float64) @ b).astype(np.float32),
-                  np.float32)
+            for trans_b, b_op in ((True, bt.T), (False, b)):
+                _C.clear_plans()
+                plans.install({"gemm": [[False, trans_b] + row[2:8] + [skinny]]})
+                close(cpu.matmul(a, b_op), (a.astype(np.float64) @ b).astype(np.float32),
+                      np.float32)
     if _C.mkl_loaded():
         # MKL's sgemm (choice 5) is a float32 candidate under bf16 too
         _C.clear_plans()
@@ -593,12 +595,12 @@ def test_offered_engines_join_the_race_and_replay(shape_engines, chosen, other):
     skip_unless_runs(other)
     shape_engines(chosen)
     choice = ENGINE_CHOICE[other]
-    assert choice not in _C.gemm_candidates(False, 40, 200, 300)
+    assert choice not in _C.gemm_candidates(40, 200, 300)
     _C.set_bf16_shape_engines([other])
-    assert choice in _C.gemm_candidates(False, 40, 200, 300)
+    assert choice in _C.gemm_candidates(40, 200, 300)
     if chosen in plans.BF16_SHAPE_ENGINES:
         _C.set_bf16_shape_engines([other, chosen])
-        assert ENGINE_CHOICE[chosen] not in _C.gemm_candidates(False, 40, 200, 300)
+        assert ENGINE_CHOICE[chosen] not in _C.gemm_candidates(40, 200, 300)
     a, b = rand((40, 300), np.float32, 1), rand((300, 200), np.float32, 2)
     x, weight, bias, dy, geom = conv_arrays((4, 16, 12, 12, 32, (3, 3), (1, 1), (1, 1),
                                              (1, 1), 1), np.float32)

@@ -1100,20 +1100,6 @@ def test_sgd_update_matches_reference(shape, decay, dtype):
     check_sgd_update(cpu, shape, decay, dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("decay", [0.0, 5e-4])
-@pytest.mark.parametrize("shape", ELEMENTWISE_SHAPES, ids=str)
-def test_sgd_update_clearing_the_diff_leaves_the_same_data_and_history(shape, decay, dtype):
-    """clear_diff (the solver's step loop, between two iterations) changes the diff alone:
-    zero where it would hold the update value; the weights and the history to the bit."""
-    want = check_sgd_update(cpu, shape, decay, dtype)
-    data, diff, hist = rand(shape, dtype), rand(shape, dtype, 1), rand(shape, dtype, 2)
-    cpu.sgd_update(data, diff, hist, 0.01, 0.9, decay, clear_diff=True)
-    np.testing.assert_array_equal(data, want[0])
-    np.testing.assert_array_equal(hist, want[2])
-    assert not np.any(diff) and not np.signbit(diff).any()   # +0, as a memset clears
-
-
 def test_in_place_kernels_refuse_arrays_they_would_copy():
     a = np.zeros(4, np.float32)
     with pytest.raises(TypeError):

@@ -139,18 +139,18 @@ def blas_threads():
 def test_the_races_time_mkl_only_where_offered(offered, blas_threads):
     if not _C.mkl_threaded():
         # An MKL without its own threads (mkl.threading() says why) is raced on one thread.
-        assert MKL not in _C.gemm_candidates(False, 32, 100, 200) or _C.blas_num_threads() == 1
+        assert MKL not in _C.gemm_candidates(32, 100, 200) or _C.blas_num_threads() == 1
         _C.set_blas_num_threads(1)
-    assert MKL in _C.gemm_candidates(False, 32, 100, 200)
+    assert MKL in _C.gemm_candidates(32, 100, 200)
     _C.set_mkl_sgemm_offered(False)
-    assert MKL not in _C.gemm_candidates(False, 32, 100, 200)
+    assert MKL not in _C.gemm_candidates(32, 100, 200)
 
 
 def test_a_raced_shape_may_choose_mkl_and_gives_its_product(fresh_plans, offered):
     a, b = operands(False, True, 40, 50, 60)
     got = _C.gemm(a, b, False, True, measured=True)
     [row] = _C.gemm_choices()
-    assert row[-1] in _C.gemm_candidates(True, 40, 50, 60)
+    assert row[-1] in _C.gemm_candidates(40, 50, 60)
     np.testing.assert_array_equal(got, exact(a, b, False, True))
 
 
