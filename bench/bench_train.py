@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib.util
+import inspect
 import json
 import os
 import pathlib
@@ -235,12 +236,17 @@ def run_cct(path: pathlib.Path, batch: int, warmup: int, iters: int, engine: str
     plans.offer_libraries()  # the races' candidates of cct train's runs (use_machine_cache)
     net = synthetic_net(path, batch, engine=engine)
     share_blob_diffs(net)  # as cct train lays its train net's diffs out
-    update = sgd_update(net, clears_diffs=True)
+    # The solver's step loop lets the update leave the diffs zero for the next pass; a build
+    # from before that (bench_builds' older builds) clears them in a pass of their own.
+    fused = "clear_diff" in inspect.signature(net.backend.sgd_update).parameters
+    update = sgd_update(net, clears_diffs=fused)
     phase = {"forward_backward": [], "update": []}
-    net.clear_param_diffs()   # the first pass's; each update then leaves them zero
+    net.clear_param_diffs()   # the first pass's; a fused update then leaves them zero
 
     def step():
         t0 = time.perf_counter()
+        if not fused:
+            net.clear_param_diffs()
         net.forward_prefilled()
         net.backward_all()
         t1 = time.perf_counter()
