@@ -9,10 +9,11 @@
 #      threads) on a fresh plan cache, with the CPU's flags; then onednn_ab: the small nets'
 #      bf16 iteration with oneDNN's convolutions in the races against without;
 #   2. bench_train --precision bf16 on LeNet, CIFAR10-quick and CaffeNet b32 against PyTorch
-#      (issue 34's first table, the three nets with a 1.5x target), then bench_skinny_gemm
-#      and bench_thin_gemm (every raced GEMM with MKL's sgemm among the candidates, each
-#      strided batch of Winograd's and the pointwise layout's GEMMs in OpenBLAS and in MKL,
-#      and the iteration with MKL in the races against without);
+#      (issue 34's first table, the three nets with a 1.5x target), then bench_skinny_gemm,
+#      bench_update_rules (CaffeNet's update and clear) and bench_thin_gemm (every raced GEMM
+#      with MKL's sgemm among the candidates, each strided batch of Winograd's and the
+#      pointwise layout's GEMMs in OpenBLAS and in MKL, and the iteration with MKL in the races
+#      against without);
 #   3. bench_conv_layouts on CIFAR10-quick and CaffeNet b32 (each convolution's kernels under
 #      every layout), then bench_layers on those and LeNet (the iteration layer by layer, issue
 #      34's second table): where the Xeon's convolutions lose to the Zen 4's (item 1); then
@@ -103,12 +104,12 @@ PY
                    "bench_train_bf16_googlenet_b32,bf16_engines"
                    "bench_train_bf16_caffenet_b256" "bench_train_bf16_alexnet_b32,bf16_batched"
                    "conv_layouts_bf16,conv_layouts,bench_layers"
-                   "skinny_gemm,thin_gemm,baseline_ab" "bench_layers_bf16")
+                   "skinny_gemm,update_rules,thin_gemm,baseline_ab" "bench_layers_bf16")
     else
         GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16,onednn_ab,bf16_batched"
                    "bench_train_bf16_big"
                    "conv_layouts_bf16,conv_layouts,bench_layers,bench_layers_bf16"
-                   "skinny_gemm,thin_gemm,baseline_ab,bf16_engines")
+                   "skinny_gemm,update_rules,thin_gemm,baseline_ab,bf16_engines")
     fi
     rm -rf /tmp/cpu_streams; n=0
     for g in "${!GROUPS_OF[@]}"; do
@@ -201,9 +202,12 @@ step bench_train_bf16 200 18 $PIN python3 bench/bench_train.py \
 step onednn_ab 200 8 bash -c "for r in 1 2; do for e in bf16 off; do echo CCT_ONEDNN=\$e:; \
     CCT_ONEDNN=\$e $PIN python3 bench/bench_train.py --nets lenet,cifar10_quick,caffenet_b32 \
     --iters 5 --precision bf16 --no-torch | grep -E '^(lenet|cifar|caffenet)' | sort -u; done; done"
-# the skinny float32 GEMM engine against OpenBLAS's orders on the FC forward shapes (its 8- and
-# 16-lane tiles), and CaffeNet b32 with and without its plans
-step skinny_gemm 90 10 $PIN python3 bench/bench_skinny_gemm.py --nets caffenet_b32 --rounds 6
+# the skinny float32 GEMM engine against OpenBLAS's orders on the FC forward and backward-data
+# shapes (its 8- and 16-lane tiles), and CaffeNet b32 with and without its plans: 70 s on a Zen 4
+step skinny_gemm 120 14 $PIN python3 bench/bench_skinny_gemm.py --nets caffenet_b32 --rounds 6
+# CaffeNet's SGD update with the next iteration's clear against the update leaving the diffs
+# zero (the solver's step loop), on this host's memory (every rule's update first: 30 s here)
+step update_rules 90 6 $PIN python3 bench/bench_update_rules.py --nets caffenet --threads 2
 # every raced GEMM of two nets in the plan cct chose (MKL's sgemm among the candidates)
 # against MKL's, each strided batch (Winograd's products) in OpenBLAS and in MKL, then each
 # iteration with MKL in the races and without: what MKL's AVX-512 kernels take from
