@@ -215,9 +215,9 @@ def synthetic_net(path: pathlib.Path, batch: int, backend: str = "cpu", engine: 
 
 def sgd_update(net, clears_diffs: bool = False):
     """The solver's SGD update (momentum, weight decay, the prototxt's lr/decay mults) as a
-    function to call after each backward pass; ``clears_diffs`` (the CPU backend's kernel
-    only) leaves the diffs zero for the next pass, as the solver's step loop has it do
-    between two iterations of one step (Solver._update_may_clear)."""
+    function to call after each backward pass; ``clears_diffs`` leaves the diffs zero for the
+    next pass, as the solver's step loop has the CPU's kernel do between two iterations of one
+    step (Solver._update_may_clear)."""
     rates = [(BASE_LR * m, WEIGHT_DECAY * d)
              for m, d in zip(net.params_lr, net.params_weight_decay)]
     history = [net.backend.xp.zeros_like(p.data) for p in net.learnable_params]
