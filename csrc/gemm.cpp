@@ -15,7 +15,8 @@
 //
 // Float32 calls of the skinny engine's form (gemm_skinny.h: C with at most 64 rows times a
 // B or B^T streamed along the summed dimension: a fully connected layer's forward and backward
-// data at batch 32, a thin convolution's weight gradient) also race that engine.
+// data at batch 32, a thin convolution's weight gradient, a lowered convolution's GEMMs where
+// it has at most 64 filters) also race that engine.
 //
 // Where MKL is loaded and offered (mkl.h; cct/backend/mkl.py offers it where MKL is installed),
 // float32 calls also race MKL's cblas_sgemm, whole on as many MKL threads as OpenBLAS runs (one
