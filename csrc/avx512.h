@@ -1,5 +1,5 @@
-// The AVX-512F tiles' target and CPU check (gemm_skinny.cpp's 16-lane tile, conv_direct.cpp's
-// 16-pixel tile), in one place so that a test build can run those tiles on a CPU without
+// The AVX-512F tiles' target and CPU check (gemm_skinny.cpp's 16-lane tile, gemm_thin.cpp's
+// tile, conv_direct.cpp's 16-pixel tile), in one place so that a test build can run those tiles on a CPU without
 // AVX-512.
 //
 // Why: cct's own AVX-512 code runs only where a CPU has AVX-512, and the races pick it by speed,
@@ -26,14 +26,32 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #include <simde/x86/avx512.h>
+// AVX-512's masked load and store touch only the mask's lanes (the thin engine's last vector of
+// a row, whose other lanes lie past C's row or past its end). SIMDe's read and write all 16, its
+// store writing 0 to the lanes outside the mask: these emulate the hardware's instead.
+static inline simde__m512 cct_emulated_maskz_loadu_ps(simde__mmask16 k, const float* p) {
+  float v[16] = {};
+  for (int i = 0; i < 16; ++i)
+    if ((k >> i) & 1) v[i] = p[i];
+  return simde_mm512_loadu_ps(v);
+}
+static inline void cct_emulated_mask_storeu_ps(float* p, simde__mmask16 k, simde__m512 a) {
+  float v[16];
+  simde_mm512_storeu_ps(v, a);
+  for (int i = 0; i < 16; ++i)
+    if ((k >> i) & 1) p[i] = v[i];
+}
 #pragma GCC pop_options
 // The tiles' AVX-512 types and intrinsics, as SIMDe's. Named one by one rather than through
 // SIMDe's native aliases, which would declare the types again beside GCC's immintrin.h. A tile
 // given an intrinsic not named here fails to build emulated (GCC: "target specific option
 // mismatch"): name it here too.
 #define __m512 simde__m512
+#define __mmask16 simde__mmask16
 #define _mm512_fmadd_ps simde_mm512_fmadd_ps
 #define _mm512_loadu_ps simde_mm512_loadu_ps
+#define _mm512_mask_storeu_ps cct_emulated_mask_storeu_ps
+#define _mm512_maskz_loadu_ps cct_emulated_maskz_loadu_ps
 #define _mm512_set1_ps simde_mm512_set1_ps
 #define _mm512_setzero_ps simde_mm512_setzero_ps
 #define _mm512_storeu_ps simde_mm512_storeu_ps

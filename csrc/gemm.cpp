@@ -16,7 +16,9 @@
 // Float32 calls of the skinny engine's form (gemm_skinny.h: C with at most 64 rows times a
 // B or B^T streamed along the summed dimension: a fully connected layer's forward and backward
 // data at batch 32, a thin convolution's weight gradient, a lowered convolution's GEMMs where
-// it has at most 64 filters) also race that engine.
+// it has at most 64 filters) also race that engine; those of the thin engine's (gemm_thin.h: a
+// summed dimension of at most 256 against B stored k x n: a fully connected layer's weight
+// gradient at a small batch) race that one.
 //
 // Where MKL is loaded and offered (mkl.h; cct/backend/mkl.py offers it where MKL is installed),
 // float32 calls also race MKL's cblas_sgemm, whole on as many MKL threads as OpenBLAS runs (one
@@ -46,6 +48,7 @@
 
 #include "gemm.h"
 #include "gemm_skinny.h"
+#include "gemm_thin.h"
 #include "kernels.h"
 #include "mkl.h"
 #include "parallel.h"
@@ -61,9 +64,10 @@ std::mutex g_mutex;
 // 0 direct, 1 transposed; under bf16 also 2 and 3: the same orders in float32; 4 the skinny
 // engine, 5 MKL's sgemm, 6 the skinny engine's 16-lane tile (AVX-512; the same bits as 4): all
 // float32 whatever the precision; under bf16 also 8 and 9: the direct order in bf16 on MKL's
-// whole-GEMM threads and on cct's kernel, where bf16.h offers them shape by shape.
+// whole-GEMM threads and on cct's kernel, where bf16.h offers them shape by shape; 10 the thin
+// engine (float32 whatever the precision).
 constexpr int kSkinnyChoice = 4, kMklChoice = 5, kSkinny16Choice = 6;
-constexpr int kBf16MklThreadedChoice = 8, kBf16KernelChoice = 9;
+constexpr int kBf16MklThreadedChoice = 8, kBf16KernelChoice = 9, kThinChoice = 10;
 std::map<Key, int> g_transposed;
 std::atomic<int> g_order{0};  // 0 measure, 1 direct, 2 transposed
 // Batched GEMMs: ta tb m n k count element-size BLAS-threads accumulate -> 0 the BLAS's
@@ -136,6 +140,13 @@ bool skinny_applies(int64_t m, int64_t n, int64_t k, T alpha) {
   return false;
 }
 
+// The same for the thin engine.
+template <typename T>
+bool thin_applies(bool tb, int64_t m, int64_t n, int64_t k, T alpha) {
+  if constexpr (std::is_same_v<T, float>) return gemm_thin_applies(tb, m, n, k, alpha);
+  return false;
+}
+
 // MKL's sgemm runs on as many threads as OpenBLAS would (one inside a batch partition): the
 // count the table's key holds, so that a choice of MKL replays the same split of the work.
 int mkl_threads() { return std::max(1, blas_get_num_threads()); }
@@ -160,6 +171,15 @@ void run_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T
       if (skinny_applies(m, n, k, alpha)) {
         gemm_skinny(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc,
                     choice == kSkinny16Choice ? 16 : 8);
+        return;
+      }
+    }
+    choice = 0;
+  }
+  if (choice == kThinChoice) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (thin_applies(tb, m, n, k, alpha)) {
+        gemm_thin(ta, m, n, k, a, lda, b, ldb, beta, c, ldc);
         return;
       }
     }
@@ -200,7 +220,7 @@ void run_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T
 constexpr int64_t kTransposedMaxBytes = int64_t(4) << 20;
 
 template <typename T>
-std::vector<int> candidates(int64_t m, int64_t n, int64_t k) {
+std::vector<int> candidates(bool tb, int64_t m, int64_t n, int64_t k) {
   const bool bf16 = std::is_same_v<T, float> && bf16_gemm_enabled();
   const bool transposable = m * n * int64_t(sizeof(T)) <= kTransposedMaxBytes;
   std::vector<int> choices{0};
@@ -211,6 +231,7 @@ std::vector<int> candidates(int64_t m, int64_t n, int64_t k) {
     choices.push_back(kSkinnyChoice);
     if (gemm_skinny16_available()) choices.push_back(kSkinny16Choice);
   }
+  if (thin_applies(tb, m, n, k, T(1))) choices.push_back(kThinChoice);
   if (mkl_applies<T>()) choices.push_back(kMklChoice);
   if (bf16) push_offered_engines(choices);
   return choices;
@@ -249,7 +270,7 @@ int choose_order(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, 
   T* target = accumulate ? out.data() : c;
   const int64_t ld_target = accumulate ? n : ldc;
   const int fastest = fastest_of(
-      candidates<T>(m, n, k),
+      candidates<T>(tb, m, n, k),
       [&] {
         if (accumulate)
           for (int64_t i = 0; i < m; ++i) std::copy(c + i * ldc, c + i * ldc + n, &out[i * n]);
@@ -412,8 +433,8 @@ int gemm_known_choice(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T beta)
   return it == g_transposed.end() ? -1 : it->second;
 }
 
-std::vector<int> gemm_candidates(int64_t m, int64_t n, int64_t k) {
-  return candidates<float>(m, n, k);
+std::vector<int> gemm_candidates(int64_t m, int64_t n, int64_t k, bool tb) {
+  return candidates<float>(tb, m, n, k);
 }
 
 std::vector<GemmChoice> gemm_choices() { return rows_of<GemmChoice>(g_transposed); }
@@ -422,11 +443,11 @@ void load_gemm_choices(const std::vector<GemmChoice>& entries) {
   std::lock_guard<std::mutex> lock(g_mutex);
   for (const auto& [ta, tb, m, n, k, size, threads, accumulate, choice] : entries) {
     const bool bf16_only = (choice >= 2 && choice <= 3) || bf16_engine_of(choice) >= 0;
-    if (choice < 0 || choice == kBf16ItemsChoice || choice > kBf16KernelChoice ||
+    if (choice < 0 || choice == kBf16ItemsChoice || choice > kThinChoice ||
         (bf16_only && size != 2) || (choice >= kSkinnyChoice && size == 8))
       throw std::invalid_argument(
-          "a GEMM choice must be 0 or 1 (2, 3, 8 or 9 under bf16), or 4, 5 or 6 in float32 or "
-          "bf16");
+          "a GEMM choice must be 0 or 1 (2, 3, 8 or 9 under bf16), or 4, 5, 6 or 10 in float32 "
+          "or bf16");
     g_transposed[Key{ta, tb, m, n, k, size, threads, accumulate}] = choice;
   }
 }

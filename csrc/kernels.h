@@ -97,12 +97,13 @@ void gemm_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, c
 template <typename T>
 int gemm_known_choice(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T beta);
 // The choices a float32 call of this shape would race now (precision, CPU, MKL offered), either
-// form of op(A) and op(B).
-std::vector<int> gemm_candidates(int64_t m, int64_t n, int64_t k);
+// form of op(A), B stored n x k (tb) or k x n.
+std::vector<int> gemm_candidates(int64_t m, int64_t n, int64_t k, bool tb);
 // The orders chosen so far: (ta, tb, m, n, k, element size, BLAS threads, accumulate (beta !=
 // 0), choice): 0 the direct order, 1 transposed; under bf16 also 2 and 3, the same in float32;
-// 4 the skinny engine, 5 MKL's sgemm, 6 the skinny engine's 16-lane tile; under bf16 also 8
-// and 9, the direct order in bf16 on MKL's whole-GEMM threads and on cct's kernel.
+// 4 the skinny engine, 5 MKL's sgemm, 6 the skinny engine's 16-lane tile, 10 the thin engine;
+// under bf16 also 8 and 9, the direct order in bf16 on MKL's whole-GEMM threads and on cct's
+// kernel.
 using GemmChoice =
     std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int, bool, int>;
 std::vector<GemmChoice> gemm_choices();

@@ -17,6 +17,7 @@
 #include "conv_direct.h"
 #include "gemm.h"
 #include "gemm_skinny.h"
+#include "gemm_thin.h"
 #include "kernels.h"
 #include "parallel.h"
 #include "race.h"
@@ -617,10 +618,15 @@ PYBIND11_MODULE(_C, m) {
         "Installs batched-GEMM choices (gemm_batch_choices' rows), replacing those of the same "
         "key.");
   m.def("gemm_candidates", &cct::gemm_candidates, py::arg("m"), py::arg("n"), py::arg("k"),
-        "The choices a float32 GEMM of this shape would race now.");
+        py::arg("trans_b") = true,
+        "The choices a float32 GEMM of this shape would race now, B stored n x k (trans_b) or "
+        "k x n.");
   m.def("gemm_skinny_available", &cct::gemm_skinny_available,
         "Whether this CPU has the skinny GEMM engine's kernel (AVX2 and FMA), which the GEMM "
         "races then try for float32 C = op(A) B^T of at most 64 rows.");
+  m.def("gemm_thin_available", &cct::gemm_thin_available,
+        "Whether this CPU has the thin GEMM engine's kernel (AVX-512F), which the GEMM races "
+        "then try, as choice 10, for float32 C = op(A) B with k at most 256 and B stored k x n.");
   m.def("gemm_skinny16_available", &cct::gemm_skinny16_available,
         "Whether this CPU also has the skinny engine's 16-lane tile (AVX-512F; the same bits), "
         "which the races then try as GEMM choice 6.");

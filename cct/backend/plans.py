@@ -31,7 +31,7 @@ convolution where oneDNN is offered, cct/backend/onednn.py); a GEMM's accumulate
 adds into C (raced apart from overwriting it), its choice true/false for its operand order, 2
 or 3 for the same orders run in float32 under bf16, 4 for the skinny float32 engine, 5 for MKL's sgemm where MKL is installed,
 cct/backend/mkl.py, 6 for the skinny engine's 16-lane tile on AVX-512 CPUs, the same bits as
-4; under bf16 also 8 and 9, the direct order on MKL's whole-GEMM threads and on cct's
+4, 10 for the thin float32 engine on AVX-512 CPUs; under bf16 also 8 and 9, the direct order on MKL's whole-GEMM threads and on cct's
 kernel), and the bf16 GEMM engine once one was chosen (cct/backend/precision.py times them: the
 engines round differently too), with ``"bf16_shapes"``, the engines the races also try shape by
 shape (those faster than float32 there). Where MKL is offered or bf16 is on, a table also holds
@@ -74,8 +74,9 @@ FORMAT = 1
 # choices 8 and 9; the table's "bf16_shapes"); 16: oneDNN's convolution layout (layout 10,
 # where oneDNN is offered: the fingerprint holds its version then; the modes' radix grew); 17:
 # the skinny engine takes op(B) = B too (a fully connected layer's backward data: a cache of 16
-# never raced it there).
-KERNEL_PLANS = 17
+# never raced it there); 18: the thin float32 GEMM engine (GEMM choice 10: a fully connected
+# layer's weight gradient at a small batch).
+KERNEL_PLANS = 18
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 MKL_CHOICE = 5  # a GEMM row's choice of MKL's sgemm
 BF16_ITEMS_CHOICE = 7  # a batched GEMM row's choice of its items one by one in bf16
@@ -84,6 +85,7 @@ BF16_ITEMS_CHOICE = 7  # a batched GEMM row's choice of its items one by one in 
 BF16_ENGINE_CHOICES = {8: "mkl_threaded", 9: "avx512bf16"}
 BF16_SHAPE_ENGINES = tuple(BF16_ENGINE_CHOICES.values())
 SKINNY_CHOICES = (4, 6)  # the skinny engine's: vectors of 8 lanes, of 16 (the same bits)
+THIN_CHOICE = 10  # the thin engine's (csrc/gemm_thin.h)
 # conv.cpp's layouts by number (a convolution row's layout), as the kernels name them.
 CONV_LAYOUT_NAMES = tuple(_C.conv_layout_names())
 _CONV_FIELDS = 8
@@ -119,7 +121,8 @@ def table() -> dict:
             for k, geom, size, threads, modes, parts, layout, chunks in _C.conv_plan_table()]
     # choice: true/false (the operand order transposed or not); under bf16 also 2 and 3, the
     # same orders in float32; 4 the skinny float32 engine (csrc/gemm_skinny.h; op(B) either
-    # way), 5 MKL's sgemm, 6 the skinny engine's 16-lane tile
+    # way), 5 MKL's sgemm, 6 the skinny engine's 16-lane tile, 10 the thin float32 engine
+    # (csrc/gemm_thin.h)
     gemm = [[bool(ta), bool(tb), m, n, k, size, threads, bool(acc), bool(ch) if ch < 2 else ch]
             for ta, tb, m, n, k, size, threads, acc, ch in _C.gemm_choices()]
     tab = {"conv": conv, "gemm": gemm}
@@ -231,9 +234,9 @@ def _gemm_row(row) -> tuple:
     if not all(isinstance(v, bool) for v in (ta, tb, accumulate)):
         raise ValueError(f"a GEMM order's flags are not true/false: {row!r:.80}")
     if not (isinstance(choice, bool) or choice in (2, 3, MKL_CHOICE, *SKINNY_CHOICES,
-                                                   *BF16_ENGINE_CHOICES)
+                                                   *BF16_ENGINE_CHOICES, THIN_CHOICE)
             and isinstance(choice, int)):
-        raise ValueError(f"a GEMM order's choice is not true/false, 2, 3, 4, 5, 6, 8 or 9: "
+        raise ValueError(f"a GEMM order's choice is not true/false, 2, 3, 4, 5, 6, 8, 9 or 10: "
                          f"{row!r:.80}")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (m, n, k, size, threads)):
         raise ValueError(f"a GEMM order holds a size that is not an integer: {row!r:.80}")
@@ -262,6 +265,7 @@ def _gemm_batch_row(row) -> tuple:
 # What a plan runs instead where its library or instruction set is missing (csrc/gemm.cpp),
 # for the warning that says so.
 _FALLBACKS = {MKL_CHOICE: ("GEMM plan(s) run MKL's sgemm", "OpenBLAS's direct order"),
+              THIN_CHOICE: ("GEMM plan(s) run the thin engine", "OpenBLAS's direct order"),
               **{choice: (f"bf16 GEMM plan(s) run on {engine}", "on the chosen bf16 engine")
                  for choice, engine in BF16_ENGINE_CHOICES.items()}}
 
@@ -269,6 +273,8 @@ _FALLBACKS = {MKL_CHOICE: ("GEMM plan(s) run MKL's sgemm", "OpenBLAS's direct or
 def _why_not_here(choice) -> Optional[str]:
     """Why a plan of ``choice`` cannot run here, or None. MKL's plans load it wherever it
     loads."""
+    if choice == THIN_CHOICE:
+        return None if _C.gemm_thin_available() else "this CPU has no AVX-512F"
     engine = BF16_ENGINE_CHOICES.get(choice)
     if engine == "avx512bf16":
         return None if _C.bf16_kernel_supported() else "this CPU has no AVX512-BF16"

@@ -1,12 +1,13 @@
 """cct's AVX-512F tiles, run on a CPU without AVX-512 (csrc/avx512.h).
 
-The skinny GEMM engine's 16-lane tile and the direct convolution's 16-pixel tile run only on
-CPUs with AVX-512F, and the races pick them by speed there: a wrong index in either would train
-wrong numbers on exactly those CPUs, while every test on an AVX2 machine skipped them. This
-builds a second ``_C`` from the source tree with CMake's CCT_EMULATE_AVX512, whose tiles are the
-same source compiled for AVX2 through SIMDe's AVX-512 intrinsics (each lane's FMA rounded once,
-as AVX-512's), and runs the tiles' own tests on it in a subprocess: they compare the 16-lane
-tiles with the 8-lane ones and with the FMA chains both promise. Where the CPU has AVX-512F,
+The skinny GEMM engine's 16-lane tile, the thin GEMM engine's tile and the direct convolution's
+16-pixel tile run only on CPUs with AVX-512F, and the races pick them by speed there: a wrong
+index in any would train wrong numbers on exactly those CPUs, while every test on an AVX2
+machine skipped them. This builds a second ``_C`` from the source tree with CMake's
+CCT_EMULATE_AVX512, whose tiles are the same source compiled for AVX2 through SIMDe's AVX-512
+intrinsics (each lane's FMA rounded once, as AVX-512's), and runs the tiles' own tests on it in
+a subprocess: they compare the 16-lane tiles with the 8-lane ones and with the FMA chains they
+promise. Where the CPU has AVX-512F,
 those tests run the real tiles in the ordinary run and this one skips.
 
 Needs the source tree, GCC, CMake, pybind11 and SIMDe's headers (``simde-py``): the
@@ -26,8 +27,9 @@ from cct import _C
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = pathlib.Path(cct.__file__).resolve().parent
-#: the tests of the two tiles (and of the plans that race them), run on the emulated build
-TILE_TESTS = ("test_gemm_skinny.py", "test_cpu_kernels.py", "test_plans.py")
+#: the tests of the tiles (and of the plans that race them), run on the emulated build
+TILE_TESTS = ("test_gemm_skinny.py", "test_gemm_thin.py", "test_cpu_kernels.py",
+              "test_plans.py")
 
 
 def _why_not() -> str:
@@ -129,13 +131,14 @@ def test_the_emulated_build_runs_the_tiles_and_nothing_else_changes(emulated):
     root, site, env = emulated
     probe = ("import cct\nfrom cct import _C\n"
              "print(cct.__file__)\n"
-             "print(_C.cpu_has_avx512(), _C.gemm_skinny16_available())\n")
+             "print(_C.cpu_has_avx512(), _C.gemm_skinny16_available(),"
+             " _C.gemm_thin_available())\n")
     rc, out = _run([sys.executable, "-c", probe], root, env=env)
     assert rc == 0, out
     path, flags = out.split("\n")[:2]
     assert pathlib.Path(path).resolve().is_relative_to(site.resolve()), (
         f"the subprocess imported {path}, not the emulated copy under {site}")
-    assert flags == "True True", f"the emulated build does not offer the tiles: {flags}"
+    assert flags == "True True True", f"the emulated build does not offer the tiles: {flags}"
 
 
 def test_the_16_lane_tiles_give_the_bits_they_promise(emulated):

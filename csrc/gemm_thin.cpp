@@ -1,0 +1,198 @@
+// The thin GEMM engine (gemm_thin.h): C (m x n) = op(A) B + beta C for a short k.
+//
+// Why: a fully connected layer's weight gradient at batch 32 is dW (4096 x 9216 for fc6) +=
+// dy^T x, 32 fused multiply-adds per value of a C of 151 MB that is read and written once.
+// Each value's 8 bytes of memory traffic carry only 64 flops, so the multiply must run while C
+// streams: OpenBLAS's direct order, which the races had chosen, ran it at 142 GFLOP/s on a
+// Zen 4's two cores (70% of the SGEMM peak; MKL's sgemm 131, PyTorch's mm 43), and a plain tile
+// with C's lines loaded on demand at 154: each thread stalled on its own misses (76 GFLOP/s on
+// one thread). Here each tile prefetches the C lines of the tile that comes next while it
+// multiplies: 183 GFLOP/s in the same sketch (bench/RESULTS.md).
+//
+// The tile: 6 rows of C x 64 columns (four vectors of 16 lanes), 24 accumulators; for every k
+// one load per vector of B's row and one broadcast per row of op(A), which is packed k-major
+// for the tile's rows (6 x k values, in L1). B's columns run in blocks of about 512 KiB of B
+// (k x 4,096 columns at k = 32), which stay in L2 while a thread walks its rows of C over
+// them; a thread's share is a run of (block, six rows) items, so it visits C row by row within
+// a block, in runs the hardware prefetchers follow too. The last vector of a row's columns is
+// masked (no tail loop).
+//
+// Each C value is one chain of fused multiply-adds in k's order from 0, then beta C added with
+// one rounding (C unread when beta is 0): the skinny engine's contract, so where both take a
+// call they give the same bits, and neither the threads nor the blocks change them.
+//
+// AVX-512F only: on Zen 4, whose AVX-512 runs at half the vector rate, the sketch ran at 90%
+// of the SGEMM peak. A build with CCT_EMULATE_AVX512 compiles the tile through SIMDe
+// (avx512.h), so that its tests run on CPUs without AVX-512 too.
+#include "gemm_thin.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "parallel.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include "avx512.h"
+
+namespace cct {
+
+namespace {
+
+constexpr int kTileRows = 6;
+constexpr int kTileVectors = 4;
+constexpr int64_t kTileColumns = 16 * kTileVectors;
+constexpr int64_t kBlockBytes = int64_t(512) << 10;  // B's block of columns, kept in L2
+
+// c (R rows x V vectors, ldc) = beta c + ap^T b: ap holds op(A)'s R rows k-major (row stride
+// kTileRows), b is B's block (ldb). The last vector's lanes outside `last` are not read from B
+// or C and not written. `next` is where the tile after this one starts: its lines are
+// prefetched now, a tile's arithmetic ahead of their use.
+template <int R, int V, bool Tail>
+CCT_AVX512F_TARGET void thin_tile(const float* ap, const float* b, int64_t ldb, int64_t k,
+                                  float beta, float* c, int64_t ldc, __mmask16 last,
+                                  const float* next) {
+  // Integer arithmetic: `next` + rows may pass the end of C (a prefetch does not fault).
+  const uintptr_t ahead = reinterpret_cast<uintptr_t>(next);
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v)
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + sizeof(float) * (r * ldc + 16 * v)),
+                   _MM_HINT_T0);
+  // The loops over r and v unrolled, so that GCC keeps acc in registers.
+  __m512 acc[R][V];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t q = 0; q < k; ++q) {
+    __m512 x[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v)
+      x[v] = Tail && v == V - 1 ? _mm512_maskz_loadu_ps(last, b + q * ldb + 16 * v)
+                                : _mm512_loadu_ps(b + q * ldb + 16 * v);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m512 w = _mm512_set1_ps(ap[q * kTileRows + r]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(w, x[v], acc[r][v]);
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(beta);
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      float* cv = c + r * ldc + 16 * v;
+      if (Tail && v == V - 1) {
+        const __m512 out = beta == 0.0f  // C unread (it may hold NaN)
+                               ? acc[r][v]
+                               : _mm512_fmadd_ps(scale, _mm512_maskz_loadu_ps(last, cv), acc[r][v]);
+        _mm512_mask_storeu_ps(cv, last, out);
+      } else {
+        _mm512_storeu_ps(cv, beta == 0.0f ? acc[r][v]
+                                          : _mm512_fmadd_ps(scale, _mm512_loadu_ps(cv), acc[r][v]));
+      }
+    }
+}
+
+using TileFn = void (*)(const float*, const float*, int64_t, int64_t, float, float*, int64_t,
+                        __mmask16, const float*);
+
+template <int R, bool Tail>
+TileFn tile_of_vectors(int vectors) {
+  switch (vectors) {
+    case 1: return thin_tile<R, 1, Tail>;
+    case 2: return thin_tile<R, 2, Tail>;
+    case 3: return thin_tile<R, 3, Tail>;
+    default: return thin_tile<R, 4, Tail>;
+  }
+}
+
+template <bool Tail>
+TileFn tile_of_rows(int rows, int vectors) {
+  switch (rows) {
+    case 1: return tile_of_vectors<1, Tail>(vectors);
+    case 2: return tile_of_vectors<2, Tail>(vectors);
+    case 3: return tile_of_vectors<3, Tail>(vectors);
+    case 4: return tile_of_vectors<4, Tail>(vectors);
+    case 5: return tile_of_vectors<5, Tail>(vectors);
+    default: return tile_of_vectors<6, Tail>(vectors);
+  }
+}
+
+// The tile of `rows` rows (1 to kTileRows) and `columns` columns (1 to kTileColumns).
+TileFn tile_of(int rows, int64_t columns) {
+  const int vectors = int((columns + 15) / 16);
+  return columns % 16 ? tile_of_rows<true>(rows, vectors) : tile_of_rows<false>(rows, vectors);
+}
+
+}  // namespace
+
+bool gemm_thin_available() {
+  static const bool has = CCT_CPU_HAS_AVX512F();
+  return has;
+}
+
+void gemm_thin(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (!gemm_thin_applies(false, m, n, k, 1.0f))
+    throw std::invalid_argument("gemm_thin: the call is outside the engine's form");
+  // Columns per block: about kBlockBytes of B, in whole tiles, the blocks of equal width.
+  const int64_t budget = std::max<int64_t>(
+      kTileColumns, kBlockBytes / int64_t(sizeof(float) * k) / kTileColumns * kTileColumns);
+  const int64_t blocks = (n + budget - 1) / budget;
+  const int64_t width =
+      ((n + blocks - 1) / blocks + kTileColumns - 1) / kTileColumns * kTileColumns;
+  const int64_t groups = (m + kTileRows - 1) / kTileRows;
+  // Items in (block, group) order: a thread's run walks one block's rows before the next's.
+  parallel_for(blocks * groups, kTileRows * width * k, [&](int64_t begin, int64_t end) {
+    std::vector<float> ap(size_t(kTileRows * k));
+    const auto tile_start = [&](int64_t item) {
+      return c + (item % groups) * kTileRows * ldc + (item / groups) * width;
+    };
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t i0 = (item % groups) * kTileRows, j0 = (item / groups) * width;
+      const int64_t j1 = std::min(n, j0 + width);
+      const int rows = int(std::min<int64_t>(kTileRows, m - i0));
+      for (int64_t q = 0; q < k; ++q)
+        for (int r = 0; r < rows; ++r)
+          ap[q * kTileRows + r] = ta ? a[q * lda + i0 + r] : a[(i0 + r) * lda + q];
+      float* row = c + i0 * ldc;
+      for (int64_t j = j0; j < j1; j += kTileColumns) {
+        const int64_t columns = std::min(kTileColumns, j1 - j);
+        const int tail = int(columns % 16);
+        const __mmask16 last = tail ? __mmask16((1u << tail) - 1) : __mmask16(0xFFFF);
+        const float* next = j + kTileColumns < j1 ? row + j + kTileColumns
+                            : item + 1 < end      ? tile_start(item + 1)
+                                                  : row + j;
+        tile_of(rows, columns)(ap.data(), b + j, ldb, k, beta, row + j, ldc, last, next);
+      }
+    }
+  });
+}
+
+}  // namespace cct
+
+#else
+namespace cct {
+// Not an x86 CPU (or not GCC/Clang): no kernel; gemm_thin_applies is false, so the races never
+// pick the engine and a plan naming it runs the BLAS (gemm.cpp).
+bool gemm_thin_available() { return false; }
+void gemm_thin(bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t,
+               float, float*, int64_t) {
+  throw std::logic_error("gemm_thin: no kernel on this CPU (gemm_thin_applies is false)");
+}
+}  // namespace cct
+#endif
+
+namespace cct {
+
+bool gemm_thin_applies(bool tb, int64_t m, int64_t n, int64_t k, float alpha) {
+  return !tb && m >= 1 && n >= 1 && k >= 1 && k <= kThinMaxK && alpha == 1.0f &&
+         gemm_thin_available();
+}
+
+}  // namespace cct
