@@ -17,8 +17,9 @@
 // B or B^T streamed along the summed dimension: a fully connected layer's forward and backward
 // data at batch 32, a thin convolution's weight gradient, a lowered convolution's GEMMs where
 // it has at most 64 filters) also race that engine; those of the thin engine's (gemm_thin.h: a
-// summed dimension of at most 256 against B stored k x n: a fully connected layer's weight
-// gradient at a small batch) race that one.
+// summed dimension of at most 256, B stored k x n: a fully connected layer's weight gradient at
+// a small batch, its backward data where num_output <= 256, a lowered convolution's backward
+// data with at most 256 filters per group) race that one, on CPUs with AVX-512F.
 //
 // Where MKL is loaded and offered (mkl.h; cct/backend/mkl.py offers it where MKL is installed),
 // float32 calls also race MKL's cblas_sgemm, whole on as many MKL threads as OpenBLAS runs (one

@@ -4,26 +4,27 @@
 // dy^T x, 32 fused multiply-adds per value of a C of 151 MB that is read and written once.
 // Each value's 8 bytes of memory traffic carry only 64 flops, so the multiply must run while C
 // streams: OpenBLAS's direct order, which the races had chosen, ran it at 142 GFLOP/s on a
-// Zen 4's two cores (70% of the SGEMM peak; MKL's sgemm 131, PyTorch's mm 43), and a plain tile
+// Zen 4's two cores (70% of the SGEMM peak; MKL's sgemm 129, PyTorch's mm 43), and a plain tile
 // with C's lines loaded on demand at 154: each thread stalled on its own misses (76 GFLOP/s on
 // one thread). Here each tile prefetches the C lines of the tile that comes next while it
 // multiplies: 183 GFLOP/s in the same sketch (bench/RESULTS.md).
 //
 // The tile: 6 rows of C x 64 columns (four vectors of 16 lanes), 24 accumulators; for every k
 // one load per vector of B's row and one broadcast per row of op(A), which is packed k-major
-// for the tile's rows (6 x k values, in L1). B's columns run in blocks of about 512 KiB of B
-// (k x 4,096 columns at k = 32), which stay in L2 while a thread walks its rows of C over
-// them; a thread's share is a run of (block, six rows) items, so it visits C row by row within
-// a block, in runs the hardware prefetchers follow too. The last vector of a row's columns is
-// masked (no tail loop).
+// for the tile's rows (6 x k values, in L1). B's columns run in blocks of equal width and at
+// most about 512 KiB of B (4,096 columns at k = 32), which stay in L2 while a thread walks its
+// rows of C over them; a thread's share is a run of (block, six rows) items, so it visits C
+// row by row within a block, in runs the hardware prefetchers follow too. The last vector of a
+// row's columns is masked (no tail loop).
 //
 // Each C value is one chain of fused multiply-adds in k's order from 0, then beta C added with
 // one rounding (C unread when beta is 0): the skinny engine's contract, so where both take a
 // call they give the same bits, and neither the threads nor the blocks change them.
 //
-// AVX-512F only: on Zen 4, whose AVX-512 runs at half the vector rate, the sketch ran at 90%
-// of the SGEMM peak. A build with CCT_EMULATE_AVX512 compiles the tile through SIMDe
-// (avx512.h), so that its tests run on CPUs without AVX-512 too.
+// AVX-512F only, for its masked loads and stores (a row's last vector without a tail loop):
+// the CPUs issue 34 measures (Zen 4, Intel's Xeons) have it, and elsewhere OpenBLAS keeps
+// these GEMMs. A build with CCT_EMULATE_AVX512 compiles the tile through SIMDe (avx512.h), so
+// that its tests run on CPUs without AVX-512 too.
 #include "gemm_thin.h"
 
 #include <algorithm>
@@ -45,10 +46,11 @@ constexpr int kTileVectors = 4;
 constexpr int64_t kTileColumns = 16 * kTileVectors;
 constexpr int64_t kBlockBytes = int64_t(512) << 10;  // B's block of columns, kept in L2
 
-// c (R rows x V vectors, ldc) = beta c + ap^T b: ap holds op(A)'s R rows k-major (row stride
-// kTileRows), b is B's block (ldb). The last vector's lanes outside `last` are not read from B
-// or C and not written. `next` is where the tile after this one starts: its lines are
-// prefetched now, a tile's arithmetic ahead of their use.
+// c (R rows x V vectors of 16 columns, ldc) = op(A)'s R rows times B's columns (b, ldb), plus
+// beta c: ap holds those rows k-major (row stride kTileRows). With Tail the last vector's lanes
+// outside `last` are neither read (from B or C) nor written; without, every vector is whole
+// (masking every tile's last vector cost 3-5%). `next` is where the tile after this one starts:
+// its lines are prefetched now, a tile's arithmetic ahead of their use.
 template <int R, int V, bool Tail>
 CCT_AVX512F_TARGET void thin_tile(const float* ap, const float* b, int64_t ldb, int64_t k,
                                   float beta, float* c, int64_t ldc, __mmask16 last,

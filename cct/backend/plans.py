@@ -29,11 +29,12 @@ lowered, 1 pointwise, 2 direct, 3 Winograd F(2x2, 3x3) or F(2x2, 5x5), 4 Winogra
 3x3), 5-7 their phase forms, 8 the direct layout's AVX-512 tile, 9 its phase form, 10 oneDNN's
 convolution where oneDNN is offered, cct/backend/onednn.py); a GEMM's accumulate: whether it
 adds into C (raced apart from overwriting it), its choice true/false for its operand order, 2
-or 3 for the same orders run in float32 under bf16, 4 for the skinny float32 engine, 5 for MKL's sgemm where MKL is installed,
-cct/backend/mkl.py, 6 for the skinny engine's 16-lane tile on AVX-512 CPUs, the same bits as
-4, 10 for the thin float32 engine on AVX-512 CPUs; under bf16 also 8 and 9, the direct order on MKL's whole-GEMM threads and on cct's
-kernel), and the bf16 GEMM engine once one was chosen (cct/backend/precision.py times them: the
-engines round differently too), with ``"bf16_shapes"``, the engines the races also try shape by
+or 3 for the same orders run in float32 under bf16, 4 for the skinny float32 engine, 5 for
+MKL's sgemm where MKL is installed, cct/backend/mkl.py, 6 for the skinny engine's 16-lane tile
+on AVX-512 CPUs, the same bits as 4, 10 for the thin float32 engine on AVX-512 CPUs; under bf16
+also 8 and 9, the direct order on MKL's whole-GEMM threads and on cct's kernel), and the bf16
+GEMM engine once one was chosen (cct/backend/precision.py times them: the engines round
+differently too), with ``"bf16_shapes"``, the engines the races also try shape by
 shape (those faster than float32 there). Where MKL is offered or bf16 is on, a table also holds
 ``"gemm_batch": [[trans_a, trans_b, m, n, k, count, itemsize, threads, accumulate, choice],
 ...]``: the strided batched GEMMs' (Winograd's products, the pointwise layout's), itemsize 2
