@@ -100,4 +100,16 @@ void gemm_bf16_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float a
                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                       float* c, int64_t ldc);
 
+// cct's kernel in the skinny engine's form (gemm_skinny.h): C (m x n) = op(A) B^T + beta C
+// with m <= kBf16SkinnyMaxRows and B stored n x k (a fully connected layer's forward at a small
+// batch: B its weights, rounded as they stream from memory rather than packed first). The
+// same bits as gemm_bf16_kernel's with alpha 1, whatever the threads. gemm.cpp races it under
+// bf16 as GEMM choice 11.
+constexpr int64_t kBf16SkinnyMaxRows = 64;
+// Whether it takes a call: op(B) = B^T, 1 <= m <= kBf16SkinnyMaxRows, alpha 1, and cct's
+// kernel on this CPU.
+bool gemm_bf16_skinny_applies(bool tb, int64_t m, int64_t n, int64_t k, float alpha);
+void gemm_bf16_skinny(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                      const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
 }  // namespace cct

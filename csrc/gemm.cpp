@@ -11,7 +11,9 @@
 //
 // Under bf16 GEMMs (bf16.h) each order is also timed in float32: where the GEMM is bound by
 // memory rather than arithmetic (fc6's backward data at batch 32: 0.66x float32's speed in
-// bf16 on a Zen 4, whose operands are rounded and packed on every call) float32 runs it.
+// bf16 on a Zen 4, whose operands are rounded and packed on every call) float32 runs it. Calls
+// of the skinny form with B^T (a fully connected layer's forward) also race cct's bf16 kernel
+// in that form (bf16.h's gemm_bf16_skinny), which rounds B as it streams instead.
 //
 // Float32 calls of the skinny engine's form (gemm_skinny.h: C with at most 64 rows times a
 // B or B^T streamed along the summed dimension: a fully connected layer's forward and backward
@@ -66,9 +68,11 @@ std::mutex g_mutex;
 // engine, 5 MKL's sgemm, 6 the skinny engine's 16-lane tile (AVX-512; the same bits as 4): all
 // float32 whatever the precision; under bf16 also 8 and 9: the direct order in bf16 on MKL's
 // whole-GEMM threads and on cct's kernel, where bf16.h offers them shape by shape; 10 the thin
-// engine (float32 whatever the precision).
+// engine (float32 whatever the precision); under bf16 also 11: cct's kernel in the skinny
+// form (bf16.h's gemm_bf16_skinny; the bits of 9).
 constexpr int kSkinnyChoice = 4, kMklChoice = 5, kSkinny16Choice = 6;
 constexpr int kBf16MklThreadedChoice = 8, kBf16KernelChoice = 9, kThinChoice = 10;
+constexpr int kBf16SkinnyChoice = 11;
 std::map<Key, int> g_transposed;
 std::atomic<int> g_order{0};  // 0 measure, 1 direct, 2 transposed
 // Batched GEMMs: ta tb m n k count element-size BLAS-threads accumulate -> 0 the BLAS's
@@ -186,6 +190,15 @@ void run_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T
     }
     choice = 0;
   }
+  if (choice == kBf16SkinnyChoice) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (bf16_gemm_enabled() && gemm_bf16_skinny_applies(tb, m, n, k, alpha)) {
+        gemm_bf16_skinny(ta, m, n, k, a, lda, b, ldb, beta, c, ldc);
+        return;
+      }
+    }
+    choice = 0;  // the chosen engine's direct order (in float32 when bf16 is off)
+  }
   if (choice == kMklChoice) {
     if constexpr (std::is_same_v<T, float>) {
       if (mkl_loaded()) {
@@ -235,6 +248,7 @@ std::vector<int> candidates(bool tb, int64_t m, int64_t n, int64_t k) {
   if (thin_applies(tb, m, n, k, T(1))) choices.push_back(kThinChoice);
   if (mkl_applies<T>()) choices.push_back(kMklChoice);
   if (bf16) push_offered_engines(choices);
+  if (bf16 && gemm_bf16_skinny_applies(tb, m, n, k, 1.0f)) choices.push_back(kBf16SkinnyChoice);
   return choices;
 }
 
@@ -443,12 +457,13 @@ std::vector<GemmChoice> gemm_choices() { return rows_of<GemmChoice>(g_transposed
 void load_gemm_choices(const std::vector<GemmChoice>& entries) {
   std::lock_guard<std::mutex> lock(g_mutex);
   for (const auto& [ta, tb, m, n, k, size, threads, accumulate, choice] : entries) {
-    const bool bf16_only = (choice >= 2 && choice <= 3) || bf16_engine_of(choice) >= 0;
-    if (choice < 0 || choice == kBf16ItemsChoice || choice > kThinChoice ||
+    const bool bf16_only = (choice >= 2 && choice <= 3) || bf16_engine_of(choice) >= 0 ||
+                           choice == kBf16SkinnyChoice;
+    if (choice < 0 || choice == kBf16ItemsChoice || choice > kBf16SkinnyChoice ||
         (bf16_only && size != 2) || (choice >= kSkinnyChoice && size == 8))
       throw std::invalid_argument(
-          "a GEMM choice must be 0 or 1 (2, 3, 8 or 9 under bf16), or 4, 5, 6 or 10 in float32 "
-          "or bf16");
+          "a GEMM choice must be 0 or 1 (2, 3, 8, 9 or 11 under bf16), or 4, 5, 6 or 10 in "
+          "float32 or bf16");
     g_transposed[Key{ta, tb, m, n, k, size, threads, accumulate}] = choice;
   }
 }

@@ -76,8 +76,9 @@ FORMAT = 1
 # where oneDNN is offered: the fingerprint holds its version then; the modes' radix grew); 17:
 # the skinny engine takes op(B) = B too (a fully connected layer's backward data: a cache of 16
 # never raced it there); 18: the thin float32 GEMM engine (GEMM choice 10: a fully connected
-# layer's weight gradient at a small batch).
-KERNEL_PLANS = 18
+# layer's weight gradient at a small batch); 19: under bf16, cct's kernel in the skinny form
+# (GEMM choice 11: a fully connected layer's forward at a small batch).
+KERNEL_PLANS = 19
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 MKL_CHOICE = 5  # a GEMM row's choice of MKL's sgemm
 BF16_ITEMS_CHOICE = 7  # a batched GEMM row's choice of its items one by one in bf16
@@ -87,6 +88,7 @@ BF16_ENGINE_CHOICES = {8: "mkl_threaded", 9: "avx512bf16"}
 BF16_SHAPE_ENGINES = tuple(BF16_ENGINE_CHOICES.values())
 SKINNY_CHOICES = (4, 6)  # the skinny engine's: vectors of 8 lanes, of 16 (the same bits)
 THIN_CHOICE = 10  # the thin engine's (csrc/gemm_thin.h)
+BF16_SKINNY_CHOICE = 11  # under bf16, cct's kernel in the skinny form (csrc/bf16.h)
 # conv.cpp's layouts by number (a convolution row's layout), as the kernels name them.
 CONV_LAYOUT_NAMES = tuple(_C.conv_layout_names())
 _CONV_FIELDS = 8
@@ -235,13 +237,14 @@ def _gemm_row(row) -> tuple:
     if not all(isinstance(v, bool) for v in (ta, tb, accumulate)):
         raise ValueError(f"a GEMM order's flags are not true/false: {row!r:.80}")
     if not (isinstance(choice, bool) or choice in (2, 3, MKL_CHOICE, *SKINNY_CHOICES,
-                                                   *BF16_ENGINE_CHOICES, THIN_CHOICE)
+                                                   *BF16_ENGINE_CHOICES, THIN_CHOICE,
+                                                   BF16_SKINNY_CHOICE)
             and isinstance(choice, int)):
-        raise ValueError(f"a GEMM order's choice is not true/false, 2, 3, 4, 5, 6, 8, 9 or 10: "
-                         f"{row!r:.80}")
+        raise ValueError(f"a GEMM order's choice is not true/false, 2, 3, 4, 5, 6, 8, 9, 10 or "
+                         f"11: {row!r:.80}")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (m, n, k, size, threads)):
         raise ValueError(f"a GEMM order holds a size that is not an integer: {row!r:.80}")
-    if choice in BF16_ENGINE_CHOICES and size != 2:
+    if (choice in BF16_ENGINE_CHOICES or choice == BF16_SKINNY_CHOICE) and size != 2:
         raise ValueError(f"a GEMM order's choice {choice} (bf16 on one engine) needs itemsize 2: "
                          f"{row!r:.80}")
     return ta, tb, m, n, k, size, threads, accumulate, int(choice)
@@ -267,6 +270,8 @@ def _gemm_batch_row(row) -> tuple:
 # for the warning that says so.
 _FALLBACKS = {MKL_CHOICE: ("GEMM plan(s) run MKL's sgemm", "OpenBLAS's direct order"),
               THIN_CHOICE: ("GEMM plan(s) run the thin engine", "OpenBLAS's direct order"),
+              BF16_SKINNY_CHOICE: ("bf16 GEMM plan(s) run cct's kernel in the skinny form",
+                                   "on the chosen bf16 engine"),
               **{choice: (f"bf16 GEMM plan(s) run on {engine}", "on the chosen bf16 engine")
                  for choice, engine in BF16_ENGINE_CHOICES.items()}}
 
@@ -277,7 +282,7 @@ def _why_not_here(choice) -> Optional[str]:
     if choice == THIN_CHOICE:
         return None if _C.gemm_thin_available() else "this CPU has no AVX-512F"
     engine = BF16_ENGINE_CHOICES.get(choice)
-    if engine == "avx512bf16":
+    if engine == "avx512bf16" or choice == BF16_SKINNY_CHOICE:
         return None if _C.bf16_kernel_supported() else "this CPU has no AVX512-BF16"
     why = mkl.load()
     if why is None and engine == "mkl_threaded" and not _C.mkl_threaded():
