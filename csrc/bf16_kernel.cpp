@@ -5,7 +5,9 @@
 // of op(B) ("pairs"), rounded to bf16 while packed. op(A) is packed whole, in panels of kRows
 // rows; each thread packs one panel of kCols columns of op(B) at a time and runs every row
 // panel against it, accumulating the whole k in registers: one rounding per element of C, and
-// no element's arithmetic depends on how the panels fall to threads.
+// no element's arithmetic depends on how the panels fall to threads. Its skinny form (below)
+// gives the same bits for a fully connected layer's forward at a small batch, B rounded as it
+// streams rather than packed first.
 #include <stdexcept>
 
 #include "bf16.h"
@@ -211,8 +213,9 @@ CCT_BF16_TARGET void pairs_of(const float* src, int64_t count, uint32_t* dst) {
 
 // acc (R rows of B x V vectors of op(A)'s lanes) = ot's values; then for p in [0, kcp)
 // acc[r] += pair bb[r][p] . ap[p]; then back to ot. While it runs it prefetches `next`, the
-// block of B the thread converts next (R rows of ldb floats, 16 lines each), one line a pair,
-// so that its loads meet L1 rather than memory.
+// block of B the thread rounds next (R of B's rows, 1 KiB = 16 lines of each), one line a
+// pair: without it the rounding's loads waited on memory while no tile ran, and the two took
+// their sum (fc6 at batch 32 on a Zen 4: 10.6 ms, against 7.6-8.2 with it).
 template <int R, int V>
 CCT_BF16_TARGET void skinny_bf16_tile(const uint32_t* bb, const uint32_t* ap, int64_t mpad,
                                       int64_t kcp, float* ot, const float* next, int64_t ldb) {
