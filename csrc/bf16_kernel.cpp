@@ -215,7 +215,7 @@ CCT_BF16_TARGET void pairs_of(const float* src, int64_t count, uint32_t* dst) {
 // acc[r] += pair bb[r][p] . ap[p]; then back to ot. While it runs it prefetches `next`, the
 // block of B the thread rounds next (R of B's rows, 1 KiB = 16 lines of each), one line a
 // pair: without it the rounding's loads waited on memory while no tile ran, and the two took
-// their sum (fc6 at batch 32 on a Zen 4: 10.6 ms, against 7.6-8.2 with it).
+// their sum (fc6 at batch 32 on a Zen 4: 10.6-11.6 ms, against 7.6-8.9 with it).
 template <int R, int V>
 CCT_BF16_TARGET void skinny_bf16_tile(const uint32_t* bb, const uint32_t* ap, int64_t mpad,
                                       int64_t kcp, float* ot, const float* next, int64_t ldb) {
