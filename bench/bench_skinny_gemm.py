@@ -2,14 +2,14 @@
 tile on AVX-512 CPUs) gives: the fully connected layers' forward and backward-data GEMMs at
 batch 32 in each engine (OpenBLAS in its two operand orders, the skinny engine's tiles) and in
 PyTorch, then whole training iterations of nets with the plans the race chose against the same
-plans with every skinny choice replaced by the faster BLAS order. Rounds alternate, so that the host's
-drift falls on all arms alike.
+plans with every skinny choice replaced by the faster BLAS order. Rounds alternate, so that the
+host's drift falls on all arms alike.
 
     python bench/bench_skinny_gemm.py [--nets caffenet_b32,alexnet_b32] [--rounds 8]
 
 Prints the machine and its SGEMM peak, a row per GEMM shape (ms as median / best, GFLOP/s of
-the faster skinny tile's best, PyTorch / that best), and a row per net (iteration ms with and without the engine,
-median / best, and the ratio of the medians).
+the faster skinny tile's best, PyTorch / that best), and a row per net (iteration ms with and
+without the engine, median / best, and the ratio of the medians).
 """
 import argparse
 import pathlib
@@ -122,7 +122,8 @@ def main() -> None:
         from cct import _C
         wide = _C.gemm_skinny16_available()
         print(f"{'GEMM (out += X W^T; dx: X W)':28} {'OpenBLAS direct':>17} "
-              f"{'OpenBLAS transp.':>17} {'skinny':>17} " + (f"{'skinny 16 lanes':>17} " if wide else "")
+              f"{'OpenBLAS transp.':>17} {'skinny':>17} "
+              + (f"{'skinny 16 lanes':>17} " if wide else "")
               + f"{'PyTorch':>17} {'skinny GF/s':>11} {'PyTorch/skinny':>14}")
         for name, m, n, k, trans_b in SHAPES:
             t = gemm_times(m, n, k, trans_b, args.rounds)

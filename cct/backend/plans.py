@@ -32,7 +32,8 @@ adds into C (raced apart from overwriting it), its choice true/false for its ope
 or 3 for the same orders run in float32 under bf16, 4 for the skinny float32 engine, 5 for
 MKL's sgemm where MKL is installed, cct/backend/mkl.py, 6 for the skinny engine's 16-lane tile
 on AVX-512 CPUs, the same bits as 4, 10 for the thin float32 engine on AVX-512 CPUs; under bf16
-also 8 and 9, the direct order on MKL's whole-GEMM threads and on cct's kernel), and the bf16
+also 8 and 9, the direct order on MKL's whole-GEMM threads and on cct's kernel, and 11, cct's
+kernel in the skinny form, the same bits as 9), and the bf16
 GEMM engine once one was chosen (cct/backend/precision.py times them: the engines round
 differently too), with ``"bf16_shapes"``, the engines the races also try shape by
 shape (those faster than float32 there). Where MKL is offered or bf16 is on, a table also holds
