@@ -112,4 +112,15 @@ bool gemm_bf16_skinny_applies(bool tb, int64_t m, int64_t n, int64_t k, float al
 void gemm_bf16_skinny(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                       const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// cct's kernel in the thin engine's form (gemm_thin.h): C (m x n) = op(A) B + beta C with
+// k <= kBf16ThinMaxK and B stored k x n (a fully connected layer's weight gradient at a small
+// batch, k the batch). The same bits as gemm_bf16_kernel's with alpha 1, whatever the threads.
+// gemm.cpp races it under bf16 as GEMM choice 12.
+constexpr int64_t kBf16ThinMaxK = 256;
+// Whether it takes a call: op(B) = B, 1 <= k <= kBf16ThinMaxK, alpha 1, and cct's kernel on
+// this CPU.
+bool gemm_bf16_thin_applies(bool tb, int64_t m, int64_t n, int64_t k, float alpha);
+void gemm_bf16_thin(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                    const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
 }  // namespace cct

@@ -339,6 +339,162 @@ void gemm_bf16_skinny(bool ta, int64_t m, int64_t n, int64_t k, const float* a, 
   });
 }
 
+// The thin form (bf16.h's gemm_bf16_thin): the float32 thin engine's tile (gemm_thin.cpp) on
+// VDPBF16PS, for a short k: a fully connected layer's weight gradient at a small batch, dW (m x
+// n) += dy^T x with k the batch. Each value of C gets only k multiply-adds, so C streaming
+// through memory bounds it; VDPBF16PS halves the instructions per value that hide that stream
+// (cct's kernel packs op(B) in panels of 32 columns and reached 107 GFLOP/s on fc6's at batch
+// 32 on a Zen 4, the float32 thin engine 179).
+namespace {
+
+constexpr int kThinTileRows = 6;
+constexpr int kThinTileVectors = 4;
+constexpr int64_t kThinTileColumns = 16 * kThinTileVectors;
+constexpr int64_t kThinBlockBytes = int64_t(512) << 10;  // B's pairs per block, kept in L2
+
+// c (R rows x V vectors of 16 columns, ldc) = chains over kp pairs of op(A)'s R rows (ap,
+// pair-major, kThinTileRows to a pair) and B's columns (bp, ldp pairs to a k-pair), then
+// fma(beta, c, chain) (c unread when beta is 0). With Tail the last vector's lanes outside
+// `last` are neither read nor written. `next` is where the tile after this one starts: its
+// lines are prefetched now, a tile's arithmetic ahead of their use (gemm_thin.cpp's reason).
+template <int R, int V, bool Tail>
+CCT_BF16_TARGET void thin_bf16_tile(const uint32_t* ap, const uint32_t* bp, int64_t ldp,
+                                    int64_t kp, float beta, float* c, int64_t ldc,
+                                    __mmask16 last, const float* next) {
+  const uintptr_t ahead = reinterpret_cast<uintptr_t>(next);  // may pass C's end: no fault
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v)
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + sizeof(float) * (r * ldc + 16 * v)),
+                   _MM_HINT_T0);
+  __m512 acc[R][V];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kp; ++p) {
+    __m512bh x[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v)
+      x[v] = (__m512bh)(Tail && v == V - 1 ? _mm512_maskz_loadu_epi32(last, bp + p * ldp + 16 * v)
+                                           : _mm512_loadu_si512(bp + p * ldp + 16 * v));
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m512bh w = (__m512bh)_mm512_set1_epi32(int(ap[p * kThinTileRows + r]));
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], w, x[v]);
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(beta);
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      float* cv = c + r * ldc + 16 * v;
+      if (Tail && v == V - 1) {
+        const __m512 out = beta == 0.0f  // C unread (it may hold NaN)
+                               ? acc[r][v]
+                               : _mm512_fmadd_ps(scale, _mm512_maskz_loadu_ps(last, cv), acc[r][v]);
+        _mm512_mask_storeu_ps(cv, last, out);
+      } else {
+        _mm512_storeu_ps(cv, beta == 0.0f ? acc[r][v]
+                                          : _mm512_fmadd_ps(scale, _mm512_loadu_ps(cv), acc[r][v]));
+      }
+    }
+}
+
+using ThinTile = void (*)(const uint32_t*, const uint32_t*, int64_t, int64_t, float, float*,
+                          int64_t, __mmask16, const float*);
+
+template <int R, bool Tail>
+ThinTile thin_tile_of_vectors(int vectors) {
+  switch (vectors) {
+    case 1: return thin_bf16_tile<R, 1, Tail>;
+    case 2: return thin_bf16_tile<R, 2, Tail>;
+    case 3: return thin_bf16_tile<R, 3, Tail>;
+    default: return thin_bf16_tile<R, 4, Tail>;
+  }
+}
+
+template <bool Tail>
+ThinTile thin_tile_of_rows(int rows, int vectors) {
+  switch (rows) {
+    case 1: return thin_tile_of_vectors<1, Tail>(vectors);
+    case 2: return thin_tile_of_vectors<2, Tail>(vectors);
+    case 3: return thin_tile_of_vectors<3, Tail>(vectors);
+    case 4: return thin_tile_of_vectors<4, Tail>(vectors);
+    case 5: return thin_tile_of_vectors<5, Tail>(vectors);
+    default: return thin_tile_of_vectors<6, Tail>(vectors);
+  }
+}
+
+// The tile of `rows` rows (1 to kThinTileRows) and `columns` columns (1 to kThinTileColumns).
+ThinTile thin_tile_of(int rows, int64_t columns) {
+  const int vectors = int((columns + 15) / 16);
+  return columns % 16 ? thin_tile_of_rows<true>(rows, vectors)
+                      : thin_tile_of_rows<false>(rows, vectors);
+}
+
+}  // namespace
+
+void gemm_bf16_thin(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                    const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (!gemm_bf16_thin_applies(false, m, n, k, 1.0f))
+    throw std::invalid_argument("gemm_bf16_thin: outside its form (bf16.h)");
+  const int64_t kp = (k + 1) / 2;
+  // Columns per block: about kThinBlockBytes of B's pairs, in whole tiles, of equal width.
+  const int64_t budget = std::max<int64_t>(
+      kThinTileColumns,
+      kThinBlockBytes / int64_t(sizeof(uint32_t) * kp) / kThinTileColumns * kThinTileColumns);
+  const int64_t blocks = (n + budget - 1) / budget;
+  const int64_t width =
+      ((n + blocks - 1) / blocks + kThinTileColumns - 1) / kThinTileColumns * kThinTileColumns;
+  const int64_t groups = (m + kThinTileRows - 1) / kThinTileRows;
+  // Items in (block, group) order: a thread's run walks one block's rows before the next's,
+  // and rounds a block's B into pairs when it comes to it.
+  parallel_for(blocks * groups, kThinTileRows * width * k, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<uint32_t> ap_buffer, bp_buffer;
+    uint32_t* const ap = grown(ap_buffer, size_t(kThinTileRows * kp));
+    uint32_t* const bp = grown(bp_buffer, size_t(kp * width));
+    const auto tile_start = [&](int64_t item) {
+      return c + (item % groups) * kThinTileRows * ldc + (item / groups) * width;
+    };
+    int64_t packed = -1;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t block = item / groups;
+      const int64_t i0 = (item % groups) * kThinTileRows, j0 = block * width;
+      const int64_t j1 = std::min(n, j0 + width);
+      if (block != packed) {
+        for (int64_t p = 0; p < kp; ++p) {
+          const float* lo = b + 2 * p * ldb + j0;
+          pair_rows(lo, 2 * p + 1 < k ? lo + ldb : nullptr, j1 - j0, bp + p * width);
+        }
+        packed = block;
+      }
+      const int rows = int(std::min<int64_t>(kThinTileRows, m - i0));
+      for (int64_t p = 0; p < kp; ++p)
+        for (int r = 0; r < rows; ++r) {
+          const auto at = [&](int64_t q) {
+            return q >= k ? 0.0f : ta ? a[q * lda + i0 + r] : a[(i0 + r) * lda + q];
+          };
+          ap[p * kThinTileRows + r] = pair_scalar(at(2 * p), at(2 * p + 1));
+        }
+      float* row = c + i0 * ldc;
+      for (int64_t j = j0; j < j1; j += kThinTileColumns) {
+        const int64_t columns = std::min(kThinTileColumns, j1 - j);
+        const int tail = int(columns % 16);
+        const __mmask16 last = tail ? __mmask16((1u << tail) - 1) : __mmask16(0xFFFF);
+        const float* next = j + kThinTileColumns < j1 ? row + j + kThinTileColumns
+                            : item + 1 < end          ? tile_start(item + 1)
+                                                      : row + j;
+        thin_tile_of(rows, columns)(ap, bp + (j - j0), width, kp, beta, row + j, ldc, last,
+                                    next);
+      }
+    }
+  });
+}
+
 }  // namespace cct
 
 #else  // not x86-64 with GCC or Clang
@@ -357,6 +513,11 @@ void gemm_bf16_skinny(bool, int64_t, int64_t, int64_t, const float*, int64_t, co
   throw std::runtime_error("cct's bf16 kernel needs an x86-64 build with AVX512-BF16");
 }
 
+void gemm_bf16_thin(bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
+                    int64_t, float, float*, int64_t) {
+  throw std::runtime_error("cct's bf16 kernel needs an x86-64 build with AVX512-BF16");
+}
+
 }  // namespace cct
 
 #endif
@@ -365,6 +526,15 @@ namespace cct {
 
 bool gemm_bf16_skinny_applies(bool tb, int64_t m, int64_t n, int64_t k, float alpha) {
   return tb && m >= 1 && m <= kBf16SkinnyMaxRows && n >= 1 && k >= 1 && alpha == 1.0f &&
+         bf16_kernel_supported();
+}
+
+}  // namespace cct
+
+namespace cct {
+
+bool gemm_bf16_thin_applies(bool tb, int64_t m, int64_t n, int64_t k, float alpha) {
+  return !tb && m >= 1 && n >= 1 && k >= 1 && k <= kBf16ThinMaxK && alpha == 1.0f &&
          bf16_kernel_supported();
 }
 

@@ -68,11 +68,11 @@ std::mutex g_mutex;
 // engine, 5 MKL's sgemm, 6 the skinny engine's 16-lane tile (AVX-512; the same bits as 4): all
 // float32 whatever the precision; under bf16 also 8 and 9: the direct order in bf16 on MKL's
 // whole-GEMM threads and on cct's kernel, where bf16.h offers them shape by shape; 10 the thin
-// engine (float32 whatever the precision); under bf16 also 11: cct's kernel in the skinny
-// form (bf16.h's gemm_bf16_skinny; the bits of 9).
+// engine (float32 whatever the precision); under bf16 also 11 and 12: cct's kernel in the
+// skinny and the thin forms (bf16.h's gemm_bf16_skinny, gemm_bf16_thin; the bits of 9).
 constexpr int kSkinnyChoice = 4, kMklChoice = 5, kSkinny16Choice = 6;
 constexpr int kBf16MklThreadedChoice = 8, kBf16KernelChoice = 9, kThinChoice = 10;
-constexpr int kBf16SkinnyChoice = 11;
+constexpr int kBf16SkinnyChoice = 11, kBf16ThinChoice = 12;
 std::map<Key, int> g_transposed;
 std::atomic<int> g_order{0};  // 0 measure, 1 direct, 2 transposed
 // Batched GEMMs: ta tb m n k count element-size BLAS-threads accumulate -> 0 the BLAS's
@@ -199,6 +199,15 @@ void run_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T
     }
     choice = 0;  // the chosen engine's direct order (in float32 when bf16 is off)
   }
+  if (choice == kBf16ThinChoice) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (bf16_gemm_enabled() && gemm_bf16_thin_applies(tb, m, n, k, alpha)) {
+        gemm_bf16_thin(ta, m, n, k, a, lda, b, ldb, beta, c, ldc);
+        return;
+      }
+    }
+    choice = 0;  // as for 11
+  }
   if (choice == kMklChoice) {
     if constexpr (std::is_same_v<T, float>) {
       if (mkl_loaded()) {
@@ -249,6 +258,7 @@ std::vector<int> candidates(bool tb, int64_t m, int64_t n, int64_t k) {
   if (mkl_applies<T>()) choices.push_back(kMklChoice);
   if (bf16) push_offered_engines(choices);
   if (bf16 && gemm_bf16_skinny_applies(tb, m, n, k, 1.0f)) choices.push_back(kBf16SkinnyChoice);
+  if (bf16 && gemm_bf16_thin_applies(tb, m, n, k, 1.0f)) choices.push_back(kBf16ThinChoice);
   return choices;
 }
 
@@ -458,11 +468,11 @@ void load_gemm_choices(const std::vector<GemmChoice>& entries) {
   std::lock_guard<std::mutex> lock(g_mutex);
   for (const auto& [ta, tb, m, n, k, size, threads, accumulate, choice] : entries) {
     const bool bf16_only = (choice >= 2 && choice <= 3) || bf16_engine_of(choice) >= 0 ||
-                           choice == kBf16SkinnyChoice;
-    if (choice < 0 || choice == kBf16ItemsChoice || choice > kBf16SkinnyChoice ||
+                           choice == kBf16SkinnyChoice || choice == kBf16ThinChoice;
+    if (choice < 0 || choice == kBf16ItemsChoice || choice > kBf16ThinChoice ||
         (bf16_only && size != 2) || (choice >= kSkinnyChoice && size == 8))
       throw std::invalid_argument(
-          "a GEMM choice must be 0 or 1 (2, 3, 8, 9 or 11 under bf16), or 4, 5, 6 or 10 in "
+          "a GEMM choice must be 0 or 1 (2, 3, 8, 9, 11 or 12 under bf16), or 4, 5, 6 or 10 in "
           "float32 or bf16");
     g_transposed[Key{ta, tb, m, n, k, size, threads, accumulate}] = choice;
   }

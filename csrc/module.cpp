@@ -609,7 +609,7 @@ PYBIND11_MODULE(_C, m) {
         "measured; choice 0 direct, 1 transposed, 2 and 3 the same in float32 under bf16, 4 "
         "the skinny engine, 5 MKL's sgemm, 6 the skinny engine's 16-lane tile, 10 the thin "
         "engine (all float32), 8 and 9 the direct order in bf16 on MKL's threads and on cct's "
-        "kernel, 11 cct's bf16 kernel in the skinny form.");
+        "kernel, 11 and 12 cct's bf16 kernel in the skinny and the thin forms.");
   m.def("gemm_batch_choices", &cct::gemm_batch_choices,
         "(trans_a, trans_b, m, n, k, count, itemsize, BLAS threads, accumulate, choice) per "
         "strided batched GEMM shape raced (itemsize 2 under bf16, else 4): choice 0 the BLAS's "

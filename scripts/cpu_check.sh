@@ -191,7 +191,7 @@ TESTS_COPY=$(mktemp -d) && cp -r tests pyproject.toml "$TESTS_COPY/"
 step kernel_tests 90 8 bash -c "cd $TESTS_COPY && $PIN python3 -m pytest -q -p no:cacheprovider \
     tests/backend/test_cpu_kernels.py tests/backend/test_gemm_skinny.py \
     tests/backend/test_gemm_thin.py tests/backend/test_gemm_mkl.py tests/backend/test_bf16.py \
-    tests/backend/test_bf16_skinny.py \
+    tests/backend/test_bf16_skinny.py tests/backend/test_bf16_thin.py \
     tests/backend/test_plans.py tests/backend/test_conv_onednn.py"
 step engine_race 60 6 $PIN python3 -P -c "
 from cct.backend import precision

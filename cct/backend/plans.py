@@ -32,8 +32,8 @@ adds into C (raced apart from overwriting it), its choice true/false for its ope
 or 3 for the same orders run in float32 under bf16, 4 for the skinny float32 engine, 5 for
 MKL's sgemm where MKL is installed, cct/backend/mkl.py, 6 for the skinny engine's 16-lane tile
 on AVX-512 CPUs, the same bits as 4, 10 for the thin float32 engine on AVX-512 CPUs; under bf16
-also 8 and 9, the direct order on MKL's whole-GEMM threads and on cct's kernel, and 11, cct's
-kernel in the skinny form, the same bits as 9), and the bf16
+also 8 and 9, the direct order on MKL's whole-GEMM threads and on cct's kernel, and 11 and
+12, cct's kernel in the skinny and the thin forms, the same bits as 9), and the bf16
 GEMM engine once one was chosen (cct/backend/precision.py times them: the engines round
 differently too), with ``"bf16_shapes"``, the engines the races also try shape by
 shape (those faster than float32 there). Where MKL is offered or bf16 is on, a table also holds
@@ -78,8 +78,10 @@ FORMAT = 1
 # the skinny engine takes op(B) = B too (a fully connected layer's backward data: a cache of 16
 # never raced it there); 18: the thin float32 GEMM engine (GEMM choice 10: a fully connected
 # layer's weight gradient at a small batch); 19: under bf16, cct's kernel in the skinny form
-# (GEMM choice 11: a fully connected layer's forward at a small batch).
-KERNEL_PLANS = 19
+# (GEMM choice 11: a fully connected layer's forward at a small batch); 20: under bf16, cct's
+# kernel in the thin form (GEMM choice 12: a fully connected layer's weight gradient at a small
+# batch).
+KERNEL_PLANS = 20
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 MKL_CHOICE = 5  # a GEMM row's choice of MKL's sgemm
 BF16_ITEMS_CHOICE = 7  # a batched GEMM row's choice of its items one by one in bf16
@@ -90,6 +92,9 @@ BF16_SHAPE_ENGINES = tuple(BF16_ENGINE_CHOICES.values())
 SKINNY_CHOICES = (4, 6)  # the skinny engine's: vectors of 8 lanes, of 16 (the same bits)
 THIN_CHOICE = 10  # the thin engine's (csrc/gemm_thin.h)
 BF16_SKINNY_CHOICE = 11  # under bf16, cct's kernel in the skinny form (csrc/bf16.h)
+BF16_THIN_CHOICE = 12  # under bf16, cct's kernel in the thin form (csrc/bf16.h)
+# Under bf16, cct's kernel in one form (the bits of choice 9), whatever engine was chosen.
+BF16_FORM_CHOICES = (BF16_SKINNY_CHOICE, BF16_THIN_CHOICE)
 # conv.cpp's layouts by number (a convolution row's layout), as the kernels name them.
 CONV_LAYOUT_NAMES = tuple(_C.conv_layout_names())
 _CONV_FIELDS = 8
@@ -239,13 +244,13 @@ def _gemm_row(row) -> tuple:
         raise ValueError(f"a GEMM order's flags are not true/false: {row!r:.80}")
     if not (isinstance(choice, bool) or choice in (2, 3, MKL_CHOICE, *SKINNY_CHOICES,
                                                    *BF16_ENGINE_CHOICES, THIN_CHOICE,
-                                                   BF16_SKINNY_CHOICE)
+                                                   *BF16_FORM_CHOICES)
             and isinstance(choice, int)):
-        raise ValueError(f"a GEMM order's choice is not true/false, 2, 3, 4, 5, 6, 8, 9, 10 or "
-                         f"11: {row!r:.80}")
+        raise ValueError(f"a GEMM order's choice is not true/false, 2, 3, 4, 5, 6, 8, 9, 10, 11 "
+                         f"or 12: {row!r:.80}")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (m, n, k, size, threads)):
         raise ValueError(f"a GEMM order holds a size that is not an integer: {row!r:.80}")
-    if (choice in BF16_ENGINE_CHOICES or choice == BF16_SKINNY_CHOICE) and size != 2:
+    if (choice in BF16_ENGINE_CHOICES or choice in BF16_FORM_CHOICES) and size != 2:
         raise ValueError(f"a GEMM order's choice {choice} (bf16 on one engine) needs itemsize 2: "
                          f"{row!r:.80}")
     return ta, tb, m, n, k, size, threads, accumulate, int(choice)
@@ -273,6 +278,8 @@ _FALLBACKS = {MKL_CHOICE: ("GEMM plan(s) run MKL's sgemm", "OpenBLAS's direct or
               THIN_CHOICE: ("GEMM plan(s) run the thin engine", "OpenBLAS's direct order"),
               BF16_SKINNY_CHOICE: ("bf16 GEMM plan(s) run cct's kernel in the skinny form",
                                    "on the chosen bf16 engine"),
+              BF16_THIN_CHOICE: ("bf16 GEMM plan(s) run cct's kernel in the thin form",
+                                 "on the chosen bf16 engine"),
               **{choice: (f"bf16 GEMM plan(s) run on {engine}", "on the chosen bf16 engine")
                  for choice, engine in BF16_ENGINE_CHOICES.items()}}
 
@@ -283,7 +290,7 @@ def _why_not_here(choice) -> Optional[str]:
     if choice == THIN_CHOICE:
         return None if _C.gemm_thin_available() else "this CPU has no AVX-512F"
     engine = BF16_ENGINE_CHOICES.get(choice)
-    if engine == "avx512bf16" or choice == BF16_SKINNY_CHOICE:
+    if engine == "avx512bf16" or choice in BF16_FORM_CHOICES:
         return None if _C.bf16_kernel_supported() else "this CPU has no AVX512-BF16"
     why = mkl.load()
     if why is None and engine == "mkl_threaded" and not _C.mkl_threaded():
