@@ -353,12 +353,13 @@ constexpr int64_t kThinTileColumns = 16 * kThinTileVectors;
 constexpr int64_t kThinBlockBytes = int64_t(512) << 10;  // B's pairs per block, kept in L2
 
 // c (R rows x V vectors of 16 columns, ldc) = chains over kp pairs of op(A)'s R rows (ap,
-// pair-major, kThinTileRows to a pair) and B's columns (bp, ldp pairs to a k-pair), then
+// pair-major, ldap to a pair) and B's columns (bp, ldp pairs to a k-pair), then
 // fma(beta, c, chain) (c unread when beta is 0). With Tail the last vector's lanes outside
 // `last` are neither read nor written. `next` is where the tile after this one starts: its
 // lines are prefetched now, a tile's arithmetic ahead of their use (gemm_thin.cpp's reason).
 template <int R, int V, bool Tail>
-CCT_BF16_TARGET void thin_bf16_tile(const uint32_t* ap, const uint32_t* bp, int64_t ldp,
+CCT_BF16_TARGET void thin_bf16_tile(const uint32_t* ap, int64_t ldap, const uint32_t* bp,
+                                    int64_t ldp,
                                     int64_t kp, float beta, float* c, int64_t ldc,
                                     __mmask16 last, const float* next) {
   const uintptr_t ahead = reinterpret_cast<uintptr_t>(next);  // may pass C's end: no fault
@@ -381,7 +382,7 @@ CCT_BF16_TARGET void thin_bf16_tile(const uint32_t* ap, const uint32_t* bp, int6
                                            : _mm512_loadu_si512(bp + p * ldp + 16 * v));
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
-      const __m512bh w = (__m512bh)_mm512_set1_epi32(int(ap[p * kThinTileRows + r]));
+      const __m512bh w = (__m512bh)_mm512_set1_epi32(int(ap[p * ldap + r]));
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], w, x[v]);
     }
@@ -404,8 +405,8 @@ CCT_BF16_TARGET void thin_bf16_tile(const uint32_t* ap, const uint32_t* bp, int6
     }
 }
 
-using ThinTile = void (*)(const uint32_t*, const uint32_t*, int64_t, int64_t, float, float*,
-                          int64_t, __mmask16, const float*);
+using ThinTile = void (*)(const uint32_t*, int64_t, const uint32_t*, int64_t, int64_t, float,
+                          float*, int64_t, __mmask16, const float*);
 
 template <int R, bool Tail>
 ThinTile thin_tile_of_vectors(int vectors) {
@@ -451,11 +452,25 @@ void gemm_bf16_thin(bool ta, int64_t m, int64_t n, int64_t k, const float* a, in
   const int64_t width =
       ((n + blocks - 1) / blocks + kThinTileColumns - 1) / kThinTileColumns * kThinTileColumns;
   const int64_t groups = (m + kThinTileRows - 1) / kThinTileRows;
+  // op(A) as k-pairs once for all the tiles, pair-major: ap[p * m + i] for its row i. (The
+  // calling thread's buffer, written by the parallel parts through this pointer.)
+  thread_local std::vector<uint32_t> ap_buffer;
+  uint32_t* const ap = grown(ap_buffer, size_t(kp * m));
+  if (ta) {  // op(A)'s k runs down A's rows: a pair of them gives every row its pair
+    parallel_for(kp, 2 * m, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p)
+        pair_rows(a + 2 * p * lda, 2 * p + 1 < k ? a + (2 * p + 1) * lda : nullptr, m,
+                  ap + p * m);
+    });
+  } else {
+    parallel_for(m, k, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) pair_along(a + i * lda, k, ap + i, m);
+    });
+  }
   // Items in (block, group) order: a thread's run walks one block's rows before the next's,
   // and rounds a block's B into pairs when it comes to it.
   parallel_for(blocks * groups, kThinTileRows * width * k, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<uint32_t> ap_buffer, bp_buffer;
-    uint32_t* const ap = grown(ap_buffer, size_t(kThinTileRows * kp));
+    thread_local std::vector<uint32_t> bp_buffer;
     uint32_t* const bp = grown(bp_buffer, size_t(kp * width));
     const auto tile_start = [&](int64_t item) {
       return c + (item % groups) * kThinTileRows * ldc + (item / groups) * width;
@@ -473,13 +488,6 @@ void gemm_bf16_thin(bool ta, int64_t m, int64_t n, int64_t k, const float* a, in
         packed = block;
       }
       const int rows = int(std::min<int64_t>(kThinTileRows, m - i0));
-      for (int64_t p = 0; p < kp; ++p)
-        for (int r = 0; r < rows; ++r) {
-          const auto at = [&](int64_t q) {
-            return q >= k ? 0.0f : ta ? a[q * lda + i0 + r] : a[(i0 + r) * lda + q];
-          };
-          ap[p * kThinTileRows + r] = pair_scalar(at(2 * p), at(2 * p + 1));
-        }
       float* row = c + i0 * ldc;
       for (int64_t j = j0; j < j1; j += kThinTileColumns) {
         const int64_t columns = std::min(kThinTileColumns, j1 - j);
@@ -488,8 +496,8 @@ void gemm_bf16_thin(bool ta, int64_t m, int64_t n, int64_t k, const float* a, in
         const float* next = j + kThinTileColumns < j1 ? row + j + kThinTileColumns
                             : item + 1 < end          ? tile_start(item + 1)
                                                       : row + j;
-        thin_tile_of(rows, columns)(ap, bp + (j - j0), width, kp, beta, row + j, ldc, last,
-                                    next);
+        thin_tile_of(rows, columns)(ap + i0, m, bp + (j - j0), width, kp, beta, row + j, ldc,
+                                    last, next);
       }
     }
   });
