@@ -341,10 +341,11 @@ void gemm_bf16_skinny(bool ta, int64_t m, int64_t n, int64_t k, const float* a, 
 
 // The thin form (bf16.h's gemm_bf16_thin): the float32 thin engine's tile (gemm_thin.cpp) on
 // VDPBF16PS, for a short k: a fully connected layer's weight gradient at a small batch, dW (m x
-// n) += dy^T x with k the batch. Each value of C gets only k multiply-adds, so C streaming
-// through memory bounds it; VDPBF16PS halves the instructions per value that hide that stream
-// (cct's kernel packs op(B) in panels of 32 columns and reached 107 GFLOP/s on fc6's at batch
-// 32 on a Zen 4, the float32 thin engine 179).
+// n) += dy^T x with k the batch, and a lowered convolution's backward data with few filters.
+// Each value of C gets only k multiply-adds, so C's stream through memory must hide behind
+// them; VDPBF16PS halves the instructions per value. The kernel above, whose 8 x 32 tile does
+// not prefetch C, ran fc6's weight gradient at batch 32 at 107 GFLOP/s on a Zen 4, the float32
+// thin engine at 179, this form at 250-270 (bench/RESULTS.md).
 namespace {
 
 constexpr int kThinTileRows = 6;
@@ -359,8 +360,7 @@ constexpr int64_t kThinBlockBytes = int64_t(512) << 10;  // B's pairs per block,
 // lines are prefetched now, a tile's arithmetic ahead of their use (gemm_thin.cpp's reason).
 template <int R, int V, bool Tail>
 CCT_BF16_TARGET void thin_bf16_tile(const uint32_t* ap, int64_t ldap, const uint32_t* bp,
-                                    int64_t ldp,
-                                    int64_t kp, float beta, float* c, int64_t ldc,
+                                    int64_t ldp, int64_t kp, float beta, float* c, int64_t ldc,
                                     __mmask16 last, const float* next) {
   const uintptr_t ahead = reinterpret_cast<uintptr_t>(next);  // may pass C's end: no fault
 #pragma GCC unroll 6
@@ -377,9 +377,11 @@ CCT_BF16_TARGET void thin_bf16_tile(const uint32_t* ap, int64_t ldap, const uint
   for (int64_t p = 0; p < kp; ++p) {
     __m512bh x[V];
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v)
-      x[v] = (__m512bh)(Tail && v == V - 1 ? _mm512_maskz_loadu_epi32(last, bp + p * ldp + 16 * v)
-                                           : _mm512_loadu_si512(bp + p * ldp + 16 * v));
+    for (int v = 0; v < V; ++v) {
+      const uint32_t* at = bp + p * ldp + 16 * v;
+      x[v] = (__m512bh)(Tail && v == V - 1 ? _mm512_maskz_loadu_epi32(last, at)
+                                           : _mm512_loadu_si512(at));
+    }
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
       const __m512bh w = (__m512bh)_mm512_set1_epi32(int(ap[p * ldap + r]));
@@ -536,10 +538,6 @@ bool gemm_bf16_skinny_applies(bool tb, int64_t m, int64_t n, int64_t k, float al
   return tb && m >= 1 && m <= kBf16SkinnyMaxRows && n >= 1 && k >= 1 && alpha == 1.0f &&
          bf16_kernel_supported();
 }
-
-}  // namespace cct
-
-namespace cct {
 
 bool gemm_bf16_thin_applies(bool tb, int64_t m, int64_t n, int64_t k, float alpha) {
   return !tb && m >= 1 && n >= 1 && k >= 1 && k <= kBf16ThinMaxK && alpha == 1.0f &&
