@@ -33,21 +33,23 @@ def bf16(monkeypatch):
     _C.set_num_threads(0)
 
 
-def product(a_op, b, start, trans_a, accumulate, choice):
-    """_C.gemm of op(A) (m x k) and B (n x k, op(B) = B^T) under a plan of ``choice``; C starts
-    as ``start`` when accumulating, else as NaN (which must not come through)."""
+def product(a_op, b, start, trans_a, accumulate, choice, trans_b=True):
+    """_C.gemm of op(A) (m x k) and B (n x k, op(B) = B^T; k x n without trans_b, as
+    test_bf16_thin.py has it) under a plan of ``choice``; C starts as ``start`` when
+    accumulating, else as NaN (which must not come through)."""
     m, k = a_op.shape
-    _C.load_gemm_choices([(trans_a, True, m, b.shape[0], k, 2, _C.blas_num_threads(),
-                           accumulate, choice)])
+    _C.load_gemm_choices([(trans_a, trans_b, m, b.shape[0 if trans_b else 1], k, 2,
+                           _C.blas_num_threads(), accumulate, choice)])
     out = start.copy() if accumulate else np.full(start.shape, np.nan, np.float32)
     a = np.ascontiguousarray(a_op.T) if trans_a else a_op
-    _C.gemm(a, b, trans_a, True, measured=True, out=out, accumulate=accumulate)
+    _C.gemm(a, b, trans_a, trans_b, measured=True, out=out, accumulate=accumulate)
     return out
 
 
-def operands(m, n, k, seed):
+def operands(m, n, k, seed, trans_b=True):
     rng = np.random.default_rng(seed)
-    return (rng.standard_normal((m, k), np.float32), rng.standard_normal((n, k), np.float32),
+    return (rng.standard_normal((m, k), np.float32),
+            rng.standard_normal((n, k) if trans_b else (k, n), np.float32),
             rng.standard_normal((m, n), np.float32))
 
 

@@ -13,42 +13,22 @@ import pytest
 from cct import _C
 from cct.backend import cpu, plans
 
-from .test_bf16 import bf16_on, rounded
+from .test_bf16 import rounded
+from . import test_bf16_skinny as skinny
+# the fixture: bf16 GEMMs on cct's kernel, an empty plan table (skips without AVX512-BF16)
+from .test_bf16_skinny import bf16  # noqa: F401
 
 THIN = plans.BF16_THIN_CHOICE
 KERNEL = 9  # plans.BF16_ENGINE_CHOICES: the kernel's direct order
 
 
-@pytest.fixture
-def bf16(monkeypatch):
-    """bf16 GEMMs on cct's kernel, an empty plan table; float32 and all threads after. Skips
-    where the CPU has no AVX512-BF16 (the plan checks below run everywhere)."""
-    from cct.backend import precision
-    bf16_on(monkeypatch, "avx512bf16")
-    _C.clear_plans()
-    yield
-    _C.clear_plans()
-    precision.set_precision("float32")
-    precision._chosen.clear()
-    _C.set_num_threads(0)
-
-
 def product(a_op, b, start, trans_a, accumulate, choice):
-    """_C.gemm of op(A) (m x k) and B (k x n) under a plan of ``choice``; C starts as ``start``
-    when accumulating, else as NaN (which must not come through)."""
-    m, k = a_op.shape
-    _C.load_gemm_choices([(trans_a, False, m, b.shape[1], k, 2, _C.blas_num_threads(),
-                           accumulate, choice)])
-    out = start.copy() if accumulate else np.full(start.shape, np.nan, np.float32)
-    a = np.ascontiguousarray(a_op.T) if trans_a else a_op
-    _C.gemm(a, b, trans_a, False, measured=True, out=out, accumulate=accumulate)
-    return out
+    """The skinny tests' product with B stored k x n."""
+    return skinny.product(a_op, b, start, trans_a, accumulate, choice, trans_b=False)
 
 
 def operands(m, n, k, seed):
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32),
-            rng.standard_normal((m, n), np.float32))
+    return skinny.operands(m, n, k, seed, trans_b=False)
 
 
 # m: one row, under a tile of six, several tiles with a partial last; n: one column, under and
