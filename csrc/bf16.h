@@ -114,7 +114,7 @@ void gemm_bf16_skinny(bool ta, int64_t m, int64_t n, int64_t k, const float* a, 
 
 // cct's kernel in the thin engine's form (gemm_thin.h): C (m x n) = op(A) B + beta C with
 // k <= kBf16ThinMaxK and B stored k x n (a fully connected layer's weight gradient at a small
-// batch, k the batch). The same bits as gemm_bf16_kernel's with alpha 1, whatever the threads.
+// batch, k the batch; a lowered convolution's backward data with few filters). The same bits as gemm_bf16_kernel's with alpha 1, whatever the threads.
 // gemm.cpp races it under bf16 as GEMM choice 12.
 constexpr int64_t kBf16ThinMaxK = 256;
 // Whether it takes a call: op(B) = B, 1 <= k <= kBf16ThinMaxK, alpha 1, and cct's kernel on

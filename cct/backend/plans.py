@@ -80,7 +80,7 @@ FORMAT = 1
 # layer's weight gradient at a small batch); 19: under bf16, cct's kernel in the skinny form
 # (GEMM choice 11: a fully connected layer's forward at a small batch); 20: under bf16, cct's
 # kernel in the thin form (GEMM choice 12: a fully connected layer's weight gradient at a small
-# batch).
+# batch, a lowered convolution's backward data with few filters).
 KERNEL_PLANS = 20
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 MKL_CHOICE = 5  # a GEMM row's choice of MKL's sgemm

@@ -1,7 +1,7 @@
 """cct's bf16 kernel in the thin form (csrc/bf16_kernel.cpp, bf16.h's gemm_bf16_thin): C =
 op(A) B + beta C for k <= 256 and B stored k x n (a fully connected layer's weight gradient at
-a small batch, k the batch), which the measured GEMMs race under bf16 as choice 12 on CPUs with
-AVX512-BF16.
+a small batch, k the batch; a lowered convolution's backward data with few filters), which the
+measured GEMMs race under bf16 as choice 12 on CPUs with AVX512-BF16.
 
 Its promise is the kernel's own bits (choice 9: the kernel's direct order, panels packed
 first), whatever the threads: each C value is one chain of VDPBF16PS pair steps in k's order
