@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "parallel.h"
+#include "thin_walk.h"
 #include "workspace.h"
 
 namespace cct {
@@ -348,9 +349,9 @@ void gemm_bf16_skinny(bool ta, int64_t m, int64_t n, int64_t k, const float* a, 
 // thin engine at 179, this form at 250-270 (bench/RESULTS.md).
 namespace {
 
-constexpr int kThinTileRows = 6;
+constexpr int kThinTileRows = kThinWalkRows;  // thin_walk.h's tiles
 constexpr int kThinTileVectors = 4;
-constexpr int64_t kThinTileColumns = 16 * kThinTileVectors;
+constexpr int64_t kThinTileColumns = kThinWalkColumns;  // kThinTileVectors of 16
 constexpr int64_t kThinBlockBytes = int64_t(512) << 10;  // B's pairs per block, kept in L2
 
 // c (R rows x V vectors of 16 columns, ldc) = chains over kp pairs of op(A)'s R rows (ap,
@@ -446,14 +447,7 @@ void gemm_bf16_thin(bool ta, int64_t m, int64_t n, int64_t k, const float* a, in
   if (!gemm_bf16_thin_applies(false, m, n, k, 1.0f))
     throw std::invalid_argument("gemm_bf16_thin: outside its form (bf16.h)");
   const int64_t kp = (k + 1) / 2;
-  // Columns per block: about kThinBlockBytes of B's pairs, in whole tiles, of equal width.
-  const int64_t budget = std::max<int64_t>(
-      kThinTileColumns,
-      kThinBlockBytes / int64_t(sizeof(uint32_t) * kp) / kThinTileColumns * kThinTileColumns);
-  const int64_t blocks = (n + budget - 1) / budget;
-  const int64_t width =
-      ((n + blocks - 1) / blocks + kThinTileColumns - 1) / kThinTileColumns * kThinTileColumns;
-  const int64_t groups = (m + kThinTileRows - 1) / kThinTileRows;
+  const int64_t width = thin_walk_width(n, int64_t(sizeof(uint32_t)) * kp, kThinBlockBytes);
   // op(A) as k-pairs once for all the tiles, pair-major: ap[p * m + i] for its row i. (The
   // calling thread's buffer, written by the parallel parts through this pointer.)
   thread_local std::vector<uint32_t> ap_buffer;
@@ -469,39 +463,23 @@ void gemm_bf16_thin(bool ta, int64_t m, int64_t n, int64_t k, const float* a, in
       for (int64_t i = i0; i < i1; ++i) pair_along(a + i * lda, k, ap + i, m);
     });
   }
-  // Items in (block, group) order: a thread's run walks one block's rows before the next's,
-  // and rounds a block's B into pairs when it comes to it.
-  parallel_for(blocks * groups, kThinTileRows * width * k, [&](int64_t begin, int64_t end) {
+  thin_walk(m, n, width, c, ldc, kThinTileRows * width * k, [&] {
+    // A run rounds a block's B into pairs when it enters the block (its thread's buffer).
     thread_local std::vector<uint32_t> bp_buffer;
-    uint32_t* const bp = grown(bp_buffer, size_t(kp * width));
-    const auto tile_start = [&](int64_t item) {
-      return c + (item % groups) * kThinTileRows * ldc + (item / groups) * width;
-    };
-    int64_t packed = -1;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t block = item / groups;
-      const int64_t i0 = (item % groups) * kThinTileRows, j0 = block * width;
-      const int64_t j1 = std::min(n, j0 + width);
-      if (block != packed) {
+    return [&, bp = grown(bp_buffer, size_t(kp * width))](int64_t i0, int rows, bool entered,
+                                                          int64_t j0, int64_t j1) {
+      if (entered)
         for (int64_t p = 0; p < kp; ++p) {
           const float* lo = b + 2 * p * ldb + j0;
           pair_rows(lo, 2 * p + 1 < k ? lo + ldb : nullptr, j1 - j0, bp + p * width);
         }
-        packed = block;
-      }
-      const int rows = int(std::min<int64_t>(kThinTileRows, m - i0));
-      float* row = c + i0 * ldc;
-      for (int64_t j = j0; j < j1; j += kThinTileColumns) {
-        const int64_t columns = std::min(kThinTileColumns, j1 - j);
+      return [&, rows, i0, j0](int64_t j, int64_t columns, const float* next) {
         const int tail = int(columns % 16);
         const __mmask16 last = tail ? __mmask16((1u << tail) - 1) : __mmask16(0xFFFF);
-        const float* next = j + kThinTileColumns < j1 ? row + j + kThinTileColumns
-                            : item + 1 < end          ? tile_start(item + 1)
-                                                      : row + j;
-        thin_tile_of(rows, columns)(ap + i0, m, bp + (j - j0), width, kp, beta, row + j, ldc,
-                                    last, next);
-      }
-    }
+        thin_tile_of(rows, columns)(ap + i0, m, bp + (j - j0), width, kp, beta,
+                                    c + i0 * ldc + j, ldc, last, next);
+      };
+    };
   });
 }
 

@@ -14,8 +14,9 @@
 // for the tile's rows (6 x k values, in L1). B's columns run in blocks of equal width and at
 // most about 512 KiB of B (4,096 columns at k = 32), which stay in L2 while a thread walks its
 // rows of C over them; a thread's share is a run of (block, six rows) items, so it visits C
-// row by row within a block, in runs the hardware prefetchers follow too. The last vector of a
-// row's columns is masked (no tail loop).
+// row by row within a block, in runs the hardware prefetchers follow too (thin_walk.h, which
+// bf16_kernel.cpp's thin form walks too). The last vector of a row's columns is masked (no
+// tail loop).
 //
 // Each C value is one chain of fused multiply-adds in k's order from 0, then beta C added with
 // one rounding (C unread when beta is 0): the skinny engine's contract, so where both take a
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "parallel.h"
+#include "thin_walk.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include "avx512.h"
@@ -41,9 +43,9 @@ namespace cct {
 
 namespace {
 
-constexpr int kTileRows = 6;
+constexpr int kTileRows = kThinWalkRows;
 constexpr int kTileVectors = 4;
-constexpr int64_t kTileColumns = 16 * kTileVectors;
+constexpr int64_t kTileColumns = kThinWalkColumns;  // kTileVectors of 16
 constexpr int64_t kBlockBytes = int64_t(512) << 10;  // B's block of columns, kept in L2
 
 // c (R rows x V vectors of 16 columns, ldc) = op(A)'s R rows times B's columns (b, ldb), plus
@@ -142,37 +144,20 @@ void gemm_thin(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t
                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (!gemm_thin_applies(false, m, n, k, 1.0f))
     throw std::invalid_argument("gemm_thin: the call is outside the engine's form");
-  // Columns per block: about kBlockBytes of B, in whole tiles, the blocks of equal width.
-  const int64_t budget = std::max<int64_t>(
-      kTileColumns, kBlockBytes / int64_t(sizeof(float) * k) / kTileColumns * kTileColumns);
-  const int64_t blocks = (n + budget - 1) / budget;
-  const int64_t width =
-      ((n + blocks - 1) / blocks + kTileColumns - 1) / kTileColumns * kTileColumns;
-  const int64_t groups = (m + kTileRows - 1) / kTileRows;
-  // Items in (block, group) order: a thread's run walks one block's rows before the next's.
-  parallel_for(blocks * groups, kTileRows * width * k, [&](int64_t begin, int64_t end) {
-    std::vector<float> ap(size_t(kTileRows * k));
-    const auto tile_start = [&](int64_t item) {
-      return c + (item % groups) * kTileRows * ldc + (item / groups) * width;
-    };
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t i0 = (item % groups) * kTileRows, j0 = (item / groups) * width;
-      const int64_t j1 = std::min(n, j0 + width);
-      const int rows = int(std::min<int64_t>(kTileRows, m - i0));
+  const int64_t width = thin_walk_width(n, int64_t(sizeof(float)) * k, kBlockBytes);
+  thin_walk(m, n, width, c, ldc, kTileRows * width * k, [&] {
+    // A run's op(A) rows of its current item, k-major.
+    return [&, ap = std::vector<float>(size_t(kTileRows * k))](
+               int64_t i0, int rows, bool, int64_t, int64_t) mutable {
       for (int64_t q = 0; q < k; ++q)
         for (int r = 0; r < rows; ++r)
           ap[q * kTileRows + r] = ta ? a[q * lda + i0 + r] : a[(i0 + r) * lda + q];
-      float* row = c + i0 * ldc;
-      for (int64_t j = j0; j < j1; j += kTileColumns) {
-        const int64_t columns = std::min(kTileColumns, j1 - j);
+      return [&, rows, i0, at = ap.data()](int64_t j, int64_t columns, const float* next) {
         const int tail = int(columns % 16);
         const __mmask16 last = tail ? __mmask16((1u << tail) - 1) : __mmask16(0xFFFF);
-        const float* next = j + kTileColumns < j1 ? row + j + kTileColumns
-                            : item + 1 < end      ? tile_start(item + 1)
-                                                  : row + j;
-        tile_of(rows, columns)(ap.data(), b + j, ldb, k, beta, row + j, ldc, last, next);
-      }
-    }
+        tile_of(rows, columns)(at, b + j, ldb, k, beta, c + i0 * ldc + j, ldc, last, next);
+      };
+    };
   });
 }
 
