@@ -2,7 +2,8 @@
 lowering/Winograd where it pays"): every strided batched GEMM that a net's convolution races
 meet under bf16 (Winograd F(2x2, 3x3)'s 16 products a layer, the pointwise layout's), timed in
 float32 (OpenBLAS's batched call; MKL's where MKL is offered) and in bf16 items on each engine
-that runs here (the process's engine, MKL whole on its own threads, cct's AVX512-BF16 kernel).
+that runs here (the process's engine, MKL whole on its own threads, cct's AVX512-BF16 kernel),
+and in bf16 in one call of oneDNN's matmul where oneDNN is installed.
 
     python bench/bench_bf16_batched.py [--nets cifar10_quick,caffenet_b32] [--rounds 5]
 
@@ -26,8 +27,9 @@ from bench.bench_train import add_net_arguments, chosen_nets, machine  # noqa: E
 from bench.worker import seconds  # noqa: E402
 
 # a batched row's choice (csrc/gemm.cpp): 0 the BLAS's float32 call, 5 MKL's, 7 the items one
-# by one in bf16 on the process's engine, 8 on MKL's own threads, 9 on cct's kernel
-ARMS = {0: "float32", 5: "f32 MKL", 7: "bf16", 8: "bf16 MKLt", 9: "bf16 cct"}
+# by one in bf16 on the process's engine, 8 on MKL's own threads, 9 on cct's kernel, 13 the
+# whole batch on oneDNN's matmul
+ARMS = {0: "float32", 5: "f32 MKL", 7: "bf16", 8: "bf16 MKLt", 9: "bf16 cct", 13: "bf16 oneDNN"}
 FLOAT32_ARMS = (0, 5)
 
 
@@ -42,6 +44,8 @@ def arms_here() -> list:
         arms.append(8)
     if _C.bf16_kernel_supported():
         arms.append(9)
+    if _C.onednn_offered(True):
+        arms.append(13)
     return sorted(arms)
 
 
@@ -86,9 +90,10 @@ def main() -> None:
     args = ap.parse_args()
     names = chosen_nets(ap, args)
     from cct import _C
-    from cct.backend import mkl, precision
+    from cct.backend import mkl, onednn, precision
     print(machine())
     mkl.offer_sgemm()  # MKL's batched sgemm in the float32 arm, as in cct train's runs
+    onednn.offer()  # oneDNN's matmul in the bf16 arms (and its convolutions in the races)
     if not _C.cpu_has_bf16_units() or \
             precision.set_precision("bf16", source="bench_bf16_batched") != "bf16":
         raise SystemExit("bench_bf16_batched: this CPU has no bf16 units (emulated bf16 "

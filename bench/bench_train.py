@@ -440,6 +440,8 @@ def bf16_plans() -> str:
             return "avx512bf16 skinny"   # cct's kernel in the skinny form (csrc/bf16.h)
         if choice == plans.BF16_THIN_CHOICE and not batched:
             return "avx512bf16 thin"   # and in the thin form
+        if choice == plans.ONEDNN_CHOICE:
+            return "onednn"   # oneDNN's matmul, where oneDNN is offered (csrc/onednn.h)
         on_engine = choice == plans.BF16_ITEMS_CHOICE if batched else choice < 2
         return engine if on_engine else "float32"
 

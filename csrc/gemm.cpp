@@ -54,6 +54,7 @@
 #include "gemm_thin.h"
 #include "kernels.h"
 #include "mkl.h"
+#include "onednn.h"
 #include "parallel.h"
 #include "race.h"
 
@@ -69,15 +70,18 @@ std::mutex g_mutex;
 // float32 whatever the precision; under bf16 also 8 and 9: the direct order in bf16 on MKL's
 // whole-GEMM threads and on cct's kernel, where bf16.h offers them shape by shape; 10 the thin
 // engine (float32 whatever the precision); under bf16 also 11 and 12: cct's kernel in the
-// skinny and the thin forms (bf16.h's gemm_bf16_skinny, gemm_bf16_thin; the bits of 9).
+// skinny and the thin forms (bf16.h's gemm_bf16_skinny, gemm_bf16_thin; the bits of 9), and 13:
+// oneDNN's matmul with bf16 operands where oneDNN is offered to bf16's races (onednn.h; its own
+// bits).
 constexpr int kSkinnyChoice = 4, kMklChoice = 5, kSkinny16Choice = 6;
 constexpr int kBf16MklThreadedChoice = 8, kBf16KernelChoice = 9, kThinChoice = 10;
-constexpr int kBf16SkinnyChoice = 11, kBf16ThinChoice = 12;
+constexpr int kBf16SkinnyChoice = 11, kBf16ThinChoice = 12, kOnednnChoice = 13;
 std::map<Key, int> g_transposed;
 std::atomic<int> g_order{0};  // 0 measure, 1 direct, 2 transposed
 // Batched GEMMs: ta tb m n k count element-size BLAS-threads accumulate -> 0 the BLAS's
 // float32 call, 5 MKL's, 7 the items one by one in bf16 (element size 2, under bf16 only), 8
-// and 9 the same on MKL's whole-GEMM threads and on cct's kernel (offered as for a GEMM).
+// and 9 the same on MKL's whole-GEMM threads and on cct's kernel (offered as for a GEMM), 13
+// the whole batch in one call of oneDNN's matmul (element size 2, as for a GEMM).
 using BatchKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>;
 constexpr int kBf16ItemsChoice = 7;
 std::map<BatchKey, int> g_batched;
@@ -93,6 +97,19 @@ int bf16_engine_of(int choice) {
 void push_offered_engines(std::vector<int>& choices) {
   for (int choice : {kBf16MklThreadedChoice, kBf16KernelChoice})
     if (bf16_shape_engine_offered(bf16_engine_of(choice))) choices.push_back(choice);
+}
+
+// oneDNN's matmul for a call: under bf16, oneDNN offered to bf16's races, alpha 1 and beta 0
+// or 1 (what its sum post-op adds), and a kernel of oneDNN's own for the shape.
+bool onednn_matmul_takes(const MatmulShape& s, float alpha, float beta) {
+  return bf16_gemm_enabled() && onednn_offered(true) && alpha == 1.0f &&
+         (beta == 0.0f || beta == 1.0f) && onednn_matmul_applies(s);
+}
+
+MatmulShape matmul_shape(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda,
+                         int64_t stride_a, int64_t ldb, int64_t stride_b, float beta,
+                         int64_t ldc, int64_t stride_c, int64_t count) {
+  return {ta, tb, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, count, beta != 0.0f};
 }
 
 // A table's rows: each key's fields, then its choice (kernels.h's GemmChoice, GemmBatchChoice).
@@ -208,6 +225,16 @@ void run_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T
     }
     choice = 0;  // as for 11
   }
+  if (choice == kOnednnChoice) {
+    if constexpr (std::is_same_v<T, float>) {
+      const MatmulShape s = matmul_shape(ta, tb, m, n, k, lda, 0, ldb, 0, beta, ldc, 0, 1);
+      if (onednn_matmul_takes(s, alpha, beta)) {
+        onednn_matmul_bf16(s, a, b, c);
+        return;
+      }
+    }
+    choice = 0;  // the chosen bf16 engine's direct order (plans.py warns)
+  }
   if (choice == kMklChoice) {
     if constexpr (std::is_same_v<T, float>) {
       if (mkl_loaded()) {
@@ -242,8 +269,9 @@ void run_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T
 // data's C is the whole column buffer: 82 MB for CIFAR10-quick's conv2).
 constexpr int64_t kTransposedMaxBytes = int64_t(4) << 20;
 
+// `s`: the call's shape for oneDNN's matmul, whose kernels depend on the strides too.
 template <typename T>
-std::vector<int> candidates(bool tb, int64_t m, int64_t n, int64_t k) {
+std::vector<int> candidates(bool tb, int64_t m, int64_t n, int64_t k, const MatmulShape& s) {
   const bool bf16 = std::is_same_v<T, float> && bf16_gemm_enabled();
   const bool transposable = m * n * int64_t(sizeof(T)) <= kTransposedMaxBytes;
   std::vector<int> choices{0};
@@ -259,6 +287,8 @@ std::vector<int> candidates(bool tb, int64_t m, int64_t n, int64_t k) {
   if (bf16) push_offered_engines(choices);
   if (bf16 && gemm_bf16_skinny_applies(tb, m, n, k, 1.0f)) choices.push_back(kBf16SkinnyChoice);
   if (bf16 && gemm_bf16_thin_applies(tb, m, n, k, 1.0f)) choices.push_back(kBf16ThinChoice);
+  if (bf16 && onednn_matmul_takes(s, 1.0f, s.accumulate ? 1.0f : 0.0f))
+    choices.push_back(kOnednnChoice);
   return choices;
 }
 
@@ -295,7 +325,8 @@ int choose_order(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, 
   T* target = accumulate ? out.data() : c;
   const int64_t ld_target = accumulate ? n : ldc;
   const int fastest = fastest_of(
-      candidates<T>(tb, m, n, k),
+      candidates<T>(tb, m, n, k,
+                    matmul_shape(ta, tb, m, n, k, lda, 0, ldb, 0, float(beta), ldc, 0, 1)),
       [&] {
         if (accumulate)
           for (int64_t i = 0; i < m; ++i) std::copy(c + i * ldc, c + i * ldc + n, &out[i * n]);
@@ -350,6 +381,15 @@ void run_batch_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_
     mkl_sgemm_batch_strided(mkl_threads(), ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb,
                             stride_b, beta, c, ldc, stride_c, count);
     return;
+  }
+  if (choice == kOnednnChoice) {
+    const MatmulShape s = matmul_shape(ta, tb, m, n, k, lda, stride_a, ldb, stride_b, beta, ldc,
+                                       stride_c, count);
+    if (onednn_matmul_takes(s, alpha, beta)) {
+      onednn_matmul_bf16(s, a, b, c);
+      return;
+    }
+    choice = kBf16ItemsChoice;  // the items on the chosen bf16 engine (plans.py warns)
   }
   if (const int engine = bf16_engine_of(choice); engine >= 0) {
     if (bf16_engine_runs(engine)) {
@@ -412,6 +452,10 @@ void gemm_batch_measured(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T al
         if (mkl_batch_applies(count, stride_a, stride_b, stride_c))
           choices.push_back(kMklChoice);
         if (bf16) push_offered_engines(choices);
+        if (bf16 && onednn_matmul_takes(matmul_shape(ta, tb, m, n, k, lda, stride_a, ldb,
+                                                     stride_b, beta, ldc, stride_c, count),
+                                        1.0f, beta))
+          choices.push_back(kOnednnChoice);
         if (choices.size() > 1)
           choice = choose_batch(key, choices, ta, tb, m, n, k, a, lda, stride_a, b, ldb,
                                 stride_b, beta, c, ldc, stride_c, count);
@@ -432,12 +476,13 @@ std::vector<GemmBatchChoice> gemm_batch_choices() { return rows_of<GemmBatchChoi
 void load_gemm_batch_choices(const std::vector<GemmBatchChoice>& entries) {
   std::lock_guard<std::mutex> lock(g_mutex);
   for (const auto& [ta, tb, m, n, k, count, size, threads, accumulate, choice] : entries) {
-    const bool bf16_choice = choice == kBf16ItemsChoice || bf16_engine_of(choice) >= 0;
+    const bool bf16_choice = choice == kBf16ItemsChoice || bf16_engine_of(choice) >= 0 ||
+                             choice == kOnednnChoice;
     if ((size != 4 && size != 2) ||
         (choice != 0 && choice != kMklChoice && (!bf16_choice || size != 2)))
       throw std::invalid_argument(
           "a batched GEMM's element size must be 4 (float32) or 2 (bf16), its choice 0 (the "
-          "BLAS's) or 5 (MKL's), or 7, 8 or 9 (bf16 items) with element size 2");
+          "BLAS's) or 5 (MKL's), or 7, 8, 9 (bf16 items) or 13 (oneDNN's) with element size 2");
     g_batched[BatchKey{ta, tb, m, n, k, count, size, threads, accumulate}] = choice;
   }
 }
@@ -459,7 +504,9 @@ int gemm_known_choice(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T beta)
 }
 
 std::vector<int> gemm_candidates(int64_t m, int64_t n, int64_t k, bool tb) {
-  return candidates<float>(tb, m, n, k);
+  // oneDNN's kernels as for compact operands, overwriting C
+  return candidates<float>(tb, m, n, k,
+                           matmul_shape(false, tb, m, n, k, k, 0, tb ? k : n, 0, 0.0f, n, 0, 1));
 }
 
 std::vector<GemmChoice> gemm_choices() { return rows_of<GemmChoice>(g_transposed); }
@@ -468,12 +515,13 @@ void load_gemm_choices(const std::vector<GemmChoice>& entries) {
   std::lock_guard<std::mutex> lock(g_mutex);
   for (const auto& [ta, tb, m, n, k, size, threads, accumulate, choice] : entries) {
     const bool bf16_only = (choice >= 2 && choice <= 3) || bf16_engine_of(choice) >= 0 ||
-                           choice == kBf16SkinnyChoice || choice == kBf16ThinChoice;
-    if (choice < 0 || choice == kBf16ItemsChoice || choice > kBf16ThinChoice ||
+                           choice == kBf16SkinnyChoice || choice == kBf16ThinChoice ||
+                           choice == kOnednnChoice;
+    if (choice < 0 || choice == kBf16ItemsChoice || choice > kOnednnChoice ||
         (bf16_only && size != 2) || (choice >= kSkinnyChoice && size == 8))
       throw std::invalid_argument(
-          "a GEMM choice must be 0 or 1 (2, 3, 8, 9, 11 or 12 under bf16), or 4, 5, 6 or 10 in "
-          "float32 or bf16");
+          "a GEMM choice must be 0 or 1 (2, 3, 8, 9, 11, 12 or 13 under bf16), or 4, 5, 6 or 10 "
+          "in float32 or bf16");
     g_transposed[Key{ta, tb, m, n, k, size, threads, accumulate}] = choice;
   }
 }

@@ -577,6 +577,21 @@ PYBIND11_MODULE(_C, m) {
       py::arg("stride"), py::arg("pad"), py::arg("dilation"), py::arg("group"), py::arg("bf16"),
       "The implementation oneDNN runs for a convolution kernel (0 forward, 1 backward data, 2 "
       "backward weight) on this geometry, '' where it has none of its own or is not loaded.");
+  m.def(
+      "onednn_matmul_impl",
+      [](bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t count,
+         bool shared_a, bool accumulate) {
+        const cct::MatmulShape s{trans_a,       trans_b, m,        n,     k,    trans_a ? m : k,
+                                 shared_a ? 0 : m * k,   trans_b ? k : n, k * n, n,    m * n,
+                                 count,         accumulate};
+        py::gil_scoped_release release;
+        return cct::onednn_matmul_impl(s);
+      },
+      py::arg("trans_a"), py::arg("trans_b"), py::arg("m"), py::arg("n"), py::arg("k"),
+      py::arg("count") = 1, py::arg("shared_a") = false, py::arg("accumulate") = false,
+      "The implementation oneDNN's bf16 matmul runs (GEMM choice 13) for count compact "
+      "products op(a) (m x k) @ op(b) (k x n), a shared by every item with shared_a, added "
+      "into c with accumulate; '' where it has none of its own or is not loaded.");
   m.def("set_bf16_engine", &cct::set_bf16_engine, py::arg("name"),
         "The bf16 GEMM engine: 'mkl', 'mkl_threaded' (loaded first) or 'avx512bf16' "
         "(cct's own kernel).");

@@ -1,4 +1,4 @@
-// oneDNN's convolutions loaded at run time (see onednn.h).
+// oneDNN's convolutions and matmul loaded at run time (see onednn.h).
 #include "onednn.h"
 #include "parallel.h"
 #include "workspace.h"
@@ -67,7 +67,9 @@ struct Api {
   Status (*engine_create)(dnnl_engine**, int, size_t);
   Status (*stream_create)(dnnl_stream**, dnnl_engine*, unsigned);
   Status (*stream_wait)(dnnl_stream*);
+  Status (*stream_destroy)(dnnl_stream*);
   Status (*md_create)(Md*, int, const Dims, int, int);
+  Status (*md_create_strided)(Md*, int, const Dims, int, const Dims);
   Status (*md_destroy)(Md);
   size_t (*md_size)(ConstMd);
   int (*md_equal)(ConstMd, ConstMd);
@@ -93,6 +95,8 @@ struct Api {
                                      const dnnl_primitive_desc*, const dnnl_primitive_attr*);
   Status (*reorder_pd)(Pd*, ConstMd, dnnl_engine*, ConstMd, dnnl_engine*,
                        const dnnl_primitive_attr*);
+  Status (*matmul_pd)(Pd*, dnnl_engine*, ConstMd, ConstMd, ConstMd, ConstMd,
+                      const dnnl_primitive_attr*);
   ConstMd (*pd_query_md)(const dnnl_primitive_desc*, int, int);
   Status (*pd_query)(const dnnl_primitive_desc*, int, int, void*);
   Status (*pd_destroy)(Pd);
@@ -141,6 +145,7 @@ using OwnedPrim = Owned<Prim, &Api::primitive_destroy>;
 using OwnedMem = Owned<Mem, &Api::memory_destroy>;
 using OwnedAttr = Owned<dnnl_primitive_attr*, &Api::attr_destroy>;
 using OwnedPostOps = Owned<dnnl_post_ops*, &Api::post_ops_destroy>;
+using OwnedStream = Owned<dnnl_stream*, &Api::stream_destroy>;
 
 void make_md(OwnedMd* md, std::vector<int64_t> dims, int data_type, int tag) {
   Dims d = {};
@@ -443,6 +448,103 @@ void execute(Conv* conv, int arg_a, const float* a, int arg_b, const float* b, i
   check(g_api.stream_wait(conv->stream), "stream");
 }
 
+
+// -- Matmul -------------------------------------------------------------------------------
+// One product's shape (the thread count of its calls included: oneDNN's blocking, and so its
+// sums, follow it): the primitive, the reorders that round its float32 operands into the bf16
+// layouts the primitive asked for, and their sizes. Nothing in it changes once built, so the
+// threads of several batch partitions run one at once, each with its own memory objects,
+// stream and buffers.
+struct Matmul {
+  bool supported = false;
+  std::string impl;
+  OwnedMd a_user, b_user, c_user;  // float32, the caller's strides
+  ConstMd a_inner = nullptr, b_inner = nullptr, scratchpad = nullptr;  // the descriptor's
+  OwnedPd pd, a_reorder_pd, b_reorder_pd;
+  OwnedPrim prim, a_reorder, b_reorder;
+  size_t b_offset = 0, scratchpad_offset = 0, bytes = 0;  // in the calling thread's buffer
+};
+
+using MatmulKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                             int64_t, int64_t, int64_t, int64_t, bool, int>;
+std::mutex g_matmul_mutex;
+std::map<MatmulKey, std::unique_ptr<Matmul>> g_matmuls;
+
+// A float32 matrix operand of `items` (1: shared by every item) as oneDNN's 3-D descriptor of
+// op(X) (rows x cols): stored rows x cols with row stride ld, or transposed (stored cols x
+// rows) where `trans`.
+void make_matrix_md(OwnedMd* md, int64_t items, int64_t rows, int64_t cols, bool trans,
+                    int64_t ld, int64_t stride) {
+  const Dims dims = {items, rows, cols};
+  const int64_t span = trans ? cols * ld : rows * ld;  // an unused batch stride must be valid
+  const Dims strides = {items > 1 ? stride : span, trans ? 1 : ld, trans ? ld : 1};
+  check(g_api.md_create_strided(&md->h, 3, dims, kF32, strides), "memory descriptor");
+}
+
+void build_matmul(Matmul* mm, const MatmulShape& s) {
+  const int64_t a_items = s.stride_a == 0 ? 1 : s.count, b_items = s.stride_b == 0 ? 1 : s.count;
+  make_matrix_md(&mm->a_user, a_items, s.m, s.k, s.ta, s.lda, s.stride_a);
+  make_matrix_md(&mm->b_user, b_items, s.k, s.n, s.tb, s.ldb, s.stride_b);
+  make_matrix_md(&mm->c_user, s.count, s.m, s.n, false, s.ldc, s.stride_c);
+  OwnedMd a_any, b_any;
+  make_md(&a_any, {a_items, s.m, s.k}, kBf16, kTagAny);
+  make_md(&b_any, {b_items, s.k, s.n}, kBf16, kTagAny);
+  OwnedPostOps ops;
+  OwnedAttr attr;
+  check(g_api.attr_create(&attr.h), "attributes");
+  check(g_api.attr_set_scratchpad_mode(attr.h, kScratchpadUser), "attributes");
+  if (s.accumulate) {  // C + the product, one rounding: as cct's bf16 GEMMs add into C
+    check(g_api.post_ops_create(&ops.h), "post-ops");
+    check(g_api.post_ops_append_sum(ops.h, 1.0f, 0, 0), "sum post-op");
+    check(g_api.attr_set_post_ops(attr.h, ops.h), "attributes");
+  }
+  // The result is written where C lies, with C's strides; a oneDNN without a kernel for that
+  // (or for these operands) has none here.
+  if (g_api.matmul_pd(&mm->pd.h, g_engine, a_any.h, b_any.h, nullptr, mm->c_user.h, attr.h) !=
+      kSuccess)
+    return;
+  const char* impl = nullptr;
+  check(g_api.pd_query(mm->pd.h, kQueryImplInfo, 0, &impl), "query");
+  mm->impl = impl != nullptr ? impl : "";
+  if (is_reference(mm->impl)) return;
+  const auto md = [&](int what) { return g_api.pd_query_md(mm->pd.h, what, 0); };
+  mm->a_inner = md(kQuerySrc);
+  mm->b_inner = md(kQueryWeights);
+  mm->scratchpad = md(kQueryScratchpad);
+  check(g_api.reorder_pd(&mm->a_reorder_pd.h, mm->a_user.h, g_engine, mm->a_inner, g_engine,
+                         nullptr),
+        "reorder");
+  check(g_api.reorder_pd(&mm->b_reorder_pd.h, mm->b_user.h, g_engine, mm->b_inner, g_engine,
+                         nullptr),
+        "reorder");
+  check(g_api.primitive_create(&mm->a_reorder.h, mm->a_reorder_pd.h), "reorder");
+  check(g_api.primitive_create(&mm->b_reorder.h, mm->b_reorder_pd.h), "reorder");
+  check(g_api.primitive_create(&mm->prim.h, mm->pd.h), "matmul");
+  mm->b_offset = aligned(g_api.md_size(mm->a_inner));
+  mm->scratchpad_offset = mm->b_offset + aligned(g_api.md_size(mm->b_inner));
+  mm->bytes = mm->scratchpad_offset + aligned(g_api.md_size(mm->scratchpad));
+  mm->supported = true;
+}
+
+const Matmul* matmul_for(const MatmulShape& s) {
+  if (!g_loaded.load()) return nullptr;
+  const MatmulKey key{s.ta,       s.tb,  s.m,        s.n,   s.k,        s.lda,
+                      s.stride_a, s.ldb, s.stride_b, s.ldc, s.stride_c, s.count,
+                      s.accumulate, call_threads()};
+  std::lock_guard<std::mutex> lock(g_matmul_mutex);
+  auto it = g_matmuls.find(key);
+  if (it != g_matmuls.end()) return it->second.get();
+  const Team team;
+  auto made = std::make_unique<Matmul>();
+  build_matmul(made.get(), s);
+  return g_matmuls.emplace(key, std::move(made)).first->second.get();
+}
+
+// A memory object over `handle`, for one call.
+void make_memory(OwnedMem* mem, ConstMd md, void* handle) {
+  check(g_api.memory_create(&mem->h, md, g_engine, handle), "memory");
+}
+
 }  // namespace
 
 std::string load_onednn(const std::string& path) {
@@ -454,6 +556,9 @@ std::string load_onednn(const std::string& path) {
   bool ok = bind(lib, "dnnl_engine_create", &api.engine_create) &&
             bind(lib, "dnnl_stream_create", &api.stream_create) &&
             bind(lib, "dnnl_stream_wait", &api.stream_wait) &&
+            bind(lib, "dnnl_stream_destroy", &api.stream_destroy) &&
+            bind(lib, "dnnl_memory_desc_create_with_strides", &api.md_create_strided) &&
+            bind(lib, "dnnl_matmul_primitive_desc_create", &api.matmul_pd) &&
             bind(lib, "dnnl_memory_desc_create_with_tag", &api.md_create) &&
             bind(lib, "dnnl_memory_desc_destroy", &api.md_destroy) &&
             bind(lib, "dnnl_memory_desc_get_size", &api.md_size) &&
@@ -560,6 +665,45 @@ void onednn_conv_backward_weight(bool bf16, const float* x, const float* dy, flo
                                  bool accumulate, const ConvGeom& g) {
   execute(supported_conv(2, g, bf16, false, false), kArgSrc, x, kArgDiffDst, dy,
           kArgDiffWeights, dweight, accumulate);
+}
+
+bool onednn_matmul_applies(const MatmulShape& s) {
+  const Matmul* mm = matmul_for(s);
+  return mm != nullptr && mm->supported;
+}
+
+std::string onednn_matmul_impl(const MatmulShape& s) {
+  const Matmul* mm = matmul_for(s);
+  return mm != nullptr && mm->supported ? mm->impl : "";
+}
+
+void onednn_matmul_bf16(const MatmulShape& s, const float* a, const float* b, float* c) {
+  const Matmul* mm = matmul_for(s);
+  if (mm == nullptr || !mm->supported)
+    throw std::runtime_error("oneDNN has no matmul kernel for this product");
+  // Not the convolution workspace: a Winograd layout calls this with its tiles in that one.
+  thread_local std::vector<char> buffer;
+  const uintptr_t raw = reinterpret_cast<uintptr_t>(grown(buffer, mm->bytes + kAlign));
+  char* ws = reinterpret_cast<char*>((raw + kAlign - 1) / kAlign * kAlign);
+  OwnedMem a_user, b_user, c_user, a_inner, b_inner, scratchpad;
+  make_memory(&a_user, mm->a_user.h, const_cast<float*>(a));
+  make_memory(&b_user, mm->b_user.h, const_cast<float*>(b));
+  make_memory(&c_user, mm->c_user.h, c);
+  make_memory(&a_inner, mm->a_inner, ws);
+  make_memory(&b_inner, mm->b_inner, ws + mm->b_offset);
+  make_memory(&scratchpad, mm->scratchpad, ws + mm->scratchpad_offset);
+  if (call_threads() > 1) park_workers();  // inside a partition the call is this thread's
+  const Team team;
+  OwnedStream stream;
+  check(g_api.stream_create(&stream.h, g_engine, kInOrder), "stream");
+  const ExecArg round_a[] = {{kArgSrc, a_user.h}, {kArgDst, a_inner.h}};
+  const ExecArg round_b[] = {{kArgSrc, b_user.h}, {kArgDst, b_inner.h}};
+  const ExecArg product[] = {{kArgSrc, a_inner.h}, {kArgWeights, b_inner.h},
+                             {kArgDst, c_user.h}, {kArgScratchpad, scratchpad.h}};
+  check(g_api.primitive_execute(mm->a_reorder.h, stream.h, 2, round_a), "reorder");
+  check(g_api.primitive_execute(mm->b_reorder.h, stream.h, 2, round_b), "reorder");
+  check(g_api.primitive_execute(mm->prim.h, stream.h, 4, product), "matmul");
+  check(g_api.stream_wait(stream.h), "stream");
 }
 
 }  // namespace cct

@@ -1,5 +1,6 @@
-// oneDNN's convolutions, loaded at run time: one more layout in the convolution races
-// (conv.cpp's kOnednn), for the CPUs where a library kernel beats cct's own. Issue 34's case: on
+// oneDNN's convolutions and matmul, loaded at run time: one more layout in the convolution
+// races (conv.cpp's kOnednn) and one more bf16 engine in the GEMM races (gemm.cpp's choice
+// 13), for the CPUs where a library kernel beats cct's own. Issue 34's case: on
 // an Intel Xeon with AMX, oneDNN's bf16 convolutions run on AMX's tiles over the whole batch,
 // the engine PyTorch's bf16 uses there; cct's bf16 GEMMs reach AMX only through MKL's GEMM on
 // lowered matrices. Like every layout it is timed against the others on its first call per
@@ -58,5 +59,26 @@ void onednn_conv_backward_data(bool bf16, const float* dy, const float* weight, 
 // dweight = (or += with accumulate) the weight gradient summed over the batch.
 void onednn_conv_backward_weight(bool bf16, const float* x, const float* dy, float* dweight,
                                  bool accumulate, const ConvGeom& g);
+
+// A strided batched GEMM for oneDNN's matmul: C[i] (m x n, row stride ldc) = op(A[i]) op(B[i])
+// (+ C[i] with accumulate) for i < count, A[i] at a + i * stride_a (stride 0: one matrix for
+// every item, a convolution's weights), B[i] and C[i] likewise; a plain GEMM is count 1.
+struct MatmulShape {
+  bool ta, tb;
+  int64_t m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, count;
+  bool accumulate;
+};
+// Whether oneDNN has a kernel of its own (not its reference code) for this product with bf16
+// operands; false where oneDNN is not loaded. Kept for the process, like the convolutions'.
+bool onednn_matmul_applies(const MatmulShape& s);
+// The implementation oneDNN chose ("brg:avx512_core_amx", ...), or "" where it has none.
+std::string onednn_matmul_impl(const MatmulShape& s);
+// The product with bf16 operands and float32 accumulation and result, as cct's bf16 GEMMs:
+// oneDNN's reorders round A and B to bf16 (to nearest even, as cct's rounding does, but
+// flushing denormals to zero on the CPUs whose conversion instruction does) into buffers of the
+// calling thread's, and its matmul multiplies them on the thread count of the call (1 inside a
+// batch partition; then several partitions run it at once). Its sums follow oneDNN's blocking:
+// its own bits, fixed per shape and thread count. Throws where onednn_matmul_applies is false.
+void onednn_matmul_bf16(const MatmulShape& s, const float* a, const float* b, float* c);
 
 }  // namespace cct

@@ -165,7 +165,8 @@ else
     echo "== MKL probe:"; tail -n 3 "$OUT/logs/mkl_probe.txt" 2>/dev/null
 fi
 # oneDNN: its version and the implementation its bf16 convolution takes on CaffeNet's conv3
-# (on AMX, brg:avx512_core_amx); where it does not load, the races run without it, saying so.
+# and its bf16 matmul on CaffeNet's conv4 Winograd products (on AMX, brg:avx512_core_amx);
+# where it does not load, the races run without it, saying so.
 if [ -n "${CCT_ONEDNN_LIBRARY:-}" ] && ! $PIN python3 -P -c "
 from cct.backend import onednn
 from cct.native import _C
@@ -175,7 +176,9 @@ if why:
 print('oneDNN', _C.onednn_version())
 for bf16 in (False, True):
     print('bf16' if bf16 else 'float32', [_C.onednn_conv_impl(k, (32, 256, 13, 13), 384,
-          (3, 3), (1, 1), (1, 1), (1, 1), 1, bf16) for k in range(3)])" \
+          (3, 3), (1, 1), (1, 1), (1, 1), 1, bf16) for k in range(3)])
+print('bf16 matmul, conv4 F(2x2) products', _C.onednn_matmul_impl(False, False, 384, 1568, 384,
+      16))" \
         > "$OUT/logs/onednn_probe.txt" 2>&1; then
     echo "== oneDNN does not run here:"; tail -n 3 "$OUT/logs/onednn_probe.txt"
     unset CCT_ONEDNN_LIBRARY
@@ -192,7 +195,8 @@ step kernel_tests 90 8 bash -c "cd $TESTS_COPY && $PIN python3 -m pytest -q -p n
     tests/backend/test_cpu_kernels.py tests/backend/test_gemm_skinny.py \
     tests/backend/test_gemm_thin.py tests/backend/test_gemm_mkl.py tests/backend/test_bf16.py \
     tests/backend/test_bf16_skinny.py tests/backend/test_bf16_thin.py \
-    tests/backend/test_plans.py tests/backend/test_conv_onednn.py"
+    tests/backend/test_plans.py tests/backend/test_conv_onednn.py \
+    tests/backend/test_onednn_matmul.py"
 step engine_race 60 6 $PIN python3 -P -c "
 from cct.backend import precision
 print('bf16:', precision.set_precision('bf16', source='cpu_check'))

@@ -1,5 +1,7 @@
-"""oneDNN's convolutions, loaded at run time: a layout of the convolution races (csrc/onednn.h,
-conv.cpp's layout 10, "onednn").
+"""oneDNN's convolutions and matmul, loaded at run time: a layout of the convolution races
+(csrc/onednn.h, conv.cpp's layout 10, "onednn") and, under bf16, an engine of the GEMM races
+(csrc/gemm.cpp's choice 13: the lowered GEMMs, and Winograd's and the pointwise layout's
+batched products in one call each).
 
 cct links no oneDNN. Where Intel's wheel is installed (the ``onednn`` extra: onednn-cpu-gomp,
 oneDNN 3 on GNU OpenMP) or ``$CCT_ONEDNN_LIBRARY`` names a libdnnl.so.3 of that build, the
@@ -7,11 +9,12 @@ first run that reads the machine's plan cache (:func:`cct.backend.plans.use_mach
 loads it and offers its convolutions to the races beside cct's own layouts, each kernel on
 each geometry timed once and kept only where it wins. On an Intel Xeon with AMX its bf16
 convolutions run on AMX's tiles over the whole batch (PyTorch's bf16 engine there); on AMD's
-Zen 4 they tie cct's bf16 layouts and its float32 ones run 1.4-1.7x slower than cct's
-(bench/RESULTS.md). Hence ``$CCT_ONEDNN``:
+Zen 4 they tie cct's bf16 layouts and its float32 ones run 1.4-1.7x slower than cct's; its
+bf16 matmul runs Winograd's batched products 1.06-1.3x faster than cct's kernel there, and
+ties or loses on the large GEMMs (bench/RESULTS.md). Hence ``$CCT_ONEDNN``:
 
 * ``bf16`` (the default): offered to the races of ``--precision=bf16`` only;
-* ``all``: to float32's races too;
+* ``all``: its convolutions to float32's races too (its matmul races under bf16 only);
 * ``off``: never.
 
 oneDNN rounds differently from cct's layouts, so whether it is offered, and its version, are

@@ -32,8 +32,9 @@ adds into C (raced apart from overwriting it), its choice true/false for its ope
 or 3 for the same orders run in float32 under bf16, 4 for the skinny float32 engine, 5 for
 MKL's sgemm where MKL is installed, cct/backend/mkl.py, 6 for the skinny engine's 16-lane tile
 on AVX-512 CPUs, the same bits as 4, 10 for the thin float32 engine on AVX-512 CPUs; under bf16
-also 8 and 9, the direct order on MKL's whole-GEMM threads and on cct's kernel, and 11 and
-12, cct's kernel in the skinny and the thin forms, the same bits as 9), and the bf16
+also 8 and 9, the direct order on MKL's whole-GEMM threads and on cct's kernel, 11 and 12,
+cct's kernel in the skinny and the thin forms, the same bits as 9, and 13, oneDNN's matmul
+where oneDNN is offered, cct/backend/onednn.py), and the bf16
 GEMM engine once one was chosen (cct/backend/precision.py times them: the engines round
 differently too), with ``"bf16_shapes"``, the engines the races also try shape by
 shape (those faster than float32 there). Where MKL is offered or bf16 is on, a table also holds
@@ -41,7 +42,8 @@ shape (those faster than float32 there). Where MKL is offered or bf16 is on, a t
 ...]``: the strided batched GEMMs' (Winograd's products, the pointwise layout's), itemsize 2
 for a batch that may multiply in bf16 (under bf16), else 4; 0 for the BLAS's float32 batched
 call, 5 for MKL's, 7 for the items one by one in bf16 (itemsize 2 only), 8 and 9 for the same
-on MKL's whole-GEMM threads and on cct's kernel.
+on MKL's whole-GEMM threads and on cct's kernel, 13 for the whole batch in one call of oneDNN's
+matmul.
 """
 from __future__ import annotations
 
@@ -80,8 +82,10 @@ FORMAT = 1
 # layer's weight gradient at a small batch); 19: under bf16, cct's kernel in the skinny form
 # (GEMM choice 11: a fully connected layer's forward at a small batch); 20: under bf16, cct's
 # kernel in the thin form (GEMM choice 12: a fully connected layer's weight gradient at a small
-# batch, a lowered convolution's backward data with few filters).
-KERNEL_PLANS = 20
+# batch, a lowered convolution's backward data with few filters); 21: under bf16 where oneDNN is
+# offered, its matmul (GEMM and batched choice 13: Winograd's products, the pointwise layout's,
+# the lowered GEMMs).
+KERNEL_PLANS = 21
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 MKL_CHOICE = 5  # a GEMM row's choice of MKL's sgemm
 BF16_ITEMS_CHOICE = 7  # a batched GEMM row's choice of its items one by one in bf16
@@ -95,6 +99,9 @@ BF16_SKINNY_CHOICE = 11  # under bf16, cct's kernel in the skinny form (csrc/bf1
 BF16_THIN_CHOICE = 12  # under bf16, cct's kernel in the thin form (csrc/bf16.h)
 # Under bf16, cct's kernel in one form (the bits of choice 9), whatever engine was chosen.
 BF16_FORM_CHOICES = (BF16_SKINNY_CHOICE, BF16_THIN_CHOICE)
+# Under bf16, oneDNN's matmul (csrc/onednn.h), a GEMM's or a whole batch's, where oneDNN is
+# offered (cct/backend/onednn.py); its own bits.
+ONEDNN_CHOICE = 13
 # conv.cpp's layouts by number (a convolution row's layout), as the kernels name them.
 CONV_LAYOUT_NAMES = tuple(_C.conv_layout_names())
 _CONV_FIELDS = 8
@@ -244,13 +251,14 @@ def _gemm_row(row) -> tuple:
         raise ValueError(f"a GEMM order's flags are not true/false: {row!r:.80}")
     if not (isinstance(choice, bool) or choice in (2, 3, MKL_CHOICE, *SKINNY_CHOICES,
                                                    *BF16_ENGINE_CHOICES, THIN_CHOICE,
-                                                   *BF16_FORM_CHOICES)
+                                                   *BF16_FORM_CHOICES, ONEDNN_CHOICE)
             and isinstance(choice, int)):
-        raise ValueError(f"a GEMM order's choice is not true/false, 2, 3, 4, 5, 6, 8, 9, 10, 11 "
-                         f"or 12: {row!r:.80}")
+        raise ValueError(f"a GEMM order's choice is not true/false, 2, 3, 4, 5, 6, 8, 9, 10, 11, "
+                         f"12 or 13: {row!r:.80}")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (m, n, k, size, threads)):
         raise ValueError(f"a GEMM order holds a size that is not an integer: {row!r:.80}")
-    if (choice in BF16_ENGINE_CHOICES or choice in BF16_FORM_CHOICES) and size != 2:
+    if (choice in BF16_ENGINE_CHOICES or choice in BF16_FORM_CHOICES
+            or choice == ONEDNN_CHOICE) and size != 2:
         raise ValueError(f"a GEMM order's choice {choice} (bf16 on one engine) needs itemsize 2: "
                          f"{row!r:.80}")
     return ta, tb, m, n, k, size, threads, accumulate, int(choice)
@@ -266,9 +274,9 @@ def _gemm_batch_row(row) -> tuple:
     if size not in (2, 4):
         raise ValueError(f"a batched GEMM's itemsize is not 2 (bf16) or 4: {row!r:.80}")
     if isinstance(choice, bool) or choice not in (0, MKL_CHOICE) + (
-            (BF16_ITEMS_CHOICE, *BF16_ENGINE_CHOICES) if size == 2 else ()):
+            (BF16_ITEMS_CHOICE, *BF16_ENGINE_CHOICES, ONEDNN_CHOICE) if size == 2 else ()):
         raise ValueError(f"a batched GEMM's choice is not 0, {MKL_CHOICE} or (itemsize 2) "
-                         f"{BF16_ITEMS_CHOICE}, 8 or 9: {row!r:.80}")
+                         f"{BF16_ITEMS_CHOICE}, 8, 9 or {ONEDNN_CHOICE}: {row!r:.80}")
     return ta, tb, m, n, k, count, size, threads, accumulate, choice
 
 
@@ -280,6 +288,8 @@ _FALLBACKS = {MKL_CHOICE: ("GEMM plan(s) run MKL's sgemm", "OpenBLAS's direct or
                                    "on the chosen bf16 engine"),
               BF16_THIN_CHOICE: ("bf16 GEMM plan(s) run cct's kernel in the thin form",
                                  "on the chosen bf16 engine"),
+              ONEDNN_CHOICE: ("bf16 GEMM plan(s) run oneDNN's matmul",
+                              "on the chosen bf16 engine"),
               **{choice: (f"bf16 GEMM plan(s) run on {engine}", "on the chosen bf16 engine")
                  for choice, engine in BF16_ENGINE_CHOICES.items()}}
 
@@ -289,6 +299,9 @@ def _why_not_here(choice) -> Optional[str]:
     loads."""
     if choice == THIN_CHOICE:
         return None if _C.gemm_thin_available() else "this CPU has no AVX-512F"
+    if choice == ONEDNN_CHOICE:  # offered (by use_machine_cache) to bf16's races, or not
+        return None if _C.onednn_offered(True) else (onednn.why_not_offered()
+                                                     or "oneDNN is offered to float32 only")
     engine = BF16_ENGINE_CHOICES.get(choice)
     if engine == "avx512bf16" or choice in BF16_FORM_CHOICES:
         return None if _C.bf16_kernel_supported() else "this CPU has no AVX512-BF16"

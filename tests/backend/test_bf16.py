@@ -665,9 +665,10 @@ def test_shape_engines_are_a_plan_and_bad_ones_are_refused(monkeypatch):
                         "itemsize 2")):
         with pytest.raises(ValueError, match=match):
             plans.install(bad)
-    with pytest.raises(ValueError, match="8, 9, 11 or 12"):  # the kernels' own, under plans.py's
+    # the kernels' own refusals, under plans.py's
+    with pytest.raises(ValueError, match="8, 9, 11, 12 or 13"):
         _C.load_gemm_choices([(False, False, 4, 5, 6, 4, 1, False, 9)])
-    with pytest.raises(ValueError, match="7, 8 or 9"):
+    with pytest.raises(ValueError, match=r"7, 8, 9 \(bf16 items\) or 13"):
         _C.load_gemm_batch_choices([(False, False, 4, 5, 6, 16, 4, 1, False, 8)])
     with pytest.raises(RuntimeError, match="cannot race shape by shape"):
         _C.set_bf16_shape_engines(["mkl"])

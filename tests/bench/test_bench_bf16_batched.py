@@ -23,9 +23,11 @@ sys.path.insert(0, {str(ROOT)!r})
 spec = importlib.util.spec_from_file_location("b", {str(bench)!r})
 b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
 from cct import _C
-from cct.backend import precision
+from cct.backend import onednn, precision
 assert precision.set_precision("bf16", emulate=True) == "bf16"
+onednn.offer()  # where installed, its matmul is an arm (13) too
 arms = b.arms_here()
+assert (13 in arms) == _C.onednn_offered(True)
 # Winograd's forward products: 16 items of (m x k) by (k x n), written over
 row = (False, False, 24, 40, 16, 16, 2, _C.blas_num_threads(), False, 7)
 t = b.row_times(row, arms, 2)
