@@ -338,6 +338,7 @@ int choose_order(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, 
   // The transposed orders' product stays in this thread's scratch between calls; a race it
   // lost gives that memory back (a shape that chose it grows it again at its next call).
   if (fastest != 1 && fastest != 3) std::vector<T>().swap(scratch);
+  if (fastest != kOnednnChoice) onednn_release_matmul_buffer();  // likewise oneDNN's copies
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_transposed.emplace(key, fastest).first->second;
 }
@@ -425,6 +426,7 @@ int choose_batch(const BatchKey& key, const std::vector<int>& choices, bool ta, 
         run_batch_choice(choice, ta, tb, m, n, k, 1.0f, a, lda, stride_a, b, ldb, stride_b,
                          beta, target, ldc, stride_c, count);
       });
+  if (fastest != kOnednnChoice) onednn_release_matmul_buffer();  // as choose_order does
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_batched.emplace(key, fastest).first->second;
 }

@@ -540,6 +540,13 @@ const Matmul* matmul_for(const MatmulShape& s) {
   return g_matmuls.emplace(key, std::move(made)).first->second.get();
 }
 
+// The calling thread's rounded operands and scratchpad: not the convolution workspace, since a
+// Winograd layout calls the matmul with its tiles in that one.
+std::vector<char>& matmul_buffer() {
+  thread_local std::vector<char> buffer;
+  return buffer;
+}
+
 // A memory object over `handle`, for one call.
 void make_memory(OwnedMem* mem, ConstMd md, void* handle) {
   check(g_api.memory_create(&mem->h, md, g_engine, handle), "memory");
@@ -681,9 +688,8 @@ void onednn_matmul_bf16(const MatmulShape& s, const float* a, const float* b, fl
   const Matmul* mm = matmul_for(s);
   if (mm == nullptr || !mm->supported)
     throw std::runtime_error("oneDNN has no matmul kernel for this product");
-  // Not the convolution workspace: a Winograd layout calls this with its tiles in that one.
-  thread_local std::vector<char> buffer;
-  const uintptr_t raw = reinterpret_cast<uintptr_t>(grown(buffer, mm->bytes + kAlign));
+  const uintptr_t raw =
+      reinterpret_cast<uintptr_t>(grown(matmul_buffer(), mm->bytes + kAlign));
   char* ws = reinterpret_cast<char*>((raw + kAlign - 1) / kAlign * kAlign);
   OwnedMem a_user, b_user, c_user, a_inner, b_inner, scratchpad;
   make_memory(&a_user, mm->a_user.h, const_cast<float*>(a));
@@ -705,5 +711,7 @@ void onednn_matmul_bf16(const MatmulShape& s, const float* a, const float* b, fl
   check(g_api.primitive_execute(mm->prim.h, stream.h, 4, product), "matmul");
   check(g_api.stream_wait(stream.h), "stream");
 }
+
+void onednn_release_matmul_buffer() { std::vector<char>().swap(matmul_buffer()); }
 
 }  // namespace cct

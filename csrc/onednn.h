@@ -80,5 +80,8 @@ std::string onednn_matmul_impl(const MatmulShape& s);
 // batch partition; then several partitions run it at once). Its sums follow oneDNN's blocking:
 // its own bits, fixed per shape and thread count. Throws where onednn_matmul_applies is false.
 void onednn_matmul_bf16(const MatmulShape& s, const float* a, const float* b, float* c);
+// Frees the calling thread's bf16 buffers of onednn_matmul_bf16 (a race oneDNN lost gives them
+// back; the next call that runs it grows them again).
+void onednn_release_matmul_buffer();
 
 }  // namespace cct
