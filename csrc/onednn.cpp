@@ -448,7 +448,6 @@ void execute(Conv* conv, int arg_a, const float* a, int arg_b, const float* b, i
   check(g_api.stream_wait(conv->stream), "stream");
 }
 
-
 // -- Matmul -------------------------------------------------------------------------------
 // One product's shape (the thread count of its calls included: oneDNN's blocking, and so its
 // sums, follow it): the primitive, the reorders that round its float32 operands into the bf16

@@ -74,8 +74,8 @@ bool onednn_matmul_applies(const MatmulShape& s);
 // The implementation oneDNN chose ("brg:avx512_core_amx", ...), or "" where it has none.
 std::string onednn_matmul_impl(const MatmulShape& s);
 // The product with bf16 operands and float32 accumulation and result, as cct's bf16 GEMMs:
-// oneDNN's reorders round A and B to bf16 (to nearest even, as cct's rounding does, but
-// flushing denormals to zero on the CPUs whose conversion instruction does) into buffers of the
+// oneDNN's reorders round A and B to bf16 (to nearest even, as cct's rounding does; a denormal
+// may become zero where they use AVX512-BF16's conversion instruction) into buffers of the
 // calling thread's, and its matmul multiplies them on the thread count of the call (1 inside a
 // batch partition; then several partitions run it at once). Its sums follow oneDNN's blocking:
 // its own bits, fixed per shape and thread count. Throws where onednn_matmul_applies is false.
