@@ -11,7 +11,8 @@ each geometry timed once and kept only where it wins. On an Intel Xeon with AMX 
 convolutions run on AMX's tiles over the whole batch (PyTorch's bf16 engine there); on AMD's
 Zen 4 they tie cct's bf16 layouts and its float32 ones run 1.4-1.7x slower than cct's; its
 bf16 matmul ran CaffeNet b32's Winograd products 1.25x faster than cct's kernel there in sum,
-and tied or lost on the large GEMMs; its training steps tie (bench/RESULTS.md). Hence ``$CCT_ONEDNN``:
+and tied or lost on the large GEMMs; its training steps tie (bench/RESULTS.md). Hence
+``$CCT_ONEDNN``:
 
 * ``bf16`` (the default): offered to the races of ``--precision=bf16`` only;
 * ``all``: its convolutions to float32's races too (its matmul races under bf16 only);
