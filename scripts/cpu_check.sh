@@ -204,7 +204,8 @@ print(precision.engine_description())"
 # (its last lines: where each net's bf16 GEMM shapes went, the engines raced shape by shape)
 step bench_train_bf16 200 18 $PIN python3 bench/bench_train.py \
     --nets lenet,cifar10_quick,caffenet_b32 --iters 5 --precision bf16
-# oneDNN's convolutions in the bf16 races (the default) against without them, alternated
+# oneDNN's convolutions and matmul in the bf16 races (the default) against without them,
+# alternated
 step onednn_ab 200 8 bash -c "for r in 1 2; do for e in bf16 off; do echo CCT_ONEDNN=\$e:; \
     CCT_ONEDNN=\$e $PIN python3 bench/bench_train.py --nets lenet,cifar10_quick,caffenet_b32 \
     --iters 5 --precision bf16 --no-torch | grep -E '^(lenet|cifar|caffenet)' | sort -u; done; done"
