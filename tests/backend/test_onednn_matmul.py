@@ -16,7 +16,7 @@ from cct import _C
 from cct.backend import cpu, onednn, plans, precision, reference
 
 from .kernel_cases import conv_arrays
-from .test_bf16 import rounded
+from .test_bf16 import bf16_on, rounded
 from .test_conv_onednn import needs_onednn
 
 ONEDNN = plans.ONEDNN_CHOICE
@@ -30,7 +30,6 @@ def offered(monkeypatch):
     oneDNN loaded and offered to bf16's races, an empty plan table; all as it was after."""
     needs_onednn()
     engine = "avx512bf16" if _C.bf16_kernel_supported() else "mkl"
-    from .test_bf16 import bf16_on
     bf16_on(monkeypatch, engine)
     was = (_C.onednn_offered(False), _C.onednn_offered(True))
     _C.set_onednn_offered(False, True)
@@ -220,7 +219,8 @@ def test_where_oneDNN_is_not_offered_a_plan_of_it_runs_the_chosen_engine(offered
     got3 = batched(a3, b3, False, False, start3, False, ONEDNN)
     np.testing.assert_array_equal(got3.view(np.uint32), items.view(np.uint32))
     plans.install({"gemm": [[False, False, 40, 200, 300, 2, threads(), True, ONEDNN]]})
-    assert "1 bf16 GEMM plan(s) run oneDNN's matmul, which cannot run here" in capfd.readouterr().err
+    warned = capfd.readouterr().err
+    assert "1 bf16 GEMM plan(s) run oneDNN's matmul, which cannot run here" in warned
 
 
 def test_a_plan_of_it_needs_itemsize_2():
