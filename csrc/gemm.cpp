@@ -99,11 +99,17 @@ void push_offered_engines(std::vector<int>& choices) {
     if (bf16_shape_engine_offered(bf16_engine_of(choice))) choices.push_back(choice);
 }
 
-// oneDNN's matmul for a call: under bf16, oneDNN offered to bf16's races, alpha 1 and beta 0
-// or 1 (what its sum post-op adds), and a kernel of oneDNN's own for the shape.
-bool onednn_matmul_takes(const MatmulShape& s, float alpha, float beta) {
+// Whether oneDNN's matmul may take a call: under bf16, oneDNN offered to bf16's races, alpha 1
+// and beta 0 or 1 (what its sum post-op adds); onednn.h then says whether it has a kernel of
+// its own for the shape.
+bool onednn_matmul_allowed(float alpha, float beta) {
   return bf16_gemm_enabled() && onednn_offered(true) && alpha == 1.0f &&
-         (beta == 0.0f || beta == 1.0f) && onednn_matmul_applies(s);
+         (beta == 0.0f || beta == 1.0f);
+}
+
+// The race's question: allowed, and a kernel of oneDNN's own for the shape.
+bool onednn_matmul_takes(const MatmulShape& s, float alpha, float beta) {
+  return onednn_matmul_allowed(alpha, beta) && onednn_matmul_applies(s);
 }
 
 MatmulShape matmul_shape(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda,
@@ -227,11 +233,10 @@ void run_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T
   }
   if (choice == kOnednnChoice) {
     if constexpr (std::is_same_v<T, float>) {
-      const MatmulShape s = matmul_shape(ta, tb, m, n, k, lda, 0, ldb, 0, beta, ldc, 0, 1);
-      if (onednn_matmul_takes(s, alpha, beta)) {
-        onednn_matmul_bf16(s, a, b, c);
+      if (onednn_matmul_allowed(alpha, beta) &&
+          onednn_matmul_bf16(matmul_shape(ta, tb, m, n, k, lda, 0, ldb, 0, beta, ldc, 0, 1), a,
+                             b, c))
         return;
-      }
     }
     choice = 0;  // the chosen bf16 engine's direct order (plans.py warns)
   }
@@ -384,12 +389,11 @@ void run_batch_choice(int choice, bool ta, bool tb, int64_t m, int64_t n, int64_
     return;
   }
   if (choice == kOnednnChoice) {
-    const MatmulShape s = matmul_shape(ta, tb, m, n, k, lda, stride_a, ldb, stride_b, beta, ldc,
-                                       stride_c, count);
-    if (onednn_matmul_takes(s, alpha, beta)) {
-      onednn_matmul_bf16(s, a, b, c);
+    if (onednn_matmul_allowed(alpha, beta) &&
+        onednn_matmul_bf16(matmul_shape(ta, tb, m, n, k, lda, stride_a, ldb, stride_b, beta,
+                                        ldc, stride_c, count),
+                           a, b, c))
       return;
-    }
     choice = kBf16ItemsChoice;  // the items on the chosen bf16 engine (plans.py warns)
   }
   if (const int engine = bf16_engine_of(choice); engine >= 0) {

@@ -78,8 +78,9 @@ std::string onednn_matmul_impl(const MatmulShape& s);
 // may become zero where they use AVX512-BF16's conversion instruction) into buffers of the
 // calling thread's, and its matmul multiplies them on the thread count of the call (1 inside a
 // batch partition; then several partitions run it at once). Its sums follow oneDNN's blocking:
-// its own bits, fixed per shape and thread count. Throws where onednn_matmul_applies is false.
-void onednn_matmul_bf16(const MatmulShape& s, const float* a, const float* b, float* c);
+// its own bits, fixed per shape and thread count. Returns false, having run nothing, where
+// onednn_matmul_applies is false (one look-up of the shape's primitive for both answers).
+bool onednn_matmul_bf16(const MatmulShape& s, const float* a, const float* b, float* c);
 // Frees the calling thread's bf16 buffers of onednn_matmul_bf16 (a race oneDNN lost gives them
 // back; the next call that runs it grows them again).
 void onednn_release_matmul_buffer();

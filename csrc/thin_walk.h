@@ -18,10 +18,6 @@ namespace cct {
 constexpr int kThinWalkRows = 6;        // rows of C per tile
 constexpr int64_t kThinWalkColumns = 64;  // columns of C per tile: four vectors of 16
 
-// item(i0, rows, block, j0, j1) for each (block, group) item a thread takes, then for each tile
-// of that item's rows tile(i0, rows, j, columns, next): C[i0, i0 + rows) x [j, j + columns),
-// and `next` where the tile after it (in this thread's run) starts. `column_bytes` is the bytes
-// of B per column, `cost` parallel_for's cost of one item.
 // The width of the blocks: about `block_bytes` of B at `column_bytes` a column, in whole tiles,
 // the blocks of equal width (what an engine sizes its per-thread copy of a block by).
 inline int64_t thin_walk_width(int64_t n, int64_t column_bytes, int64_t block_bytes) {
