@@ -36,8 +36,9 @@ from bench.worker import run_worker, seconds  # noqa: E402
 
 # A GEMM plan row's choice (csrc/gemm.cpp): OpenBLAS's two operand orders (False, True), its
 # float32 orders for bf16 operands (2, 3), the skinny engine's 8- and 16-lane tiles (4, 6; 6
-# only on AVX-512 CPUs), MKL's sgemm (5), the bf16 engines (8, 9), the thin engine (10;
-# AVX-512 CPUs), cct's bf16 kernel in the skinny and the thin forms (11, 12; AVX512-BF16 CPUs).
+# only on AVX-512 CPUs), MKL's sgemm (5), the bf16 engines (8, 9), the thin engine (10; its
+# 16-lane tile on AVX-512 CPUs, its 8-lane one on AVX2), cct's bf16 kernel in the skinny and
+# the thin forms (11, 12; AVX512-BF16 CPUs).
 CHOICE_NAMES = {False: "direct", True: "transp.", 2: "f32 d", 3: "f32 t", 4: "skinny",
                 5: "MKL", 6: "skinny16", 8: "bf16 MKLt", 9: "bf16 cct", 10: "thin",
                 11: "bf16 skinny", 12: "bf16 thin"}

@@ -21,7 +21,8 @@
 // it has at most 64 filters) also race that engine; those of the thin engine's (gemm_thin.h: a
 // summed dimension of at most 256, B stored k x n: a fully connected layer's weight gradient at
 // a small batch, its backward data where num_output <= 256, a lowered convolution's backward
-// data with at most 256 filters per group) race that one, on CPUs with AVX-512F.
+// data with at most 256 filters per group) race that one, on CPUs with AVX2 and FMA (its
+// 16-lane tile where they have AVX-512F; the same bits).
 //
 // Where MKL is loaded and offered (mkl.h; cct/backend/mkl.py offers it where MKL is installed),
 // float32 calls also race MKL's cblas_sgemm, whole on as many MKL threads as OpenBLAS runs (one

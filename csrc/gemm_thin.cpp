@@ -22,10 +22,14 @@
 // one rounding (C unread when beta is 0): the skinny engine's contract, so where both take a
 // call they give the same bits, and neither the threads nor the blocks change them.
 //
-// AVX-512F only, for its masked loads and stores (a row's last vector without a tail loop):
-// the CPUs issue 34 measures (Zen 4, Intel's Xeons) have it, and elsewhere OpenBLAS keeps
-// these GEMMs. A build with CCT_EMULATE_AVX512 compiles the tile through SIMDe (avx512.h), so
-// that its tests run on CPUs without AVX-512 too.
+// Two tiles, the same bits (each C value the same chain): AVX-512F's above, and on CPUs without
+// it (AVX2 and FMA: Zen 2/3, Intel's before Skylake-SP) one of 6 rows x 16 columns (two vectors
+// of 8, twelve accumulators of the sixteen registers), which runs the walk's 64 columns as four
+// such tiles over the same packed rows of op(A), each prefetching its quarter of the next
+// walk tile's C. Its last vector is masked with AVX's maskload/maskstore, which touch only the
+// mask's lanes. On a Zen 3's two cores OpenBLAS's direct order ran fc6's weight gradient at 67%
+// of the SGEMM peak (bench/RESULTS.md). A build with CCT_EMULATE_AVX512 compiles the AVX-512
+// tile through SIMDe (avx512.h), so that its tests run on CPUs without AVX-512 too.
 #include "gemm_thin.h"
 
 #include <algorithm>
@@ -46,6 +50,7 @@ namespace {
 constexpr int kTileRows = kThinWalkRows;
 constexpr int kTileVectors = 4;
 constexpr int64_t kTileColumns = kThinWalkColumns;  // kTileVectors of 16
+constexpr int64_t kPanelColumns = 16;  // the 8-lane tile's columns: two vectors
 constexpr int64_t kBlockBytes = int64_t(512) << 10;  // B's block of columns, kept in L2
 
 // c (R rows x V vectors of 16 columns, ldc) = op(A)'s R rows times B's columns (b, ldb), plus
@@ -102,6 +107,102 @@ CCT_AVX512F_TARGET void thin_tile(const float* ap, const float* b, int64_t ldb, 
     }
 }
 
+// thin_tile for CPUs without AVX-512F: R rows x V (1 or 2) vectors of 8 columns, the last
+// vector's lanes outside `mask` (8 int32 lanes, -1 where a column is C's; unread without Tail)
+// neither read nor written. `next` (R rows from it) is prefetched, as above.
+template <int R, int V, bool Tail>
+__attribute__((target("avx2,fma"))) void thin_tile8(const float* ap, const float* b, int64_t k,
+                                                   float beta, float* c, int64_t ldc,
+                                                   const int32_t* mask, const float* next) {
+  const __m256i last = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mask));
+  const uintptr_t ahead = reinterpret_cast<uintptr_t>(next);
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + sizeof(float) * r * ldc), _MM_HINT_T0);
+  __m256 acc[R][V];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
+  for (int64_t q = 0; q < k; ++q) {
+    __m256 x[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) x[v] = _mm256_loadu_ps(b + q * kPanelColumns + 8 * v);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m256 w = _mm256_broadcast_ss(ap + q * kTileRows + r);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(w, x[v], acc[r][v]);
+    }
+  }
+  const __m256 scale = _mm256_set1_ps(beta);
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) {
+      float* cv = c + r * ldc + 8 * v;
+      if (Tail && v == V - 1) {
+        const __m256 out = beta == 0.0f  // C unread (it may hold NaN)
+                               ? acc[r][v]
+                               : _mm256_fmadd_ps(scale, _mm256_maskload_ps(cv, last), acc[r][v]);
+        _mm256_maskstore_ps(cv, last, out);
+      } else {
+        _mm256_storeu_ps(cv, beta == 0.0f ? acc[r][v]
+                                          : _mm256_fmadd_ps(scale, _mm256_loadu_ps(cv), acc[r][v]));
+      }
+    }
+}
+
+using Tile8Fn = void (*)(const float*, const float*, int64_t, float, float*, int64_t,
+                         const int32_t*, const float*);
+
+template <int R, bool Tail>
+Tile8Fn tile8_of_vectors(int vectors) {
+  return vectors == 1 ? thin_tile8<R, 1, Tail> : thin_tile8<R, 2, Tail>;
+}
+
+template <bool Tail>
+Tile8Fn tile8_of_rows(int rows, int vectors) {
+  switch (rows) {
+    case 1: return tile8_of_vectors<1, Tail>(vectors);
+    case 2: return tile8_of_vectors<2, Tail>(vectors);
+    case 3: return tile8_of_vectors<3, Tail>(vectors);
+    case 4: return tile8_of_vectors<4, Tail>(vectors);
+    case 5: return tile8_of_vectors<5, Tail>(vectors);
+    default: return tile8_of_vectors<6, Tail>(vectors);
+  }
+}
+
+// The walk's tile of `rows` rows and `columns` columns (1 to kTileColumns) as tiles of up to 16
+// columns, each prefetching the same 16 columns (one line) of the walk's next tile.
+// bp: the block's B packed in panels of kPanelColumns, the first at this tile's columns.
+void walk_tile8(int rows, int64_t columns, const float* ap, const float* bp, int64_t k,
+                float beta, float* c, int64_t ldc, const float* next) {
+  for (int64_t j = 0; j < columns; j += kPanelColumns) {
+    const int64_t width = std::min<int64_t>(kPanelColumns, columns - j);
+    const int tail = int(width % 8);
+    int32_t mask[8];
+    for (int i = 0; i < 8; ++i) mask[i] = i < tail ? -1 : 0;
+    const int vectors = int((width + 7) / 8);
+    (tail ? tile8_of_rows<true>(rows, vectors) : tile8_of_rows<false>(rows, vectors))(
+        ap, bp + j * k, k, beta, c + j, ldc, mask, next + j);
+  }
+}
+
+// B's rows [0, k) x columns [j0, j1) into panels of kPanelColumns columns, each k-major (a
+// panel's values for one k contiguous), the last padded with zeros: the 8-lane tile reads B
+// along each panel in order. (Read where they lie, B's k rows are n floats apart, which on a
+// fully connected layer is a multiple of 4 KiB: the tile's 32 lines fell in one set of L1.)
+void pack_panels(const float* b, int64_t ldb, int64_t k, int64_t j0, int64_t j1, float* bp) {
+  for (int64_t j = j0; j < j1; j += kPanelColumns) {
+    const int64_t width = std::min<int64_t>(kPanelColumns, j1 - j);
+    for (int64_t q = 0; q < k; ++q, bp += kPanelColumns) {
+      std::copy(b + q * ldb + j, b + q * ldb + j + width, bp);
+      std::fill(bp + width, bp + kPanelColumns, 0.0f);
+    }
+  }
+}
+
 using TileFn = void (*)(const float*, const float*, int64_t, int64_t, float, float*, int64_t,
                         __mmask16, const float*);
 
@@ -136,23 +237,38 @@ TileFn tile_of(int rows, int64_t columns) {
 }  // namespace
 
 bool gemm_thin_available() {
-  static const bool has = CCT_CPU_HAS_AVX512F();
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+
+bool gemm_thin16_available() {
+  static const bool has = gemm_thin_available() && CCT_CPU_HAS_AVX512F();
   return has;
 }
 
 void gemm_thin(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int lanes) {
+  if (lanes != 8 && lanes != 16) throw std::invalid_argument("gemm_thin: lanes must be 8 or 16");
   if (!gemm_thin_applies(false, m, n, k, 1.0f))
     throw std::invalid_argument("gemm_thin: the call is outside the engine's form");
+  const bool wide = lanes == 16 && gemm_thin16_available();
   const int64_t width = thin_walk_width(n, int64_t(sizeof(float)) * k, kBlockBytes);
   thin_walk(m, n, width, c, ldc, kTileRows * width * k, [&] {
-    // A run's op(A) rows of its current item, k-major.
-    return [&, ap = std::vector<float>(size_t(kTileRows * k))](
-               int64_t i0, int rows, bool, int64_t, int64_t) mutable {
+    // A run's op(A) rows of its current item, k-major; for the 8-lane tile, its block of B in
+    // panels, packed when the run enters the block.
+    return [&, ap = std::vector<float>(size_t(kTileRows * k)),
+            bp = std::vector<float>(wide ? 0 : size_t(width * k))](
+               int64_t i0, int rows, bool entered, int64_t j0, int64_t j1) mutable {
       for (int64_t q = 0; q < k; ++q)
         for (int r = 0; r < rows; ++r)
           ap[q * kTileRows + r] = ta ? a[q * lda + i0 + r] : a[(i0 + r) * lda + q];
-      return [&, rows, i0, at = ap.data()](int64_t j, int64_t columns, const float* next) {
+      if (!wide && entered) pack_panels(b, ldb, k, j0, j1, bp.data());
+      return [&, rows, i0, j0, at = ap.data(), bt = bp.data()](int64_t j, int64_t columns,
+                                                               const float* next) {
+        if (!wide) {
+          walk_tile8(rows, columns, at, bt + (j - j0) * k, k, beta, c + i0 * ldc + j, ldc, next);
+          return;
+        }
         const int tail = int(columns % 16);
         const __mmask16 last = tail ? __mmask16((1u << tail) - 1) : __mmask16(0xFFFF);
         tile_of(rows, columns)(at, b + j, ldb, k, beta, c + i0 * ldc + j, ldc, last, next);
@@ -168,8 +284,9 @@ namespace cct {
 // Not an x86 CPU (or not GCC/Clang): no kernel; gemm_thin_applies is false, so the races never
 // pick the engine and a plan naming it runs the BLAS (gemm.cpp).
 bool gemm_thin_available() { return false; }
+bool gemm_thin16_available() { return false; }
 void gemm_thin(bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t,
-               float, float*, int64_t) {
+               float, float*, int64_t, int) {
   throw std::logic_error("gemm_thin: no kernel on this CPU (gemm_thin_applies is false)");
 }
 }  // namespace cct

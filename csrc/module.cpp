@@ -641,8 +641,29 @@ PYBIND11_MODULE(_C, m) {
         "Whether this CPU has the skinny GEMM engine's kernel (AVX2 and FMA), which the GEMM "
         "races then try for float32 C = op(A) B^T of at most 64 rows.");
   m.def("gemm_thin_available", &cct::gemm_thin_available,
-        "Whether this CPU has the thin GEMM engine's kernel (AVX-512F), which the GEMM races "
+        "Whether this CPU has the thin GEMM engine's kernel (AVX2 and FMA), which the GEMM races "
         "then try, as choice 10, for float32 C = op(A) B with k at most 256 and B stored k x n.");
+  m.def("gemm_thin16_available", &cct::gemm_thin16_available,
+        "Whether this CPU also has the thin engine's 16-lane tile (AVX-512F; the same bits), "
+        "which choice 10 runs where it does.");
+  m.def(
+      "gemm_thin",
+      [](py::array_t<float, py::array::c_style> a, py::array_t<float, py::array::c_style> b,
+         bool trans_a, py::array_t<float, py::array::c_style> out, bool accumulate, int lanes) {
+        const int64_t k = b.ndim() == 2 ? b.shape(0) : -1, n = b.ndim() == 2 ? b.shape(1) : -1;
+        const int64_t m = out.ndim() == 2 ? out.shape(0) : -1;
+        if (a.ndim() != 2 || k < 0 || m < 0 || out.shape(1) != n ||
+            a.shape(trans_a ? 1 : 0) != m || a.shape(trans_a ? 0 : 1) != k)
+          throw std::invalid_argument("gemm_thin: want op(a) m x k, b k x n and out m x n");
+        float* c = out.mutable_data();
+        py::gil_scoped_release release;
+        cct::gemm_thin(trans_a, m, n, k, a.data(), a.shape(1), b.data(), n,
+                       accumulate ? 1.0f : 0.0f, c, n, lanes);
+      },
+      py::arg("a"), py::arg("b"), py::arg("trans_a"), py::arg("out"), py::arg("accumulate"),
+      py::arg("lanes"),
+      "The thin engine itself (tests): out = op(a) @ b (+ out with accumulate) through its "
+      "`lanes` (8 or 16) tile, 16 running the 8-lane one on a CPU without AVX-512F.");
   m.def("gemm_skinny16_available", &cct::gemm_skinny16_available,
         "Whether this CPU also has the skinny engine's 16-lane tile (AVX-512F; the same bits), "
         "which the races then try as GEMM choice 6.");

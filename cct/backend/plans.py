@@ -84,8 +84,9 @@ FORMAT = 1
 # kernel in the thin form (GEMM choice 12: a fully connected layer's weight gradient at a small
 # batch, a lowered convolution's backward data with few filters); 21: under bf16 where oneDNN is
 # offered, its matmul (GEMM and batched choice 13: Winograd's products, the pointwise layout's,
-# the lowered GEMMs).
-KERNEL_PLANS = 21
+# the lowered GEMMs); 22: the thin engine on CPUs without AVX-512F too (its 8-lane tile: a cache
+# of 21 never raced it there).
+KERNEL_PLANS = 22
 BF16_ENGINES = ("avx512bf16", "mkl", "mkl_threaded")
 MKL_CHOICE = 5  # a GEMM row's choice of MKL's sgemm
 BF16_ITEMS_CHOICE = 7  # a batched GEMM row's choice of its items one by one in bf16
@@ -298,7 +299,7 @@ def _why_not_here(choice) -> Optional[str]:
     """Why a plan of ``choice`` cannot run here, or None. MKL's plans load it wherever it
     loads."""
     if choice == THIN_CHOICE:
-        return None if _C.gemm_thin_available() else "this CPU has no AVX-512F"
+        return None if _C.gemm_thin_available() else "this CPU has no AVX2 and FMA"
     if choice == ONEDNN_CHOICE:  # offered (by use_machine_cache) to bf16's races, or not
         return None if _C.onednn_offered(True) else (onednn.why_not_offered()
                                                      or "oneDNN is offered to float32 only")

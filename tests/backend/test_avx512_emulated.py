@@ -132,7 +132,7 @@ def test_the_emulated_build_runs_the_tiles_and_nothing_else_changes(emulated):
     probe = ("import cct\nfrom cct import _C\n"
              "print(cct.__file__)\n"
              "print(_C.cpu_has_avx512(), _C.gemm_skinny16_available(),"
-             " _C.gemm_thin_available())\n")
+             " _C.gemm_thin16_available())\n")
     rc, out = _run([sys.executable, "-c", probe], root, env=env)
     assert rc == 0, out
     path, flags = out.split("\n")[:2]

@@ -1,6 +1,7 @@
 """The thin float32 GEMM engine (csrc/gemm_thin.cpp): C = op(A) B + beta C for a summed
 dimension of at most 256 and B stored k x n (a fully connected layer's weight gradient at a
-small batch, dW += dy^T x), which the measured GEMMs race as choice 10 on CPUs with AVX-512F.
+small batch, dW += dy^T x), which the measured GEMMs race as choice 10 on CPUs with AVX2 and
+FMA: its 16-lane tile where the CPU has AVX-512F, else its 8-lane tile, which reads B packed.
 
 Its promise is the skinny engine's: each C value is one chain of fused multiply-adds in k's
 order from 0, then beta C added with one rounding, whatever the threads. The operands are
@@ -15,7 +16,7 @@ from cct.backend import cpu, plans
 from .test_gemm_skinny import dyadic, fma_chain
 
 pytestmark = pytest.mark.skipif(not _C.gemm_thin_available(),
-                                reason="this CPU has no AVX-512F: no thin engine")
+                                reason="this CPU has no AVX2 and FMA: no thin engine")
 
 THIN = plans.THIN_CHOICE
 
@@ -58,6 +59,32 @@ def test_each_value_is_one_fma_chain_in_k_order(fresh_plans, m, n, k, trans_a, a
     # Without accumulate C is not read: the NaN run() starts it with must not come through.
     got = run(a_op, np.ascontiguousarray(b.T), start, trans_a, accumulate)
     np.testing.assert_array_equal(got, fma_chain(a_op, b, start))
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("m,n,k", SHAPES, ids=str)
+def test_each_tile_gives_the_chains(m, n, k, trans_a, accumulate, lanes):
+    """Each tile called directly: the 8-lane one wherever the engine runs (on AVX-512 CPUs the
+    plans run the 16-lane one), the 16-lane one where the CPU has it (else the 8-lane again)."""
+    a_op, b = dyadic((m, k), 10), dyadic((n, k), 11)
+    start = dyadic((m, n), 12, 2.0 ** -20) if accumulate else np.zeros((m, n), np.float32)
+    out = start.copy() if accumulate else np.full((m, n), np.nan, np.float32)
+    a = np.ascontiguousarray(a_op.T) if trans_a else a_op
+    _C.gemm_thin(a, np.ascontiguousarray(b.T), trans_a, out, accumulate, lanes)
+    np.testing.assert_array_equal(out, fma_chain(a_op, b, start))
+
+
+def test_a_direct_call_checks_its_shapes_and_lanes():
+    a, b = np.zeros((4, 8), np.float32), np.zeros((8, 5), np.float32)
+    with pytest.raises(ValueError, match="op\\(a\\) m x k"):
+        _C.gemm_thin(a, b, False, np.zeros((4, 6), np.float32), False, 8)
+    with pytest.raises(ValueError, match="lanes must be 8 or 16"):
+        _C.gemm_thin(a, b, False, np.zeros((4, 5), np.float32), False, 4)
+    with pytest.raises(ValueError, match="outside the engine's form"):  # k > 256
+        _C.gemm_thin(np.zeros((4, 300), np.float32), np.zeros((300, 5), np.float32), False,
+                     np.zeros((4, 5), np.float32), False, 8)
 
 
 def test_nothing_past_c_is_read_or_written(fresh_plans):
