@@ -43,6 +43,20 @@ def offered(monkeypatch):
     _C.set_partition_mode(0)
 
 
+def has_kernel() -> bool:
+    """Whether oneDNN has a bf16 matmul kernel on this CPU (none on an AVX2 CPU, where the
+    races leave it out)."""
+    return _C.onednn_matmul_impl(False, False, 8, 8, 8) != ""
+
+
+@pytest.fixture
+def matmul(offered):
+    """``offered``, on a CPU where oneDNN has a bf16 matmul kernel."""
+    if not has_kernel():
+        pytest.skip("oneDNN has no bf16 matmul kernel on this CPU (its bf16 kernels need "
+                    "AVX-512 or AMX)")
+
+
 def threads():
     return _C.blas_num_threads()
 
@@ -109,7 +123,7 @@ PLAIN_SHAPES = [(1, 1, 1), (7, 13, 5), (33, 65, 129), (96, 392, 48), (128, 700, 
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True),
                                              (True, True)])
 @pytest.mark.parametrize("m,n,k", PLAIN_SHAPES, ids=str)
-def test_a_plain_gemm_is_bf16_operands_with_float32_sums(offered, m, n, k, trans_a, trans_b,
+def test_a_plain_gemm_is_bf16_operands_with_float32_sums(matmul, m, n, k, trans_a, trans_b,
                                                         accumulate):
     a, b, start = operands((k, m) if trans_a else (m, k), (n, k) if trans_b else (k, n),
                            (m, n), m * 1000 + n + k)
@@ -124,7 +138,7 @@ def test_a_plain_gemm_is_bf16_operands_with_float32_sums(offered, m, n, k, trans
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False)])
 @pytest.mark.parametrize("count,m,n,k", [(1, 5, 6, 7), (16, 32, 49, 48), (36, 17, 30, 64)],
                          ids=str)
-def test_a_whole_batch_is_bf16_operands_with_float32_sums(offered, count, m, n, k, trans_a,
+def test_a_whole_batch_is_bf16_operands_with_float32_sums(matmul, count, m, n, k, trans_a,
                                                          trans_b, accumulate):
     a, b, start = operands((count,) + ((k, m) if trans_a else (m, k)),
                            (count,) + ((n, k) if trans_b else (k, n)), (count, m, n), count + m)
@@ -135,7 +149,7 @@ def test_a_whole_batch_is_bf16_operands_with_float32_sums(offered, count, m, n, 
 
 
 @pytest.mark.parametrize("parts", [1, 2], ids=["one partition", "one per thread"])
-def test_the_pointwise_layout_shares_its_weights_across_the_batch(offered, parts):
+def test_the_pointwise_layout_shares_its_weights_across_the_batch(matmul, parts):
     """The pointwise layout's forward and backward data are batches whose A, the weights, is
     one matrix for every image (stride 0); with a batch partition per thread, two threads run
     the same primitive at once."""
@@ -167,7 +181,7 @@ def test_the_pointwise_layout_shares_its_weights_across_the_batch(offered, parts
         assert np.abs(got - w).max() <= 1e-5 * max(1.0, np.abs(w).max())
 
 
-def test_the_races_offer_it_under_bf16_where_oneDNN_is_offered(offered):
+def test_the_races_offer_it_under_bf16_where_oneDNN_is_offered(matmul):
     assert ONEDNN in _C.gemm_candidates(40, 200, 300)
     _C.set_onednn_offered(False, False)
     assert ONEDNN not in _C.gemm_candidates(40, 200, 300)
@@ -176,7 +190,14 @@ def test_the_races_offer_it_under_bf16_where_oneDNN_is_offered(offered):
     assert ONEDNN not in _C.gemm_candidates(40, 200, 300)
 
 
-def test_winograd_races_it_and_its_table_replays_the_bits(offered):
+def test_where_oneDNN_has_no_bf16_kernel_the_races_leave_it_out(offered):
+    if has_kernel():
+        pytest.skip("oneDNN has a bf16 matmul kernel on this CPU")
+    assert ONEDNN not in _C.gemm_candidates(40, 200, 300)
+    assert _C.onednn_matmul_impl(True, False, 40, 200, 300, 16) == ""
+
+
+def test_winograd_races_it_and_its_table_replays_the_bits(matmul):
     """Winograd F(2x2, 3x3)'s batched products race it beside bf16's items and float32; the
     table, installed anew, gives the raced bits, whatever won."""
     case = (4, 16, 12, 12, 32, (3, 3), (1, 1), (1, 1), (1, 1), 1)
