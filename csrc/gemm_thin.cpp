@@ -23,13 +23,14 @@
 // call they give the same bits, and neither the threads nor the blocks change them.
 //
 // Two tiles, the same bits (each C value the same chain): AVX-512F's above, and on CPUs without
-// it (AVX2 and FMA: Zen 2/3, Intel's before Skylake-SP) one of 6 rows x 16 columns (two vectors
-// of 8, twelve accumulators of the sixteen registers), which runs the walk's 64 columns as four
-// such tiles over the same packed rows of op(A), each prefetching its quarter of the next
-// walk tile's C. Its last vector is masked with AVX's maskload/maskstore, which touch only the
-// mask's lanes. On a Zen 3's two cores OpenBLAS's direct order ran fc6's weight gradient at 67%
-// of the SGEMM peak (bench/RESULTS.md). A build with CCT_EMULATE_AVX512 compiles the AVX-512
-// tile through SIMDe (avx512.h), so that its tests run on CPUs without AVX-512 too.
+// it (AVX2 and FMA: Zen 2/3, Intel's without AVX-512) one of 6 rows x 16 columns (two vectors of
+// 8, twelve accumulators of the sixteen registers), which runs the walk's 64 columns as four
+// such tiles over the same packed rows of op(A), each prefetching its quarter of the next walk
+// tile's C. It reads B packed: each thread copies its block of B into panels of 16 columns,
+// k-major, when it enters the block (pack_panels says why). Its last vector is masked with
+// AVX's maskload/maskstore, which touch only the mask's lanes. A build with CCT_EMULATE_AVX512
+// compiles the AVX-512 tile through SIMDe (avx512.h), so that its tests run on CPUs without
+// AVX-512 too.
 #include "gemm_thin.h"
 
 #include <algorithm>
@@ -39,6 +40,7 @@
 
 #include "parallel.h"
 #include "thin_walk.h"
+#include "workspace.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include "avx512.h"
@@ -255,16 +257,24 @@ void gemm_thin(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t
   const int64_t width = thin_walk_width(n, int64_t(sizeof(float)) * k, kBlockBytes);
   thin_walk(m, n, width, c, ldc, kTileRows * width * k, [&] {
     // A run's op(A) rows of its current item, k-major; for the 8-lane tile, its block of B in
-    // panels, packed when the run enters the block.
-    return [&, ap = std::vector<float>(size_t(kTileRows * k)),
-            bp = std::vector<float>(wide ? 0 : size_t(width * k))](
+    // panels, packed when the run enters the block into its thread's buffer (kept across
+    // calls: a new one each call cost small GEMMs its page faults), at a cache line's start
+    // so that no panel row straddles two.
+    thread_local std::vector<float> bp_buffer;
+    float* bp = nullptr;
+    if (!wide) {
+      const uintptr_t raw = reinterpret_cast<uintptr_t>(
+          grown(bp_buffer, size_t(width * k + kPanelColumns)));
+      bp = reinterpret_cast<float*>((raw + 63) / 64 * 64);
+    }
+    return [&, bp, ap = std::vector<float>(size_t(kTileRows * k))](
                int64_t i0, int rows, bool entered, int64_t j0, int64_t j1) mutable {
       for (int64_t q = 0; q < k; ++q)
         for (int r = 0; r < rows; ++r)
           ap[q * kTileRows + r] = ta ? a[q * lda + i0 + r] : a[(i0 + r) * lda + q];
-      if (!wide && entered) pack_panels(b, ldb, k, j0, j1, bp.data());
-      return [&, rows, i0, j0, at = ap.data(), bt = bp.data()](int64_t j, int64_t columns,
-                                                               const float* next) {
+      if (!wide && entered) pack_panels(b, ldb, k, j0, j1, bp);
+      return [&, rows, i0, j0, at = ap.data(), bt = bp](int64_t j, int64_t columns,
+                                                        const float* next) {
         if (!wide) {
           walk_tile8(rows, columns, at, bt + (j - j0) * k, k, beta, c + i0 * ldc + j, ldc, next);
           return;
