@@ -15,7 +15,7 @@
 // x86-64 with GCC or Clang (target attributes); elsewhere the kernel is absent and
 // bf16_kernel_supported() says so.
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
+#include "avx512.h"  // the target and CPU check; SIMDe's intrinsics in an emulated test build
 
 #include <algorithm>
 #include <cmath>
@@ -34,7 +34,7 @@ constexpr int kRows = 8;   // rows of C per micro-kernel: 8 x 2 accumulator regi
 constexpr int kCols = 32;  // columns of C per micro-kernel: two registers of 16 lanes
 constexpr int kGroup = 4;  // panels of op(B) a thread packs in one pass
 
-#define CCT_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define CCT_BF16_TARGET CCT_AVX512BF16_TARGET
 
 // The pair (lo, hi) of float32 as one lane of two bf16, each rounded to nearest even (NaN
 // kept a NaN), as round_to_bf16 rounds.
@@ -155,9 +155,7 @@ CCT_BF16_TARGET void micro_kernel(int64_t kp, const uint32_t* a, const uint32_t*
 }  // namespace
 
 bool bf16_kernel_supported() {
-  static const bool has = __builtin_cpu_supports("avx512bf16") &&
-                          __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl");
+  static const bool has = CCT_CPU_HAS_AVX512BF16();
   return has;
 }
 

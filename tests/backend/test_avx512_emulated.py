@@ -1,14 +1,17 @@
-"""cct's AVX-512F tiles, run on a CPU without AVX-512 (csrc/avx512.h).
+"""cct's AVX-512 tiles, run on a CPU without AVX-512 (csrc/avx512.h).
 
-The skinny GEMM engine's 16-lane tile, the thin GEMM engine's tile and the direct convolution's
-16-pixel tile run only on CPUs with AVX-512F, and the races pick them by speed there: a wrong
-index in any would train wrong numbers on exactly those CPUs, while every test on an AVX2
-machine skipped them. This builds a second ``_C`` from the source tree with CMake's
+The skinny GEMM engine's 16-lane tile, the thin GEMM engine's 16-lane tile and the direct
+convolution's 16-pixel tile run only on CPUs with AVX-512F, and bf16's kernel (its direct
+order, skinny and thin forms) only on CPUs with AVX512-BF16; the races pick them by speed
+there. A wrong index in any would train wrong numbers on exactly those CPUs, while every test
+on an AVX2 machine skipped them. This builds a second ``_C`` from the source tree with CMake's
 CCT_EMULATE_AVX512, whose tiles are the same source compiled for AVX2 through SIMDe's AVX-512
-intrinsics (each lane's FMA rounded once, as AVX-512's), and runs the tiles' own tests on it in
-a subprocess: they compare the 16-lane tiles with the 8-lane ones and with the FMA chains they
-promise. Where the CPU has AVX-512F,
-those tests run the real tiles in the ordinary run and this one skips.
+intrinsics (each lane's FMA rounded once, as AVX-512's) and, for VDPBF16PS, cct's emulation of
+the instruction as Intel's SDM defines it. It runs the tiles' own tests on it in a subprocess:
+they compare the 16-lane tiles with the 8-lane ones and with the FMA chains they promise, and
+bf16's forms with each other and with VDPBF16PS's chain (test_bf16_kernel.py). Where the CPU
+has AVX-512F and AVX512-BF16, those tests run the real tiles in the ordinary run and this one
+skips; where it has AVX-512F alone (a Skylake-X, an Ice Lake), this one runs for bf16's kernel.
 
 Needs the source tree, GCC, CMake, pybind11 and SIMDe's headers (``simde-py``): the
 ``test-full`` extra, which CI installs. It skips, saying which is missing, without them.
@@ -29,7 +32,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = pathlib.Path(cct.__file__).resolve().parent
 #: the tests of the tiles (and of the plans that race them), run on the emulated build
 TILE_TESTS = ("test_gemm_skinny.py", "test_gemm_thin.py", "test_cpu_kernels.py",
-              "test_plans.py")
+              "test_plans.py", "test_bf16_kernel.py", "test_bf16_skinny.py", "test_bf16_thin.py",
+              "test_bf16.py")
 
 
 def _why_not() -> str:
@@ -38,9 +42,9 @@ def _why_not() -> str:
         return "the AVX-512 tiles are x86-64 Linux code"
     if not _C.gemm_skinny_available():
         return "this CPU has no AVX2 and FMA, which the emulated tiles are built for"
-    if _C.cpu_has_avx512():
-        return ("this CPU has AVX-512F: test_gemm_skinny.py and test_cpu_kernels.py run the "
-                "real tiles")
+    if _C.cpu_has_avx512() and _C.bf16_kernel_supported():
+        return ("this CPU has AVX-512F and AVX512-BF16: the tiles' tests (test_gemm_skinny.py, "
+                "test_bf16_kernel.py, ...) run the real tiles")
     if not (REPO / "CMakeLists.txt").is_file() or not (REPO / "csrc" / "avx512.h").is_file():
         return f"{REPO} is not cct's source tree (CMakeLists.txt, csrc/)"
     missing = [name for name in ("simde_py", "pybind11")
@@ -132,13 +136,14 @@ def test_the_emulated_build_runs_the_tiles_and_nothing_else_changes(emulated):
     probe = ("import cct\nfrom cct import _C\n"
              "print(cct.__file__)\n"
              "print(_C.cpu_has_avx512(), _C.gemm_skinny16_available(),"
-             " _C.gemm_thin16_available())\n")
+             " _C.gemm_thin16_available(), _C.bf16_kernel_supported())\n")
     rc, out = _run([sys.executable, "-c", probe], root, env=env)
     assert rc == 0, out
     path, flags = out.split("\n")[:2]
     assert pathlib.Path(path).resolve().is_relative_to(site.resolve()), (
         f"the subprocess imported {path}, not the emulated copy under {site}")
-    assert flags == "True True True", f"the emulated build does not offer the tiles: {flags}"
+    assert flags == "True True True True", (
+        f"the emulated build does not offer the tiles: {flags}")
 
 
 def test_the_16_lane_tiles_give_the_bits_they_promise(emulated):
@@ -148,6 +153,7 @@ def test_the_16_lane_tiles_give_the_bits_they_promise(emulated):
                    + tests, root, env=env, timeout=1800)
     tail = out[-6000:]
     assert rc == 0, f"the tiles' tests failed on the emulated AVX-512 build:\n{tail}"
-    # Every test of the tiles ran: none skipped for want of AVX-512.
-    assert "AVX-512" not in out.split("short test summary info")[-1], tail
+    # Every test of the tiles ran: none skipped for want of AVX-512 or AVX512-BF16.
+    summary = out.split("short test summary info")[-1]
+    assert "AVX-512" not in summary and "AVX512-BF16" not in summary, tail
     assert " passed" in tail, tail
