@@ -59,17 +59,21 @@ def daz(v: float) -> float:
     return math.copysign(0.0, v) if 0.0 < abs(v) < SMALLEST_NORMAL else v
 
 
-def dpbf16_step(acc: float, x: float, y: float) -> float:
-    """acc + x y as one step of VDPBF16PS: denormal inputs read as zero, one rounding, a tiny
-    result flushed."""
-    acc, x, y = daz(acc), daz(x), daz(y)
+def fused(acc: float, x: float, y: float, flush: bool) -> float:
+    """acc + x y with one rounding (``round_to_float32``'s)."""
     if not (math.isfinite(acc) and math.isfinite(x) and math.isfinite(y)):
         return float(np.float32(acc + x * y))  # IEEE's infinities and NaN (x y is exact here)
     exact = Fraction(acc) + Fraction(x) * Fraction(y)
-    if exact == 0:  # an exact zero is -0 only as (-0) + (-0); round to nearest even's rule
+    if exact == 0:  # an exact zero is -0 only as (-0) + (-0): round to nearest even's rule
         product_negative = math.copysign(1.0, x) * math.copysign(1.0, y) < 0
         return -0.0 if math.copysign(1.0, acc) < 0 and product_negative else 0.0
-    return round_to_float32(exact, flush=True)
+    return round_to_float32(exact, flush)
+
+
+def dpbf16_step(acc: float, x: float, y: float) -> float:
+    """acc + x y as one step of VDPBF16PS: denormal inputs read as zero, one rounding, a tiny
+    result flushed."""
+    return fused(daz(acc), daz(x), daz(y), flush=True)
 
 
 def chain(a_row, b_column, start=None) -> np.float32:
@@ -83,12 +87,8 @@ def chain(a_row, b_column, start=None) -> np.float32:
     for p in range(len(a) // 2):
         acc = dpbf16_step(acc, a[2 * p + 1], b[2 * p + 1])
         acc = dpbf16_step(acc, a[2 * p], b[2 * p])
-    if start is not None:
-        if math.isfinite(acc) and math.isfinite(float(start)):
-            exact = Fraction(float(start)) + Fraction(acc)
-            acc = 0.0 if exact == 0 else round_to_float32(exact, flush=False)
-        else:
-            acc = float(np.float32(float(start) + acc))
+    if start is not None:  # fma(beta, C, chain), beta 1, under the default MXCSR
+        acc = fused(acc, 1.0, float(start), flush=False)
     return np.float32(acc)
 
 
