@@ -1,6 +1,6 @@
 // The AVX-512F tiles' target and CPU check (gemm_skinny.cpp's 16-lane tile, gemm_thin.cpp's
-// tile, conv_direct.cpp's 16-pixel tile), in one place so that a test build can run those tiles
-// on a CPU without AVX-512.
+// 16-lane tile, conv_direct.cpp's 16-pixel tile) and the AVX512-BF16 tiles' (bf16_kernel.cpp),
+// in one place so that a test build can run those tiles on a CPU without AVX-512.
 //
 // Why: cct's own AVX-512 code runs only where a CPU has AVX-512, and the races pick it by speed,
 // so a wrong index in it would train wrong numbers on exactly those CPUs, and no test on an AVX2
