@@ -122,8 +122,8 @@ def tiled(a_k, b_k, m=3, n=20):
 # (a's k values, b's k values, the value of C, why): products chosen exact in bf16's range so
 # that each case turns on one clause of the definition.
 CASES = {
-    # 1 + 2^-24 ties to 1 twice, then 1 - 1: 0. The low product first, or each pair summed
-    # before it is added (SIMDe's VDPBF16PS), leaves 2^-24.
+    # 1 + 2^-24 ties to 1 twice, then 1 - 1: 0. The low product first (SIMDe's VDPBF16PS),
+    # or each pair summed before it is added, leaves 2^-24.
     "the high pair first": ([2.0 ** -24, 1.0, -1.0, 2.0 ** -24], [1.0] * 4, 0.0),
     # a denormal bf16 operand (2^-130) times 2^100 would be 2^-30
     "denormal a read as zero": ([2.0 ** -130, 0.0], [2.0 ** 100, 0.0], 0.0),
