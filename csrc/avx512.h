@@ -101,10 +101,14 @@ static inline simde__m512 cct_emulated_dpbf16_ps(simde__m512 acc, simde__m512bh 
 // mismatch"): name it here too.
 #define __m512 simde__m512
 #define __mmask16 simde__mmask16
+#define _mm512_add_ps simde_mm512_add_ps
 #define _mm512_fmadd_ps simde_mm512_fmadd_ps
 #define _mm512_loadu_ps simde_mm512_loadu_ps
 #define _mm512_mask_storeu_ps cct_emulated_mask_storeu_ps
 #define _mm512_maskz_loadu_ps cct_emulated_maskz_loadu_ps
+#define _mm512_max_ps simde_mm512_max_ps
+#define _mm512_min_ps simde_mm512_min_ps
+#define _mm512_mul_ps simde_mm512_mul_ps
 #define _mm512_set1_ps simde_mm512_set1_ps
 #define _mm512_setzero_ps simde_mm512_setzero_ps
 #define _mm512_storeu_ps simde_mm512_storeu_ps
@@ -118,7 +122,6 @@ static inline simde__m512 cct_emulated_dpbf16_ps(simde__m512 acc, simde__m512bh 
 #define _mm512_loadu_si512 simde_mm512_loadu_si512
 #define _mm512_mask_mov_epi32 simde_mm512_mask_mov_epi32
 #define _mm512_maskz_loadu_epi32 cct_emulated_maskz_loadu_epi32
-#define _mm512_mul_ps simde_mm512_mul_ps
 #define _mm512_or_si512 simde_mm512_or_si512
 #define _mm512_permutex2var_epi32 simde_mm512_permutex2var_epi32
 #define _mm512_set1_epi32 simde_mm512_set1_epi32

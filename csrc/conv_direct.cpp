@@ -103,16 +103,67 @@ __attribute__((target("avx2,fma"), always_inline)) inline void store_twelve(
   _mm256_storeu_ps(dst + 88, a11);
 }
 
+// One vector of a tile's top: x plus the channel's bias, through caffe_relu with `relu`, to y.
+// MAXPS(0, x) and MINPS(0, x) return x where std::max(x, 0) and std::min(x, 0) do (x NaN, or a
+// zero of either sign), so the bits are the scalar loop's lane by lane.
+__attribute__((target("avx2,fma"), always_inline)) inline void store_vector(float* y, __m256 x,
+                                                                           __m256 b, bool relu) {
+  const __m256 zero = _mm256_setzero_ps();
+  x = _mm256_add_ps(x, b);
+  if (relu)  // caffe_relu(x, 0): max(x, 0) + 0 * min(x, 0)
+    x = _mm256_add_ps(_mm256_max_ps(zero, x), _mm256_mul_ps(zero, _mm256_min_ps(zero, x)));
+  _mm256_storeu_ps(y, x);
+}
+
+// A tile's outputs (kRows x kVecs vectors of 8 in `out`) into their channels' planes: lane l
+// of vector v of row r to dst[r] + pix[v] + l for l < count[v], plus bias[r], through
+// caffe_relu with `relu`. Full vectors go as vectors (store_vector), the rest lane by lane.
+__attribute__((target("avx2,fma"))) void store_tile(const float* out, int rows, int nv,
+                                                    const int64_t* pix, const int64_t* count,
+                                                    float* const* dst, const float* bias,
+                                                    bool relu) {
+  for (int r = 0; r < rows; ++r) {
+    const __m256 b = _mm256_set1_ps(bias[r]);
+    for (int v = 0; v < nv; ++v) {
+      const float* src = out + (r * kVecs + v) * kLanes;
+      float* y = dst[r] + pix[v];
+      if (count[v] == kLanes) {
+        store_vector(y, _mm256_load_ps(src), b, relu);
+      } else if (relu) {
+        for (int64_t l = 0; l < count[v]; ++l) y[l] = caffe_relu(src[l] + bias[r], 0.0f);
+      } else {
+        for (int64_t l = 0; l < count[v]; ++l) y[l] = src[l] + bias[r];
+      }
+    }
+  }
+}
+
+// Where a tile's vectors of output pixels are: the padded image's pixel each reads first (at),
+// the top's pixel it writes first (pix) and how many of its lanes lie inside the row (count);
+// nv of them, the rest repeating the first.
+struct TileVectors {
+  const float* at[kVecs];
+  int64_t pix[kVecs], count[kVecs];
+  int nv;
+  bool full(int lanes) const {
+    return nv == kVecs && count[0] == lanes && count[1] == lanes && count[2] == lanes;
+  }
+};
+
 // The forward tile: out[r][v] (8 lanes) = sum over `channels` and taps (i, j) of the packed
-// weight w[c][i][j][r] times the padded image at p_v + c * plane + i * row + j * col, channel
-// c's taps kh x kw or, with `extent`, extent[2c] x extent[2c + 1]. Twelve named accumulators:
-// as an array, GCC keeps them on the stack.
-__attribute__((target("avx2,fma"))) void forward_tile(const float* w, const float* p0,
-                                                      const float* p1, const float* p2,
+// weight w[c][i][j][r] times the padded image at t.at[v] + c * plane + i * row + j * col,
+// channel c's taps kh x kw or, with `extent`, extent[2c] x extent[2c + 1]; then stored through
+// store_vector straight from the registers when all of the tile lies inside the top (the
+// common case), else through `out` and store_tile. Twelve named accumulators: as an array,
+// GCC keeps them on the stack.
+__attribute__((target("avx2,fma"))) void forward_tile(const float* w, const TileVectors& t,
                                                       int64_t channels, int64_t plane,
                                                       int64_t kh, int64_t kw,
                                                       const int32_t* extent, int64_t row,
-                                                      int64_t col, float* out) {
+                                                      int64_t col, int rows, float* const* dst,
+                                                      const float* bias, bool relu,
+                                                      float* out) {
+  const float *p0 = t.at[0], *p1 = t.at[1], *p2 = t.at[2];
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
   __m256 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
   for (int64_t c = 0; c < channels; ++c) {
@@ -138,45 +189,36 @@ __attribute__((target("avx2,fma"))) void forward_tile(const float* w, const floa
       }
     }
   }
-  store_twelve(out, c00, c01, c02, c10, c11, c12, c20, c21, c22, c30, c31, c32);
-}
-
-// A tile's outputs (forward_tile's `out`: kRows x kVecs vectors of 8) into their channels'
-// planes: lane l of vector v of row r to dst[r] + pix[v] + l for l < count[v], plus bias[r],
-// through caffe_relu with `relu`. Full vectors go as vectors, with the scalar loop's operations
-// lane by lane: MAXPS(0, x) and MINPS(0, x) return x where std::max(x, 0) and std::min(x, 0)
-// do (x NaN, or a zero of either sign), so the bits are the same.
-__attribute__((target("avx2,fma"))) void store_tile(const float* out, int rows, int nv,
-                                                    const int64_t* pix, const int64_t* count,
-                                                    float* const* dst, const float* bias,
-                                                    bool relu) {
-  const __m256 zero = _mm256_setzero_ps();
-  for (int r = 0; r < rows; ++r) {
-    const __m256 b = _mm256_set1_ps(bias[r]);
-    for (int v = 0; v < nv; ++v) {
-      const float* src = out + (r * kVecs + v) * kLanes;
-      float* y = dst[r] + pix[v];
-      if (count[v] == kLanes) {
-        __m256 x = _mm256_add_ps(_mm256_load_ps(src), b);
-        if (relu)  // caffe_relu(x, 0): max(x, 0) + 0 * min(x, 0)
-          x = _mm256_add_ps(_mm256_max_ps(zero, x), _mm256_mul_ps(zero, _mm256_min_ps(zero, x)));
-        _mm256_storeu_ps(y, x);
-      } else if (relu) {
-        for (int64_t l = 0; l < count[v]; ++l) y[l] = caffe_relu(src[l] + bias[r], 0.0f);
-      } else {
-        for (int64_t l = 0; l < count[v]; ++l) y[l] = src[l] + bias[r];
-      }
-    }
+  if (rows == kRows && t.full(kLanes)) {
+    const int64_t *pix = t.pix;
+    __m256 b = _mm256_set1_ps(bias[0]);
+    store_vector(dst[0] + pix[0], c00, b, relu), store_vector(dst[0] + pix[1], c01, b, relu);
+    store_vector(dst[0] + pix[2], c02, b, relu);
+    b = _mm256_set1_ps(bias[1]);
+    store_vector(dst[1] + pix[0], c10, b, relu), store_vector(dst[1] + pix[1], c11, b, relu);
+    store_vector(dst[1] + pix[2], c12, b, relu);
+    b = _mm256_set1_ps(bias[2]);
+    store_vector(dst[2] + pix[0], c20, b, relu), store_vector(dst[2] + pix[1], c21, b, relu);
+    store_vector(dst[2] + pix[2], c22, b, relu);
+    b = _mm256_set1_ps(bias[3]);
+    store_vector(dst[3] + pix[0], c30, b, relu), store_vector(dst[3] + pix[1], c31, b, relu);
+    store_vector(dst[3] + pix[2], c32, b, relu);
+    return;
   }
+  store_twelve(out, c00, c01, c02, c10, c11, c12, c20, c21, c22, c30, c31, c32);
+  store_tile(out, rows, t.nv, t.pix, t.count, dst, bias, relu);
 }
 
-// forward_tile with vectors of 16 pixels (out: 12 vectors of 16). Written out again rather
+// forward_tile with vectors of 16 pixels, each stored from the registers under a mask of its
+// lanes inside the row, with store_vector's operations (its bits). Written out again rather
 // than one template over the vector width: GCC does not inline a target's intrinsics into a
 // template body that has no target of its own.
-CCT_AVX512F_TARGET void forward_tile_avx512(const float* w, const float* p0, const float* p1,
-                                            const float* p2, int64_t channels, int64_t plane,
-                                            int64_t kh, int64_t kw, const int32_t* extent,
-                                            int64_t row, int64_t col, float* out) {
+CCT_AVX512F_TARGET void forward_tile_avx512(const float* w, const TileVectors& t,
+                                            int64_t channels, int64_t plane, int64_t kh,
+                                            int64_t kw, const int32_t* extent, int64_t row,
+                                            int64_t col, int rows, float* const* dst,
+                                            const float* bias, bool relu) {
+  const float *p0 = t.at[0], *p1 = t.at[1], *p2 = t.at[2];
   __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
   __m512 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
   for (int64_t c = 0; c < channels; ++c) {
@@ -203,56 +245,57 @@ CCT_AVX512F_TARGET void forward_tile_avx512(const float* w, const float* p0, con
     }
   }
   const __m512 acc[kRows * kVecs] = {c00, c01, c02, c10, c11, c12, c20, c21, c22, c30, c31, c32};
-  for (int t = 0; t < kRows * kVecs; ++t) _mm512_storeu_ps(out + t * 16, acc[t]);
+  const __m512 zero = _mm512_setzero_ps();
+  for (int r = 0; r < rows; ++r) {
+    const __m512 b = _mm512_set1_ps(bias[r]);
+    for (int v = 0; v < t.nv; ++v) {
+      __m512 x = _mm512_add_ps(acc[r * kVecs + v], b);
+      if (relu)  // caffe_relu(x, 0), as store_vector
+        x = _mm512_add_ps(_mm512_max_ps(zero, x), _mm512_mul_ps(zero, _mm512_min_ps(zero, x)));
+      _mm512_mask_storeu_ps(dst[r] + t.pix[v], __mmask16((1u << t.count[v]) - 1), x);
+    }
+  }
 }
 
 // One image: y (out channels, channel stride ystride) = bias + the convolution of the padded
 // image xp with the packed weights wpk, through caffe_relu with `relu`. The image's vectors of
 // Lanes output pixels (a row's last one partly past its end) go three to a tile; a last tile of
-// fewer repeats its first.
+// fewer repeats its first. Each tile's vectors are stepped to from the last's, not divided out
+// of their index: with the stores through the stack, the three 64-bit divisions a tile were
+// a third of the time of a 75-tap tile (CIFAR10-quick's conv1: bench/RESULTS.md).
 template <int Lanes>
 void forward_image(const float* xp, const float* wpk, const float* bias, bool relu, float* y,
                    int64_t ystride, const Shape& s) {
   const int64_t per_row = (s.wo + Lanes - 1) / Lanes, vectors = s.ho * per_row;
-  const int64_t taps = s.taps(), wp = s.wp();
-  alignas(64) float out[kRows * kVecs * Lanes];
+  const int64_t taps = s.taps(), wp = s.wp(), plane = s.plane();
+  alignas(64) float out[kRows * kVecs * kLanes];  // the 8-lane tile's, for store_tile
   for (int64_t o0 = 0; o0 < s.out; o0 += kRows) {
     const float* w = wpk + o0 * taps;
+    const int rows = int(std::min<int64_t>(kRows, s.out - o0));
+    float* dst[kRows];
+    float b[kRows];
+    for (int r = 0; r < rows; ++r)
+      dst[r] = y + (o0 + r) * ystride, b[r] = bias ? bias[o0 + r] : 0.0f;
+    int64_t oh = 0, ow = 0;  // the next vector's first output pixel
     for (int64_t v0 = 0; v0 < vectors; v0 += kVecs) {
-      const int nv = int(std::min<int64_t>(kVecs, vectors - v0));
-      const float* at[kVecs];
-      int64_t pix[kVecs], count[kVecs];
+      TileVectors t;
+      t.nv = int(std::min<int64_t>(kVecs, vectors - v0));
       for (int v = 0; v < kVecs; ++v) {
-        const int64_t vec = v0 + (v < nv ? v : 0);
-        const int64_t oh = vec / per_row, ow = vec % per_row * Lanes;
-        at[v] = xp + oh * wp + ow;
-        pix[v] = oh * s.wo + ow;
-        count[v] = std::min<int64_t>(Lanes, s.wo - ow);  // the lanes inside the row
-      }
-      (Lanes == 16 ? forward_tile_avx512 : forward_tile)(w, at[0], at[1], at[2], s.in,
-                                                        s.plane(), s.kh, s.kw, s.extent,
-                                                        s.dh * wp, s.dw, out);
-      const int rows = int(std::min<int64_t>(kRows, s.out - o0));
-      if (Lanes == kLanes) {
-        float* dst[kRows];
-        float b[kRows];
-        for (int r = 0; r < rows; ++r)
-          dst[r] = y + (o0 + r) * ystride, b[r] = bias ? bias[o0 + r] : 0.0f;
-        store_tile(out, rows, nv, pix, count, dst, b, relu);
-        continue;
-      }
-      for (int64_t r = 0; r < rows; ++r) {
-        float* yo = y + (o0 + r) * ystride;
-        const float b = bias ? bias[o0 + r] : 0.0f;
-        for (int v = 0; v < nv; ++v) {
-          const int64_t n = count[v];
-          const float* src = out + (r * kVecs + v) * Lanes;
-          if (relu) {
-            for (int64_t l = 0; l < n; ++l) yo[pix[v] + l] = caffe_relu(src[l] + b, 0.0f);
-          } else {
-            for (int64_t l = 0; l < n; ++l) yo[pix[v] + l] = src[l] + b;
-          }
+        if (v >= t.nv) {
+          t.at[v] = t.at[0], t.pix[v] = t.pix[0], t.count[v] = t.count[0];
+          continue;
         }
+        t.at[v] = xp + oh * wp + ow;
+        t.pix[v] = oh * s.wo + ow;
+        t.count[v] = std::min<int64_t>(Lanes, s.wo - ow);  // the lanes inside the row
+        if ((ow += Lanes) >= s.wo) ow = 0, ++oh;
+      }
+      if constexpr (Lanes == kLanes) {
+        forward_tile(w, t, s.in, plane, s.kh, s.kw, s.extent, s.dh * wp, s.dw, rows, dst, b, relu,
+                     out);
+      } else {
+        forward_tile_avx512(w, t, s.in, plane, s.kh, s.kw, s.extent, s.dh * wp, s.dw, rows, dst,
+                            b, relu);
       }
     }
   }
