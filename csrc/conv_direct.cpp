@@ -260,9 +260,10 @@ CCT_AVX512F_TARGET void forward_tile_avx512(const float* w, const TileVectors& t
 // One image: y (out channels, channel stride ystride) = bias + the convolution of the padded
 // image xp with the packed weights wpk, through caffe_relu with `relu`. The image's vectors of
 // Lanes output pixels (a row's last one partly past its end) go three to a tile; a last tile of
-// fewer repeats its first. Each tile's vectors are stepped to from the last's, not divided out
-// of their index: with the stores through the stack, the three 64-bit divisions a tile were
-// a third of the time of a 75-tap tile (CIFAR10-quick's conv1: bench/RESULTS.md).
+// fewer repeats its first. Each tile's vectors are stepped to from the last's rather than
+// divided out of their index, and the tiles store their own tops: a tile's fixed cost (three
+// 64-bit divisions, a second call, the accumulators through the stack) had been a third of a
+// 75-tap tile's time on a Zen 3 (CIFAR10-quick's conv1: bench/RESULTS.md).
 template <int Lanes>
 void forward_image(const float* xp, const float* wpk, const float* bias, bool relu, float* y,
                    int64_t ystride, const Shape& s) {
