@@ -277,18 +277,19 @@ class DatumReader:
             raise CCTError(f"{self.where}: {e}") from None
 
     def read(self) -> Tuple[np.ndarray, int]:
-        """The current record as (C, H, W), with its label; errors name the key."""
-        key = self.cursor.key()
+        """The current record as (C, H, W), with its label; errors name the key (looked up
+        only then, not for every record)."""
         try:
             datum = caffe_pb2.Datum.FromString(self.cursor.value())
             if not datum.encoded:
                 self.transformer.warn_unencoded_force()
             return decode_datum(datum, self.color), datum.label
         except DecodeError as e:
-            raise CCTError(f"{self.where}: record {key!r} of '{self.source}' is not a Datum "
-                           f"(corrupt database?): {e}") from None
+            raise CCTError(f"{self.where}: record {self.cursor.key()!r} of '{self.source}' is "
+                           f"not a Datum (corrupt database?): {e}") from None
         except CCTError as e:
-            raise CCTError(f"{self.where}: record {key!r} of '{self.source}': {e}") from None
+            raise CCTError(f"{self.where}: record {self.cursor.key()!r} of '{self.source}': "
+                           f"{e}") from None
 
     def load_batch(self) -> Batch:
         examples: List[np.ndarray] = []
