@@ -190,7 +190,7 @@ __attribute__((target("avx2,fma"))) void forward_tile(const float* w, const Tile
     }
   }
   if (rows == kRows && t.full(kLanes)) {
-    const int64_t *pix = t.pix;
+    const int64_t* pix = t.pix;
     __m256 b = _mm256_set1_ps(bias[0]);
     store_vector(dst[0] + pix[0], c00, b, relu), store_vector(dst[0] + pix[1], c01, b, relu);
     store_vector(dst[0] + pix[2], c02, b, relu);
