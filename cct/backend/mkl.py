@@ -109,6 +109,12 @@ def load() -> Optional[str]:
                 f"libmkl_rt")
     failure = threading_failure(path)
     if failure is not None:
+        # On the caller's thread MKL runs its sequential layer, a library of its own, whose
+        # absence MKL would end the process for at its first call (scripts/cpu_bundle.sh
+        # leaves it out).
+        if not any(Path(path).resolve().parent.glob("libmkl_sequential.so*")):
+            return (f"MKL '{path}' cannot run here: not on its own threads ({failure}), nor "
+                    f"on the caller's thread (no libmkl_sequential beside it)")
         _state["threading"] = failure
     failure = _C.load_mkl(path, threaded=failure is None)
     return f"MKL '{path}' did not load: {failure}" if failure else None

@@ -248,12 +248,35 @@ def test_a_gnu_openmp_loaded_first_keeps_mkl_on_the_callers_thread():
     keeping the cores from cct's after each call: MKL runs on the caller's thread, and the
     run is told why and what to set."""
     needs_mkls_gnu_threads()
+    from pathlib import Path
+    if not any(Path(mkl.library_path()).resolve().parent.glob("libmkl_sequential.so*")):
+        pytest.skip(f"no libmkl_sequential beside {mkl.library_path()}: MKL is refused here "
+                    f"(test_mkl_on_neither_threading_layer_is_refused)")
     err = mkl_in_a_child(LOAD_AFTER.format(before='ctypes.CDLL("libgomp.so.1")',
                                            threaded=False), env_without_spin_settings())
     assert "GNU OpenMP was loaded before MKL (" in err
     assert "set GOMP_SPINCOUNT=10000 in the environment before Python starts" in err
     assert "MKL runs without its own threads" in err
     assert "the float32 GEMMs on 2 threads race without it" in err
+
+
+def test_mkl_on_neither_threading_layer_is_refused(tmp_path):
+    """A libmkl_rt with neither its GNU threading layer nor its sequential one beside it (as in
+    scripts/cpu_bundle.sh's bundle, where a libgomp loaded first rules out MKL's threads): MKL
+    would end the process at its first call, "Cannot load libmkl_sequential.so.3" (it did, on
+    the device's Xeon). load() refuses it, naming both, before anything is loaded."""
+    import os
+    lib = tmp_path / "libmkl_rt.so.3"
+    lib.write_bytes(b"")     # refused before it is opened
+    env = dict(os.environ, **{mkl.LIBRARY_ENV: str(lib)})
+    mkl_in_a_child(f"""
+from cct import _C
+from cct.backend import mkl
+why = mkl.load()
+assert why == ("MKL '{lib}' cannot run here: not on its own threads (no libmkl_gnu_thread "
+               "beside {lib}), nor on the caller's thread (no libmkl_sequential beside it)"), why
+assert not _C.mkl_loaded()
+""", env)
 
 
 @pytest.mark.parametrize("setting", [None, ("GOMP_SPINCOUNT", "10000"),
