@@ -546,6 +546,10 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=0, help="override every net's batch")
     ap.add_argument("--zoo", default=str(default_zoo()), help="the caffe-zoo folder")
     ap.add_argument("--no-torch", action="store_true", help="skip PyTorch even if installed")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every arm this many times, alternated, one process each; a "
+                         "column is the median of the rounds' and a ratio the median of the "
+                         "rounds' own ratios, each round's ratios printed under the net's row")
     ap.add_argument("--deterministic", action="store_true",
                     help="also train each net with --deterministic's fixed kernel plans and "
                          "print that speed as a ratio of the measured plans'")
@@ -569,6 +573,8 @@ def main(argv=None) -> None:
     unknown = [n for n in nets if n not in NETS]
     if unknown:
         ap.error(f"unknown nets {unknown}; known: {', '.join(NETS)}")
+    if args.rounds < 1:
+        ap.error(f"--rounds must be 1 or more, got {args.rounds}")
     if not pathlib.Path(args.zoo).is_dir():
         ap.error(f"caffe-zoo folder {args.zoo} is absent (pass --zoo or set CCT_SHARED)")
     have_torch = not args.no_torch and importlib.util.find_spec("torch") is not None
@@ -604,37 +610,64 @@ def main(argv=None) -> None:
             header += f"{'torch bf16':>12}{'t bf16 RSS':>12}{'ratio':>7}"
     print(header)
     rows, bf16_lines = [], []
+    arms = ["cct"] + ["torch"] * have_torch + ["cct-rule"] * args.deterministic
+    arms += ["cct-caffe"] * args.caffe_engine + ["cct-bf16"] * bf16
+    arms += ["torch-bf16"] * (bf16 and have_torch)
     for name in nets:
         batch = args.batch or NETS[name][1]
-        res = spawn("cct", name, args)
-        t = statistics.median(res["times"])
-        ips = batch / t
-        gflops = res["flops_per_image"] * ips / 1e9
-        line = (f"{name:<15}{batch:>6}{ips:>9.1f}{gflops:>9.1f}{100 * gflops / peak:>7.0f}%"
-                f"{res['peak_rss_mb']:>9.0f}{100 * res['update_s'] / t:>7.0f}%"
-                f"{res['faults_per_iter']:>8.0f}")
+        # Each round runs every arm once, one process after another; a ratio is the median of
+        # the rounds' own ratios, each between processes run back to back: on a shared host
+        # the same pair of processes gave CaffeNet b32 bf16 / float32 anywhere in 0.91-2.15
+        # (bench/RESULTS.md, the forty-fifth session).
+        runs = {arm: [] for arm in arms}
+        for _ in range(args.rounds):
+            for arm in arms:
+                runs[arm].append(spawn(arm, name, args))
+        ips = {arm: [batch / statistics.median(r["times"]) for r in rs]
+               for arm, rs in runs.items()}
+
+        def speed(arm):
+            return statistics.median(ips[arm])
+
+        def ratio(arm, over):
+            return statistics.median(a / b for a, b in zip(ips[arm], ips[over]))
+
+        def rss(arm):
+            return max(r["peak_rss_mb"] for r in runs[arm])
+
+        res = runs["cct"]
+        gflops = res[0]["flops_per_image"] * speed("cct") / 1e9
+        update = statistics.median(r["update_s"] / statistics.median(r["times"]) for r in res)
+        faults = statistics.median(r["faults_per_iter"] for r in res)
+        line = (f"{name:<15}{batch:>6}{speed('cct'):>9.1f}{gflops:>9.1f}"
+                f"{100 * gflops / peak:>7.0f}%{rss('cct'):>9.0f}{100 * update:>7.0f}%"
+                f"{faults:>8.0f}")
+        spreads = []
         if have_torch:
-            tres = spawn("torch", name, args)
-            tips = batch / statistics.median(tres["times"])
-            line += f"{tips:>13.1f}{tres['peak_rss_mb']:>11.0f}{ips / tips:>7.2f}"
+            line += f"{speed('torch'):>13.1f}{rss('torch'):>11.0f}{ratio('cct', 'torch'):>7.2f}"
+            spreads.append(("cct / torch", "cct", "torch"))
         if args.deterministic:
-            rips = batch / statistics.median(spawn("cct-rule", name, args)["times"])
-            line += f"{rips:>12.1f}{rips / ips:>15.2f}"
+            line += f"{speed('cct-rule'):>12.1f}{ratio('cct-rule', 'cct'):>15.2f}"
         if args.caffe_engine:
-            cips = batch / statistics.median(spawn("cct-caffe", name, args)["times"])
-            line += f"{cips:>13.1f}{cips / ips:>16.2f}"
+            line += f"{speed('cct-caffe'):>13.1f}{ratio('cct-caffe', 'cct'):>16.2f}"
         if bf16:
-            bres = spawn("cct-bf16", name, args)
-            bips = batch / statistics.median(bres["times"])
-            line += f"{bips:>12.1f}{bres['peak_rss_mb']:>10.0f}{bips / ips:>6.2f}"
-            if "bf16_plans" in bres:
-                bf16_lines.append(f"  {name}: {bres['bf16_plans']}")
+            line += (f"{speed('cct-bf16'):>12.1f}{rss('cct-bf16'):>10.0f}"
+                     f"{ratio('cct-bf16', 'cct'):>6.2f}")
+            spreads.append(("bf16 / f32", "cct-bf16", "cct"))
+            plans = [r["bf16_plans"] for r in runs["cct-bf16"] if "bf16_plans" in r]
+            if plans:
+                bf16_lines.append(f"  {name}: {plans[-1]}")
             if have_torch:
-                tbres = spawn("torch-bf16", name, args)
-                tbips = batch / statistics.median(tbres["times"])
-                line += f"{tbips:>12.1f}{tbres['peak_rss_mb']:>12.0f}{bips / tbips:>7.2f}"
+                line += (f"{speed('torch-bf16'):>12.1f}{rss('torch-bf16'):>12.0f}"
+                         f"{ratio('cct-bf16', 'torch-bf16'):>7.2f}")
+                spreads.append(("bf16 / torch bf16", "cct-bf16", "torch-bf16"))
         rows.append((line, gflops))
         print(line, flush=True)
+        if args.rounds > 1:
+            print(f"  {name}, {args.rounds} rounds: " + "; ".join(
+                f"{label} " + " ".join(f"{a / b:.2f}" for a, b in zip(ips[x], ips[y]))
+                for label, x, y in spreads) + f"; cct img/s "
+                + " ".join(f"{v:.1f}" for v in ips["cct"]), flush=True)
     end_peak = spawn("peak", "", args)["gflops"]
     if end_peak > peak:
         peak = end_peak
