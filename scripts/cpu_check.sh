@@ -44,10 +44,10 @@
 #
 # STREAMS=N on a host with more cores than two (the device's has 16): the steps run in up to N
 # streams at once (four; seven or eight where there are that many pairs of physical cores, the
-# big nets then one to a stream, bf16_accuracy in the eighth), each pinned to two CPUs of its own cores (the first stream to 0,1, as issue
-# 34's tables were taken), so that one device run takes all of them. The streams share the
-# host (on the device's, a VM's, its SGEMM peak read 142-258 GFLOP/s in one such run), which
-# a figure from this mode must say. Each stream's log lines start with its letter; every
+# big nets then one to a stream, bf16_accuracy in the eighth), each pinned to two CPUs of its
+# own cores (the first stream to 0,1, as issue 34's tables were taken), so that one device run
+# takes all of them. The streams share the host (on the device's, a VM's, its SGEMM peak read
+# 142-258 GFLOP/s in one such run), which a figure from this mode must say. Each stream's log lines start with its letter; every
 # stream's logs go into $OUT/logs.tgz. What a lent device took in 785 s of its 900 (the
 # thirty-fifth session, with six streams: bench_layers_bf16 came after): a first run with every
 # step in streams, then the first table and the baseline alone, on a quiet host:
