@@ -47,10 +47,11 @@
 # big nets then one to a stream, bf16_accuracy in the eighth), each pinned to two CPUs of its
 # own cores (the first stream to 0,1, as issue 34's tables were taken), so that one device run
 # takes all of them. The streams share the host (on the device's, a VM's, its SGEMM peak read
-# 142-258 GFLOP/s in one such run), which a figure from this mode must say. Each stream's log lines start with its letter; every
-# stream's logs go into $OUT/logs.tgz. What a lent device took in 785 s of its 900 (the
-# thirty-fifth session, with six streams: bench_layers_bf16 came after): a first run with every
-# step in streams, then the first table and the baseline alone, on a quiet host:
+# 142-258 GFLOP/s in one such run), which a figure from this mode must say. Each stream's log
+# lines start with its letter; every stream's logs go into $OUT/logs.tgz. What a lent device
+# took in 785 s of its 900 (the thirty-fifth session, with six streams: bench_layers_bf16 came
+# after): a first run with every step in streams, then the first table and the baseline alone,
+# on a quiet host:
 #   STREAMS=7 DEADLINE=500 OUT=$OUT bash scripts/cpu_check.sh --bundle .cpu-bundle   (570 s)
 #   STEPS=bench_train_bf16,baseline_ab DEADLINE=255 OUT=$OUT bash scripts/cpu_check.sh ...
 # With oneDNN in the bundle, the quiet second run is better spent on what the streams time
