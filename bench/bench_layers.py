@@ -7,8 +7,11 @@ the rest.
     python bench/bench_layers.py --nets caffenet_b32 --layers --iters 10
 
 Each layer's forward and backward are timed on their own (Net.forward_from_to(i, i) and
-backward_from_to(i, i), as `cct time` does) on bench_train's synthetic nets; the figure is the
-median over the timed iterations. For every layer the bench also counts:
+backward_from_to(i, i), as `cct time` does) on bench_train's synthetic nets, except that a
+convolution's forward runs the in-place ReLU after it, as training does
+(Net._find_relu_fusions): that ReLU's forward row is then 0 and its time is in the
+convolution's (--no-fusion times every layer alone, as `cct time`). The figure is the median
+over the timed iterations. For every layer the bench also counts:
 
 - its FLOPs: 2 per multiply-add of a weight tap with a top element, forward; backward the
   weight gradient's, plus the bottom diff's where the net needs it (the first convolution's
@@ -91,8 +94,11 @@ def layer_bytes(net, i: int) -> tuple:
     return forward, size(tops) + size(bottoms) + diffs + 3 * size(params)
 
 
-def profile(path: pathlib.Path, batch: int, warmup: int, iters: int) -> list:
-    """One row per layer: name, type, forward and backward median seconds, FLOPs and bytes."""
+def profile(path: pathlib.Path, batch: int, warmup: int, iters: int,
+            fusion: bool = True) -> list:
+    """One row per layer: name, type, forward and backward median seconds, FLOPs and bytes;
+    with ``fusion``, a fused ReLU's forward inside its convolution's, as training runs it (the
+    ReLU's row "fused": forward 0, and no forward bytes, its pass over memory being gone)."""
     from cct.backend import plans
     from cct.blob_memory import share_blob_diffs
 
@@ -100,11 +106,16 @@ def profile(path: pathlib.Path, batch: int, warmup: int, iters: int) -> list:
     net = synthetic_net(path, batch)
     share_blob_diffs(net)  # as cct train lays a train net's diffs out
     n = len(net.layers)
+    # forward_from_to(i, i + 1) fuses such a pair; a layer timed alone never does
+    fused = [fusion and f for f in net._relu_fused]
     fwd, bwd = [[] for _ in range(n)], [[] for _ in range(n)]
     for it in range(warmup + iters):
         net.clear_param_diffs()
         for i in range(n):
-            t = seconds(lambda: net.forward_from_to(i, i))
+            if i > 0 and fused[i - 1]:
+                t = 0.0   # run inside the layer before
+            else:
+                t = seconds(lambda: net.forward_from_to(i, i + 1 if fused[i] else i))
             if it >= warmup:
                 fwd[i].append(t)
         for i in range(n - 1, -1, -1):
@@ -114,7 +125,10 @@ def profile(path: pathlib.Path, batch: int, warmup: int, iters: int) -> list:
     rows = []
     for i in range(n):
         flops, nbytes = layer_flops(net, i), layer_bytes(net, i)
+        if i > 0 and fused[i - 1]:
+            nbytes = (0, nbytes[1])
         rows.append({"name": net.layer_names[i], "type": net.layers[i].type,
+                     "fused": i > 0 and fused[i - 1],
                      "seconds": (statistics.median(fwd[i]), statistics.median(bwd[i])),
                      "flops": flops, "bytes": nbytes})
     return rows
@@ -184,6 +198,9 @@ def main(argv=None) -> None:
     ap.add_argument("--precision", choices=("float32", "bf16"), default="float32",
                     help="the GEMMs' arithmetic (cct time --precision)")
     ap.add_argument("--zoo", type=pathlib.Path, default=None, help="the caffe-zoo folder")
+    ap.add_argument("--no-fusion", action="store_true",
+                    help="time every layer alone, as cct time does: each ReLU the training "
+                         "step runs inside the convolution before it gets its own forward")
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.nets.split(",") if n.strip()]
     unknown = [n for n in names if n not in NETS]
@@ -198,7 +215,8 @@ def main(argv=None) -> None:
     print(f"{gemm_peak_name()} {peak:.1f} GFLOP/s; copy bandwidth (cct's threaded ReLU, 256 MiB out of "
           f"place) {bandwidth:.1f} GB/s; median of {args.iters} iterations after {args.warmup}")
     profiles = [(name, NETS[name][1], profile(zoo / NETS[name][0], NETS[name][1], args.warmup,
-                                              args.iters)) for name in names]
+                                              args.iters, fusion=not args.no_fusion))
+                for name in names]
     # The host's other tenants move both figures: the larger of two measurements counts.
     peak, bandwidth = max(peak, sgemm_peak()), max(bandwidth, copy_bandwidth())
     print(f"measured again at the end: {gemm_peak_name()} {peak:.1f}, bandwidth {bandwidth:.1f} "
@@ -208,6 +226,10 @@ def main(argv=None) -> None:
         title = (f"\n{name} (batch {batch}): {total * 1e3:.1f} ms an iteration summed over the "
                  f"layers ({batch / total:.1f} img/s, update not included)")
         print_table(title, family_rows(rows), total, peak, bandwidth)
+        relus = sum(r["fused"] for r in rows)
+        if relus:
+            print(f"({relus} ReLU forwards run inside the convolution before them, as training "
+                  f"runs them: their time is in the Convolution rows)")
         if args.layers:
             print_table("by layer:", rows, total, peak, bandwidth)
         print(summary(rows, total, peak, bandwidth))

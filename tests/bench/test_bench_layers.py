@@ -85,3 +85,29 @@ def test_family_rows_sum_by_type_slowest_first():
     out = bench.family_rows(rows)
     assert [r["name"] for r in out] == ["Convolution x1", "ReLU x2"]
     assert out[1]["seconds"] == (1.5, 1.5) and out[1]["bytes"] == (8, 16)
+
+
+def test_profile_runs_a_fused_relu_inside_its_convolution_as_training_does(tmp_path):
+    """A convolution with an in-place ReLU after it: the profile times the pair as the
+    convolution's forward (the training step fuses them), the ReLU's forward row 0 with no
+    forward bytes; --no-fusion times the ReLU alone, as cct time does."""
+    net_file = tmp_path / "conv_relu.prototxt"
+    net_file.write_text("""
+        layer { name: "x" type: "Input" top: "x" top: "label"
+                input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } shape { dim: 2 } } }
+        layer { name: "conv" type: "Convolution" bottom: "x" top: "c"
+                convolution_param { num_output: 4 kernel_size: 3
+                                    weight_filler { type: "gaussian" std: 0.1 } } }
+        layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
+        layer { name: "ip" type: "InnerProduct" bottom: "c" top: "ip"
+                inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }
+        layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "l" }
+    """)
+    for fusion in (True, False):
+        rows = {r["name"]: r for r in bench.profile(net_file, 2, warmup=0, iters=1,
+                                                    fusion=fusion)}
+        relu = rows["relu"]
+        assert relu["fused"] is fusion
+        assert (relu["seconds"][0] == 0.0) is fusion and relu["seconds"][1] > 0.0
+        assert (relu["bytes"][0] == 0) is fusion and relu["bytes"][1] > 0
+        assert rows["conv"]["seconds"][0] > 0.0 and not rows["conv"]["fused"]
