@@ -59,7 +59,10 @@ def test_rounds_alternate_the_arms_and_take_the_median_of_each_rounds_ratio(monk
                 "faults_per_iter": 0, "peak_rss_mb": 10.0 + done}
 
     monkeypatch.setattr(bench, "spawn", spawn)
+    # PyTorch "installed" for the driver, which only reads its version (the workers are
+    # stand-ins): the light test extra has no PyTorch
     monkeypatch.setattr(bench.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr("importlib.metadata.version", lambda name: "0.0")
     bench.main(["--nets", "lenet", "--rounds", "3", "--zoo", str(tmp_path)])
     out = capsys.readouterr().out
     assert [k for k, n in calls if n == "lenet"] == ["cct", "torch"] * 3
