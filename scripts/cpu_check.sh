@@ -59,8 +59,10 @@
 # The forty-fifth session's (718 s): STREAMS=7 DEADLINE=500 (396 s), then
 # STEPS=bench_train_bf16,bench_train_bf16_googlenet_b32 DEADLINE=390 alone (322 s). Its pairs
 # of processes gave bf16 / float32 ratios 0.91-2.15 on the same net: hence the rounds. The
-# next: STREAMS=8 DEADLINE=500 (the first table 3 rounds, in about 400 s), then alone
-# BIG_ROUNDS=2 STEPS=bench_train_bf16_googlenet_b32 DEADLINE=390 (each round about 180 s).
+# next: STREAMS=8 DEADLINE=500 (stream A's first table in 3 rounds: its one round took 148 s
+# there, races included, which later rounds reuse from the plan cache), then alone
+# BIG_ROUNDS=2 STEPS=bench_train_bf16_googlenet_b32 with DEADLINE what the device has left
+# less a minute (its one round alone took 178 s, races included).
 set -u
 REPO=$(pwd)
 OUT=${OUT:-cpu_check_out}
@@ -216,7 +218,7 @@ print(precision.engine_description())"
 # ROUNDS (3) rounds of every arm, alternated: on the device's host one pair of processes gave
 # CaffeNet b32's bf16 / float32 anywhere in 0.91-2.15 (the forty-fifth session), so each ratio
 # is the median of the rounds' own, each round's printed under its net's row
-step bench_train_bf16 $(( 150 * ${ROUNDS:-3} )) 24 $PIN python3 bench/bench_train.py \
+step bench_train_bf16 $(( 170 * ${ROUNDS:-3} )) 24 $PIN python3 bench/bench_train.py \
     --nets lenet,cifar10_quick,caffenet_b32 --iters 5 --precision bf16 --rounds ${ROUNDS:-3}
 # oneDNN's convolutions and matmul in the bf16 races (the default) against without them,
 # alternated
