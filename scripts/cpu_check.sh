@@ -44,9 +44,10 @@
 #
 # STREAMS=N on a host with more cores than two (the device's has 16): the steps run in up to N
 # streams at once (four; seven or eight where there are that many pairs of physical cores, the
-# big nets then one to a stream, bf16_accuracy in the eighth), each pinned to two CPUs of its
-# own cores (the first stream to 0,1, as issue 34's tables were taken), so that one device run
-# takes all of them. The streams share the host (on the device's, a VM's, its SGEMM peak read
+# big nets then one to a stream, and with eight the first table's rounds alone in the first,
+# the kernels' tests and bf16_accuracy in the eighth), each pinned to two CPUs of its own cores
+# (the first stream to 0,1, as issue 34's tables were taken), so that one device run takes all
+# of them. The streams share the host (on the device's, a VM's, its SGEMM peak read
 # 142-258 GFLOP/s in one such run), which a figure from this mode must say. Each stream's log
 # lines start with its letter; every stream's logs go into $OUT/logs.tgz. What a lent device
 # took in 785 s of its 900 (the thirty-fifth session, with six streams: bench_layers_bf16 came
@@ -59,8 +60,8 @@
 # The forty-fifth session's (718 s): STREAMS=7 DEADLINE=500 (396 s), then
 # STEPS=bench_train_bf16,bench_train_bf16_googlenet_b32 DEADLINE=390 alone (322 s). Its pairs
 # of processes gave bf16 / float32 ratios 0.91-2.15 on the same net: hence the rounds. The
-# next: STREAMS=8 DEADLINE=500 (stream A's first table in 3 rounds: its one round took 148 s
-# there, races included, which later rounds reuse from the plan cache), then alone
+# next: STREAMS=8 DEADLINE=500 (stream A's first table in 3 rounds, alone in its stream: one
+# round took 148 s there, and every round's processes race their plans afresh), then alone
 # BIG_ROUNDS=2 STEPS=bench_train_bf16_googlenet_b32 with DEADLINE what the device has left
 # less a minute (its one round alone took 178 s, races included).
 set -u
@@ -115,8 +116,13 @@ PY
                    "bench_train_bf16_googlenet_b32,bf16_engines"
                    "bench_train_bf16_caffenet_b256" "bench_train_bf16_alexnet_b32,bf16_batched"
                    "conv_layouts_bf16,conv_layouts,bench_layers"
-                   "skinny_gemm,update_rules,thin_gemm,baseline_ab" "bench_layers_bf16,onednn_ab"
-                   "bf16_accuracy")
+                   "skinny_gemm,update_rules,thin_gemm,baseline_ab"
+                   "bench_layers_bf16,onednn_ab,bf16_accuracy")
+        if [ "${#PAIR[@]}" -ge 8 ] && [ "$STREAMS" -ge 8 ]; then  # the first table's rounds alone
+            GROUPS_OF[0]=bench_train_bf16
+            GROUPS_OF[6]=bench_layers_bf16,onednn_ab
+            GROUPS_OF+=("kernel_tests,engine_race,bf16_accuracy")
+        fi
     else
         GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16,onednn_ab,bf16_batched"
                    "bench_train_bf16_big"
