@@ -108,11 +108,12 @@ def profile(path: pathlib.Path, batch: int, warmup: int, iters: int,
     n = len(net.layers)
     # forward_from_to(i, i + 1) fuses such a pair; a layer timed alone never does
     fused = [fusion and f for f in net._relu_fused]
+    inside = [False] + fused[:-1]   # a ReLU run inside the layer before it
     fwd, bwd = [[] for _ in range(n)], [[] for _ in range(n)]
     for it in range(warmup + iters):
         net.clear_param_diffs()
         for i in range(n):
-            if i > 0 and fused[i - 1]:
+            if inside[i]:
                 t = 0.0   # run inside the layer before
             else:
                 t = seconds(lambda: net.forward_from_to(i, i + 1 if fused[i] else i))
@@ -125,10 +126,10 @@ def profile(path: pathlib.Path, batch: int, warmup: int, iters: int,
     rows = []
     for i in range(n):
         flops, nbytes = layer_flops(net, i), layer_bytes(net, i)
-        if i > 0 and fused[i - 1]:
+        if inside[i]:
             nbytes = (0, nbytes[1])
         rows.append({"name": net.layer_names[i], "type": net.layers[i].type,
-                     "fused": i > 0 and fused[i - 1],
+                     "fused": inside[i],
                      "seconds": (statistics.median(fwd[i]), statistics.median(bwd[i])),
                      "flops": flops, "bytes": nbytes})
     return rows

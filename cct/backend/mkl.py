@@ -44,11 +44,17 @@ def library_path() -> Optional[str]:
     return None
 
 
+def beside(path: str, library: str) -> bool:
+    """Whether MKL's ``library`` (e.g. "libmkl_sequential") sits beside the libmkl_rt at
+    ``path``, where MKL looks for the layers it loads at its first call."""
+    return any(Path(path).resolve().parent.glob(f"{library}.so*"))
+
+
 def threading_failure(path: str) -> Optional[str]:
     """Why MKL cannot run its own threads here, or None: it needs its GNU threading layer
     beside the library and libgomp, which MKL would otherwise end the process for lacking at
     its first call."""
-    if not any(Path(path).resolve().parent.glob("libmkl_gnu_thread.so*")):
+    if not beside(path, "libmkl_gnu_thread"):
         return f"no libmkl_gnu_thread beside {path}"
     return gnu_openmp_failure("MKL")
 
@@ -112,7 +118,7 @@ def load() -> Optional[str]:
         # On the caller's thread MKL runs its sequential layer, a library of its own, whose
         # absence MKL would end the process for at its first call (scripts/cpu_bundle.sh
         # leaves it out).
-        if not any(Path(path).resolve().parent.glob("libmkl_sequential.so*")):
+        if not beside(path, "libmkl_sequential"):
             return (f"MKL '{path}' cannot run here: not on its own threads ({failure}), nor "
                     f"on the caller's thread (no libmkl_sequential beside it)")
         _state["threading"] = failure

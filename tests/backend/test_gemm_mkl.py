@@ -216,11 +216,10 @@ def env_without_spin_settings():
 
 
 def needs_mkls_gnu_threads():
-    from pathlib import Path
     path = mkl.library_path()
     if path is None:
         pytest.skip(f"MKL is not installed: {install_hint('mkl')}")
-    if not any(Path(path).resolve().parent.glob("libmkl_gnu_thread.so*")):
+    if not mkl.beside(path, "libmkl_gnu_thread"):
         pytest.skip(f"no libmkl_gnu_thread beside {path}")
     try:
         ctypes.CDLL("libgomp.so.1")
@@ -248,8 +247,7 @@ def test_a_gnu_openmp_loaded_first_keeps_mkl_on_the_callers_thread():
     keeping the cores from cct's after each call: MKL runs on the caller's thread, and the
     run is told why and what to set."""
     needs_mkls_gnu_threads()
-    from pathlib import Path
-    if not any(Path(mkl.library_path()).resolve().parent.glob("libmkl_sequential.so*")):
+    if not mkl.beside(mkl.library_path(), "libmkl_sequential"):
         pytest.skip(f"no libmkl_sequential beside {mkl.library_path()}: MKL is refused here "
                     f"(test_mkl_on_neither_threading_layer_is_refused)")
     err = mkl_in_a_child(LOAD_AFTER.format(before='ctypes.CDLL("libgomp.so.1")',
