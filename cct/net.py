@@ -378,6 +378,7 @@ class Net:
         self._share_weights()
         self._relu_fused = self._find_relu_fusions()
         self._sibling_groups = self._find_sibling_fusions()
+        self._concat_relus = self._find_concat_relu_fusions()
         self._sibling_scratch = SiblingScratch()  # the groups run one after another: one for all
         info("net.cpp:257", "Network initialization done.")
 
@@ -427,6 +428,52 @@ class Net:
                     groups.append(SiblingGroup(s, [j for j, _ in members],
                                                [k for _, k in members]))
         return groups
+
+    def _find_concat_relu_fusions(self) -> List[Tuple[int, Dict[int, int]]]:
+        """(Concat layer id, {bottom index: ReLU layer id}) for each Concat that can run the
+        backward of the ReLUs in place on its bottoms as it copies their shares of its top diff
+        (GoogLeNet's inception outputs: every branch ends in a ReLU). Such a ReLU is the last
+        layer to write the bottom before the Concat, its only reader (another reader would
+        have a Split between, insert_splits), so the diff it reads is the one Concat writes;
+        its backward reads the blob's data (a slope >= 0: not backward_needs_bottom), there
+        when Concat's backward runs. The ReLU's pass over memory, reading the diff Concat has
+        just written and writing it again, is gone; every blob gets the same bits. Only on the
+        CPU backend, where it was measured (bench/RESULTS.md)."""
+        if self.backend.name != "cpu":
+            return []
+        fusions = []
+        for c, layer in enumerate(self.layers):
+            if layer.type != "Concat":
+                continue
+            relus = {}
+            for k, blob_id in enumerate(self.bottom_id_vecs[c]):
+                writers = [j for j in range(c) if blob_id in self.top_id_vecs[j]]
+                j = writers[-1] if writers else None
+                if (j is not None and self.layers[j].type == "ReLU"
+                        and self.bottom_id_vecs[j] == [blob_id]
+                        and self.top_id_vecs[j] == [blob_id]
+                        and not self.layers[j].backward_needs_bottom):
+                    relus[k] = j
+            if relus:
+                fusions.append((c, relus))
+        return fusions
+
+    def _active_concat_relus(self, start: int, end: int) -> Dict[int, tuple]:
+        """The roles of the Concat-ReLU fusions in a backward pass from ``start`` down to
+        ``end``: ("concat", {bottom index: ReLU id}) for the Concat and ("skip",) for its ReLUs,
+        those in the range whose backward would run (the ReLU's and the Concat's for that
+        bottom)."""
+        roles: Dict[int, tuple] = {}
+        for c, relus in self._concat_relus:
+            if not (end <= c <= start and self.layer_need_backward[c]):
+                continue
+            fused = {k: j for k, j in relus.items()
+                     if end <= j and self.layer_need_backward[j]
+                     and self.bottom_need_backward[j][0] and self.bottom_need_backward[c][k]}
+            if fused:
+                roles[c] = ("concat", fused)
+                roles.update((j, ("skip",)) for j in fused.values())
+        return roles
 
     def backward_turn(self, layer_id: int) -> int:
         """The layer at whose turn training's backward pass (backward_all) may run this layer's
@@ -653,6 +700,13 @@ class Net:
                     elif role[0] == "split":
                         self.layers[i].backward(role[1], self.bottom_need_backward[i],
                                                 self.bottom_vecs[i])
+                    elif role[0] == "concat":
+                        bottom = self.bottom_vecs[i]
+                        relu = [None] * len(bottom)
+                        for k, j in role[1].items():
+                            relu[k] = (bottom[k].data, self.layers[j].negative_slope)
+                        self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i],
+                                                bottom, relu=relu)
                 except MemoryError as e:
                     self._out_of_memory(i, "backward", e)
                     raise
@@ -679,11 +733,15 @@ class Net:
 
     def backward_all(self) -> None:
         """The whole backward pass, for training (the solver's forward_backward): sibling
-        groups run as one (_find_sibling_fusions) unless a callback watches each layer's
-        backward (Caffe's add_after_backward: it would see a sibling's param diffs before
-        they are written)."""
+        groups run as one (_find_sibling_fusions) and Concats run their bottoms' ReLUs
+        (_find_concat_relu_fusions), unless a callback watches each layer's backward (Caffe's
+        add_after_backward: it would see a sibling's param diffs before they are written, a
+        ReLU's bottom diff already written)."""
         last = len(self.layers) - 1
-        self._run_backward(last, 0, {} if self.after_backward else self._active_siblings(last, 0))
+        roles = {}
+        if not self.after_backward:
+            roles = {**self._active_concat_relus(last, 0), **self._active_siblings(last, 0)}
+        self._run_backward(last, 0, roles)
 
     def forward_backward(self, defer: bool = False):
         loss = self.forward_prefilled(defer)

@@ -161,6 +161,15 @@ void sgd_update(T* data, T* diff, T* history, int64_t count, T local_rate, T mom
 template <typename T>
 void eltwise_sum(const T* const* arrays, const T* coeffs, int64_t n, T* out, int64_t count);
 
+// Concat's forward and backward (and Slice's): `runs` runs of `run` elements, run r read from
+// src + r src_pitch and written to dst + r dst_pitch (one bottom's share of the top, each image's
+// block of its channels, or back). With relu_src, a copy into a bottom passes each element
+// through relu_backward on the way (relu_src laid out as dst): the backward of a ReLU in place
+// on that bottom, run inside Concat's (Net._find_concat_relu_fusions).
+template <typename T>
+void concat_copy(const T* src, int64_t src_pitch, T* dst, int64_t dst_pitch, int64_t runs,
+                 int64_t run, const T* relu_src, T negative_slope);
+
 // LRN across channels on (num, channels, pixels) arrays (lrn.cpp). y must not be x.
 template <typename T>
 void lrn_across_forward(const T* x, T* y, T* scale, int64_t num, int64_t channels, int64_t pixels,

@@ -315,6 +315,33 @@ void relu_backward(Buf<T> src, Buf<T> dy, Buf<T> out, double negative_slope) {
   cct::relu_backward<T>(sd, dyd, dxd, src.size(), T(negative_slope));
 }
 
+// src's runs (each `run` elements, `src_pitch` apart from `src_offset`) into dst's; both whole
+// arrays, the offsets and pitches in elements, checked here against their sizes.
+template <typename T>
+void concat_copy(Buf<T> src, int64_t src_offset, int64_t src_pitch, Buf<T> dst,
+                 int64_t dst_offset, int64_t dst_pitch, int64_t runs, int64_t run,
+                 std::optional<Buf<T>> relu_src, double negative_slope) {
+  const auto fits = [&](int64_t offset, int64_t pitch, int64_t size) {
+    return offset >= 0 && pitch >= run &&
+           (runs == 0 || offset + (runs - 1) * pitch + run <= size);
+  };
+  if (runs < 0 || run < 0 || !fits(src_offset, src_pitch, src.size()) ||
+      !fits(dst_offset, dst_pitch, dst.size()))
+    throw std::invalid_argument("concat_copy: the runs do not fit in src and dst");
+  check_disjoint(dst, src, "concat_copy", "src");
+  const T* mask = nullptr;
+  if (relu_src) {
+    if (relu_src->size() != runs * run || dst_offset != 0 || dst_pitch != run)
+      throw std::invalid_argument("concat_copy: relu_src must be laid out as a whole dst");
+    check_disjoint(dst, *relu_src, "concat_copy", "relu_src");
+    mask = relu_src->data();
+  }
+  const T* sd = src.data() + src_offset;
+  T* dd = dst.mutable_data() + dst_offset;
+  py::gil_scoped_release release;
+  cct::concat_copy<T>(sd, src_pitch, dd, dst_pitch, runs, run, mask, T(negative_slope));
+}
+
 template <typename T>
 void eltwise_sum(std::vector<Buf<T>> arrays, std::vector<double> coeffs, Buf<T> out) {
   if (arrays.size() < 2 || coeffs.size() != arrays.size())
@@ -478,6 +505,10 @@ void bind_dtype(py::module_& m) {
         py::arg("negative_slope"));
   m.def("relu_backward", &relu_backward<T>, py::arg("src").noconvert(),
         py::arg("dy").noconvert(), py::arg("out").noconvert(), py::arg("negative_slope"));
+  m.def("concat_copy", &concat_copy<T>, py::arg("src").noconvert(), py::arg("src_offset"),
+        py::arg("src_pitch"), py::arg("dst").noconvert(), py::arg("dst_offset"),
+        py::arg("dst_pitch"), py::arg("runs"), py::arg("run"),
+        py::arg("relu_src").noconvert() = py::none(), py::arg("negative_slope") = 0.0);
   m.def("eltwise_sum", &eltwise_sum<T>, py::arg("arrays"), py::arg("coeffs"),
         py::arg("out").noconvert());
   m.def("sgd_update", &sgd_update<T>, py::arg("data").noconvert(), py::arg("diff").noconvert(),

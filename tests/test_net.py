@@ -601,3 +601,79 @@ def test_siblings_run_alone_for_pycaffe_for_callbacks_and_off_the_cpu():
         INCEPTION.replace("num_output: 7 kernel_size: 1", "num_output: 7 kernel_size: 3 pad: 1")
         .replace("num_output: 3 kernel_size: 1", "num_output: 3 kernel_size: 3 pad: 1"))
     assert siblings(single) == []  # one 1x1 convolution of the Split: nothing to stack
+
+
+# -- a Concat running the backward of the ReLUs in place on its bottoms -----------------------
+# (Net._find_concat_relu_fusions): a and b are fused (slopes 0 and 0.1); c's slope is negative
+# (its backward reads a copy of its bottom), d's blob is last written by a TanH, e's ReLU
+# is not in place: none of those three
+_BRANCH = """layer {{ name: "{n}" type: "Convolution" bottom: "stem" top: "{n}"
+  convolution_param {{ num_output: {o} kernel_size: 3 pad: 1
+    weight_filler {{ type: "gaussian" std: 0.3 }} bias_filler {{ type: "gaussian" std: 0.1 }} }} }}
+"""
+CONCAT_RELUS = ("""layer { name: "in" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 4 dim: 6 dim: 9 dim: 9 } shape { dim: 4 } } }
+layer { name: "stem" type: "Convolution" bottom: "data" top: "stem"
+  convolution_param { num_output: 8 kernel_size: 3 pad: 1
+    weight_filler { type: "gaussian" std: 0.3 } bias_filler { type: "gaussian" std: 0.1 } } }
+""" + "".join(_BRANCH.format(n=n, o=o) for n, o in zip("abcde", (5, 4, 3, 2, 3))) + """
+layer { name: "a_relu" type: "ReLU" bottom: "a" top: "a" }
+layer { name: "b_relu" type: "ReLU" bottom: "b" top: "b" relu_param { negative_slope: 0.1 } }
+layer { name: "c_relu" type: "ReLU" bottom: "c" top: "c" relu_param { negative_slope: -0.5 } }
+layer { name: "d_relu" type: "ReLU" bottom: "d" top: "d" }
+layer { name: "d_tanh" type: "TanH" bottom: "d" top: "d" }
+layer { name: "e_relu" type: "ReLU" bottom: "e" top: "e_out" }
+layer { name: "cat" type: "Concat" bottom: "a" bottom: "b" bottom: "c" bottom: "d"
+  bottom: "e_out" top: "cat" }
+layer { name: "ip" type: "InnerProduct" bottom: "cat" top: "ip"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+""")
+
+
+def concat_relus(net):
+    return [(net.layer_names[c], {k: net.layer_names[j] for k, j in relus.items()})
+            for c, relus in net._concat_relus]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_concat_runs_the_backward_of_the_relus_in_place_on_its_bottoms(dtype):
+    """Training's backward (backward_all) runs a_relu's and b_relu's backward inside cat's
+    (theirs do not run): every blob's data and diff and every param diff keep the bits of
+    the layers one at a time."""
+    fused, plain = (inception_net(CONCAT_RELUS, dtype=dtype) for _ in range(2))
+    assert concat_relus(fused) == [("cat", {0: "a_relu", 1: "b_relu"})]
+    ran = []
+    for name in ("a_relu", "b_relu", "c_relu", "d_relu"):
+        layer = fused.layers[fused.layer_names.index(name)]
+        layer.backward = (lambda f, n: lambda *a, **k: (ran.append(n), f(*a, **k)))(
+            layer.backward, name)
+    fused.forward_backward()
+    assert sorted(ran) == ["c_relu", "d_relu"]
+    layer_at_a_time(plain)
+    for name in fused.blobs:
+        for what in ("data", "diff"):
+            got, want = (getattr(n.blobs[name], what) for n in (fused, plain))
+            assert got.tobytes() == want.tobytes(), (name, what)
+    for name in fused.params:
+        for got, want in zip(fused.params[name], plain.params[name]):
+            assert got.diff.tobytes() == want.diff.tobytes(), name
+
+
+def test_concat_runs_its_relus_only_for_training_on_the_cpu_with_both_in_the_pass():
+    """pycaffe's backward (a layer at a time), a net with after_backward callbacks, a device
+    backend, a ReLU that needs no backward, and a Concat bottom that wants none: each ReLU
+    runs its own backward, with the same bits."""
+    watched = inception_net(CONCAT_RELUS)
+    seen = []
+    watched.after_backward.append(seen.append)
+    watched.forward_backward()
+    assert len(seen) == sum(watched.layer_need_backward)
+    assert concat_relus(inception_net(CONCAT_RELUS, backend="numpy")) == []
+    net = inception_net(CONCAT_RELUS)
+    assert net._active_concat_relus(len(net.layers) - 1, net.layer_names.index("cat")) == {}
+    a_relu = net.layer_names.index("a_relu")
+    net.bottom_need_backward[net.layer_names.index("cat")][0] = False
+    roles = net._active_concat_relus(len(net.layers) - 1, 0)
+    assert a_relu not in roles and roles[net.layer_names.index("cat")] == (
+        "concat", {1: net.layer_names.index("b_relu")})

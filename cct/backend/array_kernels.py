@@ -32,8 +32,9 @@ from typing import Callable, Dict, Hashable, Optional, Tuple
 import numpy as np
 
 from .shapes import conv_out_size, deconv_out_size, pool_out_size, store as _store
-from .shapes import (accumulating as _accumulating, disjoint as _disjoint, float_dtype as _dtype,
-                     pair as _pair, result as _result, target as _target)
+from .shapes import (accumulating as _accumulating, concat_shape as _concat_shape,
+                     disjoint as _disjoint, float_dtype as _dtype, pair as _pair,
+                     result as _result, target as _target)
 
 #: the public kernels, the same names and signatures as in cct.backend.cpu
 KERNELS = ("conv_out_size", "deconv_out_size", "dot", "matmul", "conv_forward",
@@ -45,7 +46,7 @@ KERNELS = ("conv_out_size", "deconv_out_size", "dot", "matmul", "conv_forward",
            "nesterov_update", "adagrad_update", "rmsprop_update", "adadelta_update",
            "adam_update", "batch_norm_statistics", "batch_norm_normalize", "batch_norm_backward",
            "eltwise_sum", "eltwise_prod", "eltwise_max", "eltwise_max_backward",
-           "dropout_mask")
+           "dropout_mask", "concat_forward", "concat_backward")
 
 _FLT_MIN = float(np.finfo(np.float32).tiny)
 # The out= convention and the dtype check are cct/backend/shapes.py's, shared with the CPU
@@ -505,6 +506,39 @@ class ArrayKernels:
         buf, dest = _target(self.xp, out, dy.shape, dt)
         xp.multiply(dy, factor.reshape(dy.shape), out=buf.reshape(dy.shape))
         return _result(buf, dest)
+
+    # -- Concat: slice assignments, one per bottom ---------------------------------------------
+    def concat_forward(self, bottoms, axis, out=None):
+        """The ``bottoms`` joined along ``axis`` (Concat's top; Slice's backward), written into
+        ``out`` when given."""
+        dt = _dtype(bottoms[0], _FAMILY)
+        shape = _concat_shape([b.shape for b in bottoms], axis)
+        _disjoint(self.xp, "concat_forward", out,
+                  **{f"bottom {k}": b for k, b in enumerate(bottoms)})
+        buf, dest = _target(self.xp, out, shape, dt)
+        top, start = buf.reshape(shape), 0
+        for b in bottoms:
+            top[(slice(None),) * axis + (slice(start, start + b.shape[axis]),)] = b
+            start += b.shape[axis]
+        return _result(buf, dest)
+
+    def concat_backward(self, dy, axis, counts, outs, relu=None):
+        """Each bottom's share of the top diff ``dy`` along ``axis`` into ``outs[k]`` (None:
+        not wanted), through relu_backward where ``relu[k]`` gives a ReLU's (src,
+        negative_slope): cpu.concat_backward's contract."""
+        if sum(counts) != dy.shape[axis] or len(outs) != len(counts):
+            raise ValueError(f"concat_backward: counts {list(counts)} do not cut axis {axis} "
+                             f"of shape {dy.shape} into {len(outs)} outputs")
+        start, results = 0, []
+        for k, (count, out) in enumerate(zip(counts, outs)):
+            share = dy[(slice(None),) * axis + (slice(start, start + count),)]
+            start += count
+            if out is not None and relu is not None and relu[k] is not None:
+                out = self.relu_backward(relu[k][0], share, relu[k][1], out=out)
+            elif out is not None:
+                out[...] = share
+            results.append(out)
+        return results
 
     # -- LRN across channels -----------------------------------------------------------------
     def _channel_window_sum(self, a, size):

@@ -33,7 +33,8 @@ import numpy as np
 from ..native import _C  # after OpenBLAS's environment (cct/native.py)
 from . import HostTimer
 from .shapes import conv_out_size, deconv_out_size, pool_out_size  # noqa: F401  (the backend's)
-from .shapes import (accumulating as _accumulating, disjoint as _disjoint, float_dtype as _dtype,
+from .shapes import (accumulating as _accumulating, concat_runs as _concat_runs,
+                     concat_shape as _concat_shape, disjoint as _disjoint, float_dtype as _dtype,
                      pair as _pair, result as _result, target as _target)
 
 xp = np
@@ -470,6 +471,56 @@ def batch_norm_backward(dy, y, std, global_stats: bool, out=None) -> np.ndarray:
     buf, dest = _target(np, out, dy.shape, dt)
     jit.batch_norm_backward(dy, y, _arr(std, dt), bool(global_stats), buf.reshape(dy.shape))
     return _result(buf, dest)
+
+
+# --------------------------------------------------------------------------------------------
+# Concat (csrc/elementwise.cpp's concat_copy: the copies split between cct's threads, where
+# NumPy's slice assignment runs on one)
+# --------------------------------------------------------------------------------------------
+def concat_forward(bottoms, axis: int, out=None) -> np.ndarray:
+    """The ``bottoms`` joined along ``axis`` (Concat's top; Slice's backward), written into
+    ``out`` when given."""
+    dt = _dtype(bottoms[0], _FAMILY)
+    shape = _concat_shape([b.shape for b in bottoms], axis)
+    _disjoint(np, "concat_forward", out, **{f"bottom {k}": b for k, b in enumerate(bottoms)})
+    buf, dest = _target(np, out, shape, dt)
+    runs, inner = _concat_runs(shape, axis)
+    flat, start = buf.reshape(-1), 0
+    for b in bottoms:
+        run = b.shape[axis] * inner
+        _C.concat_copy(_arr(b, dt).reshape(-1), 0, run, flat, start * inner, shape[axis] * inner,
+                       runs, run)
+        start += b.shape[axis]
+    return _result(buf, dest)
+
+
+def concat_backward(dy, axis: int, counts: Sequence[int], outs, relu=None) -> list:
+    """Each bottom's share of the top diff ``dy`` along ``axis`` (Concat's backward; Slice's
+    forward): bottom k spans ``counts[k]`` indices of the axis and its share is written into
+    ``outs[k]`` (None: not wanted). ``relu[k]``, when given, is the (src, negative_slope) of a
+    ReLU in place on bottom k whose backward runs here: outs[k] = relu_backward(src, share)
+    (Net._find_concat_relu_fusions). Returns the outputs."""
+    dt = _dtype(dy, _FAMILY)
+    if sum(counts) != dy.shape[axis] or len(outs) != len(counts):
+        raise ValueError(f"concat_backward: counts {list(counts)} do not cut axis {axis} of "
+                         f"shape {dy.shape} into {len(outs)} outputs")
+    runs, inner = _concat_runs(dy.shape, axis)
+    src, start, results = _arr(dy, dt).reshape(-1), 0, []
+    for k, (count, out) in enumerate(zip(counts, outs)):
+        shape = dy.shape[:axis] + (count,) + dy.shape[axis + 1:]
+        fused = relu[k] if relu is not None else None
+        if out is not None:
+            _disjoint(np, "concat_backward", out, dy=dy,
+                      relu_src=None if fused is None else fused[0])
+            buf, dest = _target(np, out, shape, dt)
+            mask = None if fused is None else _arr(fused[0], dt).reshape(-1)
+            _C.concat_copy(src, start * inner, dy.shape[axis] * inner, buf.reshape(-1), 0,
+                           count * inner, runs, count * inner, mask,
+                           0.0 if fused is None else float(fused[1]))
+            out = _result(buf, dest)
+        results.append(out)
+        start += count
+    return results
 
 
 # --------------------------------------------------------------------------------------------

@@ -214,6 +214,22 @@ def relu_backward(src, dy, negative_slope, out=None):
     return _store(dy * ((src > 0) + slope * (src <= 0)), out)
 
 
+def concat_forward(bottoms, axis, out=None):
+    return _store(np.concatenate(bottoms, axis), out)
+
+
+def concat_backward(dy, axis, counts, outs, relu=None):
+    shares = np.split(dy, np.cumsum(counts)[:-1], axis)
+    results = []
+    for k, (share, out) in enumerate(zip(shares, outs)):
+        if out is not None:
+            if relu is not None and relu[k] is not None:
+                share = relu_backward(relu[k][0], share, relu[k][1])
+            out = _store(share, out)
+        results.append(out)
+    return results
+
+
 def _channel_window_sum(a, size):
     """Sum over a window of ``size`` channels centred on each channel (zero outside)."""
     n, c = a.shape[:2]

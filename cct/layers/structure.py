@@ -74,22 +74,15 @@ class ConcatLayer(Layer):
             top_shape[self.axis] += b.shape[self.axis]
         top[0].reshape(top_shape)
 
-    def _slices(self, bottom):
-        start = 0
-        lead = (slice(None),) * self.axis
-        for b in bottom:
-            size = b.shape[self.axis]
-            yield lead + (slice(start, start + size),)
-            start += size
-
     def forward(self, bottom, top):
-        for b, sl in zip(bottom, self._slices(bottom)):
-            top[0].data[sl] = b.data
+        self.backend.concat_forward([b.data for b in bottom], self.axis, out=top[0].data)
 
-    def backward(self, top, propagate_down, bottom):
-        for i, (b, sl) in enumerate(zip(bottom, self._slices(bottom))):
-            if propagate_down[i]:
-                b.diff[...] = top[0].diff[sl]
+    def backward(self, top, propagate_down, bottom, relu=None):
+        """``relu``: per bottom, None or the (src, negative_slope) of a ReLU in place on it
+        whose backward the net runs inside this one (Net._find_concat_relu_fusions)."""
+        self.backend.concat_backward(
+            top[0].diff, self.axis, [b.shape[self.axis] for b in bottom],
+            [b.diff if down else None for b, down in zip(bottom, propagate_down)], relu=relu)
 
 
 @register("Slice")
@@ -134,22 +127,21 @@ class SliceLayer(Layer):
                                  f"{self.axis} of size {size} (bottom shape {b.shape}); or "
                                  f"give slice_point.")
             bounds = [k * (size // n) for k in range(n + 1)]
-        lead = (slice(None),) * self.axis
-        self.slices = [lead + (slice(lo, hi),) for lo, hi in zip(bounds, bounds[1:])]
-        for t, lo, hi in zip(top, bounds, bounds[1:]):
+        self.counts = [hi - lo for lo, hi in zip(bounds, bounds[1:])]
+        for t, count in zip(top, self.counts):
             shape = list(b.shape)
-            shape[self.axis] = hi - lo
+            shape[self.axis] = count
             t.reshape(shape)
 
+    # Slice is Concat run backwards: its forward is Concat's backward, and the reverse.
     def forward(self, bottom, top):
-        for t, sl in zip(top, self.slices):
-            t.data[...] = bottom[0].data[sl]
+        self.backend.concat_backward(bottom[0].data, self.axis, self.counts,
+                                     [t.data for t in top])
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        for t, sl in zip(top, self.slices):
-            bottom[0].diff[sl] = t.diff
+        self.backend.concat_forward([t.diff for t in top], self.axis, out=bottom[0].diff)
 
 
 @register("Split")

@@ -198,6 +198,70 @@ def check_relu(kernels, shape, slope, dtype):
     np.testing.assert_array_equal(dy, want)
 
 
+# (bottom shapes, axis) of Concat (and Slice, its reverse): every axis; runs of one element;
+# one run; the last splits its 147,456 elements between threads inside runs (csrc's
+# kParallelGrain is 65,536)
+CONCAT_CASES = [
+    ([(2, 3, 4, 5), (2, 1, 4, 5), (2, 6, 4, 5)], 1),
+    ([(1, 3, 4, 5), (3, 3, 4, 5)], 0),
+    ([(2, 3, 1, 5), (2, 3, 2, 5)], 2),
+    ([(2, 3, 4, 2), (2, 3, 4, 1), (2, 3, 4, 3)], 3),
+    ([(4, 7), (4, 2)], 1),
+    ([(3,)], 0),
+    ([(4, 40, 24, 24), (4, 17, 24, 24), (4, 7, 24, 24)], 1),
+]
+
+
+def check_concat_backward(kernels, dy, axis, counts, shapes, fused, dtype):
+    outs = [np.full(shape, 5, dtype) for shape in shapes]
+    if len(outs) > 2:
+        outs[-1] = None
+    wants = reference.concat_backward(dy, axis, counts,
+                                      [None if o is None else o.copy() for o in outs],
+                                      relu=fused)
+    gots = kernels.concat_backward(dy, axis, counts, outs, relu=fused)
+    assert len(gots) == len(shapes)
+    for k, (g, w, o) in enumerate(zip(gots, wants, outs)):
+        if o is None:
+            assert g is None and w is None
+        else:
+            assert g is o and g.tobytes() == w.tobytes(), (k, fused is not None)
+
+
+def check_concat(kernels, case, dtype):
+    """concat_forward and concat_backward equal the reference's bit for bit, returned and
+    written into out= (a non-contiguous one too); the backward through a ReLU's backward on
+    every bottom but the last (slopes 0 and 0.1: -0, NaN and infinity kept as relu_backward
+    keeps them), a bottom not wanted (None) left alone."""
+    shapes, axis = case
+    bottoms = [rand(shape, dtype, seed) for seed, shape in enumerate(shapes)]
+    want = reference.concat_forward(bottoms, axis)
+    got = kernels.concat_forward(bottoms, axis)
+    assert got.dtype == np.dtype(dtype) and got.tobytes() == want.tobytes()
+    out = np.zeros(want.shape, dtype, order="F")
+    assert kernels.concat_forward(bottoms, axis, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    dy = rand(want.shape, dtype, 7)
+    flat = dy.reshape(-1)
+    flat[::5], flat[1::7], flat[2::11] = -np.inf, np.nan, -0.0
+    counts = [s[axis] for s in shapes]
+    srcs = [rand(shape, dtype, 9 + k) for k, shape in enumerate(shapes)]
+    srcs[0].reshape(-1)[::3] = 0
+    last = len(shapes) - 1
+    for slope in (None, 0.0, 0.1):  # a ReLU on every bottom but the last
+        fused = None if slope is None else [None if k == last else (src, slope)
+                                            for k, src in enumerate(srcs)]
+        with np.errstate(invalid="ignore"):  # relu_backward's 0 * inf, as Caffe's makes NaN
+            check_concat_backward(kernels, dy, axis, counts, shapes, fused, dtype)
+    with pytest.raises(ValueError, match="counts"):
+        kernels.concat_backward(dy, axis, counts[:-1] + [counts[-1] + 1], [None] * len(counts))
+    if len(shapes) > 1:
+        wrong = list(shapes[1])
+        wrong[(axis + 1) % len(wrong)] += 1
+        with pytest.raises(ValueError, match="must agree on every axis but"):
+            kernels.concat_forward([bottoms[0], rand(tuple(wrong), dtype)], axis)
+
+
 # S < 8 runs NumPy's expressions on the CPU backend, S >= 8 the numba loops (cpu.py)
 BATCH_NORM_SHAPES = [(1, 1, 1), (2, 3, 1), (5, 7, 13), (4, 32, 256), (100, 3, 2), (3, 2, 8),
                      (2, 5, 23)]

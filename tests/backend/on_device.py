@@ -47,8 +47,8 @@ class OnDevice:
                     return by_device[id(v)]
                 if backend.is_device(v):
                     return backend.to_host(v)
-                if isinstance(v, tuple):
-                    return tuple(up(x) for x in v)
+                if isinstance(v, (list, tuple)):
+                    return type(v)(up(x) for x in v)
                 return v
             return up(result)
         call.__name__ = name

@@ -12,7 +12,8 @@ from cct import backend as backends
 from cct.backend import array_kernels, cpu, gpu, reference
 from cct.backend.array_kernels import ArrayKernels
 from tests.backend.on_device import OnDevice
-from tests.backend.kernel_cases import (BATCH_NORM_SHAPES, ELTWISE_CASES, check_batch_norm,
+from tests.backend.kernel_cases import (BATCH_NORM_SHAPES, CONCAT_CASES, ELTWISE_CASES,
+                                        check_batch_norm, check_concat,
                                         check_eltwise,
                                         CONV_CASES, DTYPES, POOL_CASES, check_ave_pool, check_conv,
                                         check_lrn, check_max_pool, check_pooling_writes_into_out,
@@ -260,6 +261,12 @@ ELEMENTWISE_SHAPES = [(1, 3, 5, 7), (2, 1), (3, 17, 11, 7), (7,)]
 LRN_SHAPES = [(1, 3, 5, 7), (2, 7, 4, 3), (2, 40, 3, 5)]
 LRN_PARAMS = [(5, 1e-4, 0.75, 1.0), (3, 2.0, 0.5, 2.0), (1, 0.5, 1.3, 1.0), (7, 1.0, 0.75, 1.0)]
 SOFTMAX_SHAPES = [(1, 10, 1), (64, 10, 1), (3, 5, 60), (2, 1, 7)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CONCAT_CASES, ids=str)
+def test_concat_matches_reference(case, dtype):
+    check_concat(K, case, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

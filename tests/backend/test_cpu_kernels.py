@@ -13,7 +13,8 @@ import pytest
 from cct import _C
 from cct.backend import cpu, reference
 from tests.backend import kernel_cases
-from tests.backend.kernel_cases import (BATCH_NORM_SHAPES, ELTWISE_CASES, check_batch_norm,
+from tests.backend.kernel_cases import (BATCH_NORM_SHAPES, CONCAT_CASES, ELTWISE_CASES,
+                                        check_batch_norm, check_concat,
                                         check_eltwise,
                                         DTYPES, check_ave_pool, check_conv, check_lrn,
                                         check_max_pool, check_pooling_writes_into_out, check_relu,
@@ -1013,6 +1014,12 @@ LRN_SHAPES = [(1, 3, 5, 7), (2, 7, 4, 3), (2, 300, 7, 9), (3, 96, 27, 27), (1, 6
               (3, 9, 70, 61)]
 LRN_PARAMS = [(5, 1e-4, 0.75, 1.0), (3, 2.0, 0.5, 2.0), (1, 0.5, 1.3, 1.0), (7, 1.0, 0.75, 1.0)]
 SOFTMAX_SHAPES = [(1, 10, 1), (64, 10, 1), (3, 5, 600), (2, 1, 7), (5, 1000, 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CONCAT_CASES, ids=str)
+def test_concat_matches_reference(case, dtype):
+    check_concat(cpu, case, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
