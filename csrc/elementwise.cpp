@@ -113,6 +113,7 @@ void eltwise_sum(const T* const* arrays, const T* coeffs, int64_t n, T* out, int
 template <typename T>
 void concat_copy(const T* src, int64_t src_pitch, T* dst, int64_t dst_pitch, int64_t runs,
                  int64_t run, const T* relu_src, T negative_slope) {
+  if (runs <= 0 || run <= 0) return;  // an empty bottom: nothing to copy, no run to divide by
   // One flat range of the runs' elements per thread, not whole runs: GoogLeNet's Concats at
   // batch 32 have 32 runs of up to 100 KiB a bottom, which split unevenly between threads.
   parallel_for(runs * run, 1, [&](int64_t begin, int64_t end) {
