@@ -7,11 +7,13 @@ the rest.
     python bench/bench_layers.py --nets caffenet_b32 --layers --iters 10
 
 Each layer's forward and backward are timed on their own (Net.forward_from_to(i, i) and
-backward_from_to(i, i), as `cct time` does) on bench_train's synthetic nets, except that a
-convolution's forward runs the in-place ReLU after it, as training does
-(Net._find_relu_fusions): that ReLU's forward row is then 0 and its time is in the
-convolution's (--no-fusion times every layer alone, as `cct time`). The figure is the median
-over the timed iterations. For every layer the bench also counts:
+backward_from_to(i, i), as `cct time` does) on bench_train's synthetic nets, except where
+training runs one layer's pass inside another's: a convolution's forward runs the in-place
+ReLU after it (Net._find_relu_fusions), a Concat's backward the in-place ReLUs on its bottoms
+(Net._find_concat_relu_fusions), a Split's 1x1 convolutions their backward as one
+(Net._find_sibling_fusions). The inner pass's row is then 0 and its time is in the outer
+layer's (--no-fusion times every layer alone, as `cct time`). The figure is the median over the
+timed iterations. For every layer the bench also counts:
 
 - its FLOPs: 2 per multiply-add of a weight tap with a top element, forward; backward the
   weight gradient's, plus the bottom diff's where the net needs it (the first convolution's
@@ -97,8 +99,13 @@ def layer_bytes(net, i: int) -> tuple:
 def profile(path: pathlib.Path, batch: int, warmup: int, iters: int,
             fusion: bool = True) -> list:
     """One row per layer: name, type, forward and backward median seconds, FLOPs and bytes;
-    with ``fusion``, a fused ReLU's forward inside its convolution's, as training runs it (the
-    ReLU's row "fused": forward 0, and no forward bytes, its pass over memory being gone)."""
+    with ``fusion``, as training runs them:
+    - a fused ReLU's forward inside its convolution's (the ReLU's row "fused": forward 0, and
+      no forward bytes, its pass over memory being gone);
+    - backward passes in the roles of Net.backward_all: a ReLU on a Concat's bottom inside the
+      Concat's backward, a Split's stacked 1x1 convolutions in their group's first one (each
+      other's row "fused_backward": backward 0, no backward bytes; a stacked convolution's
+      FLOPs are in its own row still, its time in the first one's)."""
     from cct.backend import plans
     from cct.blob_memory import share_blob_diffs
 
@@ -109,6 +116,8 @@ def profile(path: pathlib.Path, batch: int, warmup: int, iters: int,
     # forward_from_to(i, i + 1) fuses such a pair; a layer timed alone never does
     fused = [fusion and f for f in net._relu_fused]
     inside = [False] + fused[:-1]   # a ReLU run inside the layer before it
+    roles = net._training_roles() if fusion else {}
+    within = [roles.get(i) == ("skip",) for i in range(n)]  # run at another layer's turn
     fwd, bwd = [[] for _ in range(n)], [[] for _ in range(n)]
     for it in range(warmup + iters):
         net.clear_param_diffs()
@@ -120,7 +129,7 @@ def profile(path: pathlib.Path, batch: int, warmup: int, iters: int,
             if it >= warmup:
                 fwd[i].append(t)
         for i in range(n - 1, -1, -1):
-            t = seconds(lambda: net.backward_from_to(i, i))
+            t = 0.0 if within[i] else seconds(lambda: net._run_backward(i, i, roles))
             if it >= warmup:
                 bwd[i].append(t)
     rows = []
@@ -128,8 +137,10 @@ def profile(path: pathlib.Path, batch: int, warmup: int, iters: int,
         flops, nbytes = layer_flops(net, i), layer_bytes(net, i)
         if inside[i]:
             nbytes = (0, nbytes[1])
+        if within[i]:
+            nbytes = (nbytes[0], 0)
         rows.append({"name": net.layer_names[i], "type": net.layers[i].type,
-                     "fused": inside[i],
+                     "fused": inside[i], "fused_backward": within[i],
                      "seconds": (statistics.median(fwd[i]), statistics.median(bwd[i])),
                      "flops": flops, "bytes": nbytes})
     return rows
@@ -201,7 +212,8 @@ def main(argv=None) -> None:
     ap.add_argument("--zoo", type=pathlib.Path, default=None, help="the caffe-zoo folder")
     ap.add_argument("--no-fusion", action="store_true",
                     help="time every layer alone, as cct time does: each ReLU the training "
-                         "step runs inside the convolution before it gets its own forward")
+                         "step runs inside the convolution before it gets its own forward, "
+                         "and each layer its own backward")
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.nets.split(",") if n.strip()]
     unknown = [n for n in names if n not in NETS]
@@ -231,6 +243,13 @@ def main(argv=None) -> None:
         if relus:
             print(f"({relus} ReLU forwards run inside the convolution before them, as training "
                   f"runs them: their time is in the Convolution rows)")
+        within = defaultdict(int)
+        for r in rows:
+            within[r["type"]] += r["fused_backward"]
+        if any(within.values()):
+            print(f"({', '.join(f'{k} {t}' for t, k in within.items() if k)} backward passes "
+                  f"run inside another layer's, as training runs them: a Concat's bottoms' "
+                  f"ReLUs in the Concat rows, stacked 1x1 convolutions in their group's first)")
         if args.layers:
             print_table("by layer:", rows, total, peak, bandwidth)
         print(summary(rows, total, peak, bandwidth))

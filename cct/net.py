@@ -737,11 +737,15 @@ class Net:
         (_find_concat_relu_fusions), unless a callback watches each layer's backward (Caffe's
         add_after_backward: it would see a sibling's param diffs before they are written, a
         ReLU's bottom diff already written)."""
+        self._run_backward(len(self.layers) - 1, 0, self._training_roles())
+
+    def _training_roles(self) -> Dict[int, tuple]:
+        """The roles backward_all runs the layers in (_run_backward): the sibling groups' and
+        the Concat-ReLU fusions', none under after_backward callbacks."""
+        if self.after_backward:
+            return {}
         last = len(self.layers) - 1
-        roles = {}
-        if not self.after_backward:
-            roles = {**self._active_concat_relus(last, 0), **self._active_siblings(last, 0)}
-        self._run_backward(last, 0, roles)
+        return {**self._active_concat_relus(last, 0), **self._active_siblings(last, 0)}
 
     def forward_backward(self, defer: bool = False):
         loss = self.forward_prefilled(defer)

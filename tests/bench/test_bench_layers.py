@@ -111,3 +111,32 @@ def test_profile_runs_a_fused_relu_inside_its_convolution_as_training_does(tmp_p
         assert (relu["seconds"][0] == 0.0) is fusion and relu["seconds"][1] > 0.0
         assert (relu["bytes"][0] == 0) is fusion and relu["bytes"][1] > 0
         assert rows["conv"]["seconds"][0] > 0.0 and not rows["conv"]["fused"]
+
+
+def test_profile_runs_a_concats_relus_inside_its_backward_as_training_does(tmp_path):
+    """A Concat whose bottom has an in-place ReLU: the profile times the ReLU's backward
+    inside the Concat's (training's backward_all), the ReLU's backward row 0 with no backward
+    bytes; --no-fusion times it alone."""
+    net_file = tmp_path / "concat_relu.prototxt"
+    net_file.write_text("""
+        layer { name: "x" type: "Input" top: "x" top: "label"
+                input_param { shape { dim: 2 dim: 3 dim: 6 dim: 6 } shape { dim: 2 } } }
+        layer { name: "a" type: "Convolution" bottom: "x" top: "a"
+                convolution_param { num_output: 4 kernel_size: 3
+                                    weight_filler { type: "gaussian" std: 0.1 } } }
+        layer { name: "b" type: "Pooling" bottom: "x" top: "b"
+                pooling_param { pool: MAX kernel_size: 3 } }
+        layer { name: "relu" type: "ReLU" bottom: "a" top: "a" relu_param { negative_slope: 0.1 } }
+        layer { name: "cat" type: "Concat" bottom: "a" bottom: "b" top: "cat" }
+        layer { name: "ip" type: "InnerProduct" bottom: "cat" top: "ip"
+                inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }
+        layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "l" }
+    """)
+    for fusion in (True, False):
+        rows = {r["name"]: r for r in bench.profile(net_file, 2, warmup=0, iters=1,
+                                                    fusion=fusion)}
+        relu = rows["relu"]
+        assert relu["fused_backward"] is fusion and not relu["fused"]
+        assert (relu["seconds"][1] == 0.0) is fusion and relu["seconds"][0] > 0.0
+        assert (relu["bytes"][1] == 0) is fusion and relu["bytes"][0] > 0
+        assert rows["cat"]["seconds"][1] > 0.0 and not rows["cat"]["fused_backward"]
