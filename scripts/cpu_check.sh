@@ -7,7 +7,8 @@
 #      the bits the tests promise);
 #   1. the bf16 engine race (cct's AVX512-BF16 kernel, MKL in column blocks, MKL's own
 #      threads) on a fresh plan cache, with the CPU's flags; then onednn_ab: the small nets'
-#      bf16 iteration with oneDNN's convolutions in the races against without;
+#      bf16 iteration with oneDNN's convolutions in the races against without (and
+#      onednn_f32_ab: the same for float32, CCT_ONEDNN=all against the default);
 #   2. bench_train --precision bf16 on LeNet, CIFAR10-quick and CaffeNet b32 against PyTorch
 #      (issue 34's first table, the three nets with a 1.5x target; ROUNDS rounds, 3 unless
 #      set, each arm's processes alternated), then bench_skinny_gemm,
@@ -17,7 +18,8 @@
 #      against without);
 #   3. bench_conv_layouts on CIFAR10-quick and CaffeNet b32 (each convolution's kernels under
 #      every layout), then bench_layers on those and LeNet (the iteration layer by layer, issue
-#      34's second table): where the Xeon's convolutions lose to the Zen 4's (item 1); then
+#      34's second table): where the Xeon's convolutions lose to the Zen 4's (item 1), and
+#      concat (bench_concat: GoogLeNet's Concats and the ReLUs run inside them); then
 #      bench_layers_bf16 (CaffeNet b32 and GoogLeNet b32 layer by layer in float32 and in bf16:
 #      where bf16's time goes), conv_layouts_bf16 (each convolution's kernels under every
 #      bf16 layout, oneDNN's with the implementation it picked: AMX's or not), bf16_engines
@@ -115,19 +117,20 @@ PY
         GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16"
                    "bench_train_bf16_googlenet_b32,bf16_engines"
                    "bench_train_bf16_caffenet_b256" "bench_train_bf16_alexnet_b32,bf16_batched"
-                   "conv_layouts_bf16,conv_layouts,bench_layers"
+                   "conv_layouts_bf16,conv_layouts,bench_layers,concat"
                    "skinny_gemm,update_rules,thin_gemm,baseline_ab"
-                   "bench_layers_bf16,onednn_ab,bf16_accuracy")
+                   "bench_layers_bf16,onednn_ab,bf16_accuracy,onednn_f32_ab")
         if [ "${#PAIR[@]}" -ge 8 ] && [ "$STREAMS" -ge 8 ]; then  # the first table's rounds alone
             GROUPS_OF[0]=bench_train_bf16
-            GROUPS_OF[6]=bench_layers_bf16,onednn_ab
+            GROUPS_OF[6]=bench_layers_bf16,onednn_ab,onednn_f32_ab
             GROUPS_OF+=("kernel_tests,engine_race,bf16_accuracy")
         fi
     else
         GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16,onednn_ab,bf16_batched"
                    "bench_train_bf16_big"
-                   "conv_layouts_bf16,conv_layouts,bench_layers,bench_layers_bf16"
-                   "skinny_gemm,update_rules,thin_gemm,baseline_ab,bf16_engines,bf16_accuracy")
+                   "conv_layouts_bf16,conv_layouts,bench_layers,bench_layers_bf16,concat"
+                   "skinny_gemm,update_rules,thin_gemm,baseline_ab,bf16_engines,bf16_accuracy"\
+",onednn_f32_ab")
     fi
     rm -rf /tmp/cpu_streams; n=0
     for g in "${!GROUPS_OF[@]}"; do
@@ -231,6 +234,13 @@ step bench_train_bf16 $(( 170 * ${ROUNDS:-3} )) 24 $PIN python3 bench/bench_trai
 step onednn_ab 200 8 bash -c "for r in 1 2; do for e in bf16 off; do echo CCT_ONEDNN=\$e:; \
     CCT_ONEDNN=\$e $PIN python3 bench/bench_train.py --nets lenet,cifar10_quick,caffenet_b32 \
     --iters 5 --precision bf16 --no-torch | grep -E '^(lenet|cifar|caffenet)' | sort -u; done; done"
+# oneDNN's float32 convolutions in float32's races (CCT_ONEDNN=all) against without (the
+# default), alternated: the Zen 4's kept them on one kernel of CIFAR10-quick's nine and none of
+# CaffeNet's, but PyTorch's float32 runs on them on this Xeon, where CIFAR10-quick and LeNet
+# stay under 1.5x PyTorch
+step onednn_f32_ab 200 8 bash -c "for r in 1 2; do for e in all bf16; do echo CCT_ONEDNN=\$e:; \
+    CCT_ONEDNN=\$e $PIN python3 bench/bench_train.py --nets lenet,cifar10_quick,caffenet_b32 \
+    --iters 5 --no-torch | grep -E '^(lenet|cifar|caffenet)' | sort -u; done; done"
 # the skinny float32 GEMM engine against OpenBLAS's orders on the FC forward and backward-data
 # shapes (its 8- and 16-lane tiles), and CaffeNet b32 with and without its plans: 70 s on a Zen 4
 step skinny_gemm 120 14 $PIN python3 bench/bench_skinny_gemm.py --nets caffenet_b32 --rounds 6
@@ -253,6 +263,10 @@ step conv_layouts_bf16 150 40 $PIN python3 bench/bench_conv_layouts.py \
 # (LeNet too: the net with the thinnest margin on this Xeon, 1.52x PyTorch in the quiet run)
 step bench_layers 150 50 $PIN python3 bench/bench_layers.py \
     --nets lenet,cifar10_quick,caffenet_b32 --iters 5
+# GoogLeNet's Concats: their copies on cct's threads against NumPy's slices, their backward
+# with the in-place ReLUs on their bottoms inside against the ReLUs' own passes (memory-bound
+# float32 layers that bf16 leaves as they are)
+step concat 150 26 $PIN python3 bench/bench_concat.py --rounds 11
 # where bf16's time goes on this CPU (its targets are 2x float32): each layer of CaffeNet b32
 # and GoogLeNet b32 in both precisions, in one step so that the two tables are side by side
 step bench_layers_bf16 300 20 bash -c "for p in float32 bf16; do $PIN python3 \
