@@ -4,10 +4,11 @@
   ``concat_copy``, split between cct's threads) against the NumPy slice assignments that
   ConcatLayer ran before (one thread);
 - **backward**: each Concat's backward with the backward of the ReLUs in place on its bottoms
-  run inside it (Net._find_concat_relu_fusions: one pass over each bottom's share) against
+  run inside it (Net._find_relu_backward_fusions: one pass over each bottom's share) against
   the Concat's plain copy followed by those ReLUs' own backward (as before: a second pass
   that reads the diff just written and writes it again), on the same arrays;
-- **the training step's backward** (``Net.backward_all``) with the fusions against without.
+- **the training step's backward** (``Net.backward_all``) with the Concats' fusions against
+  without.
 
 Arms alternate within every round; each figure is the median over the rounds, each ratio
 the median of the rounds' own ratios (old / new: above 1, the new is faster). Every pair of
@@ -40,7 +41,7 @@ def arms(net):
     """(name, old arm, new arm, what both must leave the same) per measured thing."""
     be = net.backend
     found = []
-    fused = dict(net._concat_relus)
+    fused = dict(net._relu_backward_fusions)
     for c, layer in enumerate(net.layers):
         if layer.type != "Concat":
             continue
@@ -109,18 +110,19 @@ def main(argv=None) -> None:
                      statistics.median(ratios)))
 
     def step(fusions):
-        net._concat_relus = fusions
+        net._relu_backward_fusions = fusions
         return seconds(net.backward_all)
-    fusions = net._concat_relus
+    fusions = net._relu_backward_fusions
+    others = [f for f in fusions if net.layers[f[0]].type != "Concat"]  # a MAX Pooling's
     steps = {"old": [], "new": []}
     ratios = []
     for r in range(max(3, args.rounds // 3)):
         order = ("old", "new") if r % 2 == 0 else ("new", "old")
-        got = {arm: step([] if arm == "old" else fusions) for arm in order}
+        got = {arm: step(others if arm == "old" else fusions) for arm in order}
         for arm in order:
             steps[arm].append(got[arm])
         ratios.append(got["old"] / got["new"])
-    net._concat_relus = fusions
+    net._relu_backward_fusions = fusions
     print(f"{args.net} (batch {batch}), {args.rounds} alternated rounds, median ms")
     print(f"{'what':42s} {'old ms':>9s} {'new ms':>9s} {'old/new':>8s}")
     for name, old_s, new_s, ratio in rows:

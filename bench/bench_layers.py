@@ -10,7 +10,7 @@ Each layer's forward and backward are timed on their own (Net.forward_from_to(i,
 backward_from_to(i, i), as `cct time` does) on bench_train's synthetic nets, except where
 training runs one layer's pass inside another's: a convolution's forward runs the in-place
 ReLU after it (Net._find_relu_fusions), a Concat's backward the in-place ReLUs on its bottoms
-(Net._find_concat_relu_fusions), a Split's 1x1 convolutions their backward as one
+(Net._find_relu_backward_fusions), a Split's 1x1 convolutions their backward as one
 (Net._find_sibling_fusions). The inner pass's row is then 0 and its time is in the outer
 layer's (--no-fusion times every layer alone, as `cct time`). The figure is the median over the
 timed iterations. For every layer the bench also counts:

@@ -378,7 +378,7 @@ class Net:
         self._share_weights()
         self._relu_fused = self._find_relu_fusions()
         self._sibling_groups = self._find_sibling_fusions()
-        self._concat_relus = self._find_concat_relu_fusions()
+        self._relu_backward_fusions = self._find_relu_backward_fusions()
         self._sibling_scratch = SiblingScratch()  # the groups run one after another: one for all
         info("net.cpp:257", "Network initialization done.")
 
@@ -429,21 +429,22 @@ class Net:
                                                [k for _, k in members]))
         return groups
 
-    def _find_concat_relu_fusions(self) -> List[Tuple[int, Dict[int, int]]]:
-        """(Concat layer id, {bottom index: ReLU layer id}) for each Concat that can run the
-        backward of the ReLUs in place on its bottoms as it copies their shares of its top diff
-        (GoogLeNet's inception outputs: every branch ends in a ReLU). Such a ReLU is the last
-        layer to write the bottom before the Concat, its only reader (another reader would
-        have a Split between, insert_splits), so the diff it reads is the one Concat writes;
-        its backward reads the blob's data (a slope >= 0: not backward_needs_bottom), there
-        when Concat's backward runs. The ReLU's pass over memory, reading the diff Concat has
-        just written and writing it again, is gone; every blob gets the same bits. Only on the
-        CPU backend, where it was measured (bench/RESULTS.md)."""
+    def _find_relu_backward_fusions(self) -> List[Tuple[int, Dict[int, int]]]:
+        """(layer id, {bottom index: ReLU layer id}) for each layer that can run the backward
+        of the ReLUs in place on its bottoms as it writes their diffs (Layer.takes_relu_backward:
+        a Concat as it copies each bottom's share, GoogLeNet's inception outputs, where every
+        branch ends in a ReLU; a MAX Pooling plane by plane, CaffeNet's pool1, 2 and 5). Such a
+        ReLU is the last layer to write the bottom before the layer, its only reader (another
+        reader would have a Split between, insert_splits), so the diff it reads is the one the
+        layer writes; its backward reads the blob's data (a slope >= 0: not
+        backward_needs_bottom), there when the layer's backward runs. The ReLU's pass over
+        memory, reading the diff just written and writing it again, is gone; every blob gets
+        the same bits. Only on the CPU backend, where it was measured (bench/RESULTS.md)."""
         if self.backend.name != "cpu":
             return []
         fusions = []
         for c, layer in enumerate(self.layers):
-            if layer.type != "Concat":
+            if not layer.takes_relu_backward():
                 continue
             relus = {}
             for k, blob_id in enumerate(self.bottom_id_vecs[c]):
@@ -458,20 +459,20 @@ class Net:
                 fusions.append((c, relus))
         return fusions
 
-    def _active_concat_relus(self, start: int, end: int) -> Dict[int, tuple]:
-        """The roles of the Concat-ReLU fusions in a backward pass from ``start`` down to
-        ``end``: ("concat", {bottom index: ReLU id}) for the Concat and ("skip",) for its ReLUs,
-        those in the range whose backward would run (the ReLU's and the Concat's for that
+    def _active_relu_backward_fusions(self, start: int, end: int) -> Dict[int, tuple]:
+        """The roles of the ReLU backward fusions in a backward pass from ``start`` down to
+        ``end``: ("relu", {bottom index: ReLU id}) for the layer and ("skip",) for its ReLUs,
+        those in the range whose backward would run (the ReLU's and the layer's for that
         bottom)."""
         roles: Dict[int, tuple] = {}
-        for c, relus in self._concat_relus:
+        for c, relus in self._relu_backward_fusions:
             if not (end <= c <= start and self.layer_need_backward[c]):
                 continue
             fused = {k: j for k, j in relus.items()
                      if end <= j and self.layer_need_backward[j]
                      and self.bottom_need_backward[j][0] and self.bottom_need_backward[c][k]}
             if fused:
-                roles[c] = ("concat", fused)
+                roles[c] = ("relu", fused)
                 roles.update((j, ("skip",)) for j in fused.values())
         return roles
 
@@ -700,7 +701,7 @@ class Net:
                     elif role[0] == "split":
                         self.layers[i].backward(role[1], self.bottom_need_backward[i],
                                                 self.bottom_vecs[i])
-                    elif role[0] == "concat":
+                    elif role[0] == "relu":
                         bottom = self.bottom_vecs[i]
                         relu = [None] * len(bottom)
                         for k, j in role[1].items():
@@ -733,19 +734,19 @@ class Net:
 
     def backward_all(self) -> None:
         """The whole backward pass, for training (the solver's forward_backward): sibling
-        groups run as one (_find_sibling_fusions) and Concats run their bottoms' ReLUs
-        (_find_concat_relu_fusions), unless a callback watches each layer's backward (Caffe's
+        groups run as one (_find_sibling_fusions) and layers run their bottoms' ReLUs
+        (_find_relu_backward_fusions), unless a callback watches each layer's backward (Caffe's
         add_after_backward: it would see a sibling's param diffs before they are written, a
         ReLU's bottom diff already written)."""
         self._run_backward(len(self.layers) - 1, 0, self._training_roles())
 
     def _training_roles(self) -> Dict[int, tuple]:
         """The roles backward_all runs the layers in (_run_backward): the sibling groups' and
-        the Concat-ReLU fusions', none under after_backward callbacks."""
+        the ReLU backward fusions', none under after_backward callbacks."""
         if self.after_backward:
             return {}
         last = len(self.layers) - 1
-        return {**self._active_concat_relus(last, 0), **self._active_siblings(last, 0)}
+        return {**self._active_relu_backward_fusions(last, 0), **self._active_siblings(last, 0)}
 
     def forward_backward(self, defer: bool = False):
         loss = self.forward_prefilled(defer)

@@ -131,9 +131,12 @@ void set_gemm_order(int order);
 template <typename T>
 void max_pool_forward(const T* x, T* y, int32_t* mask, int64_t planes, int h, int w,
                       int kh, int kw, int sh, int sw, int ph, int pw, int ho, int wo);
+// With relu_src (laid out as dx), each plane of dx then goes through relu_backward, while in
+// cache: the backward of a ReLU in place on the bottom, run inside the pooling's
+// (Net._find_relu_backward_fusions).
 template <typename T>
 void max_pool_backward(const T* dy, const int32_t* mask, T* dx, int64_t planes, int h, int w,
-                       int ho, int wo);
+                       int ho, int wo, const T* relu_src = nullptr, T negative_slope = T(0));
 template <typename T>
 void ave_pool_forward(const T* x, T* y, int64_t planes, int h, int w, int kh, int kw, int sh,
                       int sw, int ph, int pw, int ho, int wo);

@@ -73,18 +73,27 @@ void max_pool_forward(Arr<T> x, Pair k, Pair s, Pair p, Pair pooled, Buf<T> out,
 }
 
 template <typename T>
-void max_pool_backward(Arr<T> dy, Arr<int32_t> mask, Buf<T> out) {
+void max_pool_backward(Arr<T> dy, Arr<int32_t> mask, Buf<T> out,
+                       std::optional<Buf<T>> relu_src, double negative_slope) {
   if (out.ndim() != 4 || dy.ndim() != 4)
     throw std::invalid_argument("max_pool_backward: dy and out must be 4-D (NCHW)");
   if (mask.size() != dy.size() || dy.shape(0) != out.shape(0) || dy.shape(1) != out.shape(1))
     throw std::invalid_argument("max_pool_backward: dy, mask and out do not fit");
   check_disjoint(out, dy, "max_pool_backward", "dy");
+  const T* sd = nullptr;
+  if (relu_src) {
+    if (relu_src->size() != out.size())
+      throw std::invalid_argument("max_pool_backward: relu_src must be out's size");
+    check_disjoint(out, *relu_src, "max_pool_backward", "relu_src");
+    sd = relu_src->data();
+  }
   const T* dyd = dy.data();
   const int32_t* md = mask.data();
   T* dxd = out.mutable_data();
   py::gil_scoped_release release;
   cct::max_pool_backward<T>(dyd, md, dxd, out.shape(0) * out.shape(1), int(out.shape(2)),
-                            int(out.shape(3)), int(dy.shape(2)), int(dy.shape(3)));
+                            int(out.shape(3)), int(dy.shape(2)), int(dy.shape(3)), sd,
+                            T(negative_slope));
 }
 
 template <typename T>
@@ -496,7 +505,8 @@ void bind_dtype(py::module_& m) {
         py::arg("stride"), py::arg("pad"), py::arg("pooled"), py::arg("out").noconvert(),
         py::arg("mask").noconvert());
   m.def("max_pool_backward", &max_pool_backward<T>, py::arg("dy"), py::arg("mask"),
-        py::arg("out").noconvert());
+        py::arg("out").noconvert(), py::arg("relu_src").noconvert() = py::none(),
+        py::arg("negative_slope") = 0.0);
   m.def("ave_pool_forward", &ave_pool_forward<T>, py::arg("x"), py::arg("kernel"),
         py::arg("stride"), py::arg("pad"), py::arg("pooled"), py::arg("out").noconvert());
   m.def("ave_pool_backward", &ave_pool_backward<T>, py::arg("dy"), py::arg("kernel"),

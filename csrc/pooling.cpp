@@ -763,7 +763,7 @@ CCT_VECTOR_CLONES void ave_row(const T* xp, int w, int hs, int he, int kw, int p
 
 template <typename T>
 void max_pool_backward(const T* dy, const int32_t* mask, T* dx, int64_t planes, int h, int w,
-                       int ho, int wo) {
+                       int ho, int wo, const T* relu_src, T negative_slope) {
   parallel_for(planes, int64_t(h) * w + int64_t(ho) * wo, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const T* dyp = dy + p * ho * wo;
@@ -772,6 +772,11 @@ void max_pool_backward(const T* dy, const int32_t* mask, T* dx, int64_t planes, 
       std::fill(dxp, dxp + int64_t(h) * w, T(0));
       for (int k = 0; k < ho * wo; ++k)
         if (mp[k] >= 0) dxp[mp[k]] += dyp[k];
+      if (relu_src == nullptr) continue;
+      // relu_backward's arithmetic on the plane just written, while it is in cache
+      const T* s = relu_src + p * h * w;
+      for (int64_t i = 0; i < int64_t(h) * w; ++i)
+        dxp[i] = dxp[i] * (T(s[i] > T(0)) + negative_slope * T(s[i] <= T(0)));
     }
   });
 }
@@ -899,7 +904,7 @@ void ave_pool_backward(const T* dy, T* dx, int64_t planes, int h, int w, int kh,
   template void max_pool_forward<T>(const T*, T*, int32_t*, int64_t, int, int, int, int, int, \
                                     int, int, int, int, int);                                 \
   template void max_pool_backward<T>(const T*, const int32_t*, T*, int64_t, int, int, int,    \
-                                     int);                                                    \
+                                     int, const T*, T);                                       \
   template void ave_pool_forward<T>(const T*, T*, int64_t, int, int, int, int, int, int, int, \
                                     int, int, int);                                           \
   template void ave_pool_backward<T>(const T*, T*, int64_t, int, int, int, int, int, int, int,\

@@ -603,8 +603,8 @@ def test_siblings_run_alone_for_pycaffe_for_callbacks_and_off_the_cpu():
     assert siblings(single) == []  # one 1x1 convolution of the Split: nothing to stack
 
 
-# -- a Concat running the backward of the ReLUs in place on its bottoms -----------------------
-# (Net._find_concat_relu_fusions): a and b are fused (slopes 0 and 0.1); c's slope is negative
+# -- a layer running the backward of the ReLUs in place on its bottoms ------------------------
+# (Net._find_relu_backward_fusions): a and b are fused (slopes 0 and 0.1); c's slope is negative
 # (its backward reads a copy of its bottom), d's blob is last written by a TanH, e's ReLU
 # is not in place: none of those three
 _BRANCH = """layer {{ name: "{n}" type: "Convolution" bottom: "stem" top: "{n}"
@@ -631,9 +631,9 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
 """)
 
 
-def concat_relus(net):
+def relu_fusions(net):
     return [(net.layer_names[c], {k: net.layer_names[j] for k, j in relus.items()})
-            for c, relus in net._concat_relus]
+            for c, relus in net._relu_backward_fusions]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -642,7 +642,7 @@ def test_concat_runs_the_backward_of_the_relus_in_place_on_its_bottoms(dtype):
     (theirs do not run): every blob's data and diff and every param diff keep the bits of
     the layers one at a time."""
     fused, plain = (inception_net(CONCAT_RELUS, dtype=dtype) for _ in range(2))
-    assert concat_relus(fused) == [("cat", {0: "a_relu", 1: "b_relu"})]
+    assert relu_fusions(fused) == [("cat", {0: "a_relu", 1: "b_relu"})]
     ran = []
     for name in ("a_relu", "b_relu", "c_relu", "d_relu"):
         layer = fused.layers[fused.layer_names.index(name)]
@@ -669,11 +669,54 @@ def test_concat_runs_its_relus_only_for_training_on_the_cpu_with_both_in_the_pas
     watched.after_backward.append(seen.append)
     watched.forward_backward()
     assert len(seen) == sum(watched.layer_need_backward)
-    assert concat_relus(inception_net(CONCAT_RELUS, backend="numpy")) == []
+    assert relu_fusions(inception_net(CONCAT_RELUS, backend="numpy")) == []
     net = inception_net(CONCAT_RELUS)
-    assert net._active_concat_relus(len(net.layers) - 1, net.layer_names.index("cat")) == {}
+    assert net._active_relu_backward_fusions(len(net.layers) - 1, net.layer_names.index("cat")) == {}
     a_relu = net.layer_names.index("a_relu")
     net.bottom_need_backward[net.layer_names.index("cat")][0] = False
-    roles = net._active_concat_relus(len(net.layers) - 1, 0)
+    roles = net._active_relu_backward_fusions(len(net.layers) - 1, 0)
     assert a_relu not in roles and roles[net.layer_names.index("cat")] == (
-        "concat", {1: net.layer_names.index("b_relu")})
+        "relu", {1: net.layer_names.index("b_relu")})
+
+
+POOL_RELUS = """layer { name: "in" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 4 dim: 6 dim: 11 dim: 11 } shape { dim: 4 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 6 kernel_size: 3 pad: 1
+    weight_filler { type: "gaussian" std: 0.3 } bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+  pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2"
+  convolution_param { num_output: 5 kernel_size: 3 pad: 1
+    weight_filler { type: "gaussian" std: 0.3 } bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "relu2" type: "ReLU" bottom: "conv2" top: "conv2" relu_param { negative_slope: 0.1 } }
+layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2"
+  pooling_param { pool: AVE kernel_size: 3 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool2" top: "ip"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def test_max_pooling_runs_the_backward_of_the_relu_in_place_on_its_bottom():
+    """CaffeNet's conv -> ReLU -> MAX pool: the ReLU's backward runs inside the pooling's,
+    plane by plane (its own does not run), every blob and param diff with the bits of the
+    layers one at a time; an AVE pooling's ReLU runs its own."""
+    fused, plain = (inception_net(POOL_RELUS) for _ in range(2))
+    assert relu_fusions(fused) == [("pool1", {0: "relu1"})]
+    ran = []
+    for name in ("relu1", "relu2"):
+        layer = fused.layers[fused.layer_names.index(name)]
+        layer.backward = (lambda f, n: lambda *a, **k: (ran.append(n), f(*a, **k)))(
+            layer.backward, name)
+    fused.forward_backward()
+    assert ran == ["relu2"]
+    layer_at_a_time(plain)
+    for name in fused.blobs:
+        for what in ("data", "diff"):
+            got, want = (getattr(n.blobs[name], what) for n in (fused, plain))
+            assert got.tobytes() == want.tobytes(), (name, what)
+    for name in fused.params:
+        for got, want in zip(fused.params[name], plain.params[name]):
+            assert got.diff.tobytes() == want.diff.tobytes(), name

@@ -410,9 +410,10 @@ class ArrayKernels:
             _planes_into(mbuf, n0, n1, xp.where(found, where, -1).astype(np.int32))
         return _result(ybuf, ydest), _result(mbuf, mdest)
 
-    def max_pool_backward(self, dy, mask, x_shape, out=None):
+    def max_pool_backward(self, dy, mask, x_shape, out=None, relu=None):
         """Route each top diff to the bottom element that won its window (sums where windows
-        overlap); dx of shape ``x_shape``, written into ``out`` when given. The windows are
+        overlap); dx of shape ``x_shape``, written into ``out`` when given, through
+        relu_backward where ``relu`` gives a ReLU's (src, negative_slope). The windows are
         those of the max_pool_forward calls made on this backend for the same bottom and top
         sizes."""
         xp = self.xp
@@ -437,6 +438,9 @@ class ArrayKernels:
             m = self._batch_last(mask[n0:n1], p, fill=-1)
             _planes_into(buf, n0, n1, xp.where(xp.take(m, inv, axis=0) == here,
                                                xp.take(g, inv, axis=0), dt.type(0)).sum(axis=1))
+        if relu is not None:
+            self.relu_backward(relu[0], buf.reshape(n, c, h, w), relu[1],
+                               out=buf.reshape(n, c, h, w))
         return _result(buf, dest)
 
     def _divisors(self, h, w, kernel, stride, pad, pooled, dt):

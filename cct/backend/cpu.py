@@ -228,13 +228,18 @@ def max_pool_forward(x, kernel, stride, pad, pooled, out=None,
     return _result(buf, dest), _result(mbuf, mdest)
 
 
-def max_pool_backward(dy, mask, x_shape, out=None) -> np.ndarray:
+def max_pool_backward(dy, mask, x_shape, out=None, relu=None) -> np.ndarray:
     """Route each top diff to the bottom element that won its window (sums where windows
-    overlap); dx of shape ``x_shape``, written into ``out`` when given."""
+    overlap); dx of shape ``x_shape``, written into ``out`` when given. ``relu``, when given,
+    is the (src, negative_slope) of a ReLU in place on the bottom whose backward runs here,
+    plane by plane: dx = relu_backward(src, the routed diffs)
+    (Net._find_relu_backward_fusions)."""
     dt = _dtype(dy, _FAMILY)
-    _disjoint(np, "max_pool_backward", out, dy=dy)
+    _disjoint(np, "max_pool_backward", out, dy=dy, relu_src=None if relu is None else relu[0])
     buf, dest = _target(np, out, _shape4(x_shape), dt)
-    _C.max_pool_backward(_arr(dy, dt), np.ascontiguousarray(mask, np.int32), buf)
+    _C.max_pool_backward(_arr(dy, dt), np.ascontiguousarray(mask, np.int32), buf,
+                         None if relu is None else _arr(relu[0], dt).reshape(buf.shape),
+                         0.0 if relu is None else float(relu[1]))
     return _result(buf, dest)
 
 
@@ -499,7 +504,7 @@ def concat_backward(dy, axis: int, counts: Sequence[int], outs, relu=None) -> li
     forward): bottom k spans ``counts[k]`` indices of the axis and its share is written into
     ``outs[k]`` (None: not wanted). ``relu[k]``, when given, is the (src, negative_slope) of a
     ReLU in place on bottom k whose backward runs here: outs[k] = relu_backward(src, share)
-    (Net._find_concat_relu_fusions). Returns the outputs."""
+    (Net._find_relu_backward_fusions). Returns the outputs."""
     dt = _dtype(dy, _FAMILY)
     if sum(counts) != dy.shape[axis] or len(outs) != len(counts):
         raise ValueError(f"concat_backward: counts {list(counts)} do not cut axis {axis} of "

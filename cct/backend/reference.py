@@ -155,14 +155,17 @@ def max_pool_forward(x, kernel, stride, pad, pooled, out=None, mask=None):
     return _store(y, out), _store(hh * w + ww, mask)
 
 
-def max_pool_backward(dy, mask, x_shape, out=None):
+def max_pool_backward(dy, mask, x_shape, out=None, relu=None):
     """Route each top diff to the bottom element that won its window (sums where windows
-    overlap)."""
+    overlap); through relu_backward where ``relu`` gives a ReLU's (src, negative_slope)."""
     n, c, h, w = x_shape
     plane = h * w
     offs = (np.arange(n * c) * plane).reshape(n, c, 1, 1)
     dx = np.bincount((mask + offs).ravel(), weights=dy.ravel(), minlength=n * c * plane)
-    return _store(dx.reshape(x_shape).astype(dy.dtype, copy=False), out)
+    dx = dx.reshape(x_shape).astype(dy.dtype, copy=False)
+    if relu is not None:
+        dx = relu_backward(relu[0], dx, relu[1])
+    return _store(dx, out)
 
 
 def _ave_divisors(size, kernel, stride, pad, out):

@@ -137,6 +137,14 @@ class Layer:
         then runs such a ReLU inside this layer's forward (Net._find_relu_fusions)."""
         return False
 
+    def takes_relu_backward(self) -> bool:
+        """Whether this layer's ``backward(top, propagate_down, bottom, relu=...)`` can run,
+        as it writes each bottom diff, the backward of a ReLU in place on that bottom (relu:
+        per bottom, None or the ReLU's (src, negative_slope)), the bits of that ReLU's own
+        backward run after it: the net then runs such a ReLU inside this layer's backward
+        (Net._find_relu_backward_fusions)."""
+        return False
+
     def sibling_key(self) -> Optional[Hashable]:
         """For a layer whose backward the net may run together with its siblings' (the other
         layers reading the same Split, Net._find_sibling_fusions): what those layers must

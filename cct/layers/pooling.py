@@ -130,13 +130,21 @@ class PoolingLayer(Layer):
             raise self.error("STOCHASTIC pooling is not supported on CPU, as in Caffe (which "
                              "has only a GPU implementation); use MAX or AVE.")
 
-    def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob]) -> None:
+    def takes_relu_backward(self) -> bool:
+        # MAX: the backend's max_pool_backward, plane by plane as it routes the diffs. (AVE's
+        # vectorised kernels take 8 planes at a time; the zoo's AVE layers follow small ReLUs.)
+        return self.method == _PP.MAX
+
+    def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob],
+                 relu=None) -> None:
+        """``relu``: Layer.takes_relu_backward's."""
         if not propagate_down[0]:
             return
         dy = top[0].diff
         dx = bottom[0].diff
         if self.method == _PP.MAX:
-            self.backend.max_pool_backward(dy, self.mask, dx.shape, out=dx)
+            self.backend.max_pool_backward(dy, self.mask, dx.shape, out=dx,
+                                           relu=None if relu is None else relu[0])
         else:
             self.backend.ave_pool_backward(dy, dx.shape, self.kernel, self.stride, self.pad,
                                            self.out, out=dx)

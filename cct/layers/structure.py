@@ -77,9 +77,11 @@ class ConcatLayer(Layer):
     def forward(self, bottom, top):
         self.backend.concat_forward([b.data for b in bottom], self.axis, out=top[0].data)
 
+    def takes_relu_backward(self) -> bool:
+        return True   # the backend's concat_backward, as it copies each bottom's share
+
     def backward(self, top, propagate_down, bottom, relu=None):
-        """``relu``: per bottom, None or the (src, negative_slope) of a ReLU in place on it
-        whose backward the net runs inside this one (Net._find_concat_relu_fusions)."""
+        """``relu``: Layer.takes_relu_backward's."""
         self.backend.concat_backward(
             top[0].diff, self.axis, [b.shape[self.axis] for b in bottom],
             [b.diff if down else None for b, down in zip(bottom, propagate_down)], relu=relu)

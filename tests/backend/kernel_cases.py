@@ -169,8 +169,15 @@ def check_max_pool(kernels, want, case, dtype):
     np.testing.assert_array_equal(y, want_y)
     np.testing.assert_array_equal(mask, want_mask)
     assert y.dtype == np.dtype(dtype) and mask.dtype == np.int32
-    close(kernels.max_pool_backward(dy, mask, x.shape),
-          want.max_pool_backward(dy, want_mask, x.shape), dtype)
+    dx = kernels.max_pool_backward(dy, mask, x.shape)
+    close(dx, want.max_pool_backward(dy, want_mask, x.shape), dtype)
+    # through an in-place ReLU's backward on the bottom (x its data: zeros too, and a slope),
+    # the bits of the two kernels one after the other
+    x.reshape(-1)[::4] = 0
+    for slope in (0.0, 0.1):
+        fused = kernels.max_pool_backward(dy, mask, x.shape, relu=(x, slope))
+        assert fused.tobytes() == kernels.relu_backward(x, dx, slope).tobytes(), slope
+        close(fused, want.max_pool_backward(dy, want_mask, x.shape, relu=(x, slope)), dtype)
 
 
 def check_ave_pool(kernels, want, case, dtype):
