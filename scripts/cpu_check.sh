@@ -19,7 +19,8 @@
 #   3. bench_conv_layouts on CIFAR10-quick and CaffeNet b32 (each convolution's kernels under
 #      every layout), then bench_layers on those and LeNet (the iteration layer by layer, issue
 #      34's second table): where the Xeon's convolutions lose to the Zen 4's (item 1), and
-#      concat (bench_concat: GoogLeNet's Concats and the ReLUs run inside them); then
+#      backward_fusions (GoogLeNet's Concats, and the ReLUs run inside Concat's and MAX
+#      Pooling's backward); then
 #      bench_layers_bf16 (CaffeNet b32 and GoogLeNet b32 layer by layer in float32 and in bf16:
 #      where bf16's time goes), conv_layouts_bf16 (each convolution's kernels under every
 #      bf16 layout, oneDNN's with the implementation it picked: AMX's or not), bf16_engines
@@ -117,7 +118,7 @@ PY
         GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16"
                    "bench_train_bf16_googlenet_b32,bf16_engines"
                    "bench_train_bf16_caffenet_b256" "bench_train_bf16_alexnet_b32,bf16_batched"
-                   "conv_layouts_bf16,conv_layouts,bench_layers,concat"
+                   "conv_layouts_bf16,conv_layouts,bench_layers,backward_fusions"
                    "skinny_gemm,update_rules,thin_gemm,baseline_ab"
                    "bench_layers_bf16,onednn_ab,bf16_accuracy,onednn_f32_ab")
         if [ "${#PAIR[@]}" -ge 8 ] && [ "$STREAMS" -ge 8 ]; then  # the first table's rounds alone
@@ -128,7 +129,7 @@ PY
     else
         GROUPS_OF=("kernel_tests,engine_race,bench_train_bf16,onednn_ab,bf16_batched"
                    "bench_train_bf16_big"
-                   "conv_layouts_bf16,conv_layouts,bench_layers,bench_layers_bf16,concat"
+                   "conv_layouts_bf16,conv_layouts,bench_layers,bench_layers_bf16,backward_fusions"
                    "skinny_gemm,update_rules,thin_gemm,baseline_ab,bf16_engines,bf16_accuracy"\
 ",onednn_f32_ab")
     fi
@@ -263,10 +264,10 @@ step conv_layouts_bf16 150 40 $PIN python3 bench/bench_conv_layouts.py \
 # (LeNet too: the net with the thinnest margin on this Xeon, 1.52x PyTorch in the quiet run)
 step bench_layers 150 50 $PIN python3 bench/bench_layers.py \
     --nets lenet,cifar10_quick,caffenet_b32 --iters 5
-# GoogLeNet's Concats: their copies on cct's threads against NumPy's slices, their backward
-# with the in-place ReLUs on their bottoms inside against the ReLUs' own passes (memory-bound
-# float32 layers that bf16 leaves as they are)
-step concat 150 26 $PIN python3 bench/bench_concat.py --rounds 11
+# GoogLeNet's Concats on cct's threads against NumPy's slices, and GoogLeNet's and CaffeNet's
+# Concat and MAX Pooling backward with the in-place ReLUs on their bottoms inside against the
+# ReLUs' own passes (memory-bound float32 layers that bf16 leaves as they are)
+step backward_fusions 200 50 $PIN python3 bench/bench_backward_fusions.py --rounds 11
 # where bf16's time goes on this CPU (its targets are 2x float32): each layer of CaffeNet b32
 # and GoogLeNet b32 in both precisions, in one step so that the two tables are side by side
 step bench_layers_bf16 300 20 bash -c "for p in float32 bf16; do $PIN python3 \

@@ -1,15 +1,16 @@
-"""bench/bench_concat.py's arms: each old arm (NumPy slices; the Concat's copy, then its ReLUs'
-own backward) against the new one on the same arrays, leaving the same bits, as the bench
+"""bench/bench_backward_fusions.py's arms: each old arm (NumPy slices; a layer's backward, then
+its ReLUs' own) against the new one on the same arrays, leaving the same bits, as the bench
 checks before it times them."""
 import importlib.util
 import pathlib
 
 import numpy as np
 
-from tests.test_net import CONCAT_RELUS, inception_net
+from tests.test_net import CONCAT_RELUS, POOL_RELUS, inception_net
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("bench_concat", ROOT / "bench" / "bench_concat.py")
+spec = importlib.util.spec_from_file_location("bench_backward_fusions",
+                                              ROOT / "bench" / "bench_backward_fusions.py")
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
@@ -32,3 +33,15 @@ def test_the_arms_leave_the_same_bits_and_the_old_forward_is_numpys():
     arms[0][1]()   # the old forward: NumPy's slices
     bottoms = [net.blobs[n].data for n in ("a", "b", "c", "d", "e_out")]
     assert top.data.tobytes() == np.concatenate(bottoms, 1).tobytes()
+
+
+def test_a_max_poolings_arm_leaves_the_same_bits():
+    net = inception_net(POOL_RELUS)
+    net.forward_backward()
+    (name, old, new, bits), = bench.arms(net)
+    assert name == "pool1 backward (1 ReLU)"
+    old()
+    want = bits()
+    net.blobs["conv1"].diff[...] = np.nan
+    new()
+    assert bits() == want
