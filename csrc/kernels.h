@@ -177,9 +177,12 @@ void concat_copy(const T* src, int64_t src_pitch, T* dst, int64_t dst_pitch, int
 template <typename T>
 void lrn_across_forward(const T* x, T* y, T* scale, int64_t num, int64_t channels, int64_t pixels,
                         int size, T alpha, T beta, T k);
+// With relu_src (laid out as x), each dx then goes through relu_backward as it is stored: the
+// backward of a ReLU in place on the bottom, run inside LRN's (Net._find_relu_backward_fusions).
 template <typename T>
 void lrn_across_backward(const T* x, const T* y, const T* scale, const T* dy, T* dx, int64_t num,
-                         int64_t channels, int64_t pixels, int size, T alpha, T beta);
+                         int64_t channels, int64_t pixels, int size, T alpha, T beta,
+                         const T* relu_src = nullptr, T negative_slope = T(0));
 
 // Softmax over axis 1 of (outer, channels, inner) arrays and SoftmaxWithLoss (softmax.cpp).
 template <typename T>

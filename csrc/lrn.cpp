@@ -131,12 +131,23 @@ void lrn_across_forward(const T* x, T* y, T* scale, int64_t num, int64_t channel
 }
 
 // One item of the backward pass: `ring` holds size + 1 rows of ratios dy * y / scale (channel
-// j's in row j % (size + 1)), `accum` the window's running sum.
-template <typename T>
+// j's in row j % (size + 1)), `accum` the window's running sum. kRelu: each dx goes through
+// relu_backward (relu_src laid out as x) as it is stored.
+template <typename T, bool kRelu>
 CCT_VECTOR_CLONES void lrn_backward_item(const T* x, const T* y, const T* scale, const T* dy,
                                          T* dx, T* ring, T* accum, int64_t channels,
                                          int64_t pixels, int64_t block, int64_t len, int size,
-                                         T cache_ratio, NegPow<T> negpow) {
+                                         T cache_ratio, NegPow<T> negpow, const T* relu_src,
+                                         T negative_slope) {
+  // relu_backward's arithmetic on the value stored (no contraction in this file: the same
+  // rounding as the ReLU's own pass over it)
+  const auto store = [&](int64_t at, T v) {
+    if (kRelu) {
+      const T s = relu_src[at];
+      v = v * (T(s > T(0)) + negative_slope * T(s <= T(0)));
+    }
+    dx[at] = v;
+  };
   const int pre = (size - 1) / 2;
   const int64_t rows = size + 1;
   // Channel j's ratio is written before dx of any channel at or past j - pre is: in place
@@ -173,14 +184,14 @@ CCT_VECTOR_CLONES void lrn_backward_item(const T* x, const T* y, const T* scale,
       for (int64_t i = 0; i < len; ++i) {
         const T d = negpow(scale[off + i]) * dy[off + i];
         const T xa = x[off + i] * accum[i];
-        dx[off + i] = d - cache_ratio * xa;
+        store(off + i, d - cache_ratio * xa);
         accum[i] -= rt[i];
       }
     } else {
       for (int64_t i = 0; i < len; ++i) {
         const T d = negpow(scale[off + i]) * dy[off + i];
         const T xa = x[off + i] * accum[i];
-        dx[off + i] = d - cache_ratio * xa;
+        store(off + i, d - cache_ratio * xa);
       }
     }
   }
@@ -188,7 +199,8 @@ CCT_VECTOR_CLONES void lrn_backward_item(const T* x, const T* y, const T* scale,
 
 template <typename T>
 void lrn_across_backward(const T* x, const T* y, const T* scale, const T* dy, T* dx, int64_t num,
-                         int64_t channels, int64_t pixels, int size, T alpha, T beta) {
+                         int64_t channels, int64_t pixels, int size, T alpha, T beta,
+                         const T* relu_src, T negative_slope) {
   if (num == 0 || channels == 0 || pixels == 0) return;
   const int64_t block = lrn_block(num, pixels);
   const int64_t blocks = (pixels + block - 1) / block;
@@ -200,9 +212,15 @@ void lrn_across_backward(const T* x, const T* y, const T* scale, const T* dy, T*
     for (int64_t item = begin; item < end; ++item) {
       const int64_t n = item / blocks, p0 = (item % blocks) * block;
       const int64_t base = n * channels * pixels + p0;
-      lrn_backward_item(x + base, y + base, scale + base, dy + base, dx + base, ring.data(),
-                        accum.data(), channels, pixels, block, std::min(block, pixels - p0),
-                        size, cache_ratio, negpow);
+      const int64_t len = std::min(block, pixels - p0);
+      if (relu_src == nullptr)
+        lrn_backward_item<T, false>(x + base, y + base, scale + base, dy + base, dx + base,
+                                    ring.data(), accum.data(), channels, pixels, block, len,
+                                    size, cache_ratio, negpow, nullptr, T(0));
+      else
+        lrn_backward_item<T, true>(x + base, y + base, scale + base, dy + base, dx + base,
+                                   ring.data(), accum.data(), channels, pixels, block, len,
+                                   size, cache_ratio, negpow, relu_src + base, negative_slope);
     }
   });
 }
@@ -211,7 +229,7 @@ void lrn_across_backward(const T* x, const T* y, const T* scale, const T* dy, T*
   template void lrn_across_forward<T>(const T*, T*, T*, int64_t, int64_t, int64_t, int, T, T, \
                                       T);                                                    \
   template void lrn_across_backward<T>(const T*, const T*, const T*, const T*, T*, int64_t,  \
-                                       int64_t, int64_t, int, T, T);
+                                       int64_t, int64_t, int, T, T, const T*, T);
 CCT_INSTANTIATE(float)
 CCT_INSTANTIATE(double)
 #undef CCT_INSTANTIATE

@@ -404,17 +404,25 @@ void lrn_across_forward(Buf<T> x, Buf<T> out, Buf<T> scale, int size, double alp
 
 template <typename T>
 void lrn_across_backward(Buf<T> x, Buf<T> y, Buf<T> scale, Buf<T> dy, Buf<T> out, int size,
-                         double alpha, double beta) {
+                         double alpha, double beta, std::optional<Buf<T>> relu_src,
+                         double negative_slope) {
   const auto d = lrn_dims(x);
   for (const Buf<T>* a : {&y, &scale, &dy, &out}) same_size(x, *a, "lrn_across_backward");
   if (size < 1) throw std::invalid_argument("lrn: size must be >= 1");
+  const T* rs = nullptr;
+  if (relu_src) {
+    same_size(x, *relu_src, "lrn_across_backward");
+    check_disjoint(out, *relu_src, "lrn_across_backward", "relu_src");
+    rs = relu_src->data();
+  }
   const T* xd = x.data();
   const T* yd = y.data();
   const T* sd = scale.data();
   const T* dyd = dy.data();
   T* dxd = out.mutable_data();
   py::gil_scoped_release release;
-  cct::lrn_across_backward<T>(xd, yd, sd, dyd, dxd, d[0], d[1], d[2], size, T(alpha), T(beta));
+  cct::lrn_across_backward<T>(xd, yd, sd, dyd, dxd, d[0], d[1], d[2], size, T(alpha), T(beta),
+                              rs, T(negative_slope));
 }
 
 template <typename T>
@@ -529,7 +537,8 @@ void bind_dtype(py::module_& m) {
         py::arg("alpha"), py::arg("beta"), py::arg("k"));
   m.def("lrn_across_backward", &lrn_across_backward<T>, py::arg("x").noconvert(),
         py::arg("y").noconvert(), py::arg("scale").noconvert(), py::arg("dy").noconvert(),
-        py::arg("out").noconvert(), py::arg("size"), py::arg("alpha"), py::arg("beta"));
+        py::arg("out").noconvert(), py::arg("size"), py::arg("alpha"), py::arg("beta"),
+        py::arg("relu_src").noconvert() = py::none(), py::arg("negative_slope") = 0.0);
   m.def("softmax_forward", &softmax_forward<T>, py::arg("x").noconvert(),
         py::arg("out").noconvert());
   m.def("softmax_backward", &softmax_backward<T>, py::arg("y").noconvert(),

@@ -691,27 +691,34 @@ layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2"
   convolution_param { num_output: 5 kernel_size: 3 pad: 1
     weight_filler { type: "gaussian" std: 0.3 } bias_filler { type: "gaussian" std: 0.1 } } }
 layer { name: "relu2" type: "ReLU" bottom: "conv2" top: "conv2" relu_param { negative_slope: 0.1 } }
-layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2"
+layer { name: "norm2" type: "LRN" bottom: "conv2" top: "norm2"
+  lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 } }
+layer { name: "conv3" type: "Convolution" bottom: "norm2" top: "conv3"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1
+    weight_filler { type: "gaussian" std: 0.3 } bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "relu3" type: "ReLU" bottom: "conv3" top: "conv3" }
+layer { name: "pool3" type: "Pooling" bottom: "conv3" top: "pool3"
   pooling_param { pool: AVE kernel_size: 3 stride: 2 } }
-layer { name: "ip" type: "InnerProduct" bottom: "pool2" top: "ip"
+layer { name: "ip" type: "InnerProduct" bottom: "pool3" top: "ip"
   inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
 """
 
 
-def test_max_pooling_runs_the_backward_of_the_relu_in_place_on_its_bottom():
-    """CaffeNet's conv -> ReLU -> MAX pool: the ReLU's backward runs inside the pooling's,
-    plane by plane (its own does not run), every blob and param diff with the bits of the
-    layers one at a time; an AVE pooling's ReLU runs its own."""
+def test_max_pooling_and_lrn_run_the_backward_of_the_relu_in_place_on_their_bottom():
+    """CaffeNet's conv -> ReLU -> MAX pool and AlexNet's conv -> ReLU -> LRN: the ReLU's
+    backward runs inside the pooling's (plane by plane) and the LRN's (as each diff is stored),
+    theirs do not run, and every blob and param diff has the bits of the layers one at a
+    time; an AVE pooling's ReLU runs its own."""
     fused, plain = (inception_net(POOL_RELUS) for _ in range(2))
-    assert relu_fusions(fused) == [("pool1", {0: "relu1"})]
+    assert relu_fusions(fused) == [("pool1", {0: "relu1"}), ("norm2", {0: "relu2"})]
     ran = []
-    for name in ("relu1", "relu2"):
+    for name in ("relu1", "relu2", "relu3"):
         layer = fused.layers[fused.layer_names.index(name)]
         layer.backward = (lambda f, n: lambda *a, **k: (ran.append(n), f(*a, **k)))(
             layer.backward, name)
     fused.forward_backward()
-    assert ran == ["relu2"]
+    assert ran == ["relu3"]
     layer_at_a_time(plain)
     for name in fused.blobs:
         for what in ("data", "diff"):

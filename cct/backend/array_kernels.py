@@ -578,9 +578,10 @@ class ArrayKernels:
         y *= x
         return _result(buf, dest), _result(sbuf, sdest)
 
-    def lrn_across_backward(self, x, y, scale, dy, size, alpha, beta, out=None):
+    def lrn_across_backward(self, x, y, scale, dy, size, alpha, beta, out=None, relu=None):
         """dx = dy scale^-beta - 2 alpha beta / size * x * (window sum of dy y / scale);
-        ``out`` may be ``dy``."""
+        ``out`` may be ``dy``; through relu_backward where ``relu`` gives a ReLU's (src,
+        negative_slope)."""
         xp = self.xp
         dt = _dtype(x, _FAMILY)
         ratio = self._channel_window_sum(dy * y / scale, int(size))
@@ -589,6 +590,8 @@ class ArrayKernels:
         dx = xp.power(scale, dt.type(-beta))
         dx *= dy
         dx -= ratio
+        if relu is not None:
+            dx = self.relu_backward(relu[0], dx, relu[1], out=dx)
         return _store(dx, out)
 
     # -- softmax -----------------------------------------------------------------------------

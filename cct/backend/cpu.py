@@ -306,13 +306,18 @@ def lrn_across_forward(x, size, alpha, beta, k, out=None, scale=None):
     return _result(buf, dest), _result(sbuf, sdest)
 
 
-def lrn_across_backward(x, y, scale, dy, size, alpha, beta, out=None):
+def lrn_across_backward(x, y, scale, dy, size, alpha, beta, out=None, relu=None):
     """dx = dy scale^-beta - 2 alpha beta / size * x * (window sum of dy y / scale);
-    ``out`` may be ``dy``."""
+    ``out`` may be ``dy``. ``relu``, when given, is the (src, negative_slope) of a ReLU in
+    place on the bottom whose backward runs here, on each dx as it is stored
+    (Net._find_relu_backward_fusions)."""
     dt = _dtype(x, _FAMILY)
+    _disjoint(np, "lrn_across_backward", out, relu_src=None if relu is None else relu[0])
     buf, dest = _target(np, out, x.shape, dt)
     _C.lrn_across_backward(_arr(x, dt), _arr(y, dt), _arr(scale, dt), _arr(dy, dt), buf,
-                           int(size), float(alpha), float(beta))
+                           int(size), float(alpha), float(beta),
+                           None if relu is None else _arr(relu[0], dt).reshape(buf.shape),
+                           0.0 if relu is None else float(relu[1]))
     return _result(buf, dest)
 
 

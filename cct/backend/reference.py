@@ -250,9 +250,12 @@ def lrn_across_forward(x, size, alpha, beta, k, out=None, scale=None):
     return _store(x * s ** -beta, out), _store(s, scale)
 
 
-def lrn_across_backward(x, y, scale, dy, size, alpha, beta, out=None):
+def lrn_across_backward(x, y, scale, dy, size, alpha, beta, out=None, relu=None):
     ratio = _channel_window_sum(dy * y / scale, size)
-    return _store(dy * scale ** -beta - (2.0 * alpha * beta / size) * x * ratio, out)
+    dx = dy * scale ** -beta - (2.0 * alpha * beta / size) * x * ratio
+    if relu is not None:
+        dx = relu_backward(relu[0], dx, relu[1])
+    return _store(dx, out)
 
 
 def softmax_forward(x, out=None):

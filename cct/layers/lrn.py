@@ -59,13 +59,20 @@ class LRNLayer(Layer):
             self.power = self.scale ** -self.beta
             top[0].data[...] = x * self.power
 
-    def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob]) -> None:
+    def takes_relu_backward(self) -> bool:
+        # ACROSS_CHANNELS: the backend's lrn_across_backward, on each dx as it is stored
+        return self.region == _LRN.ACROSS_CHANNELS
+
+    def backward(self, top: List[Blob], propagate_down: List[bool], bottom: List[Blob],
+                 relu=None) -> None:
+        """``relu``: Layer.takes_relu_backward's."""
         if not propagate_down[0]:
             return
         x, y, dy = self.x, top[0].data, top[0].diff
         if self.region == _LRN.ACROSS_CHANNELS:
             self.backend.lrn_across_backward(x, y, self.scale, dy, self.size, self.alpha,
-                                             self.beta, out=bottom[0].diff)
+                                             self.beta, out=bottom[0].diff,
+                                             relu=None if relu is None else relu[0])
         else:
             # d/d(avg) of (1 + alpha avg)^-beta is -beta alpha power / scale.
             d_avg = (dy * x) * (-self.beta * self.alpha) * self.power / self.scale

@@ -385,6 +385,15 @@ def check_lrn(kernels, shape, params, dtype):
     assert kernels.lrn_across_backward(x, y, scale, dx, size, alpha, beta, out=dx) is dx
     close(dx, reference.lrn_across_backward(x, want_y, want_scale, dy, size, alpha, beta),
           dtype)
+    # through an in-place ReLU's backward on the bottom (its data, zeros and negatives: here
+    # x), in place on the top diff too: the bits of the two kernels one after the other
+    src = x.copy()
+    src.reshape(-1)[::4] = 0
+    for slope in (0.0, 0.1):
+        fused = dy.copy()
+        assert kernels.lrn_across_backward(x, y, scale, fused, size, alpha, beta, out=fused,
+                                           relu=(src, slope)) is fused
+        assert fused.tobytes() == kernels.relu_backward(src, dx, slope).tobytes(), slope
 
 
 def check_softmax(kernels, shape, dtype):

@@ -35,13 +35,14 @@ def test_the_arms_leave_the_same_bits_and_the_old_forward_is_numpys():
     assert top.data.tobytes() == np.concatenate(bottoms, 1).tobytes()
 
 
-def test_a_max_poolings_arm_leaves_the_same_bits():
+def test_a_max_poolings_and_an_lrns_arms_leave_the_same_bits():
     net = inception_net(POOL_RELUS)
     net.forward_backward()
-    (name, old, new, bits), = bench.arms(net)
-    assert name == "pool1 backward (1 ReLU)"
-    old()
-    want = bits()
-    net.blobs["conv1"].diff[...] = np.nan
-    new()
-    assert bits() == want
+    arms = bench.arms(net)
+    assert [name for name, *_ in arms] == ["pool1 backward (1 ReLU)", "norm2 backward (1 ReLU)"]
+    for (name, old, new, bits), blob in zip(arms, ("conv1", "conv2")):
+        old()
+        want = bits()
+        net.blobs[blob].diff[...] = np.nan
+        new()
+        assert bits() == want, name
