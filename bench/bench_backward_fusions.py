@@ -6,9 +6,8 @@ synthetic nets (GoogLeNet b32 and CaffeNet b32 by default):
   that ConcatLayer ran before (one thread);
 - **a layer's backward with its bottoms' ReLUs** (Net._find_relu_backward_fusions: a Concat as
   it copies each bottom's share, a MAX Pooling plane by plane, an LRN as it stores each diff)
-  against the layer's backward
-  followed by those ReLUs' own (as before: a second pass that reads the diff just written and
-  writes it again), on the same arrays;
+  against the layer's backward followed by those ReLUs' own (as before: a second pass that
+  reads the diff just written and writes it again), on the same arrays;
 - **the training step's backward** (``Net.backward_all``) with the fusions against without.
 
 Arms alternate within every round; each figure is the median over the rounds, each ratio
