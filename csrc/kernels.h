@@ -168,7 +168,7 @@ void eltwise_sum(const T* const* arrays, const T* coeffs, int64_t n, T* out, int
 // src + r src_pitch and written to dst + r dst_pitch (one bottom's share of the top, each image's
 // block of its channels, or back). With relu_src, a copy into a bottom passes each element
 // through relu_backward on the way (relu_src laid out as dst): the backward of a ReLU in place
-// on that bottom, run inside Concat's (Net._find_concat_relu_fusions).
+// on that bottom, run inside Concat's (Net._find_relu_backward_fusions).
 template <typename T>
 void concat_copy(const T* src, int64_t src_pitch, T* dst, int64_t dst_pitch, int64_t runs,
                  int64_t run, const T* relu_src, T negative_slope);
