@@ -271,7 +271,10 @@ def test_groups_read_their_own_part_of_the_lmdb(cluster, caffe_fixtures, tmp_pat
             capfd.readouterr().err
         driver.step(60)
         solver.test_all()
-        assert solver.test_scores[0][0][1] > 0.8
+        # Two asynchronous groups learn (chance is 0.1); how far in 60 steps depends on the
+        # host's load: 0.82-0.87 in five runs here, 0.786 once under a CI run beside another
+        # test run, which a 0.8 bound failed.
+        assert solver.test_scores[0][0][1] > 0.7
         assert sum(driver.feeder.records.values()) >= 60 * 64   # and those in flight
     finally:
         driver.close()
