@@ -22,10 +22,16 @@ void relu_forward(const T* x, T* y, int64_t count, T negative_slope) {
 }
 
 template <typename T>
+CCT_VECTOR_CLONES void relu_backward_span(const T* src, const T* dy, T* dx, int64_t count,
+                                          T negative_slope) {
+  for (int64_t i = 0; i < count; ++i)
+    dx[i] = dy[i] * (T(src[i] > T(0)) + negative_slope * T(src[i] <= T(0)));
+}
+
+template <typename T>
 void relu_backward(const T* src, const T* dy, T* dx, int64_t count, T negative_slope) {
   parallel_for(count, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      dx[i] = dy[i] * (T(src[i] > T(0)) + negative_slope * T(src[i] <= T(0)));
+    relu_backward_span(src + begin, dy + begin, dx + begin, end - begin, negative_slope);
   });
 }
 
@@ -114,27 +120,31 @@ template <typename T>
 void concat_copy(const T* src, int64_t src_pitch, T* dst, int64_t dst_pitch, int64_t runs,
                  int64_t run, const T* relu_src, T negative_slope) {
   if (runs <= 0 || run <= 0) return;  // an empty bottom: nothing to copy, no run to divide by
-  // One flat range of the runs' elements per thread, not whole runs: GoogLeNet's Concats at
-  // batch 32 have 32 runs of up to 100 KiB a bottom, which split unevenly between threads.
-  parallel_for(runs * run, 1, [&](int64_t begin, int64_t end) {
+  const auto copy = [&](int64_t begin, int64_t end) {
     for (int64_t r = begin / run; r * run < end; ++r) {
       const int64_t i0 = std::max(begin - r * run, int64_t(0));
       const int64_t i1 = std::min(end - r * run, run);
-      const T* s = src + r * src_pitch;
-      T* d = dst + r * dst_pitch;
-      if (relu_src == nullptr) {
-        std::copy(s + i0, s + i1, d + i0);
-        continue;
-      }
-      // relu_backward's arithmetic, element by element (dst is laid out as relu_src)
-      const T* m = relu_src + r * run;
-      for (int64_t i = i0; i < i1; ++i)
-        d[i] = s[i] * (T(m[i] > T(0)) + negative_slope * T(m[i] <= T(0)));
+      const T* s = src + r * src_pitch + i0;
+      T* d = dst + r * dst_pitch + i0;
+      if (relu_src == nullptr)
+        std::copy(s, s + (i1 - i0), d);
+      else   // dst is laid out as relu_src
+        relu_backward_span(relu_src + r * run + i0, s, d, i1 - i0, negative_slope);
     }
-  });
+  };
+  // One flat range of the runs' elements per thread, not whole runs: GoogLeNet's Concats at
+  // batch 32 have 32 runs of up to 100 KiB a bottom, which split unevenly between threads.
+  // Under kConcatThreaded elements one thread copies: waking the second cost more than it
+  // saved on GoogLeNet's 7x7 inception_5a/5b bottoms (0.8-1.3 MB: 0.84-0.94x) and paid from
+  // 2.8 MB (4d's, 1.26x).
+  if (runs * run < kConcatThreaded)
+    copy(0, runs * run);
+  else
+    parallel_for(runs * run, 1, copy);
 }
 
 #define CCT_INSTANTIATE(T)                                                          \
+  template void relu_backward_span<T>(const T*, const T*, T*, int64_t, T);          \
   template void concat_copy<T>(const T*, int64_t, T*, int64_t, int64_t, int64_t,   \
                                const T*, T);                                        \
   template void relu_forward<T>(const T*, T*, int64_t, T);                          \

@@ -151,6 +151,10 @@ void relu_forward(const T* x, T* y, int64_t count, T negative_slope);
 // the top) data.
 template <typename T>
 void relu_backward(const T* src, const T* dy, T* dx, int64_t count, T negative_slope);
+// relu_backward on the calling thread (vectorised for the CPU): the fused forms' ReLU, on a
+// span another kernel has just written (Concat's copies, a pooling plane, an LRN row).
+template <typename T>
+void relu_backward_span(const T* src, const T* dy, T* dx, int64_t count, T negative_slope);
 // SGD with momentum and L2 weight decay, fused: g = local_rate (diff + local_decay data);
 // history = momentum history + g; diff = history; data -= history. With clear_diff the diff is
 // left zero instead: the next iteration's ClearParamDiffs done in the same pass, where the
@@ -172,6 +176,7 @@ void eltwise_sum(const T* const* arrays, const T* coeffs, int64_t n, T* out, int
 template <typename T>
 void concat_copy(const T* src, int64_t src_pitch, T* dst, int64_t dst_pitch, int64_t runs,
                  int64_t run, const T* relu_src, T negative_slope);
+constexpr int64_t kConcatThreaded = int64_t(1) << 19;  // elements (2 MiB of floats)
 
 // LRN across channels on (num, channels, pixels) arrays (lrn.cpp). y must not be x.
 template <typename T>

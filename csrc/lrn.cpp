@@ -131,23 +131,16 @@ void lrn_across_forward(const T* x, T* y, T* scale, int64_t num, int64_t channel
 }
 
 // One item of the backward pass: `ring` holds size + 1 rows of ratios dy * y / scale (channel
-// j's in row j % (size + 1)), `accum` the window's running sum. kRelu: each dx goes through
-// relu_backward (relu_src laid out as x) as it is stored.
-template <typename T, bool kRelu>
+// j's in row j % (size + 1)), `accum` the window's running sum. With relu_src (laid out as x),
+// each channel's row of dx then goes through relu_backward_span while it is in L1. Folded into
+// the loop that computes dx, the extra array kept that loop from vectorising: GoogLeNet's
+// norm2 took 2.7x as long as the LRN and the ReLU's pass apart (bench/RESULTS.md).
+template <typename T>
 CCT_VECTOR_CLONES void lrn_backward_item(const T* x, const T* y, const T* scale, const T* dy,
                                          T* dx, T* ring, T* accum, int64_t channels,
                                          int64_t pixels, int64_t block, int64_t len, int size,
                                          T cache_ratio, NegPow<T> negpow, const T* relu_src,
                                          T negative_slope) {
-  // relu_backward's arithmetic on the value stored (no contraction in this file: the same
-  // rounding as the ReLU's own pass over it)
-  const auto store = [&](int64_t at, T v) {
-    if (kRelu) {
-      const T s = relu_src[at];
-      v = v * (T(s > T(0)) + negative_slope * T(s <= T(0)));
-    }
-    dx[at] = v;
-  };
   const int pre = (size - 1) / 2;
   const int64_t rows = size + 1;
   // Channel j's ratio is written before dx of any channel at or past j - pre is: in place
@@ -184,16 +177,18 @@ CCT_VECTOR_CLONES void lrn_backward_item(const T* x, const T* y, const T* scale,
       for (int64_t i = 0; i < len; ++i) {
         const T d = negpow(scale[off + i]) * dy[off + i];
         const T xa = x[off + i] * accum[i];
-        store(off + i, d - cache_ratio * xa);
+        dx[off + i] = d - cache_ratio * xa;
         accum[i] -= rt[i];
       }
     } else {
       for (int64_t i = 0; i < len; ++i) {
         const T d = negpow(scale[off + i]) * dy[off + i];
         const T xa = x[off + i] * accum[i];
-        store(off + i, d - cache_ratio * xa);
+        dx[off + i] = d - cache_ratio * xa;
       }
     }
+    if (relu_src != nullptr)
+      relu_backward_span(relu_src + off, dx + off, dx + off, len, negative_slope);
   }
 }
 
@@ -212,15 +207,10 @@ void lrn_across_backward(const T* x, const T* y, const T* scale, const T* dy, T*
     for (int64_t item = begin; item < end; ++item) {
       const int64_t n = item / blocks, p0 = (item % blocks) * block;
       const int64_t base = n * channels * pixels + p0;
-      const int64_t len = std::min(block, pixels - p0);
-      if (relu_src == nullptr)
-        lrn_backward_item<T, false>(x + base, y + base, scale + base, dy + base, dx + base,
-                                    ring.data(), accum.data(), channels, pixels, block, len,
-                                    size, cache_ratio, negpow, nullptr, T(0));
-      else
-        lrn_backward_item<T, true>(x + base, y + base, scale + base, dy + base, dx + base,
-                                   ring.data(), accum.data(), channels, pixels, block, len,
-                                   size, cache_ratio, negpow, relu_src + base, negative_slope);
+      lrn_backward_item(x + base, y + base, scale + base, dy + base, dx + base, ring.data(),
+                        accum.data(), channels, pixels, block, std::min(block, pixels - p0),
+                        size, cache_ratio, negpow, relu_src ? relu_src + base : nullptr,
+                        negative_slope);
     }
   });
 }

@@ -772,11 +772,8 @@ void max_pool_backward(const T* dy, const int32_t* mask, T* dx, int64_t planes, 
       std::fill(dxp, dxp + int64_t(h) * w, T(0));
       for (int k = 0; k < ho * wo; ++k)
         if (mp[k] >= 0) dxp[mp[k]] += dyp[k];
-      if (relu_src == nullptr) continue;
-      // relu_backward's arithmetic on the plane just written, while it is in cache
-      const T* s = relu_src + p * h * w;
-      for (int64_t i = 0; i < int64_t(h) * w; ++i)
-        dxp[i] = dxp[i] * (T(s[i] > T(0)) + negative_slope * T(s[i] <= T(0)));
+      if (relu_src != nullptr)   // on the plane just written, while it is in cache
+        relu_backward_span(relu_src + p * h * w, dxp, dxp, int64_t(h) * w, negative_slope);
     }
   });
 }

@@ -206,8 +206,8 @@ def check_relu(kernels, shape, slope, dtype):
 
 
 # (bottom shapes, axis) of Concat (and Slice, its reverse): every axis; runs of one element;
-# one run; the last splits its 147,456 elements between threads inside runs (csrc's
-# kParallelGrain is 65,536)
+# one run; an empty bottom; the last one's first bottom (540,000 elements, over csrc's
+# kConcatThreaded) is split between threads inside its two runs, the others copied on one
 CONCAT_CASES = [
     ([(2, 3, 4, 5), (2, 1, 4, 5), (2, 6, 4, 5)], 1),
     ([(1, 3, 4, 5), (3, 3, 4, 5)], 0),
@@ -216,7 +216,7 @@ CONCAT_CASES = [
     ([(4, 7), (4, 2)], 1),
     ([(3,)], 0),
     ([(2, 0, 3), (2, 4, 3)], 1),   # an empty bottom
-    ([(4, 40, 24, 24), (4, 17, 24, 24), (4, 7, 24, 24)], 1),
+    ([(2, 300, 30, 30), (2, 17, 30, 30), (2, 7, 30, 30)], 1),
 ]
 
 
