@@ -134,13 +134,9 @@ void concat_copy(const T* src, int64_t src_pitch, T* dst, int64_t dst_pitch, int
   };
   // One flat range of the runs' elements per thread, not whole runs: GoogLeNet's Concats at
   // batch 32 have 32 runs of up to 100 KiB a bottom, which split unevenly between threads.
-  // Under kConcatThreaded elements one thread copies: waking the second cost more than it
-  // saved on GoogLeNet's 7x7 inception_5a/5b bottoms (0.8-1.3 MB: 0.84-0.94x) and paid from
-  // 2.8 MB (4d's, 1.26x).
-  if (runs * run < kConcatThreaded)
-    copy(0, runs * run);
-  else
-    parallel_for(runs * run, 1, copy);
+  // Two threads beat NumPy's one on every GoogLeNet Concat here, the 7x7 inception_5a's too
+  // (0.8-1.3 MB a bottom), once cpu.concat_forward's own overhead was cut (bench/RESULTS.md).
+  parallel_for(runs * run, 1, copy);
 }
 
 #define CCT_INSTANTIATE(T)                                                          \

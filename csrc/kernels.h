@@ -176,7 +176,6 @@ void eltwise_sum(const T* const* arrays, const T* coeffs, int64_t n, T* out, int
 template <typename T>
 void concat_copy(const T* src, int64_t src_pitch, T* dst, int64_t dst_pitch, int64_t runs,
                  int64_t run, const T* relu_src, T negative_slope);
-constexpr int64_t kConcatThreaded = int64_t(1) << 19;  // elements (2 MiB of floats)
 
 // LRN across channels on (num, channels, pixels) arrays (lrn.cpp). y must not be x.
 template <typename T>
