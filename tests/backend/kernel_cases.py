@@ -206,7 +206,7 @@ def check_relu(kernels, shape, slope, dtype):
 
 
 # (bottom shapes, axis) of Concat (and Slice, its reverse): every axis; runs of one element;
-# one run; an empty bottom; the last one's bottoms (over csrc's kParallelGrain, 65,536
+# one run; an empty bottom; the last one's first bottom (over csrc's kParallelGrain, 65,536
 # elements) are split between threads inside their runs
 CONCAT_CASES = [
     ([(2, 3, 4, 5), (2, 1, 4, 5), (2, 6, 4, 5)], 1),
