@@ -636,20 +636,19 @@ def relu_fusions(net):
             for c, relus in net._relu_backward_fusions]
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_concat_runs_the_backward_of_the_relus_in_place_on_its_bottoms(dtype):
-    """Training's backward (backward_all) runs a_relu's and b_relu's backward inside cat's
-    (theirs do not run): every blob's data and diff and every param diff keep the bits of
-    the layers one at a time."""
-    fused, plain = (inception_net(CONCAT_RELUS, dtype=dtype) for _ in range(2))
-    assert relu_fusions(fused) == [("cat", {0: "a_relu", 1: "b_relu"})]
+def check_relu_backward_fusions(text, fusions, relus, own, dtype=np.float32):
+    """Training's backward on the net ``text`` finds ``fusions``; of the ReLUs ``relus``, only
+    ``own`` run their own backward; every blob's data and diff and every param diff has the
+    bits of the layers run one at a time."""
+    fused, plain = (inception_net(text, dtype=dtype) for _ in range(2))
+    assert relu_fusions(fused) == fusions
     ran = []
-    for name in ("a_relu", "b_relu", "c_relu", "d_relu"):
+    for name in relus:
         layer = fused.layers[fused.layer_names.index(name)]
         layer.backward = (lambda f, n: lambda *a, **k: (ran.append(n), f(*a, **k)))(
             layer.backward, name)
     fused.forward_backward()
-    assert sorted(ran) == ["c_relu", "d_relu"]
+    assert sorted(ran) == own
     layer_at_a_time(plain)
     for name in fused.blobs:
         for what in ("data", "diff"):
@@ -658,6 +657,16 @@ def test_concat_runs_the_backward_of_the_relus_in_place_on_its_bottoms(dtype):
     for name in fused.params:
         for got, want in zip(fused.params[name], plain.params[name]):
             assert got.diff.tobytes() == want.diff.tobytes(), name
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_concat_runs_the_backward_of_the_relus_in_place_on_its_bottoms(dtype):
+    """Training's backward (backward_all) runs a_relu's and b_relu's backward inside cat's
+    (theirs do not run): every blob's data and diff and every param diff keep the bits of
+    the layers one at a time."""
+    check_relu_backward_fusions(CONCAT_RELUS, [("cat", {0: "a_relu", 1: "b_relu"})],
+                                ("a_relu", "b_relu", "c_relu", "d_relu"), ["c_relu", "d_relu"],
+                                dtype)
 
 
 def test_concat_runs_its_relus_only_for_training_on_the_cpu_with_both_in_the_pass():
@@ -710,20 +719,5 @@ def test_max_pooling_and_lrn_run_the_backward_of_the_relu_in_place_on_their_bott
     backward runs inside the pooling's (plane by plane) and the LRN's (as each diff is stored),
     theirs do not run, and every blob and param diff has the bits of the layers one at a
     time; an AVE pooling's ReLU runs its own."""
-    fused, plain = (inception_net(POOL_RELUS) for _ in range(2))
-    assert relu_fusions(fused) == [("pool1", {0: "relu1"}), ("norm2", {0: "relu2"})]
-    ran = []
-    for name in ("relu1", "relu2", "relu3"):
-        layer = fused.layers[fused.layer_names.index(name)]
-        layer.backward = (lambda f, n: lambda *a, **k: (ran.append(n), f(*a, **k)))(
-            layer.backward, name)
-    fused.forward_backward()
-    assert ran == ["relu3"]
-    layer_at_a_time(plain)
-    for name in fused.blobs:
-        for what in ("data", "diff"):
-            got, want = (getattr(n.blobs[name], what) for n in (fused, plain))
-            assert got.tobytes() == want.tobytes(), (name, what)
-    for name in fused.params:
-        for got, want in zip(fused.params[name], plain.params[name]):
-            assert got.diff.tobytes() == want.diff.tobytes(), name
+    check_relu_backward_fusions(POOL_RELUS, [("pool1", {0: "relu1"}), ("norm2", {0: "relu2"})],
+                                ("relu1", "relu2", "relu3"), ["relu3"])

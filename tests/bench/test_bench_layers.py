@@ -87,6 +87,13 @@ def test_family_rows_sum_by_type_slowest_first():
     assert out[1]["seconds"] == (1.5, 1.5) and out[1]["bytes"] == (8, 16)
 
 
+def profiles_both_ways(net_file):
+    """(fusion, {layer name: row}) of one iteration at batch 2, with and without fusion."""
+    for fusion in (True, False):
+        yield fusion, {r["name"]: r for r in bench.profile(net_file, 2, warmup=0, iters=1,
+                                                           fusion=fusion)}
+
+
 def test_profile_runs_a_fused_relu_inside_its_convolution_as_training_does(tmp_path):
     """A convolution with an in-place ReLU after it: the profile times the pair as the
     convolution's forward (the training step fuses them), the ReLU's forward row 0 with no
@@ -103,9 +110,7 @@ def test_profile_runs_a_fused_relu_inside_its_convolution_as_training_does(tmp_p
                 inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }
         layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "l" }
     """)
-    for fusion in (True, False):
-        rows = {r["name"]: r for r in bench.profile(net_file, 2, warmup=0, iters=1,
-                                                    fusion=fusion)}
+    for fusion, rows in profiles_both_ways(net_file):
         relu = rows["relu"]
         assert relu["fused"] is fusion
         assert (relu["seconds"][0] == 0.0) is fusion and relu["seconds"][1] > 0.0
@@ -132,9 +137,7 @@ def test_profile_runs_a_concats_relus_inside_its_backward_as_training_does(tmp_p
                 inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }
         layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "l" }
     """)
-    for fusion in (True, False):
-        rows = {r["name"]: r for r in bench.profile(net_file, 2, warmup=0, iters=1,
-                                                    fusion=fusion)}
+    for fusion, rows in profiles_both_ways(net_file):
         relu = rows["relu"]
         assert relu["fused_backward"] is fusion and not relu["fused"]
         assert (relu["seconds"][1] == 0.0) is fusion and relu["seconds"][0] > 0.0
