@@ -9,8 +9,9 @@ the rest.
 Each layer's forward and backward are timed on their own (Net.forward_from_to(i, i) and
 backward_from_to(i, i), as `cct time` does) on bench_train's synthetic nets, except where
 training runs one layer's pass inside another's: a convolution's forward runs the in-place
-ReLU after it (Net._find_relu_fusions), a Concat's backward the in-place ReLUs on its bottoms
-(Net._find_relu_backward_fusions), a Split's 1x1 convolutions their backward as one
+ReLU after it (Net._find_relu_fusions), a Concat's, MAX Pooling's or LRN's backward the
+in-place ReLUs on its bottoms (Net._find_relu_backward_fusions), a Split's 1x1 convolutions
+their backward as one
 (Net._find_sibling_fusions). The inner pass's row is then 0 and its time is in the outer
 layer's (--no-fusion times every layer alone, as `cct time`). The figure is the median over the
 timed iterations. For every layer the bench also counts:
@@ -102,8 +103,9 @@ def profile(path: pathlib.Path, batch: int, warmup: int, iters: int,
     with ``fusion``, as training runs them:
     - a fused ReLU's forward inside its convolution's (the ReLU's row "fused": forward 0, and
       no forward bytes, its pass over memory being gone);
-    - backward passes in the roles of Net.backward_all: a ReLU on a Concat's bottom inside the
-      Concat's backward, a Split's stacked 1x1 convolutions in their group's first one (each
+    - backward passes in the roles of Net.backward_all: a ReLU on a Concat's, MAX Pooling's or
+      LRN's bottom inside that layer's backward, a Split's stacked 1x1 convolutions in their
+      group's first one (each
       other's row "fused_backward": backward 0, no backward bytes; a stacked convolution's
       FLOPs are in its own row still, its time in the first one's)."""
     from cct.backend import plans
@@ -248,8 +250,8 @@ def main(argv=None) -> None:
             within[r["type"]] += r["fused_backward"]
         if any(within.values()):
             print(f"({', '.join(f'{k} {t}' for t, k in within.items() if k)} backward passes "
-                  f"run inside another layer's, as training runs them: a Concat's bottoms' "
-                  f"ReLUs in the Concat rows, stacked 1x1 convolutions in their group's first)")
+                  f"run inside another layer's, as training runs them: a ReLU's in the layer "
+                  f"that writes its diff, stacked 1x1 convolutions in their group's first)")
         if args.layers:
             print_table("by layer:", rows, total, peak, bandwidth)
         print(summary(rows, total, peak, bandwidth))
