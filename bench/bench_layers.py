@@ -105,9 +105,8 @@ def profile(path: pathlib.Path, batch: int, warmup: int, iters: int,
       no forward bytes, its pass over memory being gone);
     - backward passes in the roles of Net.backward_all: a ReLU on a Concat's, MAX Pooling's or
       LRN's bottom inside that layer's backward, a Split's stacked 1x1 convolutions in their
-      group's first one (each
-      other's row "fused_backward": backward 0, no backward bytes; a stacked convolution's
-      FLOPs are in its own row still, its time in the first one's)."""
+      group's first one (each other's row "fused_backward": backward 0, no backward bytes; a
+      stacked convolution's FLOPs are in its own row still, its time in the first one's)."""
     from cct.backend import plans
     from cct.blob_memory import share_blob_diffs
 
