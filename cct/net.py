@@ -434,13 +434,13 @@ class Net:
         of the ReLUs in place on its bottoms as it writes their diffs (Layer.takes_relu_backward:
         a Concat as it copies each bottom's share, GoogLeNet's inception outputs, where every
         branch ends in a ReLU; a MAX Pooling plane by plane, CaffeNet's pool1, 2 and 5; an LRN
-        across channels as it stores each diff, AlexNet's norm1 and 2). Such a
-        ReLU is the last layer to write the bottom before the layer, its only reader (another
-        reader would have a Split between, insert_splits), so the diff it reads is the one the
-        layer writes; its backward reads the blob's data (a slope >= 0: not
-        backward_needs_bottom), there when the layer's backward runs. The ReLU's pass over
-        memory, reading the diff just written and writing it again, is gone; every blob gets
-        the same bits. Only on the CPU backend, where it was measured (bench/RESULTS.md)."""
+        across channels as it stores each diff, AlexNet's norm1 and 2). Such a ReLU is the last
+        layer to write the bottom before the layer, its only reader (another reader would have
+        a Split between, insert_splits), so the diff it reads is the one the layer writes; its
+        backward reads the blob's data (a slope >= 0: not backward_needs_bottom), there when
+        the layer's backward runs. The ReLU's pass over memory, reading the diff just written
+        and writing it again, is gone; every blob gets the same bits. Only on the CPU backend,
+        where it was measured (bench/RESULTS.md)."""
         if self.backend.name != "cpu":
             return []
         fusions = []
