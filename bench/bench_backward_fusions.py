@@ -25,7 +25,8 @@ import sys
 
 sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))  # after the installed cct
 
-from bench.bench_train import NETS, default_zoo, machine, synthetic_net  # noqa: E402
+from bench.bench_train import (NETS, add_net_arguments, chosen_nets, machine,  # noqa: E402
+                               synthetic_net)
 from bench.worker import seconds  # noqa: E402
 
 
@@ -127,24 +128,16 @@ def bench_net(name: str, zoo: pathlib.Path, rounds: int) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nets", default="googlenet_b32,caffenet_b32",
-                    help=f"comma-separated, from: {', '.join(NETS)}")
+    add_net_arguments(ap, "googlenet_b32,caffenet_b32")
     ap.add_argument("--rounds", type=int, default=11)
-    ap.add_argument("--zoo", default=None, help="the caffe-zoo folder")
     args = ap.parse_args(argv)
-    names = [n.strip() for n in args.nets.split(",") if n.strip()]
-    unknown = [n for n in names if n not in NETS]
-    if unknown:
-        raise SystemExit(f"bench_backward_fusions: unknown net(s) {', '.join(unknown)}; known: "
-                         f"{', '.join(NETS)}")
+    names = chosen_nets(ap, args)
     from cct.backend import plans
 
     plans.offer_libraries()
     print(machine())
-    zoo = pathlib.Path(args.zoo) if args.zoo else default_zoo()
     for name in names:
-        bench_net(name, zoo, args.rounds)
-
+        bench_net(name, args.zoo, args.rounds)
 
 if __name__ == "__main__":
     main()
