@@ -499,11 +499,13 @@ def wrap_pooling(kernels, fast, pair: Callable) -> None:
             lambda got, want: _differs(got, want, exact=True),
             lambda r: (_into(r[0], out), _into(r[1], mask)))
 
-    def max_pool_backward(dy, mask, x_shape, out=None):
+    def max_pool_backward(dy, mask, x_shape, out=None, relu=None):
         h, w = int(x_shape[2]), int(x_shape[3])
         geoms = kernels._pool_geometries.get((h, w) + tuple(int(s) for s in dy.shape[2:]), ())
-        if len(geoms) != 1 or not usable(dy.dtype):
-            return array_max_b(dy, mask, x_shape, out=out)
+        # Caffe's kernel has no ReLU in it (the fused ReLU backward is the CPU's, so relu is
+        # None on a GPU; the array kernels take it where it is not).
+        if len(geoms) != 1 or not usable(dy.dtype) or relu is not None:
+            return array_max_b(dy, mask, x_shape, out=out, relu=relu)
         (geom,) = geoms
         key = (tuple(int(s) for s in x_shape), str(dy.dtype)) + tuple(geom)
         return checks["max_pool_backward"](
@@ -661,9 +663,10 @@ def wrap_lrn(kernels, fast) -> None:
             lambda got, want: _differs(got, want, exact=True),
             lambda r: (_into(r[0], out), _into(r[1], scale)))
 
-    def lrn_across_backward(x, y, scale, dy, size, alpha, beta, out=None):
-        if any(a.dtype != np.float32 for a in (x, y, scale, dy)):
-            return array_b(x, y, scale, dy, size, alpha, beta, out=out)
+    def lrn_across_backward(x, y, scale, dy, size, alpha, beta, out=None, relu=None):
+        # relu: as max_pool_backward's, the array kernels' (Caffe's kernel has no ReLU in it)
+        if any(a.dtype != np.float32 for a in (x, y, scale, dy)) or relu is not None:
+            return array_b(x, y, scale, dy, size, alpha, beta, out=out, relu=relu)
         key = (tuple(x.shape), int(size), float(alpha), float(beta))
         return checks["lrn_across_backward"](
             key, lambda into: fast.lrn_backward(x, y, scale, dy, int(size), alpha, beta,

@@ -249,3 +249,56 @@ def test_each_check_hands_its_temporaries_back_once(capfd):
     assert len(released) == 1
     k.relu_forward(x[:1], 0.0)                     # another geometry: its own check
     assert len(released) == 2
+
+
+def _wrapped_everywhere():
+    """An ArrayKernels with every wrapper gpu.py applies, over fast kernels that are never
+    called here (cudnn's convolutions included: a wrapper only reaches them when called)."""
+    from cct.backend import cudnn
+    k = ArrayKernels(np)
+    caffe_cuda.wrap_pooling(k, Fast(), shapes.pair)
+    for wrap in (caffe_cuda.wrap_loss, caffe_cuda.wrap_relu, caffe_cuda.wrap_update,
+                 caffe_cuda.wrap_lrn):
+        wrap(k, object())
+    cudnn.wrap_lowering(k, object(), shapes.pair)
+    return k
+
+
+def test_every_wrapped_kernel_takes_the_arguments_of_the_one_it_replaces():
+    """A wrapper that lacks an argument of the array kernel it stands for breaks every call
+    that passes it, and only on a GPU, which CI has not: the fused ReLU backward's relu= made
+    every MAX pooling and LRN backward a TypeError on CuPy until their wrappers took it."""
+    import inspect
+    plain, k = ArrayKernels(np), _wrapped_everywhere()
+    wrapped = sorted(name for name in vars(k) if callable(vars(k)[name])
+                     and callable(getattr(plain, name, None)))
+    assert {"max_pool_forward", "max_pool_backward", "ave_pool_forward", "ave_pool_backward",
+            "softmax_loss_forward", "relu_forward", "relu_backward", "sgd_update",
+            "lrn_across_forward", "lrn_across_backward", "conv_forward", "conv_backward_data",
+            "conv_backward_weight"} <= set(wrapped)
+    for name in wrapped:
+        want = inspect.signature(getattr(plain, name)).parameters
+        got = inspect.signature(getattr(k, name)).parameters
+        assert [(p.name, p.kind, p.default) for p in got.values()] == \
+            [(p.name, p.kind, p.default) for p in want.values()], name
+
+
+def test_a_relu_given_to_a_wrapped_backward_gets_the_array_kernels_values():
+    """relu= (a fused ReLU's backward) through the wrapped MAX pooling and LRN backward: Caffe's
+    kernels have no ReLU, so the array kernels run those calls."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 7, 7)).astype(np.float32)
+    src = rng.standard_normal(x.shape).astype(np.float32)
+    plain, k = ArrayKernels(np), _wrapped_everywhere()
+    geom = ((3, 3), (2, 2), (0, 0), (3, 3))
+    for kernels in (plain, k):
+        y, mask = kernels.max_pool_forward(x, *geom)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    np.testing.assert_array_equal(
+        k.max_pool_backward(dy, mask, x.shape, relu=(src, 0.25)),
+        plain.max_pool_backward(dy, mask, x.shape, relu=(src, 0.25)))
+    y, scale = plain.lrn_across_forward(x, 5, 1e-2, 0.75, 1.0)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    np.testing.assert_array_equal(
+        k.lrn_across_backward(x, y, scale, dy, 5, 1e-2, 0.75, relu=(src, 0.0)),
+        plain.lrn_across_backward(x, y, scale, dy, 5, 1e-2, 0.75, relu=(src, 0.0)))
