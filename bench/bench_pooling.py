@@ -1,8 +1,9 @@
 """Pooling on the zoo's pooling shapes: cct's CPU kernels (csrc/pooling.cpp) against
 PyTorch's in the same run and on the same threads, and against the NumPy array kernels (the
 GPU backend's code on the CPU). MAX: forward, with Caffe's argmax mask (PyTorch's
-max_pool2d with indices). AVE: forward and backward (PyTorch's avg_pool2d, whose divisor
-counts the padding, as Caffe's does).
+max_pool2d with indices), and backward, each top diff routed to its window's argmax (PyTorch's
+max_pool2d backward). AVE: forward and backward (PyTorch's avg_pool2d, whose divisor counts
+the padding, as Caffe's does).
 
 Printed per shape: best of --repeat calls (ms) each way, and PyTorch / cct and NumPy / cct
 (> 1: cct faster). PyTorch is optional (its columns are left out without it).
@@ -46,7 +47,8 @@ AVE_SHAPES = [
 
 
 def torch_pools():
-    """PyTorch's (max forward, ave forward, ave backward) calls for (x, k, s, p), or None."""
+    """PyTorch's (max forward, ave forward, ave backward, max backward) calls for (x, k, s, p),
+    or None."""
     try:
         import torch
     except ImportError:
@@ -62,12 +64,14 @@ def torch_pools():
         t = torch.from_numpy(x)
         return lambda: F.avg_pool2d(t, k, s, p, ceil_mode=True)
 
-    def ave_backward(x, k, s, p):
-        t = torch.from_numpy(x).requires_grad_()
-        y = F.avg_pool2d(t, k, s, p, ceil_mode=True)
-        dy = torch.ones_like(y)
-        return lambda: torch.autograd.grad(y, t, dy, retain_graph=True)
-    return max_forward, ave_forward, ave_backward
+    def backward(pool):
+        def call(x, k, s, p):
+            t = torch.from_numpy(x).requires_grad_()
+            y = pool(t, k, s, p, ceil_mode=True)
+            dy = torch.ones_like(y)
+            return lambda: torch.autograd.grad(y, t, dy, retain_graph=True)
+        return call
+    return max_forward, ave_forward, backward(F.avg_pool2d), backward(F.max_pool2d)
 
 
 def row(name, shape, k, s, p, t_cct, t_torch, t_np) -> str:
@@ -103,6 +107,18 @@ def main(argv=None) -> None:
         t_cct = best_of(lambda: cpu.max_pool_forward(x, *geom, out=y, mask=mask), args.repeat)
         t_np = best_of(lambda: numpy_kernels.max_pool_forward(x, *geom), few)
         t_torch = best_of(torch[0](x, k, s, p), args.repeat) if torch else None
+        print(row(name, shape, k, s, p, t_cct, t_torch, t_np), flush=True)
+    print(f"MAX backward\n{'layer':<33} {'bottom':<18} {'k/s/p':<6} {header}")
+    for name, shape, k, s, p in SHAPES:
+        x = rng.standard_normal(shape, dtype=np.float32)
+        geom = geometry(shape, k, s, p)
+        y, mask = cpu.max_pool_forward(x, *geom)
+        numpy_kernels.max_pool_forward(x, *geom)   # the array kernels' windows, for their backward
+        dy = rng.standard_normal(y.shape, dtype=np.float32)
+        dx = np.empty_like(x)
+        t_cct = best_of(lambda: cpu.max_pool_backward(dy, mask, shape, out=dx), args.repeat)
+        t_np = best_of(lambda: numpy_kernels.max_pool_backward(dy, mask, shape), few)
+        t_torch = best_of(torch[3](x, k, s, p), args.repeat) if torch else None
         print(row(name, shape, k, s, p, t_cct, t_torch, t_np), flush=True)
     for way in ("forward", "backward"):
         print(f"AVE {way}\n{'layer':<33} {'bottom':<18} {'k/s/p':<6} {header}")
