@@ -249,6 +249,33 @@ def test_pycaffe_on_the_numpy_backend_matches_the_cpu():
     np.testing.assert_allclose(got, cpu_net.forward(data=x)["prob"], rtol=1e-5, atol=1e-6)
 
 
+def test_the_numpy_backend_runs_the_gpus_wrappers_and_their_checks(monkeypatch):
+    """npdevice wraps its kernels as gpu.py does (caffe_cuda's wrappers over a stand-in for
+    Caffe's CUDA kernels), so a net there calls each wrapper with the layer's own arguments,
+    checks its first call against the array kernels and then takes the fast kernel: MAX
+    pooling, ReLU and LRN forward and backward here."""
+    x = np.random.default_rng(0).standard_normal((2, 3, 9, 9)).astype(np.float32)
+    top = np.random.default_rng(1).standard_normal((2, 5)).astype(np.float32)
+    fast = npdevice._caffe_kernels
+    names = ("max_forward", "max_backward", "relu_forward", "relu_backward", "lrn_forward",
+             "lrn_backward")
+    calls = []
+    for name in names:
+        def counted(*args, _name=name, _call=getattr(fast, name), **kwargs):
+            calls.append(_name)
+            return _call(*args, **kwargs)
+        monkeypatch.setattr(fast, name, counted)
+    net = _small_net("numpy")
+    net.forward(data=x)       # each call checked (or checked by an earlier test)
+    net.backward(prob=top)
+    verdicts = npdevice.kernels.first_use_checks["max_pool_forward"].verdicts
+    assert verdicts[((2, 4, 9, 9), "float32", (3, 3), (2, 2), (0, 0), (4, 4))] is True
+    calls.clear()
+    net.forward(data=x)       # the fast kernels only, now
+    net.backward(prob=top)
+    assert sorted(calls) == sorted(names)
+
+
 @pytest.mark.parametrize("backend", ["numpy", pytest.param("gpu", marks=needs_gpu)])
 @pytest.mark.parametrize("name,phase", FIXTURES, ids=[f"{n}.{p}" for n, p in FIXTURES])
 def test_caffe_numerics(caffe_fixtures, name, phase, backend):

@@ -14,8 +14,10 @@ from typing import Optional
 
 import numpy as np
 
-from . import HostTimer, allocation_bytes, cupy_movement, reduced, register_device, standin
+from . import (HostTimer, allocation_bytes, caffe_cuda, cupy_movement, reduced, register_device,
+               standin)
 from .array_kernels import ArrayKernels
+from .shapes import pair
 from .standin import Copies, DeviceArray, OutOfMemoryError, namespace
 
 name = "numpy"
@@ -114,7 +116,60 @@ def precision() -> str:
     return _gemm.precision
 
 
+class CaffeKernelsStandIn:
+    """The calls gpu.py routes to Caffe's CUDA kernels (caffe_cuda.CaffeKernels' methods), made
+    here by array kernels of their own. The stand-in has no CUDA to launch, but the wrappers
+    around those kernels are GPU code too: each call's arguments, its out= arrays and its
+    first-use check run here as on a GPU, so a wrapper that drops an argument or writes the
+    wrong array fails in CI (a relu= that the wrappers lacked made every MAX pooling backward
+    a TypeError on CuPy, which CI did not see)."""
+
+    def __init__(self, array_kernels: ArrayKernels):
+        self.k = array_kernels
+
+    def max_forward(self, x, kernel, stride, pad, pooled, out, mask):
+        return self.k.max_pool_forward(x, kernel, stride, pad, pooled, out=out, mask=mask)
+
+    def max_backward(self, dy, mask, x_shape, kernel, stride, pad, out):
+        return self.k.max_pool_backward(dy, mask, x_shape, out=out)
+
+    def ave_forward(self, x, kernel, stride, pad, pooled, out):
+        return self.k.ave_pool_forward(x, kernel, stride, pad, pooled, out=out)
+
+    def ave_backward(self, dy, x_shape, kernel, stride, pad, pooled, out):
+        return self.k.ave_pool_backward(dy, x_shape, kernel, stride, pad, pooled, out=out)
+
+    def relu_forward(self, x, negative_slope, out):
+        return self.k.relu_forward(x, negative_slope, out=out)
+
+    def relu_backward(self, src, dy, negative_slope, out):
+        return self.k.relu_backward(src, dy, negative_slope, out=out)
+
+    def sgd_update(self, data, diff, history, local_rate, momentum, local_decay):
+        # Caffe's step leaves the update in diff (caffe_cuda.wrap_update clears it after)
+        self.k.sgd_update(data, diff, history, local_rate, momentum, local_decay)
+
+    def lrn_forward(self, x, size, alpha, beta, k, out, scale):
+        return self.k.lrn_across_forward(x, size, alpha, beta, k, out=out, scale=scale)
+
+    def lrn_backward(self, x, y, scale, dy, size, alpha, beta, out):
+        return self.k.lrn_across_backward(x, y, scale, dy, size, alpha, beta, out=out)
+
+    def softmax_loss_forward(self, x, label, ignore_label, prob, deferred):
+        return self.k.softmax_loss_forward(x, label, ignore_label, prob=prob, deferred=deferred)
+
+    def release(self) -> None:
+        """Nothing cached to give back."""
+
+
 register_device(sys.modules[__name__])
 
 kernels = ArrayKernels(xp, to_host=to_host, gemm=_gemm)
+# gpu.py's wrappers, over the stand-in's Caffe kernels (the same order as there)
+_caffe_kernels = CaffeKernelsStandIn(ArrayKernels(xp, to_host=to_host, gemm=_gemm))
+caffe_cuda.wrap_pooling(kernels, _caffe_kernels, pair)
+caffe_cuda.wrap_loss(kernels, _caffe_kernels)
+caffe_cuda.wrap_relu(kernels, _caffe_kernels)
+caffe_cuda.wrap_update(kernels, _caffe_kernels)
+caffe_cuda.wrap_lrn(kernels, _caffe_kernels)
 kernels.bind(globals())
