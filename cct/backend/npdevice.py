@@ -131,6 +131,7 @@ class CaffeKernelsStandIn:
         return self.k.max_pool_forward(x, kernel, stride, pad, pooled, out=out, mask=mask)
 
     def max_backward(self, dy, mask, x_shape, kernel, stride, pad, out):
+        # the windows are those of this object's max_forward calls (the array kernels' rule)
         return self.k.max_pool_backward(dy, mask, x_shape, out=out)
 
     def ave_forward(self, x, kernel, stride, pad, pooled, out):
