@@ -251,20 +251,22 @@ def test_pycaffe_on_the_numpy_backend_matches_the_cpu():
 
 def test_the_numpy_backend_runs_the_gpus_wrappers_and_their_checks(monkeypatch):
     """npdevice wraps its kernels as gpu.py does (caffe_cuda's wrappers over a stand-in for
-    Caffe's CUDA kernels), so a net there calls each wrapper with the layer's own arguments,
-    checks its first call against the array kernels and then takes the fast kernel: MAX
-    pooling, ReLU and LRN forward and backward here."""
+    Caffe's CUDA kernels, cudnn's over a stand-in for its convolutions), so a net there calls
+    each wrapper with the layer's own arguments, checks its first call against the array
+    kernels and then takes the fast kernel: MAX pooling, ReLU and LRN forward and backward,
+    and the convolution's three, here."""
     x = np.random.default_rng(0).standard_normal((2, 3, 9, 9)).astype(np.float32)
     top = np.random.default_rng(1).standard_normal((2, 5)).astype(np.float32)
-    fast = npdevice._caffe_kernels
-    names = ("max_forward", "max_backward", "relu_forward", "relu_backward", "lrn_forward",
-             "lrn_backward")
+    names = {npdevice._caffe_kernels: ("max_forward", "max_backward", "relu_forward",
+                                       "relu_backward", "lrn_forward", "lrn_backward"),
+             npdevice._convolutions: ("forward", "backward_data", "backward_weight")}
     calls = []
-    for name in names:
-        def counted(*args, _name=name, _call=getattr(fast, name), **kwargs):
-            calls.append(_name)
-            return _call(*args, **kwargs)
-        monkeypatch.setattr(fast, name, counted)
+    for fast, methods in names.items():
+        for name in methods:
+            def counted(*args, _name=name, _call=getattr(fast, name), **kwargs):
+                calls.append(_name)
+                return _call(*args, **kwargs)
+            monkeypatch.setattr(fast, name, counted)
     net = _small_net("numpy")
     net.forward(data=x)       # each call checked (or checked by an earlier test)
     net.backward(prob=top)
@@ -273,7 +275,7 @@ def test_the_numpy_backend_runs_the_gpus_wrappers_and_their_checks(monkeypatch):
     calls.clear()
     net.forward(data=x)       # the fast kernels only, now
     net.backward(prob=top)
-    assert sorted(calls) == sorted(names)
+    assert sorted(calls) == sorted(n for methods in names.values() for n in methods)
 
 
 @pytest.mark.parametrize("backend", ["numpy", pytest.param("gpu", marks=needs_gpu)])
