@@ -20,6 +20,7 @@ from typing import Callable, Dict, Optional
 import numpy as np
 
 from ..glog import warning
+from .shapes import disjoint
 
 _SOURCE = r"""
 #define LOOP(i, n) for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
@@ -474,7 +475,9 @@ def _into(result, out):
 
 def wrap_pooling(kernels, fast, pair: Callable) -> None:
     """Route ``kernels``' four pooling kernels through ``fast`` (a :class:`PoolingKernels`,
-    or anything with its methods), each geometry once checked against the array kernels.
+    or anything with its methods), each geometry once checked against the array kernels. An
+    out= that overlaps the input is refused first, as the array kernels refuse it: the check
+    writes into fresh arrays, and a CUDA kernel reading what it writes would not say so.
     MAX backward needs the one window geometry its forward used for those sizes; with
     several (two layers of the same sizes, other windows) it stays in the array kernels."""
     array_max_f, array_max_b = kernels.max_pool_forward, kernels.max_pool_backward
@@ -487,6 +490,7 @@ def wrap_pooling(kernels, fast, pair: Callable) -> None:
         return np.dtype(dt) in _TYPES
 
     def max_pool_forward(x, kernel, stride, pad, pooled, out=None, mask=None):
+        disjoint(kernels.xp, "max_pool_forward", out, x=x)
         geom = tuple(pair(v) for v in (kernel, stride, pad, pooled))
         if not usable(x.dtype):
             return array_max_f(x, kernel, stride, pad, pooled, out=out, mask=mask)
@@ -500,6 +504,7 @@ def wrap_pooling(kernels, fast, pair: Callable) -> None:
             lambda r: (_into(r[0], out), _into(r[1], mask)))
 
     def max_pool_backward(dy, mask, x_shape, out=None, relu=None):
+        disjoint(kernels.xp, "max_pool_backward", out, dy=dy)
         h, w = int(x_shape[2]), int(x_shape[3])
         geoms = kernels._pool_geometries.get((h, w) + tuple(int(s) for s in dy.shape[2:]), ())
         # Caffe's kernel has no ReLU in it (the fused ReLU backward is the CPU's, so relu is
@@ -515,6 +520,7 @@ def wrap_pooling(kernels, fast, pair: Callable) -> None:
             lambda got, want: _differs([got], [want], exact=False), lambda r: _into(r, out))
 
     def ave_pool_forward(x, kernel, stride, pad, pooled, out=None):
+        disjoint(kernels.xp, "ave_pool_forward", out, x=x)
         geom = tuple(pair(v) for v in (kernel, stride, pad, pooled))
         if not usable(x.dtype):
             return array_ave_f(x, kernel, stride, pad, pooled, out=out)
@@ -525,6 +531,7 @@ def wrap_pooling(kernels, fast, pair: Callable) -> None:
             lambda got, want: _differs([got], [want], exact=False), lambda r: _into(r, out))
 
     def ave_pool_backward(dy, x_shape, kernel, stride, pad, pooled, out=None):
+        disjoint(kernels.xp, "ave_pool_backward", out, dy=dy)
         geom = tuple(pair(v) for v in (kernel, stride, pad, pooled))
         if not usable(dy.dtype):
             return array_ave_b(dy, x_shape, kernel, stride, pad, pooled, out=out)

@@ -33,6 +33,7 @@ from typing import Callable, Dict, Optional, Tuple
 from ..glog import warning
 from ..install import install_hint
 from . import plans, reduced
+from .shapes import accumulating, disjoint
 
 try:
     import cudnn as _fe
@@ -386,13 +387,15 @@ def convolutions(cupy) -> Optional[Convolutions]:
 def wrap_lowering(kernels, convs: Convolutions, pair: Callable) -> None:
     """Route ``kernels``' three convolution kernels through ``convs`` for every engine but
     CAFFE, keeping the lowering as each one's fallback and as the reference an engine is
-    checked against when chosen."""
+    checked against when chosen. The lowering's refusals come first: an out= that overlaps an
+    input (cuDNN would read what it writes), accumulate without an out=."""
     lowered_forward = kernels.conv_forward
     lowered_data = kernels.conv_backward_data
     lowered_weight = kernels.conv_backward_weight
 
     def conv_forward(x, weight, bias, kernel, stride, pad, dilation, group, out=None,
                      engine="DEFAULT"):
+        disjoint(kernels.xp, "conv_forward", out, x=x, weight=weight, bias=bias)
         if engine != "CAFFE":
             y = convs.forward(x, weight, pair(stride), pair(pad), pair(dilation), out,
                               lambda: lowered_forward(x, weight, None, kernel, stride, pad,
@@ -406,6 +409,7 @@ def wrap_lowering(kernels, convs: Convolutions, pair: Callable) -> None:
 
     def conv_backward_data(dy, weight, x_shape, kernel, stride, pad, dilation, group, out=None,
                            engine="DEFAULT"):
+        disjoint(kernels.xp, "conv_backward_data", out, dy=dy, weight=weight)
         if engine != "CAFFE":
             dx = convs.backward_data(dy, weight, x_shape, pair(stride), pair(pad),
                                      pair(dilation), out,
@@ -418,6 +422,8 @@ def wrap_lowering(kernels, convs: Convolutions, pair: Callable) -> None:
 
     def conv_backward_weight(x, dy, kernel, stride, pad, dilation, group, out=None,
                              accumulate=False, engine="DEFAULT"):
+        accumulating("conv_backward_weight", out, accumulate)
+        disjoint(kernels.xp, "conv_backward_weight", out, x=x, dy=dy)
         if engine != "CAFFE":
             kh, kw = pair(kernel)
             shape = (dy.shape[1], x.shape[1] // int(group), kh, kw)
