@@ -687,6 +687,16 @@ def wrap_lrn(kernels, fast) -> None:
     kernels.first_use_checks = dict(getattr(kernels, "first_use_checks", {}), **checks)
 
 
+def wrap_all(kernels, fast, pair: Callable) -> None:
+    """Every wrapper above over ``fast``, as gpu.py applies them (and the ``numpy`` device,
+    over its stand-in for Caffe's kernels): pooling, the loss, ReLU, SGD, LRN."""
+    wrap_pooling(kernels, fast, pair)
+    wrap_loss(kernels, fast)
+    wrap_relu(kernels, fast)
+    wrap_update(kernels, fast)
+    wrap_lrn(kernels, fast)
+
+
 def _array(v):
     """A 0-d or host value as an array to compare (0-d device arrays stay where they are)."""
     return v if hasattr(v, "shape") and not isinstance(v, np.generic) else np.asarray(v)

@@ -426,11 +426,7 @@ if cupy is not None:
     # (cct/backend/caffe_cuda.py).
     _fused = _caffe_cuda.CaffeKernels(cupy)
     _gemm_check.release = _fused.release
-    _caffe_cuda.wrap_pooling(kernels, _fused, _pair)
-    _caffe_cuda.wrap_loss(kernels, _fused)
-    _caffe_cuda.wrap_relu(kernels, _fused)
-    _caffe_cuda.wrap_update(kernels, _fused)
-    _caffe_cuda.wrap_lrn(kernels, _fused)
+    _caffe_cuda.wrap_all(kernels, _fused, _pair)
     convolutions = _cudnn.convolutions(cupy)
     if convolutions is not None:
         _cudnn.wrap_lowering(kernels, convolutions, _pair)

@@ -256,10 +256,7 @@ def _wrapped_everywhere():
     called here (cudnn's convolutions included: a wrapper only reaches them when called)."""
     from cct.backend import cudnn
     k = ArrayKernels(np)
-    caffe_cuda.wrap_pooling(k, Fast(), shapes.pair)
-    for wrap in (caffe_cuda.wrap_loss, caffe_cuda.wrap_relu, caffe_cuda.wrap_update,
-                 caffe_cuda.wrap_lrn):
-        wrap(k, object())
+    caffe_cuda.wrap_all(k, Fast(), shapes.pair)
     cudnn.wrap_lowering(k, object(), shapes.pair)
     return k
 
