@@ -5,8 +5,9 @@ F(2x2, 5x5) (csrc/conv_winograd.cpp, 3x3 and 5x5 stride-1 undilated float32 laye
 Winograd F(4x4, 3x3) (3x3 ones), forward, backward data and backward weight, in the same run.
 A strided layer (CaffeNet's conv1) gets the same three columns for its phase forms
 (csrc/conv_phase.cpp: a stride-1 layer over the bottom's phase planes, kernel ceil(k / stride)).
-On AVX-512 CPUs the direct layout's 16-pixel tile (forward and backward data, direct's bits)
-has a column of its own. Where oneDNN is installed and offered to the precision's races
+On AVX-512 CPUs the direct layout's AVX-512 tiles (16-pixel vectors for forward and backward
+data, two output channels to a vector for the weight gradient; direct's bits) have a column of
+their own. Where oneDNN is installed and offered to the precision's races
 (cct/backend/onednn.py; ``$CCT_ONEDNN=all`` for float32), its convolution has one too, for every
 layer (it takes strides itself), with the implementation it picked.
 
@@ -36,7 +37,7 @@ from bench.worker import best_of  # noqa: E402
 
 DEFAULT_NETS = "lenet,cifar10_quick,caffenet_b32"
 KERNELS = ("forward", "backward data", "backward weight")
-# cct._C.set_conv_layout's modes (DIRECT16: the direct layout's 16-pixel AVX-512 tile)
+# cct._C.set_conv_layout's modes (DIRECT16: the direct layout's AVX-512 tiles)
 LOWERED, DIRECT, WINOGRAD, WINOGRAD4, DIRECT16, ONEDNN, MEASURED = 1, 3, 4, 5, 9, 11, 0
 OTHERS = (DIRECT, DIRECT16, WINOGRAD, WINOGRAD4)
 PHASE = {DIRECT: 6, WINOGRAD: 7, WINOGRAD4: 8, DIRECT16: 10}  # a layout's phase form's mode
@@ -64,8 +65,7 @@ def applies(mode: int, kernel_id: int, geom, x_shape, num_output: int) -> bool:
         return phase is not None and applies(stride1, kernel_id, phase, x_shape, num_output)
     kernel, stride, pad, dilation, _ = geom
     if mode == DIRECT16:
-        return kernel_id != 2 and _C.cpu_has_avx512() and applies(DIRECT, kernel_id, geom,
-                                                                  x_shape, num_output)
+        return _C.cpu_has_avx512() and applies(DIRECT, kernel_id, geom, x_shape, num_output)
     if mode == DIRECT:
         return stride == (1, 1) and _C.cpu_has_direct_conv()
     if mode in (WINOGRAD, WINOGRAD4):

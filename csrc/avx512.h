@@ -1,6 +1,7 @@
-// The AVX-512F tiles' target and CPU check (gemm_skinny.cpp's 16-lane tile, gemm_thin.cpp's
-// 16-lane tile, conv_direct.cpp's 16-pixel tile) and the AVX512-BF16 tiles' (bf16_kernel.cpp),
-// in one place so that a test build can run those tiles on a CPU without AVX-512.
+// The AVX-512F tiles' target and CPU check (gemm_skinny.cpp's 16-lane tile, gemm_thin.cpp's 16-lane
+// tile, conv_direct.cpp's 16-pixel and weight-gradient tiles) and the AVX512-BF16 tiles'
+// (bf16_kernel.cpp), in one place so that a test build can run those tiles on a CPU without
+// AVX-512.
 //
 // Why: cct's own AVX-512 code runs only where a CPU has AVX-512, and the races pick it by speed,
 // so a wrong index in it would train wrong numbers on exactly those CPUs, and no test on an AVX2
@@ -40,6 +41,14 @@
 // store writing 0 to the lanes outside the mask: these emulate the hardware's instead.
 static inline simde__m512 cct_emulated_maskz_loadu_ps(simde__mmask16 k, const float* p) {
   float v[16] = {};
+  for (int i = 0; i < 16; ++i)
+    if ((k >> i) & 1) v[i] = p[i];
+  return simde_mm512_loadu_ps(v);
+}
+static inline simde__m512 cct_emulated_mask_loadu_ps(simde__m512 src, simde__mmask16 k,
+                                                     const float* p) {
+  float v[16];
+  simde_mm512_storeu_ps(v, src);
   for (int i = 0; i < 16; ++i)
     if ((k >> i) & 1) v[i] = p[i];
   return simde_mm512_loadu_ps(v);
@@ -102,8 +111,11 @@ static inline simde__m512 cct_emulated_dpbf16_ps(simde__m512 acc, simde__m512bh 
 #define __m512 simde__m512
 #define __mmask16 simde__mmask16
 #define _mm512_add_ps simde_mm512_add_ps
+#define _mm512_broadcast_f64x4 simde_mm512_broadcast_f64x4
+#define _mm512_castpd_ps simde_mm512_castpd_ps
 #define _mm512_fmadd_ps simde_mm512_fmadd_ps
 #define _mm512_loadu_ps simde_mm512_loadu_ps
+#define _mm512_mask_loadu_ps cct_emulated_mask_loadu_ps
 #define _mm512_mask_storeu_ps cct_emulated_mask_storeu_ps
 #define _mm512_maskz_loadu_ps cct_emulated_maskz_loadu_ps
 #define _mm512_max_ps simde_mm512_max_ps

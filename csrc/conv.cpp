@@ -515,7 +515,7 @@ void run_partitioned(int64_t n, int parts, bool cache_chunks, Body&& body) {
 enum Kernel : int { kForward, kBackwardData, kBackwardWeight };
 // kWinograd: F(2x2, 3x3) or F(2x2, 5x5); kWinograd4x4: F(4x4, 3x3). kPhase*: the layer in
 // phase form (conv_phase.h) computed by the stride-1 layout of the same name. kDirect16: the
-// direct layout's AVX-512 tile (forward and backward data; the same bits as kDirect's).
+// direct layout's AVX-512 tiles (the same bits as kDirect's).
 // kOnednn: oneDNN's convolution on the whole batch (onednn.h). New layouts go at the end: the
 // numbers are in the plan caches.
 enum Layout : int {
@@ -586,8 +586,8 @@ bool layout_applies(Layout layout, Kernel kernel, const ConvGeom& g) {
       return float32_kernels && winograd_applies(g, kernel == kBackwardData, 2);
     case kWinograd4x4:
       return float32_kernels && winograd_applies(g, kernel == kBackwardData, 4);
-    case kDirect16:  // the weight gradient's tile is kDirect's whatever the CPU
-      return float32_kernels && kernel != kBackwardWeight && cpu_has_avx512() &&
+    case kDirect16:
+      return float32_kernels && cpu_has_avx512() &&
              direct_conv_applies(g, kernel == kBackwardData);
     case kPhaseDirect:
     case kPhaseWinograd:
@@ -861,8 +861,9 @@ void backward_data_stride1(Layout layout, const float* dy, const float* weight, 
 void backward_weight_stride1(Layout layout, const float* x, const float* dy, float* dweight,
                              const ConvGeom& g, int64_t begin, int64_t end, int64_t budget,
                              bool accumulate, const int32_t* extent = nullptr) {
-  if (layout == kDirect)
-    return conv_backward_weight_direct(x, dy, dweight, g, begin, end, accumulate, extent);
+  if (layout == kDirect || layout == kDirect16)
+    return conv_backward_weight_direct(x, dy, dweight, g, begin, end, accumulate, extent,
+                                       layout == kDirect16 ? 16 : 8);
   conv_backward_weight_winograd(x, dy, dweight, g, begin, end, budget, accumulate,
                                 layout == kWinograd4x4 ? 4 : 2);
 }

@@ -28,7 +28,10 @@
 // Backward weight: dW[o, c, i, j] is a sum over every image's pixels of dy[o] times the bottom
 // shifted by tap (i, j). The tile holds 4 output channels x 3 taps as vectors of 8 pixels and
 // runs over a chunk of images whose padded bottoms and dy fit L2; the lanes are summed once,
-// at the end (always 8 of them, whatever the CPU: 16 would sum in another order).
+// at the end (always 8 of them, whatever the CPU: 16 pixels would sum in another order). On
+// AVX-512 a 512-bit vector holds two output channels' 8 pixels instead: each lane sums the
+// same pixels in the same order as the 8-lane tile's, so the gradient is the same to the bit
+// and the tile does twice the work per FMA (weight_tile_avx512).
 //
 // Rounding: forward and backward data sum each output in one fixed order (channel, tap)
 // whatever the threads and the batch partitions; the weight gradient in one fixed order for a
@@ -390,6 +393,106 @@ __attribute__((target("avx2,fma"))) void weight_tile(const float* d0, const floa
   store_twelve(sum, c00, c01, c02, c10, c11, c12, c20, c21, c22, c30, c31, c32);
 }
 
+// Eight floats at p in both halves of a 512-bit vector: one VBROADCASTF64X4 from memory (the
+// AVX512F form; AVX512DQ's VBROADCASTF32X8 is the same load).
+CCT_AVX512F_TARGET inline __m512 broadcast_eight(const float* p) {
+  const __m256d eight = _mm256_loadu_pd(reinterpret_cast<const double*>(p));
+  return _mm512_castpd_ps(_mm512_broadcast_f64x4(eight));
+}
+
+// A vector of lo's 8 floats and hi's 8, and back, under masks (hi is past lo: hi - 8 is in
+// the same buffer). Once per tile call.
+CCT_AVX512F_TARGET inline __m512 load_halves(const float* lo, const float* hi) {
+  return _mm512_mask_loadu_ps(_mm512_maskz_loadu_ps(0x00FF, lo), 0xFF00, hi - kLanes);
+}
+CCT_AVX512F_TARGET inline void store_halves(__m512 a, float* lo, float* hi) {
+  _mm512_mask_storeu_ps(lo, 0x00FF, a), _mm512_mask_storeu_ps(hi - kLanes, 0xFF00, a);
+}
+
+// weight_tile on AVX-512, for Taps (3 or 6) taps: the sums of 4 output channels x Taps taps
+// (8 lanes each) in pairs of channels, a 512-bit vector holding channel 2p's 8 lanes in its low
+// half and channel 2p + 1's in its high half. dy is packed per image, row and vector of 8
+// pixels as the quad's 4 channels' 8 pixels one after the other (pack_dy_quads): two loads
+// give the two pairs; each tap's 8 bottom pixels are loaded into both halves at once. Every
+// lane adds the same products in the same order as weight_tile's, so the sums are its bits.
+// `sum` holds Taps / 3 of weight_tile's 3-tap blocks, kRows x 3 x 8 floats each.
+template <int Taps>
+CCT_AVX512F_TARGET void weight_tile_avx512(const float* dq, const float* const* xt,
+                                           int64_t images, int64_t dy_image, int64_t x_image,
+                                           int64_t ho, int64_t dyw, int64_t wp, float* sum) {
+  static_assert(Taps == 3 || Taps == 6, "a tile of one or two 3-tap blocks");
+  constexpr int kBlock = kRows * kTapsPerTile * kLanes;
+  // accumulator (pair p, tap t): the block of tap t, rows 2p and 2p + 1
+  const auto lo = [&](int p, int t) {
+    return sum + (t / kTapsPerTile) * kBlock + (2 * p * kTapsPerTile + t % kTapsPerTile) * kLanes;
+  };
+  const auto hi = [&](int p, int t) { return lo(p, t) + kTapsPerTile * kLanes; };
+  // Named, not an array: GCC keeps an array of accumulators on the stack (forward_tile).
+  __m512 c00 = load_halves(lo(0, 0), hi(0, 0)), c01 = load_halves(lo(0, 1), hi(0, 1)),
+         c02 = load_halves(lo(0, 2), hi(0, 2)), c10 = load_halves(lo(1, 0), hi(1, 0)),
+         c11 = load_halves(lo(1, 1), hi(1, 1)), c12 = load_halves(lo(1, 2), hi(1, 2));
+  __m512 c03 = c00, c04 = c00, c05 = c00, c13 = c00, c14 = c00, c15 = c00;
+  if constexpr (Taps == 6) {
+    c03 = load_halves(lo(0, 3), hi(0, 3)), c04 = load_halves(lo(0, 4), hi(0, 4));
+    c05 = load_halves(lo(0, 5), hi(0, 5)), c13 = load_halves(lo(1, 3), hi(1, 3));
+    c14 = load_halves(lo(1, 4), hi(1, 4)), c15 = load_halves(lo(1, 5), hi(1, 5));
+  }
+  const float *x0 = xt[0], *x1 = xt[1], *x2 = xt[2];
+  const float *x3 = xt[Taps - 3], *x4 = xt[Taps - 2], *x5 = xt[Taps - 1];
+  for (int64_t n = 0; n < images; ++n) {
+    for (int64_t oh = 0; oh < ho; ++oh) {
+      const float* d = dq + n * dy_image + oh * dyw * kRows;
+      const int64_t x = n * x_image + oh * wp;
+      for (int64_t ow = 0; ow < dyw; ow += kLanes, d += kRows * kLanes) {
+        const __m512 a0 = _mm512_loadu_ps(d), a1 = _mm512_loadu_ps(d + 2 * kLanes);
+        __m512 b = broadcast_eight(x0 + x + ow);
+        c00 = _mm512_fmadd_ps(a0, b, c00), c10 = _mm512_fmadd_ps(a1, b, c10);
+        b = broadcast_eight(x1 + x + ow);
+        c01 = _mm512_fmadd_ps(a0, b, c01), c11 = _mm512_fmadd_ps(a1, b, c11);
+        b = broadcast_eight(x2 + x + ow);
+        c02 = _mm512_fmadd_ps(a0, b, c02), c12 = _mm512_fmadd_ps(a1, b, c12);
+        if constexpr (Taps == 6) {
+          b = broadcast_eight(x3 + x + ow);
+          c03 = _mm512_fmadd_ps(a0, b, c03), c13 = _mm512_fmadd_ps(a1, b, c13);
+          b = broadcast_eight(x4 + x + ow);
+          c04 = _mm512_fmadd_ps(a0, b, c04), c14 = _mm512_fmadd_ps(a1, b, c14);
+          b = broadcast_eight(x5 + x + ow);
+          c05 = _mm512_fmadd_ps(a0, b, c05), c15 = _mm512_fmadd_ps(a1, b, c15);
+        }
+      }
+    }
+  }
+  store_halves(c00, lo(0, 0), hi(0, 0)), store_halves(c01, lo(0, 1), hi(0, 1));
+  store_halves(c02, lo(0, 2), hi(0, 2)), store_halves(c10, lo(1, 0), hi(1, 0));
+  store_halves(c11, lo(1, 1), hi(1, 1)), store_halves(c12, lo(1, 2), hi(1, 2));
+  if constexpr (Taps == 6) {
+    store_halves(c03, lo(0, 3), hi(0, 3)), store_halves(c04, lo(0, 4), hi(0, 4));
+    store_halves(c05, lo(0, 5), hi(0, 5)), store_halves(c13, lo(1, 3), hi(1, 3));
+    store_halves(c14, lo(1, 4), hi(1, 4)), store_halves(c15, lo(1, 5), hi(1, 5));
+  }
+}
+
+// One quad of output channels' dy for weight_tile_avx512: rows o0 to o0 + 3 (those past `out`
+// zero) of images [n0, n0 + nb), each output row's vectors of 8 pixels (zero past wo) as
+// [vector][channel][8 pixels], an image's rows ho * dyw * 4 floats apart.
+void pack_dy_quad(const float* dy, int64_t dy_image, const Shape& s, int64_t o0, int64_t n0,
+                  int64_t nb, int64_t dyw, float* dq) {
+  for (int64_t m = 0; m < nb; ++m)
+    for (int64_t oh = 0; oh < s.ho; ++oh) {
+      float* row = dq + (m * s.ho + oh) * dyw * kRows;
+      for (int r = 0; r < kRows; ++r) {
+        const float* src = o0 + r < s.out ? dy + (n0 + m) * dy_image + ((o0 + r) * s.ho + oh) * s.wo
+                                          : nullptr;
+        for (int64_t ow = 0; ow < dyw; ow += kLanes) {
+          float* dst = row + ow * kRows + r * kLanes;
+          const int64_t count = src ? std::min<int64_t>(kLanes, s.wo - ow) : 0;
+          if (count > 0) std::memcpy(dst, src + ow, size_t(count) * sizeof(float));
+          std::fill(dst + std::max<int64_t>(count, 0), dst + kLanes, 0.0f);
+        }
+      }
+    }
+}
+
 // A fixed pairwise order over the lanes: the same on every run and every thread count.
 float lane_sum(const float* l) {
   return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
@@ -405,7 +508,8 @@ constexpr int64_t kWeightChunkBytes = int64_t(192) << 10;
 // with are neither computed nor written) go three to a tile in (i, j) order; a last tile of
 // fewer repeats the channel's tap 0. Each tap's sum is its own, whatever tile it shares.
 void weight_slice(const float* x, int64_t x_image, const float* dy, int64_t dy_image,
-                  const Shape& s, int64_t begin, int64_t end, float* dw, bool accumulate) {
+                  const Shape& s, int64_t begin, int64_t end, float* dw, bool accumulate,
+                  bool wide) {
   const int64_t dyw = round_up(s.wo, kLanes), dyplane = s.ho * dyw, taps = s.kh * s.kw;
   const int64_t plane = s.plane(), wp = s.wp();
   const int64_t quads = (s.out + kRows - 1) / kRows;
@@ -436,28 +540,45 @@ void weight_slice(const float* x, int64_t x_image, const float* dy, int64_t dy_i
         for (int64_t m = 0; m < nb; ++m)
           pad_image(x + (n0 + m) * x_image + c * s.h * s.w, s.h * s.w, one,
                     xp + (c * chunk + m) * plane);
-      for (int64_t o = o0; o < o1; ++o)
-        for (int64_t m = 0; m < nb; ++m)
-          for (int64_t oh = 0; oh < s.ho; ++oh)
-            std::memcpy(dyp + ((o - o0) * chunk + m) * dyplane + oh * dyw,
-                        dy + (n0 + m) * dy_image + (o * s.ho + oh) * s.wo,
-                        size_t(s.wo) * sizeof(float));
+      if (wide) {  // each quad's dy as weight_tile_avx512 reads it
+        for (int64_t q = q0; q < q1; ++q)
+          pack_dy_quad(dy, dy_image, s, q * kRows, n0, nb, dyw,
+                       dyp + (q - q0) * kRows * chunk * dyplane);
+      } else {
+        for (int64_t o = o0; o < o1; ++o)
+          for (int64_t m = 0; m < nb; ++m)
+            for (int64_t oh = 0; oh < s.ho; ++oh)
+              std::memcpy(dyp + ((o - o0) * chunk + m) * dyplane + oh * dyw,
+                          dy + (n0 + m) * dy_image + (o * s.ho + oh) * s.wo,
+                          size_t(s.wo) * sizeof(float));
+      }
       for (int64_t q = q0; q < q1; ++q) {
         const float* d = dyp + (q - q0) * kRows * chunk * dyplane;
         const int64_t dstep = chunk * dyplane;
         for (int64_t c = 0; c < s.in; ++c) {
           const float* xc = xp + c * chunk * plane;
           const int64_t cols = s.cols(c), own = s.rows(c) * cols;
-          for (int64_t t0 = 0; t0 < own; t0 += kTapsPerTile) {
-            const float* at[kTapsPerTile];
-            for (int t = 0; t < kTapsPerTile; ++t) {
+          // Two 3-tap blocks to a wide tile while two remain, then one.
+          for (int64_t t0 = 0; t0 < own;) {
+            const int block = wide && t0 + kTapsPerTile < own ? 2 : 1;
+            const float* at[2 * kTapsPerTile];
+            for (int t = 0; t < block * kTapsPerTile; ++t) {
               const int64_t tap = t0 + t < own ? t0 + t : 0;
               at[t] = xc + tap / cols * s.dh * wp + tap % cols * s.dw;
             }
             float* sum =
                 sums + ((q - q0) * tiles + first[c] + t0 / kTapsPerTile) * tile_floats;
-            weight_tile(d, d + dstep, d + 2 * dstep, d + 3 * dstep, at[0], at[1], at[2], nb,
-                        dyplane, plane, s.ho, dyw, wp, sum);
+            if (!wide) {
+              weight_tile(d, d + dstep, d + 2 * dstep, d + 3 * dstep, at[0], at[1], at[2], nb,
+                          dyplane, plane, s.ho, dyw, wp, sum);
+            } else if (block == 2) {
+              weight_tile_avx512<2 * kTapsPerTile>(d, at, nb, kRows * dyplane, plane, s.ho, dyw,
+                                                   wp, sum);
+            } else {
+              weight_tile_avx512<kTapsPerTile>(d, at, nb, kRows * dyplane, plane, s.ho, dyw, wp,
+                                               sum);
+            }
+            t0 += block * kTapsPerTile;
           }
         }
       }
@@ -539,13 +660,14 @@ void conv_backward_data_direct(const float* dy, const float* weight, float* dx,
 
 void conv_backward_weight_direct(const float* x, const float* dy, float* dweight,
                                  const ConvGeom& g, int64_t begin, int64_t end,
-                                 bool accumulate, const int32_t* extent) {
+                                 bool accumulate, const int32_t* extent, int lanes) {
   Shape s = forward_shape(g);
   s.extent = extent;
+  const bool wide = lanes == 16 && cpu_has_avx512();
   const int64_t per_group = s.out * s.in * g.kh * g.kw;
   for (int64_t grp = 0; grp < g.group; ++grp)
     weight_slice(x + grp * s.in * g.h * g.w, g.c * g.h * g.w, dy + grp * s.out * g.ho * g.wo,
-                 g.o * g.ho * g.wo, s, begin, end, dweight + grp * per_group, accumulate);
+                 g.o * g.ho * g.wo, s, begin, end, dweight + grp * per_group, accumulate, wide);
 }
 #else
 void conv_forward_direct(const float*, const float*, const float*, bool, float*,
@@ -557,7 +679,7 @@ void conv_backward_data_direct(const float*, const float*, float*, const ConvGeo
   throw std::logic_error("the direct convolution needs an x86 CPU with AVX2 and FMA");
 }
 void conv_backward_weight_direct(const float*, const float*, float*, const ConvGeom&, int64_t,
-                                 int64_t, bool, const int32_t*) {
+                                 int64_t, bool, const int32_t*, int) {
   throw std::logic_error("the direct convolution needs an x86 CPU with AVX2 and FMA");
 }
 #endif

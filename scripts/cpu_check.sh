@@ -208,7 +208,7 @@ else
     echo "== oneDNN probe:"; tail -n 3 "$OUT/logs/onednn_probe.txt" 2>/dev/null
 fi
 # The kernels' tests, from a copy of tests/ beside no cct/ source (the wheel's _C is the one
-# tested): the direct convolution's 16-pixel tile, the skinny engine's 16-lane tile, the thin
+# tested): the direct convolution's 16-lane tiles, the skinny engine's 16-lane tile, the thin
 # engine's tile and the AVX-512 vector clones (Winograd, pooling, LRN) give the bits the tests
 # promise; cct's AVX512-BF16 kernel, its chains against VDPBF16PS as Intel's SDM defines it
 # (test_bf16_kernel.py: the hardware's bits, which the emulated build's tests stand for); MKL's

@@ -349,22 +349,30 @@ def test_direct_layout(case, mode, threads, conv_layout, partition_mode, num_thr
 
 
 needs_avx512 = pytest.mark.skipif(not (_C.cpu_has_direct_conv() and _C.cpu_has_avx512()),
-                                  reason="the direct layout's 16-pixel tile needs AVX-512")
+                                  reason="the direct layout's AVX-512 tiles need AVX-512")
 
 
 @needs_avx512
+@pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("case", DIRECT_CASES, ids=str)
-def test_direct_tiles_of_16_pixels_give_the_same_bits(case, conv_layout):
-    """The AVX-512 forward tile (layout 9: vectors of 16 pixels) computes each output with
-    the same fused multiply-adds in the same order as the AVX2 one (layout 3: 8 pixels):
-    forward and backward data are the same to the bit (so measurement may pick either), and
-    the weight gradient is direct's own."""
+def test_direct_tiles_of_16_lanes_give_the_same_bits(case, mode, conv_layout, partition_mode,
+                                                     num_threads):
+    """The AVX-512 tiles (layout 9) compute each sum with the same fused multiply-adds in the
+    same order as the AVX2 ones (layout 3), so measurement may pick either: forward and
+    backward data (vectors of 16 pixels against 8), and the weight gradient (two output
+    channels' 8 pixels to a vector against one's), overwritten and accumulated, to the bit."""
     x, weight, bias, dy, geom = conv_arrays(case, np.float32)
+    before = rand(weight.shape, np.float32, 5)
+    partition_mode(mode)
+    num_threads(3)
     results = {}
     for layout in (3, 9):
         conv_layout(layout)
+        dw = before.copy()
+        cpu.conv_backward_weight(x, dy, *geom, out=dw, accumulate=True)
         results[layout] = (cpu.conv_forward(x, weight, bias, *geom),
-                           cpu.conv_backward_data(dy, weight, x.shape, *geom))
+                           cpu.conv_backward_data(dy, weight, x.shape, *geom),
+                           cpu.conv_backward_weight(x, dy, *geom), dw)
     for got, want in zip(results[9], results[3]):
         np.testing.assert_array_equal(got, want)
 
@@ -471,7 +479,7 @@ def phase_layouts(case):
     if phase_kernel == (3, 3):
         layouts.append(8)
     if _C.cpu_has_direct_conv() and _C.cpu_has_avx512():
-        layouts.append(10)  # direct's 16-pixel tile (its weight gradient is direct's)
+        layouts.append(10)  # direct's AVX-512 tiles
     return layouts
 
 
@@ -536,12 +544,11 @@ def test_a_phase_plan_where_it_cannot_run_runs_lowered(num_threads):
 @pytest.mark.parametrize("layout", [3, 4, 5, 6, 7, 8, 9, 10])
 def test_a_forced_layout_is_what_runs(layout, conv_layout):
     """Forcing direct (3), Winograd (4), Winograd F(4x4, 3x3) (5), their phase forms (6-8, on
-    a 6x6 stride-2 layer: a 3x3 phase kernel), direct's 16-pixel tile (9) or its phase form
+    a 6x6 stride-2 layer: a 3x3 phase kernel), direct's AVX-512 tiles (9) or their phase form
     (10) runs another algorithm than lowered (1), not a fallback: each kernel's plan names
-    the forced layout (the 16-pixel tile's weight gradient is direct's, lowered when forced),
-    and the results of both agree with lowered's to float32 rounding. (Not "differ in the last
-    bits": on AVX-512, OpenBLAS's kernel and the direct one can sum a short k in the same
-    order, to the same bits.)"""
+    the forced layout, and the results of both agree with lowered's to float32 rounding. (Not
+    "differ in the last bits": on AVX-512, OpenBLAS's kernel and the direct one can sum a
+    short k in the same order, to the same bits.)"""
     if layout in (3, 6, 9, 10) and not _C.cpu_has_direct_conv():
         pytest.skip("the direct layout needs a CPU with AVX2 and FMA")
     if layout in (9, 10) and not _C.cpu_has_avx512():
@@ -565,8 +572,7 @@ def test_a_forced_layout_is_what_runs(layout, conv_layout):
               for kernel, _, _, _, modes, _, plan_layout, _ in _C.conv_plan_table()}
     for kernel in range(3):
         assert chosen[(kernel, 1)] == 0
-        forced = 0 if layout in (9, 10) and kernel == 2 else layout - 1
-        assert chosen.get((kernel, layout), 0) == forced
+        assert chosen.get((kernel, layout), 0) == layout - 1
 
 
 @pytest.mark.parametrize("layout", [3, 4, 5, 6, 7, 8])
