@@ -113,6 +113,9 @@ static inline simde__m512 cct_emulated_dpbf16_ps(simde__m512 acc, simde__m512bh 
 #define _mm512_add_ps simde_mm512_add_ps
 #define _mm512_broadcast_f64x4 simde_mm512_broadcast_f64x4
 #define _mm512_castpd_ps simde_mm512_castpd_ps
+#define _mm512_castps_pd simde_mm512_castps_pd
+#define _mm512_castps512_ps256 simde_mm512_castps512_ps256
+#define _mm512_extractf64x4_pd simde_mm512_extractf64x4_pd
 #define _mm512_fmadd_ps simde_mm512_fmadd_ps
 #define _mm512_loadu_ps simde_mm512_loadu_ps
 #define _mm512_mask_loadu_ps cct_emulated_mask_loadu_ps

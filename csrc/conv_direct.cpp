@@ -19,7 +19,11 @@
 // the top is the same to the bit. On an Intel CPU with two 512-bit FMA units that is the
 // difference between half the peak and all of it; on Zen 4, which splits a 512-bit FMA in
 // two, it measured faster on some layers (rows of 32 and 112 pixels) and slower on others
-// (16, 55; and rows of 8 waste half of each vector): conv.cpp measures the two as layouts.
+// (16, 55): conv.cpp measures the two as layouts. Rows whose width leaves a last vector of 8
+// pixels or fewer (LeNet's 8 and 24, CIFAR10-quick's conv3 at 8) would waste up to half of
+// each 16-pixel vector; there a 512-bit vector holds two output channels' 8 pixels instead
+// (forward_tile_pairs: 2 channel pairs x 4 vectors), again the same chain per lane, the same
+// bits.
 //
 // Backward data of a stride-1 convolution is itself one: dx = dy convolved with the weights
 // flipped in both spatial axes and with channels swapped, pad (k - 1) * d - p. The same tile
@@ -260,6 +264,88 @@ CCT_AVX512F_TARGET void forward_tile_avx512(const float* w, const TileVectors& t
   }
 }
 
+// Eight floats at p in both halves of a 512-bit vector: one VBROADCASTF64X4 from memory (the
+// AVX512F form; AVX512DQ's VBROADCASTF32X8 is the same load).
+CCT_AVX512F_TARGET inline __m512 broadcast_eight(const float* p) {
+  const __m256d eight = _mm256_loadu_pd(reinterpret_cast<const double*>(p));
+  return _mm512_castpd_ps(_mm512_broadcast_f64x4(eight));
+}
+
+// The pair form of the 16-lane tile, for rows that 16-pixel vectors would fill badly (wo % 16
+// in 1..8: rows of 8 waste half of each vector, rows of 24 a quarter): vectors of 8 pixels as
+// weight_tile_avx512 holds them, a 512-bit vector holding two output channels' 8 pixels, low
+// half channel 2p, high half 2p + 1. The tile: 2 pairs x kPairVecs vectors of 8 pixels; per tap
+// two loads of weights packed eight times over (pack_weights_pairs) and one VBROADCASTF64X4 of
+// each vector's 8 bottom pixels. Each output sums the same products in the same order as
+// forward_tile's, and goes through store_vector's operations: the same bits.
+constexpr int kPairVecs = 4;
+
+// Lane i < count of a 256-bit half, for VMASKMOVPS.
+__attribute__((target("avx2,fma"))) inline __m256i first_lanes(int64_t count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(count)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// One accumulator of the pair tile: x plus the pair's biases, through caffe_relu with `relu`,
+// its low half to lo and its high half to hi (the first `count` lanes of each; null: a channel
+// past the layer's last, not stored).
+CCT_AVX512F_TARGET inline void store_pair(float* lo, float* hi, __m512 x, __m512 b, bool relu,
+                                          int64_t count) {
+  const __m512 zero = _mm512_setzero_ps();
+  x = _mm512_add_ps(x, b);
+  if (relu)  // caffe_relu(x, 0), as store_vector
+    x = _mm512_add_ps(_mm512_max_ps(zero, x), _mm512_mul_ps(zero, _mm512_min_ps(zero, x)));
+  const __m256 low = _mm512_castps512_ps256(x);
+  const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+  if (count == kLanes) {
+    _mm256_storeu_ps(lo, low);
+    if (hi) _mm256_storeu_ps(hi, high);
+  } else {
+    const __m256i mask = first_lanes(count);
+    _mm256_maskstore_ps(lo, mask, low);
+    if (hi) _mm256_maskstore_ps(hi, mask, high);
+  }
+}
+
+CCT_AVX512F_TARGET void forward_tile_pairs(const float* w, const float* const* at,
+                                           const int64_t* pix, const int64_t* count, int nv,
+                                           int64_t channels, int64_t plane, int64_t kh,
+                                           int64_t kw, const int32_t* extent, int64_t row,
+                                           int64_t col, int rows, float* const* dst,
+                                           const float* bias, bool relu) {
+  const float *p0 = at[0], *p1 = at[1], *p2 = at[2], *p3 = at[3];
+  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
+  __m512 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
+  for (int64_t c = 0; c < channels; ++c) {
+    const int64_t rows_c = extent ? extent[2 * c] : kh, cols = extent ? extent[2 * c + 1] : kw;
+    for (int64_t i = 0; i < rows_c; ++i) {
+      const int64_t base = c * plane + i * row;
+      for (int64_t j = 0; j < cols; ++j, w += kRows * kLanes) {
+        const int64_t off = base + j * col;
+        const __m512 a0 = _mm512_loadu_ps(w), a1 = _mm512_loadu_ps(w + 2 * kLanes);
+        __m512 b = broadcast_eight(p0 + off);
+        c00 = _mm512_fmadd_ps(a0, b, c00), c10 = _mm512_fmadd_ps(a1, b, c10);
+        b = broadcast_eight(p1 + off);
+        c01 = _mm512_fmadd_ps(a0, b, c01), c11 = _mm512_fmadd_ps(a1, b, c11);
+        b = broadcast_eight(p2 + off);
+        c02 = _mm512_fmadd_ps(a0, b, c02), c12 = _mm512_fmadd_ps(a1, b, c12);
+        b = broadcast_eight(p3 + off);
+        c03 = _mm512_fmadd_ps(a0, b, c03), c13 = _mm512_fmadd_ps(a1, b, c13);
+      }
+    }
+  }
+  const __m512 acc[2][kPairVecs] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}};
+  for (int p = 0; p < 2 && 2 * p < rows; ++p) {
+    alignas(64) float pair_bias[2 * kLanes];
+    std::fill_n(pair_bias, kLanes, bias[2 * p]);
+    std::fill_n(pair_bias + kLanes, kLanes, 2 * p + 1 < rows ? bias[2 * p + 1] : 0.0f);
+    const __m512 b = _mm512_loadu_ps(pair_bias);
+    for (int v = 0; v < nv; ++v)
+      store_pair(dst[2 * p] + pix[v], 2 * p + 1 < rows ? dst[2 * p + 1] + pix[v] : nullptr,
+                 acc[p][v], b, relu, count[v]);
+  }
+}
+
 // One image: y (out channels, channel stride ystride) = bias + the convolution of the padded
 // image xp with the packed weights wpk, through caffe_relu with `relu`. The image's vectors of
 // Lanes output pixels (a row's last one partly past its end) go three to a tile; a last tile of
@@ -305,6 +391,40 @@ void forward_image(const float* xp, const float* wpk, const float* bias, bool re
   }
 }
 
+// forward_image in the pair form (forward_tile_pairs): vectors of 8 pixels, kPairVecs to a
+// tile, wpk packed by pack_weights_pairs.
+void forward_image_pairs(const float* xp, const float* wpk, const float* bias, bool relu,
+                         float* y, int64_t ystride, const Shape& s) {
+  const int64_t per_row = (s.wo + kLanes - 1) / kLanes, vectors = s.ho * per_row;
+  const int64_t taps = s.taps(), wp = s.wp(), plane = s.plane();
+  for (int64_t o0 = 0; o0 < s.out; o0 += kRows) {
+    const float* w = wpk + o0 * taps * kLanes;
+    const int rows = int(std::min<int64_t>(kRows, s.out - o0));
+    float* dst[kRows];
+    float b[kRows];
+    for (int r = 0; r < rows; ++r)
+      dst[r] = y + (o0 + r) * ystride, b[r] = bias ? bias[o0 + r] : 0.0f;
+    int64_t oh = 0, ow = 0;  // the next vector's first output pixel
+    for (int64_t v0 = 0; v0 < vectors; v0 += kPairVecs) {
+      const float* at[kPairVecs];
+      int64_t pix[kPairVecs], count[kPairVecs];
+      const int nv = int(std::min<int64_t>(kPairVecs, vectors - v0));
+      for (int v = 0; v < kPairVecs; ++v) {
+        if (v >= nv) {  // a last tile of fewer repeats its first, not stored
+          at[v] = at[0], pix[v] = pix[0], count[v] = count[0];
+          continue;
+        }
+        at[v] = xp + oh * wp + ow;
+        pix[v] = oh * s.wo + ow;
+        count[v] = std::min<int64_t>(kLanes, s.wo - ow);
+        if ((ow += kLanes) >= s.wo) ow = 0, ++oh;
+      }
+      forward_tile_pairs(w, at, pix, count, nv, s.in, plane, s.kh, s.kw, s.extent, s.dh * wp,
+                         s.dw, rows, dst, b, relu);
+    }
+  }
+}
+
 thread_local std::vector<float> t_weights, t_padded, t_dy, t_sums;
 
 // Packs weight(o, c, i, j) as [o / 4][c][i][j][o % 4] over each channel's taps (s.rows(c) x
@@ -324,6 +444,30 @@ const float* pack_weights(const Shape& s, Weight&& weight) {
   return wp;
 }
 
+// pack_weights for forward_tile_pairs: weight(o, c, i, j) eight times at
+// [o / 4][c][i][j][o % 4][8], a quad's two pairs of channels one vector each.
+template <typename Weight>
+const float* pack_weights_pairs(const Shape& s, Weight&& weight) {
+  const int64_t taps = s.taps(), size = round_up(s.out, kRows) * taps * kLanes;
+  float* wp = grown(t_weights, size_t(size));
+  std::fill(wp, wp + size, 0.0f);
+  for (int64_t o = 0; o < s.out; ++o) {
+    int64_t t = 0;
+    for (int64_t c = 0; c < s.in; ++c)
+      for (int64_t i = 0; i < s.rows(c); ++i)
+        for (int64_t j = 0; j < s.cols(c); ++j, ++t)
+          std::fill_n(wp + ((o / kRows * taps + t) * kRows + o % kRows) * kLanes, kLanes,
+                      weight(o, c, i, j));
+  }
+  return wp;
+}
+
+// Whether the 16-lane layout runs a geometry's rows in the pair form: where vectors of 8 pixels
+// leave fewer lanes idle at a row's end than vectors of 16.
+bool pair_form(const Shape& s) {
+  return s.lanes == 16 && round_up(s.wo, kLanes) < round_up(s.wo, 16);
+}
+
 // Images [begin, end) of a stride-1 convolution, one group at a time: images split across
 // threads (one thread inside a partition, parallel.h); s.lanes pixels to a vector.
 template <typename Weight>
@@ -331,9 +475,11 @@ void convolve(const float* x, int64_t x_image, int64_t x_group, const float* bia
               float* y, int64_t y_image, int64_t y_group, int64_t groups, const Shape& s,
               int64_t begin, int64_t end, Weight&& weight_of_group) {
   for (int64_t grp = 0; grp < groups; ++grp) {
-    const float* wp = pack_weights(s, [&](int64_t o, int64_t c, int64_t i, int64_t j) {
+    const auto weight = [&](int64_t o, int64_t c, int64_t i, int64_t j) {
       return weight_of_group(grp, o, c, i, j);
-    });
+    };
+    const bool pairs = pair_form(s);
+    const float* wp = pairs ? pack_weights_pairs(s, weight) : pack_weights(s, weight);
     const float* b = bias ? bias + grp * s.out : nullptr;
     const int64_t cost = s.out * s.taps() * s.ho * s.wo;
     parallel_for(end - begin, cost, [&](int64_t lo, int64_t hi) {
@@ -341,7 +487,9 @@ void convolve(const float* x, int64_t x_image, int64_t x_group, const float* bia
       for (int64_t n = begin + lo; n < begin + hi; ++n) {
         pad_image(x + n * x_image + grp * x_group, s.h * s.w, s, xp);
         float* top = y + n * y_image + grp * y_group;
-        if (s.lanes == 16) {
+        if (pairs) {
+          forward_image_pairs(xp, wp, b, relu, top, s.ho * s.wo, s);
+        } else if (s.lanes == 16) {
           forward_image<16>(xp, wp, b, relu, top, s.ho * s.wo, s);
         } else {
           forward_image<kLanes>(xp, wp, b, relu, top, s.ho * s.wo, s);
@@ -391,13 +539,6 @@ __attribute__((target("avx2,fma"))) void weight_tile(const float* d0, const floa
     }
   }
   store_twelve(sum, c00, c01, c02, c10, c11, c12, c20, c21, c22, c30, c31, c32);
-}
-
-// Eight floats at p in both halves of a 512-bit vector: one VBROADCASTF64X4 from memory (the
-// AVX512F form; AVX512DQ's VBROADCASTF32X8 is the same load).
-CCT_AVX512F_TARGET inline __m512 broadcast_eight(const float* p) {
-  const __m256d eight = _mm256_loadu_pd(reinterpret_cast<const double*>(p));
-  return _mm512_castpd_ps(_mm512_broadcast_f64x4(eight));
 }
 
 // A vector of lo's 8 floats and hi's 8, and back, under masks (hi is past lo: hi - 8 is in

@@ -16,8 +16,8 @@
 #      with MKL's sgemm among the candidates, each strided batch of Winograd's and the
 #      pointwise layout's GEMMs in OpenBLAS and in MKL, and the iteration with MKL in the races
 #      against without);
-#   3. bench_conv_layouts on CIFAR10-quick and CaffeNet b32 (each convolution's kernels under
-#      every layout), then bench_layers on those and LeNet (the iteration layer by layer, issue
+#   3. bench_conv_layouts on LeNet, CIFAR10-quick and CaffeNet b32 (each convolution's kernels
+#      under every layout), then bench_layers on those (the iteration layer by layer, issue
 #      34's second table): where the Xeon's convolutions lose to the Zen 4's (item 1), and
 #      backward_fusions (GoogLeNet's Concats, and the ReLUs run inside Concat's and MAX
 #      Pooling's backward); then
@@ -254,10 +254,11 @@ step update_rules 90 6 $PIN python3 bench/bench_update_rules.py --nets caffenet 
 # OpenBLAS's SkylakeX ones on the thin and small shapes here
 step thin_gemm 180 12 $PIN python3 bench/bench_thin_gemm.py --nets cifar10_quick,caffenet_b32 \
     --rounds 3
-# each convolution under each layout (lowered, direct 8 and 16 pixels, Winograd 2x2 and 4x4,
-# a strided layer's phase forms), forward and both backward kernels: 45 s on a Zen 4
+# each convolution under each layout (lowered, direct's 8- and 16-lane tiles, Winograd 2x2 and
+# 4x4, a strided layer's phase forms), forward and both backward kernels: 45 s on a Zen 4.
+# LeNet's too: never taken on this Xeon, where its 1.5x target is missed alone.
 step conv_layouts 120 30 $PIN python3 bench/bench_conv_layouts.py \
-    --nets cifar10_quick,caffenet_b32 --repeats 3
+    --nets lenet,cifar10_quick,caffenet_b32 --repeats 3
 # the same under bf16, with oneDNN's column and its implementations (AMX's?)
 step conv_layouts_bf16 150 40 $PIN python3 bench/bench_conv_layouts.py \
     --nets cifar10_quick,caffenet_b32 --repeats 3 --precision bf16

@@ -328,6 +328,10 @@ DIRECT_CASES = [c for c in ALL_CONV + random_conv_cases(40, seed=8) if c[6] == (
     (2, 4, 9, 21, 6, (5, 5), (1, 1), (2, 2), (1, 1), 2),     # groups, 3 vectors per row
     (2, 3, 12, 12, 5, (3, 3), (1, 1), (2, 2), (2, 2), 1),    # dilation with pad
     (12, 16, 20, 20, 9, (3, 3), (1, 1), (1, 1), (1, 1), 1),  # weight gradient in 3 chunks
+    # rows that the 16-lane layout runs in its pair form (8 pixels of two channels a vector)
+    (2, 20, 12, 12, 50, (5, 5), (1, 1), (0, 0), (1, 1), 1),  # LeNet conv2: rows of 8
+    (2, 1, 28, 28, 20, (5, 5), (1, 1), (0, 0), (1, 1), 1),   # LeNet conv1: rows of 24
+    (3, 5, 7, 7, 7, (3, 3), (1, 1), (1, 1), (1, 1), 1),      # rows of 7, a quad of 3
 ]
 needs_direct = pytest.mark.skipif(not _C.cpu_has_direct_conv(),
                                   reason="the direct layout needs a CPU with AVX2 and FMA")
@@ -359,7 +363,8 @@ def test_direct_tiles_of_16_lanes_give_the_same_bits(case, mode, conv_layout, pa
                                                      num_threads):
     """The AVX-512 tiles (layout 9) compute each sum with the same fused multiply-adds in the
     same order as the AVX2 ones (layout 3), so measurement may pick either: forward and
-    backward data (vectors of 16 pixels against 8), and the weight gradient (two output
+    backward data (vectors of 16 pixels against 8, or on rows of 1-8 pixels past a multiple
+    of 16, two output channels' 8 pixels to a vector), and the weight gradient (two output
     channels' 8 pixels to a vector against one's), overwritten and accumulated, to the bit."""
     x, weight, bias, dy, geom = conv_arrays(case, np.float32)
     before = rand(weight.shape, np.float32, 5)
@@ -635,7 +640,7 @@ def test_phase_direct_skips_the_phase_forms_zero_taps(case, mode, layout, conv_l
 # where one does not apply the layer runs lowered), Caffe's engine, one or several partitions,
 # the batch whole or an image at a time.
 RELU_CASES = [WINOGRAD_CASES[3], WINOGRAD_CASES[8], CONV_CASES[10], PHASE_CASES[0],
-              PHASE_CASES[1], PHASE_CASES[3], DIRECT_CASES[0]]
+              PHASE_CASES[1], PHASE_CASES[3], DIRECT_CASES[0], DIRECT_CASES[-1]]
 
 
 @pytest.mark.parametrize("limit", [None, 1])
