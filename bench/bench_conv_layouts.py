@@ -6,8 +6,9 @@ Winograd F(4x4, 3x3) (3x3 ones), forward, backward data and backward weight, in 
 A strided layer (CaffeNet's conv1) gets the same three columns for its phase forms
 (csrc/conv_phase.cpp: a stride-1 layer over the bottom's phase planes, kernel ceil(k / stride)).
 On AVX-512 CPUs the direct layout's AVX-512 tiles (16-pixel vectors for forward and backward
-data, two output channels to a vector for the weight gradient; direct's bits) have a column of
-their own. Where oneDNN is installed and offered to the precision's races
+data, or two output channels' 8 pixels to a vector where a row's last vector would hold 8 pixels
+or fewer; two output channels to a vector for the weight gradient; direct's bits) have a column
+of their own. Where oneDNN is installed and offered to the precision's races
 (cct/backend/onednn.py; ``$CCT_ONEDNN=all`` for float32), its convolution has one too, for every
 layer (it takes strides itself), with the implementation it picked.
 
