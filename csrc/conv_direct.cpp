@@ -148,14 +148,19 @@ __attribute__((target("avx2,fma"))) void store_tile(const float* out, int rows, 
 // Where a tile's vectors of output pixels are: the padded image's pixel each reads first (at),
 // the top's pixel it writes first (pix) and how many of its lanes lie inside the row (count);
 // nv of them, the rest repeating the first.
-struct TileVectors {
-  const float* at[kVecs];
-  int64_t pix[kVecs], count[kVecs];
+template <int Vecs>
+struct Vectors {
+  const float* at[Vecs];
+  int64_t pix[Vecs], count[Vecs];
   int nv;
   bool full(int lanes) const {
-    return nv == kVecs && count[0] == lanes && count[1] == lanes && count[2] == lanes;
+    if (nv != Vecs) return false;
+    for (int v = 0; v < Vecs; ++v)
+      if (count[v] != lanes) return false;
+    return true;
   }
 };
+using TileVectors = Vectors<kVecs>;
 
 // The forward tile: out[r][v] (8 lanes) = sum over `channels` and taps (i, j) of the packed
 // weight w[c][i][j][r] times the padded image at t.at[v] + c * plane + i * row + j * col,
@@ -307,13 +312,12 @@ CCT_AVX512F_TARGET inline void store_pair(float* lo, float* hi, __m512 x, __m512
   }
 }
 
-CCT_AVX512F_TARGET void forward_tile_pairs(const float* w, const float* const* at,
-                                           const int64_t* pix, const int64_t* count, int nv,
+CCT_AVX512F_TARGET void forward_tile_pairs(const float* w, const Vectors<kPairVecs>& t,
                                            int64_t channels, int64_t plane, int64_t kh,
                                            int64_t kw, const int32_t* extent, int64_t row,
                                            int64_t col, int rows, float* const* dst,
                                            const float* bias, bool relu) {
-  const float *p0 = at[0], *p1 = at[1], *p2 = at[2], *p3 = at[3];
+  const float *p0 = t.at[0], *p1 = t.at[1], *p2 = t.at[2], *p3 = t.at[3];
   __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
   __m512 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
   for (int64_t c = 0; c < channels; ++c) {
@@ -340,89 +344,80 @@ CCT_AVX512F_TARGET void forward_tile_pairs(const float* w, const float* const* a
     std::fill_n(pair_bias, kLanes, bias[2 * p]);
     std::fill_n(pair_bias + kLanes, kLanes, 2 * p + 1 < rows ? bias[2 * p + 1] : 0.0f);
     const __m512 b = _mm512_loadu_ps(pair_bias);
-    for (int v = 0; v < nv; ++v)
-      store_pair(dst[2 * p] + pix[v], 2 * p + 1 < rows ? dst[2 * p + 1] + pix[v] : nullptr,
-                 acc[p][v], b, relu, count[v]);
+    for (int v = 0; v < t.nv; ++v)
+      store_pair(dst[2 * p] + t.pix[v], 2 * p + 1 < rows ? dst[2 * p + 1] + t.pix[v] : nullptr,
+                 acc[p][v], b, relu, t.count[v]);
   }
 }
 
-// One image: y (out channels, channel stride ystride) = bias + the convolution of the padded
-// image xp with the packed weights wpk, through caffe_relu with `relu`. The image's vectors of
-// Lanes output pixels (a row's last one partly past its end) go three to a tile; a last tile of
-// fewer repeats its first. Each tile's vectors are stepped to from the last's rather than
-// divided out of their index, and the tiles store their own tops: a tile's fixed cost (three
-// 64-bit divisions, a second call, the accumulators through the stack) had been a third of a
-// 75-tap tile's time on a Zen 3 (CIFAR10-quick's conv1: bench/RESULTS.md).
-template <int Lanes>
-void forward_image(const float* xp, const float* wpk, const float* bias, bool relu, float* y,
-                   int64_t ystride, const Shape& s) {
-  const int64_t per_row = (s.wo + Lanes - 1) / Lanes, vectors = s.ho * per_row;
-  const int64_t taps = s.taps(), wp = s.wp(), plane = s.plane();
-  alignas(64) float out[kRows * kVecs * kLanes];  // the 8-lane tile's, for store_tile
+// One image's tiles: for each quad of output channels (o0, `rows` of them, dst[r] = y's plane
+// of channel o0 + r, b[r] its bias or 0), the image's vectors of `lanes` output pixels (a row's
+// last one partly past its end), Vecs to a tile: tile(o0, rows, dst, b, t). A last tile of
+// fewer repeats its first, computed and not stored. Each tile's vectors are stepped to from the
+// last's rather than divided out of their index, and the tiles store their own tops: a tile's
+// fixed cost (three 64-bit divisions, a second call, the accumulators through the stack) had
+// been a third of a 75-tap tile's time on a Zen 3 (CIFAR10-quick's conv1: bench/RESULTS.md).
+template <int Vecs, typename Tile>
+inline void for_each_tile(const float* xp, const float* bias, float* y, int64_t ystride,
+                          int64_t lanes, const Shape& s, Tile&& tile) {
+  const int64_t vectors = s.ho * ((s.wo + lanes - 1) / lanes), wp = s.wp();
   for (int64_t o0 = 0; o0 < s.out; o0 += kRows) {
-    const float* w = wpk + o0 * taps;
     const int rows = int(std::min<int64_t>(kRows, s.out - o0));
     float* dst[kRows];
     float b[kRows];
     for (int r = 0; r < rows; ++r)
       dst[r] = y + (o0 + r) * ystride, b[r] = bias ? bias[o0 + r] : 0.0f;
     int64_t oh = 0, ow = 0;  // the next vector's first output pixel
-    for (int64_t v0 = 0; v0 < vectors; v0 += kVecs) {
-      TileVectors t;
-      t.nv = int(std::min<int64_t>(kVecs, vectors - v0));
-      for (int v = 0; v < kVecs; ++v) {
+    for (int64_t v0 = 0; v0 < vectors; v0 += Vecs) {
+      Vectors<Vecs> t;
+      t.nv = int(std::min<int64_t>(Vecs, vectors - v0));
+      for (int v = 0; v < Vecs; ++v) {
         if (v >= t.nv) {
           t.at[v] = t.at[0], t.pix[v] = t.pix[0], t.count[v] = t.count[0];
           continue;
         }
         t.at[v] = xp + oh * wp + ow;
         t.pix[v] = oh * s.wo + ow;
-        t.count[v] = std::min<int64_t>(Lanes, s.wo - ow);  // the lanes inside the row
-        if ((ow += Lanes) >= s.wo) ow = 0, ++oh;
+        t.count[v] = std::min<int64_t>(lanes, s.wo - ow);  // the lanes inside the row
+        if ((ow += lanes) >= s.wo) ow = 0, ++oh;
       }
-      if constexpr (Lanes == kLanes) {
-        forward_tile(w, t, s.in, plane, s.kh, s.kw, s.extent, s.dh * wp, s.dw, rows, dst, b, relu,
-                     out);
-      } else {
-        forward_tile_avx512(w, t, s.in, plane, s.kh, s.kw, s.extent, s.dh * wp, s.dw, rows, dst,
-                            b, relu);
-      }
+      tile(o0, rows, dst, b, t);
     }
   }
+}
+
+// One image: y (out channels, channel stride ystride) = bias + the convolution of the padded
+// image xp with the packed weights wpk, through caffe_relu with `relu`: the 4 x 3 tiles of
+// vectors of Lanes pixels.
+template <int Lanes>
+void forward_image(const float* xp, const float* wpk, const float* bias, bool relu, float* y,
+                   int64_t ystride, const Shape& s) {
+  const int64_t taps = s.taps(), row = s.dh * s.wp(), plane = s.plane();
+  alignas(64) float out[kRows * kVecs * kLanes];  // the 8-lane tile's, for store_tile
+  for_each_tile<kVecs>(xp, bias, y, ystride, Lanes, s,
+                       [&](int64_t o0, int rows, float* const* dst, const float* b,
+                           const TileVectors& t) {
+    const float* w = wpk + o0 * taps;
+    if constexpr (Lanes == kLanes) {
+      forward_tile(w, t, s.in, plane, s.kh, s.kw, s.extent, row, s.dw, rows, dst, b, relu, out);
+    } else {
+      forward_tile_avx512(w, t, s.in, plane, s.kh, s.kw, s.extent, row, s.dw, rows, dst, b,
+                          relu);
+    }
+  });
 }
 
 // forward_image in the pair form (forward_tile_pairs): vectors of 8 pixels, kPairVecs to a
 // tile, wpk packed by pack_weights_pairs.
 void forward_image_pairs(const float* xp, const float* wpk, const float* bias, bool relu,
                          float* y, int64_t ystride, const Shape& s) {
-  const int64_t per_row = (s.wo + kLanes - 1) / kLanes, vectors = s.ho * per_row;
-  const int64_t taps = s.taps(), wp = s.wp(), plane = s.plane();
-  for (int64_t o0 = 0; o0 < s.out; o0 += kRows) {
-    const float* w = wpk + o0 * taps * kLanes;
-    const int rows = int(std::min<int64_t>(kRows, s.out - o0));
-    float* dst[kRows];
-    float b[kRows];
-    for (int r = 0; r < rows; ++r)
-      dst[r] = y + (o0 + r) * ystride, b[r] = bias ? bias[o0 + r] : 0.0f;
-    int64_t oh = 0, ow = 0;  // the next vector's first output pixel
-    for (int64_t v0 = 0; v0 < vectors; v0 += kPairVecs) {
-      const float* at[kPairVecs];
-      int64_t pix[kPairVecs], count[kPairVecs];
-      const int nv = int(std::min<int64_t>(kPairVecs, vectors - v0));
-      for (int v = 0; v < kPairVecs; ++v) {
-        if (v >= nv) {  // a last tile of fewer repeats its first, not stored
-          at[v] = at[0], pix[v] = pix[0], count[v] = count[0];
-          continue;
-        }
-        at[v] = xp + oh * wp + ow;
-        pix[v] = oh * s.wo + ow;
-        count[v] = std::min<int64_t>(kLanes, s.wo - ow);
-        if ((ow += kLanes) >= s.wo) ow = 0, ++oh;
-      }
-      forward_tile_pairs(w, at, pix, count, nv, s.in, plane, s.kh, s.kw, s.extent, s.dh * wp,
-                         s.dw, rows, dst, b, relu);
-    }
-  }
+  const int64_t taps = s.taps(), row = s.dh * s.wp(), plane = s.plane();
+  for_each_tile<kPairVecs>(xp, bias, y, ystride, kLanes, s,
+                           [&](int64_t o0, int rows, float* const* dst, const float* b,
+                               const Vectors<kPairVecs>& t) {
+    forward_tile_pairs(wpk + o0 * taps * kLanes, t, s.in, plane, s.kh, s.kw, s.extent, row,
+                       s.dw, rows, dst, b, relu);
+  });
 }
 
 thread_local std::vector<float> t_weights, t_padded, t_dy, t_sums;
