@@ -280,8 +280,8 @@ CCT_AVX512F_TARGET inline __m512 broadcast_eight(const float* p) {
 // in 1..8: rows of 8 waste half of each vector, rows of 24 a quarter): vectors of 8 pixels as
 // weight_tile_avx512 holds them, a 512-bit vector holding two output channels' 8 pixels, low
 // half channel 2p, high half 2p + 1. The tile: 2 pairs x kPairVecs vectors of 8 pixels; per tap
-// two loads of weights packed eight times over (pack_weights_pairs) and one VBROADCASTF64X4 of
-// each vector's 8 bottom pixels. Each output sums the same products in the same order as
+// two loads of weights packed eight times over (pack_weights with 8 copies) and one
+// VBROADCASTF64X4 of each vector's 8 bottom pixels. Each output sums the same products in the same order as
 // forward_tile's, and goes through store_vector's operations: the same bits.
 constexpr int kPairVecs = 4;
 
@@ -408,7 +408,7 @@ void forward_image(const float* xp, const float* wpk, const float* bias, bool re
 }
 
 // forward_image in the pair form (forward_tile_pairs): vectors of 8 pixels, kPairVecs to a
-// tile, wpk packed by pack_weights_pairs.
+// tile, wpk packed by pack_weights with 8 copies.
 void forward_image_pairs(const float* xp, const float* wpk, const float* bias, bool relu,
                          float* y, int64_t ystride, const Shape& s) {
   const int64_t taps = s.taps(), row = s.dh * s.wp(), plane = s.plane();
@@ -422,11 +422,12 @@ void forward_image_pairs(const float* xp, const float* wpk, const float* bias, b
 
 thread_local std::vector<float> t_weights, t_padded, t_dy, t_sums;
 
-// Packs weight(o, c, i, j) as [o / 4][c][i][j][o % 4] over each channel's taps (s.rows(c) x
-// s.cols(c)), zero rows past `out`.
+// Packs weight(o, c, i, j) `copies` times over as [o / 4][c][i][j][o % 4][copies] over each
+// channel's taps (s.rows(c) x s.cols(c)), zero rows past `out`: once for the 4 x 3 tiles, 8
+// times for forward_tile_pairs (a quad's two pairs of channels one vector each).
 template <typename Weight>
-const float* pack_weights(const Shape& s, Weight&& weight) {
-  const int64_t taps = s.taps(), size = round_up(s.out, kRows) * taps;
+const float* pack_weights(const Shape& s, Weight&& weight, int64_t copies = 1) {
+  const int64_t taps = s.taps(), size = round_up(s.out, kRows) * taps * copies;
   float* wp = grown(t_weights, size_t(size));
   std::fill(wp, wp + size, 0.0f);
   for (int64_t o = 0; o < s.out; ++o) {
@@ -434,24 +435,7 @@ const float* pack_weights(const Shape& s, Weight&& weight) {
     for (int64_t c = 0; c < s.in; ++c)
       for (int64_t i = 0; i < s.rows(c); ++i)
         for (int64_t j = 0; j < s.cols(c); ++j, ++t)
-          wp[(o / kRows * taps + t) * kRows + o % kRows] = weight(o, c, i, j);
-  }
-  return wp;
-}
-
-// pack_weights for forward_tile_pairs: weight(o, c, i, j) eight times at
-// [o / 4][c][i][j][o % 4][8], a quad's two pairs of channels one vector each.
-template <typename Weight>
-const float* pack_weights_pairs(const Shape& s, Weight&& weight) {
-  const int64_t taps = s.taps(), size = round_up(s.out, kRows) * taps * kLanes;
-  float* wp = grown(t_weights, size_t(size));
-  std::fill(wp, wp + size, 0.0f);
-  for (int64_t o = 0; o < s.out; ++o) {
-    int64_t t = 0;
-    for (int64_t c = 0; c < s.in; ++c)
-      for (int64_t i = 0; i < s.rows(c); ++i)
-        for (int64_t j = 0; j < s.cols(c); ++j, ++t)
-          std::fill_n(wp + ((o / kRows * taps + t) * kRows + o % kRows) * kLanes, kLanes,
+          std::fill_n(wp + ((o / kRows * taps + t) * kRows + o % kRows) * copies, copies,
                       weight(o, c, i, j));
   }
   return wp;
@@ -474,7 +458,7 @@ void convolve(const float* x, int64_t x_image, int64_t x_group, const float* bia
       return weight_of_group(grp, o, c, i, j);
     };
     const bool pairs = pair_form(s);
-    const float* wp = pairs ? pack_weights_pairs(s, weight) : pack_weights(s, weight);
+    const float* wp = pack_weights(s, weight, pairs ? kLanes : 1);
     const float* b = bias ? bias + grp * s.out : nullptr;
     const int64_t cost = s.out * s.taps() * s.ho * s.wo;
     parallel_for(end - begin, cost, [&](int64_t lo, int64_t hi) {
