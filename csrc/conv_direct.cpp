@@ -281,8 +281,8 @@ CCT_AVX512F_TARGET inline __m512 broadcast_eight(const float* p) {
 // weight_tile_avx512 holds them, a 512-bit vector holding two output channels' 8 pixels, low
 // half channel 2p, high half 2p + 1. The tile: 2 pairs x kPairVecs vectors of 8 pixels; per tap
 // two loads of weights packed eight times over (pack_weights with 8 copies) and one
-// VBROADCASTF64X4 of each vector's 8 bottom pixels. Each output sums the same products in the same order as
-// forward_tile's, and goes through store_vector's operations: the same bits.
+// VBROADCASTF64X4 of each vector's 8 bottom pixels. Each output sums the same products in the
+// same order as forward_tile's, and goes through store_vector's operations: the same bits.
 constexpr int kPairVecs = 4;
 
 // Lane i < count of a 256-bit half, for VMASKMOVPS.
