@@ -532,7 +532,7 @@ CCT_AVX512F_TARGET inline void store_halves(__m512 a, float* lo, float* hi) {
 // weight_tile on AVX-512, for Taps (3 or 6) taps: the sums of 4 output channels x Taps taps
 // (8 lanes each) in pairs of channels, a 512-bit vector holding channel 2p's 8 lanes in its low
 // half and channel 2p + 1's in its high half. dy is packed per image, row and vector of 8
-// pixels as the quad's 4 channels' 8 pixels one after the other (pack_dy_quads): two loads
+// pixels as the quad's 4 channels' 8 pixels one after the other (pack_dy_quad): two loads
 // give the two pairs; each tap's 8 bottom pixels are loaded into both halves at once. Every
 // lane adds the same products in the same order as weight_tile's, so the sums are its bits.
 // `sum` holds Taps / 3 of weight_tile's 3-tap blocks, kRows x 3 x 8 floats each.
