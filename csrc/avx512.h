@@ -121,6 +121,7 @@ static inline simde__m512 cct_emulated_dpbf16_ps(simde__m512 acc, simde__m512bh 
 #define _mm512_mask_loadu_ps cct_emulated_mask_loadu_ps
 #define _mm512_mask_storeu_ps cct_emulated_mask_storeu_ps
 #define _mm512_maskz_loadu_ps cct_emulated_maskz_loadu_ps
+#define _mm512_mask_blend_ps simde_mm512_mask_blend_ps
 #define _mm512_max_ps simde_mm512_max_ps
 #define _mm512_min_ps simde_mm512_min_ps
 #define _mm512_mul_ps simde_mm512_mul_ps

@@ -221,6 +221,15 @@ __attribute__((target("avx2,fma"))) void forward_tile(const float* w, const Tile
   store_tile(out, rows, t.nv, t.pix, t.count, dst, bias, relu);
 }
 
+// x plus b, through caffe_relu with `relu`: store_vector's operations on 16 lanes (its bits).
+CCT_AVX512F_TARGET inline __m512 add_bias_relu(__m512 x, __m512 b, bool relu) {
+  const __m512 zero = _mm512_setzero_ps();
+  x = _mm512_add_ps(x, b);
+  if (relu)  // caffe_relu(x, 0): max(x, 0) + 0 * min(x, 0)
+    x = _mm512_add_ps(_mm512_max_ps(zero, x), _mm512_mul_ps(zero, _mm512_min_ps(zero, x)));
+  return x;
+}
+
 // forward_tile with vectors of 16 pixels, each stored from the registers under a mask of its
 // lanes inside the row, with store_vector's operations (its bits). Written out again rather
 // than one template over the vector width: GCC does not inline a target's intrinsics into a
@@ -257,15 +266,11 @@ CCT_AVX512F_TARGET void forward_tile_avx512(const float* w, const TileVectors& t
     }
   }
   const __m512 acc[kRows * kVecs] = {c00, c01, c02, c10, c11, c12, c20, c21, c22, c30, c31, c32};
-  const __m512 zero = _mm512_setzero_ps();
   for (int r = 0; r < rows; ++r) {
     const __m512 b = _mm512_set1_ps(bias[r]);
-    for (int v = 0; v < t.nv; ++v) {
-      __m512 x = _mm512_add_ps(acc[r * kVecs + v], b);
-      if (relu)  // caffe_relu(x, 0), as store_vector
-        x = _mm512_add_ps(_mm512_max_ps(zero, x), _mm512_mul_ps(zero, _mm512_min_ps(zero, x)));
-      _mm512_mask_storeu_ps(dst[r] + t.pix[v], __mmask16((1u << t.count[v]) - 1), x);
-    }
+    for (int v = 0; v < t.nv; ++v)
+      _mm512_mask_storeu_ps(dst[r] + t.pix[v], __mmask16((1u << t.count[v]) - 1),
+                            add_bias_relu(acc[r * kVecs + v], b, relu));
   }
 }
 
@@ -296,10 +301,7 @@ __attribute__((target("avx2,fma"))) inline __m256i first_lanes(int64_t count) {
 // past the layer's last, not stored).
 CCT_AVX512F_TARGET inline void store_pair(float* lo, float* hi, __m512 x, __m512 b, bool relu,
                                           int64_t count) {
-  const __m512 zero = _mm512_setzero_ps();
-  x = _mm512_add_ps(x, b);
-  if (relu)  // caffe_relu(x, 0), as store_vector
-    x = _mm512_add_ps(_mm512_max_ps(zero, x), _mm512_mul_ps(zero, _mm512_min_ps(zero, x)));
+  x = add_bias_relu(x, b, relu);
   const __m256 low = _mm512_castps512_ps256(x);
   const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
   if (count == kLanes) {
@@ -340,10 +342,9 @@ CCT_AVX512F_TARGET void forward_tile_pairs(const float* w, const Vectors<kPairVe
   }
   const __m512 acc[2][kPairVecs] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}};
   for (int p = 0; p < 2 && 2 * p < rows; ++p) {
-    alignas(64) float pair_bias[2 * kLanes];
-    std::fill_n(pair_bias, kLanes, bias[2 * p]);
-    std::fill_n(pair_bias + kLanes, kLanes, 2 * p + 1 < rows ? bias[2 * p + 1] : 0.0f);
-    const __m512 b = _mm512_loadu_ps(pair_bias);
+    const float high = 2 * p + 1 < rows ? bias[2 * p + 1] : 0.0f;
+    const __m512 b =
+        _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(bias[2 * p]), _mm512_set1_ps(high));
     for (int v = 0; v < t.nv; ++v)
       store_pair(dst[2 * p] + t.pix[v], 2 * p + 1 < rows ? dst[2 * p + 1] + t.pix[v] : nullptr,
                  acc[p][v], b, relu, t.count[v]);
