@@ -607,6 +607,13 @@ void pack_dy_quad(const float* dy, int64_t dy_image, const Shape& s, int64_t o0,
         for (int64_t ow = 0; ow < dyw; ow += kLanes) {
           float* dst = row + ow * kRows + r * kLanes;
           const int64_t count = src ? std::min<int64_t>(kLanes, s.wo - ow) : 0;
+          // A whole vector as one copy of a size known when compiled: memcpy of `count` alone
+          // was a loop of byte and word moves, a fifth of CIFAR10-quick's conv1 weight
+          // gradient on a Zen 5 (bench/RESULTS.md).
+          if (count == kLanes) {
+            std::memcpy(dst, src + ow, kLanes * sizeof(float));
+            continue;
+          }
           if (count > 0) std::memcpy(dst, src + ow, size_t(count) * sizeof(float));
           std::fill(dst + std::max<int64_t>(count, 0), dst + kLanes, 0.0f);
         }
@@ -625,23 +632,34 @@ constexpr int64_t kWeightChunkBytes = int64_t(192) << 10;
 // dw (out x in x kh x kw) = one group's weight gradient over images [begin, end), or dw += it.
 // Threads take quads of output channels. Each pads the images itself, a chunk at a time, as
 // [channel][image][row][column] so that a tile runs over the whole chunk before its sums
-// leave the registers. A channel's taps (s.rows(c) x s.cols(c): the taps a phase form pads
-// with are neither computed nor written) go three to a tile in (i, j) order; a last tile of
-// fewer repeats the channel's tap 0. Each tap's sum is its own, whatever tile it shares.
+// leave the registers. The layer's taps (channel by channel, each s.rows(c) x s.cols(c) in
+// (i, j) order: the taps a phase form pads with are neither computed nor written) go three to
+// a tile as one list, a tile spanning two channels where a channel's taps end mid-tile: 5x5
+// taps per channel were four 6-tap tiles and a 3-tap one holding one tap, which ran at half
+// the 6-tap tile's speed. A last tile of fewer repeats tap 0. Each tap's sum is its own,
+// whatever tile it shares: the same bits.
 void weight_slice(const float* x, int64_t x_image, const float* dy, int64_t dy_image,
                   const Shape& s, int64_t begin, int64_t end, float* dw, bool accumulate,
                   bool wide) {
   const int64_t dyw = round_up(s.wo, kLanes), dyplane = s.ho * dyw, taps = s.kh * s.kw;
   const int64_t plane = s.plane(), wp = s.wp();
   const int64_t quads = (s.out + kRows - 1) / kRows;
-  // first[c]: channel c's first tile among a quad's; first[in]: the quad's tiles.
-  std::vector<int64_t> first(size_t(s.in + 1), 0);
+  // The layer's taps as one list: each one's bottom in a chunk (channel c's plane at c * chunk
+  // * plane) and its weight among an output channel's in * kh * kw.
+  std::vector<int64_t> tap_x, tap_w;
   for (int64_t c = 0; c < s.in; ++c)
-    first[c + 1] = first[c] + (s.rows(c) * s.cols(c) + kTapsPerTile - 1) / kTapsPerTile;
-  const int64_t tiles = first[s.in];
+    for (int64_t i = 0; i < s.rows(c); ++i)
+      for (int64_t j = 0; j < s.cols(c); ++j) {
+        tap_x.push_back(i * s.dh * wp + j * s.dw);  // + c * chunk * plane, once chunk is known
+        tap_w.push_back(c * taps + i * s.kw + j);
+      }
+  const int64_t listed = int64_t(tap_w.size());
+  const int64_t tiles = (listed + kTapsPerTile - 1) / kTapsPerTile;
   const int64_t tile_floats = kRows * kTapsPerTile * kLanes;
   const int64_t chunk = std::max<int64_t>(
       1, kWeightChunkBytes / int64_t(sizeof(float)) / (s.in * plane + kRows * dyplane));
+  for (int64_t g = 0, c = 0; c < s.in; ++c)
+    for (int64_t t = 0; t < s.rows(c) * s.cols(c); ++t) tap_x[size_t(g++)] += c * chunk * plane;
   const int64_t cost = kRows * s.taps() * dyplane * (end - begin);
   parallel_for(quads, cost, [&](int64_t q0, int64_t q1) {
     const int64_t o0 = q0 * kRows, o1 = std::min(s.out, q1 * kRows), outs = (q1 - q0) * kRows;
@@ -676,44 +694,33 @@ void weight_slice(const float* x, int64_t x_image, const float* dy, int64_t dy_i
       for (int64_t q = q0; q < q1; ++q) {
         const float* d = dyp + (q - q0) * kRows * chunk * dyplane;
         const int64_t dstep = chunk * dyplane;
-        for (int64_t c = 0; c < s.in; ++c) {
-          const float* xc = xp + c * chunk * plane;
-          const int64_t cols = s.cols(c), own = s.rows(c) * cols;
-          // Two 3-tap blocks to a wide tile while two remain, then one.
-          for (int64_t t0 = 0; t0 < own;) {
-            const int block = wide && t0 + kTapsPerTile < own ? 2 : 1;
-            const float* at[2 * kTapsPerTile];
-            for (int t = 0; t < block * kTapsPerTile; ++t) {
-              const int64_t tap = t0 + t < own ? t0 + t : 0;
-              at[t] = xc + tap / cols * s.dh * wp + tap % cols * s.dw;
-            }
-            float* sum =
-                sums + ((q - q0) * tiles + first[c] + t0 / kTapsPerTile) * tile_floats;
-            if (!wide) {
-              weight_tile(d, d + dstep, d + 2 * dstep, d + 3 * dstep, at[0], at[1], at[2], nb,
-                          dyplane, plane, s.ho, dyw, wp, sum);
-            } else if (block == 2) {
-              weight_tile_avx512<2 * kTapsPerTile>(d, at, nb, kRows * dyplane, plane, s.ho, dyw,
-                                                   wp, sum);
-            } else {
-              weight_tile_avx512<kTapsPerTile>(d, at, nb, kRows * dyplane, plane, s.ho, dyw, wp,
-                                               sum);
-            }
-            t0 += block * kTapsPerTile;
+        // Two 3-tap blocks to a wide tile while two remain, then one.
+        for (int64_t t0 = 0; t0 < listed;) {
+          const int block = wide && t0 + kTapsPerTile < listed ? 2 : 1;
+          const float* at[2 * kTapsPerTile];
+          for (int t = 0; t < block * kTapsPerTile; ++t)
+            at[t] = xp + tap_x[size_t(t0 + t < listed ? t0 + t : 0)];
+          float* sum = sums + ((q - q0) * tiles + t0 / kTapsPerTile) * tile_floats;
+          if (!wide) {
+            weight_tile(d, d + dstep, d + 2 * dstep, d + 3 * dstep, at[0], at[1], at[2], nb,
+                        dyplane, plane, s.ho, dyw, wp, sum);
+          } else if (block == 2) {
+            weight_tile_avx512<2 * kTapsPerTile>(d, at, nb, kRows * dyplane, plane, s.ho, dyw,
+                                                 wp, sum);
+          } else {
+            weight_tile_avx512<kTapsPerTile>(d, at, nb, kRows * dyplane, plane, s.ho, dyw, wp,
+                                             sum);
           }
+          t0 += block * kTapsPerTile;
         }
       }
     }
     for (int64_t o = o0; o < o1; ++o)
-      for (int64_t c = 0; c < s.in; ++c) {
-        const int64_t cols = s.cols(c), own = s.rows(c) * cols;
-        for (int64_t t = 0; t < own; ++t) {
-          const float* l = sums + ((o / kRows - q0) * tiles + first[c] + t / kTapsPerTile) *
-                                      tile_floats +
-                           (o % kRows * kTapsPerTile + t % kTapsPerTile) * kLanes;
-          float& out = dw[(o * s.in + c) * taps + t / cols * s.kw + t % cols];
-          out = accumulate ? out + lane_sum(l) : lane_sum(l);
-        }
+      for (int64_t g = 0; g < listed; ++g) {
+        const float* l = sums + ((o / kRows - q0) * tiles + g / kTapsPerTile) * tile_floats +
+                         (o % kRows * kTapsPerTile + g % kTapsPerTile) * kLanes;
+        float& out = dw[o * s.in * taps + tap_w[size_t(g)]];
+        out = accumulate ? out + lane_sum(l) : lane_sum(l);
       }
   });
 }
