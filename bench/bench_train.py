@@ -533,8 +533,15 @@ def machine() -> str:
     model = cpu_model()
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
     avx = "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "no AVX2")
+    forced = ", ".join(f"{v}={os.environ[v]}" for v in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+                       if os.environ.get(v))
+    # A machine that sets these (for older OpenBLAS builds) runs OpenBLAS's kernels for that
+    # core type whatever the CPU: a Zen 5 set to Haswell read an SGEMM peak of 206 GFLOP/s
+    # against 378-400 with SkylakeX's, which OpenBLAS 0.3.34 picks there (bench/RESULTS.md).
+    note = f" ({forced} set: OpenBLAS's kernels for that core)" if forced else ""
     return (f"{model}, {_C.available_cores()} cores available ({avx}), Python "
-            f"{platform.python_version()}, NumPy {np.__version__}, cct BLAS: {_C.blas_config()}")
+            f"{platform.python_version()}, NumPy {np.__version__}, cct BLAS: "
+            f"{_C.blas_config()}{note}")
 
 
 def main(argv=None) -> None:
