@@ -644,22 +644,20 @@ void weight_slice(const float* x, int64_t x_image, const float* dy, int64_t dy_i
   const int64_t dyw = round_up(s.wo, kLanes), dyplane = s.ho * dyw, taps = s.kh * s.kw;
   const int64_t plane = s.plane(), wp = s.wp();
   const int64_t quads = (s.out + kRows - 1) / kRows;
-  // The layer's taps as one list: each one's bottom in a chunk (channel c's plane at c * chunk
-  // * plane) and its weight among an output channel's in * kh * kw.
+  const int64_t chunk = std::max<int64_t>(
+      1, kWeightChunkBytes / int64_t(sizeof(float)) / (s.in * plane + kRows * dyplane));
+  // The layer's taps as one list: each one's bottom in a padded chunk (channel c's planes at
+  // c * chunk * plane) and its weight among an output channel's in * kh * kw.
   std::vector<int64_t> tap_x, tap_w;
   for (int64_t c = 0; c < s.in; ++c)
     for (int64_t i = 0; i < s.rows(c); ++i)
       for (int64_t j = 0; j < s.cols(c); ++j) {
-        tap_x.push_back(i * s.dh * wp + j * s.dw);  // + c * chunk * plane, once chunk is known
+        tap_x.push_back(c * chunk * plane + i * s.dh * wp + j * s.dw);
         tap_w.push_back(c * taps + i * s.kw + j);
       }
   const int64_t listed = int64_t(tap_w.size());
   const int64_t tiles = (listed + kTapsPerTile - 1) / kTapsPerTile;
   const int64_t tile_floats = kRows * kTapsPerTile * kLanes;
-  const int64_t chunk = std::max<int64_t>(
-      1, kWeightChunkBytes / int64_t(sizeof(float)) / (s.in * plane + kRows * dyplane));
-  for (int64_t g = 0, c = 0; c < s.in; ++c)
-    for (int64_t t = 0; t < s.rows(c) * s.cols(c); ++t) tap_x[size_t(g++)] += c * chunk * plane;
   const int64_t cost = kRows * s.taps() * dyplane * (end - begin);
   parallel_for(quads, cost, [&](int64_t q0, int64_t q1) {
     const int64_t o0 = q0 * kRows, o1 = std::min(s.out, q1 * kRows), outs = (q1 - q0) * kRows;
