@@ -89,6 +89,15 @@ def test_a_terminals_signal_to_the_process_group_is_the_drivers(data_list, tmp_p
 
 
 # -- 2. a group that stops answering ---------------------------------------------------------
+def _run_state(pid):
+    """The process's state letter from /proc ("T": stopped), or None where there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
 def test_a_stopped_group_process_is_dropped_after_the_timeout(data_list, tmp_path,  # noqa: F811
                                                               capfd):
     param = solver_param(data_list, tmp_path, display=0, max_iter=40)
@@ -103,6 +112,14 @@ def test_a_stopped_group_process_is_dropped_after_the_timeout(data_list, tmp_pat
             # only up to the timeout, and dropped.
             driver.step(1)
             log = capfd.readouterr().err
+            if len(driver.groups) == 2 and _run_state(victim.process.pid) not in (None, "T"):
+                # Something sent SIGCONT and the group answered within its timeout: kept, as
+                # it should be. The kernel does that to the stopped members of a process group
+                # left orphaned (no parent outside it in the session) when a member exits, as
+                # under `nohup ... &` once the starting shell is gone: the one cause I can name
+                # for the run seen keeping group 1 (bench/RESULTS.md). Still stopped ("T") and
+                # kept would be the driver's fault, and fails below.
+                pytest.skip("the stopped group process was continued from outside the test")
             assert [g.index for g in driver.groups] == [0]
             assert re.search(rf"group 1 \(pid {victim.process.pid}, .*\) failed and is dropped:"
                              rf" NoAnswer: the process did not answer within 2 s", log), log
