@@ -68,24 +68,6 @@ inline uint16_t to_bf16(float value) {
   return uint16_t(nan ? (u >> 16) | 0x40u : rounded);
 }
 void round_to_bf16(const float* src, uint16_t* dst, int64_t count);
-// float32 -> bf16 as AVX512-BF16's VCVTNEPS2BF16 converts (and so oneDNN's reorders, on the
-// CPUs bf16 runs on): to_bf16, but a denormal becomes a zero of its sign, since the
-// instruction reads denormals as zero. Where a product treats denormal bf16 operands as zero
-// (VDPBF16PS, AMX) the two roundings differ only for the largest denormals, which to_bf16
-// rounds up to the smallest normal.
-inline uint16_t to_bf16_daz(float value) {
-  uint32_t u;
-  std::memcpy(&u, &value, sizeof(u));
-  return (u & 0x7F800000u) == 0 ? uint16_t((u >> 16) & 0x8000u) : to_bf16(value);
-}
-// dst's rows x padded_cols elements (rows dst_ld apart, columns contiguous) = src's rows x cols
-// (element (r, c) at src[r * src_rs + c * src_cs]) rounded as to_bf16_daz, and zero in the
-// columns from cols to padded_cols: one operand, or one block of it, in the layout a oneDNN
-// primitive asks for (onednn.cpp), on the calling thread. A source whose columns are strided
-// and rows contiguous (a blob's channels, its pixels) is read in 16 x 16 tiles, so that both
-// sides move whole cache lines.
-void round_to_bf16_daz_2d(const float* src, int64_t rows, int64_t cols, int64_t src_rs,
-                          int64_t src_cs, uint16_t* dst, int64_t dst_ld, int64_t padded_cols);
 // bf16 -> float32 (exact).
 void widen_bf16(const uint16_t* src, float* dst, int64_t count);
 

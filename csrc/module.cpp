@@ -611,19 +611,15 @@ PYBIND11_MODULE(_C, m) {
         "in float32, and under bf16 GEMMs.");
   m.def("onednn_offered", &cct::onednn_offered, py::arg("bf16"),
         "Whether the races of this precision time oneDNN's layout.");
-  // A convolution kernel's geometry as onednn_conv_impl and onednn_conv_cct_rounded name it.
-  const auto onednn_geom = [](int kernel, std::array<int64_t, 4> bottom, int64_t num_output,
-                              Pair k, Pair s, Pair p, Pair d, int group) {
-    if (kernel < 0 || kernel > 2) throw std::invalid_argument("kernel must be 0, 1 or 2");
-    const std::array<int64_t, 4> w{num_output, bottom[1] / std::max(group, 1), k[0], k[1]};
-    return conv_geom(bottom, w, k, s, p, d, group, conv_out(bottom[2], k[0], s[0], p[0], d[0]),
-                     conv_out(bottom[3], k[1], s[1], p[1], d[1]));
-  };
   m.def(
       "onednn_conv_impl",
-      [onednn_geom](int kernel, std::array<int64_t, 4> bottom, int64_t num_output, Pair k,
-                    Pair s, Pair p, Pair d, int group, bool bf16) {
-        const cct::ConvGeom g = onednn_geom(kernel, bottom, num_output, k, s, p, d, group);
+      [](int kernel, std::array<int64_t, 4> bottom, int64_t num_output, Pair k, Pair s, Pair p,
+         Pair d, int group, bool bf16) {
+        if (kernel < 0 || kernel > 2) throw std::invalid_argument("kernel must be 0, 1 or 2");
+        const std::array<int64_t, 4> w{num_output, bottom[1] / std::max(group, 1), k[0], k[1]};
+        const cct::ConvGeom g =
+            conv_geom(bottom, w, k, s, p, d, group, conv_out(bottom[2], k[0], s[0], p[0], d[0]),
+                      conv_out(bottom[3], k[1], s[1], p[1], d[1]));
         py::gil_scoped_release release;
         return cct::onednn_conv_impl(kernel, g, bf16);
       },
@@ -632,31 +628,12 @@ PYBIND11_MODULE(_C, m) {
       "The implementation oneDNN runs for a convolution kernel (0 forward, 1 backward data, 2 "
       "backward weight) on this geometry, '' where it has none of its own or is not loaded.");
   m.def(
-      "onednn_conv_cct_rounded",
-      [onednn_geom](int kernel, std::array<int64_t, 4> bottom, int64_t num_output, Pair k,
-                    Pair s, Pair p, Pair d, int group, bool bf16) {
-        const cct::ConvGeom g = onednn_geom(kernel, bottom, num_output, k, s, p, d, group);
-        py::gil_scoped_release release;
-        return cct::onednn_conv_cct_rounded(kernel, g, bf16);
-      },
-      py::arg("kernel"), py::arg("bottom"), py::arg("num_output"), py::arg("kernel_size"),
-      py::arg("stride"), py::arg("pad"), py::arg("dilation"), py::arg("group"), py::arg("bf16"),
-      "How many of the kernel's two operands cct rounds into oneDNN's bf16 layouts itself "
-      "(set_onednn_cct_rounding): 0 before its first run on oneDNN.");
-  // A matmul's shape as onednn_matmul_impl and onednn_matmul_cct_rounded name it: count
-  // compact products.
-  const auto matmul_shape = [](bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                               int64_t count, bool shared_a, bool accumulate) {
-    return cct::MatmulShape{trans_a,       trans_b, m,        n,     k,    trans_a ? m : k,
-                            shared_a ? 0 : m * k,   trans_b ? k : n, k * n, n,    m * n,
-                            count,         accumulate};
-  };
-  m.def(
       "onednn_matmul_impl",
-      [matmul_shape](bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t count,
-                     bool shared_a, bool accumulate) {
-        const cct::MatmulShape s =
-            matmul_shape(trans_a, trans_b, m, n, k, count, shared_a, accumulate);
+      [](bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t count,
+         bool shared_a, bool accumulate) {
+        const cct::MatmulShape s{trans_a,       trans_b, m,        n,     k,    trans_a ? m : k,
+                                 shared_a ? 0 : m * k,   trans_b ? k : n, k * n, n,    m * n,
+                                 count,         accumulate};
         py::gil_scoped_release release;
         return cct::onednn_matmul_impl(s);
       },
@@ -665,23 +642,6 @@ PYBIND11_MODULE(_C, m) {
       "The implementation oneDNN's bf16 matmul runs (GEMM choice 13) for count compact "
       "products op(a) (m x k) @ op(b) (k x n), a shared by every item with shared_a, added "
       "into c with accumulate; '' where it has none of its own or is not loaded.");
-  m.def(
-      "onednn_matmul_cct_rounded",
-      [matmul_shape](bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t count,
-                     bool shared_a, bool accumulate) {
-        const cct::MatmulShape s =
-            matmul_shape(trans_a, trans_b, m, n, k, count, shared_a, accumulate);
-        py::gil_scoped_release release;
-        return cct::onednn_matmul_cct_rounded(s);
-      },
-      py::arg("trans_a"), py::arg("trans_b"), py::arg("m"), py::arg("n"), py::arg("k"),
-      py::arg("count") = 1, py::arg("shared_a") = false, py::arg("accumulate") = false,
-      "How many of that matmul's operands cct rounds into oneDNN's bf16 layouts itself.");
-  m.def("set_onednn_cct_rounding", &cct::set_onednn_cct_rounding, py::arg("on"),
-        "Whether cct rounds the float32 operands of oneDNN's bf16 convolutions and matmul into "
-        "the layouts it knows (the default), or oneDNN's reorders round them all: the same "
-        "bits either way.");
-  m.def("onednn_cct_rounding", &cct::onednn_cct_rounding);
   m.def("set_bf16_engine", &cct::set_bf16_engine, py::arg("name"),
         "The bf16 GEMM engine: 'mkl', 'mkl_threaded' (loaded first) or 'avx512bf16' "
         "(cct's own kernel).");

@@ -1,6 +1,5 @@
 // oneDNN's convolutions and matmul loaded at run time (see onednn.h).
 #include "onednn.h"
-#include "bf16.h"
 #include "parallel.h"
 #include "workspace.h"
 
@@ -62,11 +61,6 @@ constexpr int kArgSrc = 1, kArgDst = 17, kArgWeights = 33, kArgBias = 41, kArgDi
 constexpr int kScratchpadUser = 1;                           // dnnl_scratchpad_mode_user
 constexpr int kQueryScratchpad = 136;                         // dnnl_query_scratchpad_md
 constexpr int kArgScratchpad = 80;                            // DNNL_ARG_SCRATCHPAD
-// A memory descriptor's queries (dnnl_query_t) and its blocked format kind.
-constexpr int kQueryMdStrides = 14, kQueryNdims = 256, kQueryDims = 257, kQueryDataType = 258,
-              kQuerySubmemoryOffset = 259, kQueryPaddedDims = 260, kQueryFormatKind = 262,
-              kQueryInnerNblks = 263, kQueryInnerBlks = 264, kQueryInnerIdxs = 265;
-constexpr int kFormatBlocked = 2;  // dnnl_blocked
 constexpr size_t kAlign = 64;  // oneDNN's kernels read and write whole cache lines
 
 struct Api {
@@ -77,7 +71,6 @@ struct Api {
   Status (*md_create)(Md*, int, const Dims, int, int);
   Status (*md_create_strided)(Md*, int, const Dims, int, const Dims);
   Status (*md_destroy)(Md);
-  Status (*md_query)(ConstMd, int, void*);
   size_t (*md_size)(ConstMd);
   int (*md_equal)(ConstMd, ConstMd);
   Status (*memory_create)(Mem*, ConstMd, dnnl_engine*, void*);
@@ -162,144 +155,6 @@ void make_md(OwnedMd* md, std::vector<int64_t> dims, int data_type, int tag) {
 
 size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
-// Whether cct rounds the bf16 operands it recognises itself (set_onednn_cct_rounding).
-std::atomic<bool> g_cct_rounds{true};
-
-// A float32 operand rounded into a bf16 layout by cct (round_to_bf16_daz_2d, on cct's threads)
-// rather than by oneDNN's reorder: oneDNN 3.2's reorder from a blob into the channel-blocked
-// layout its bf16 convolutions take ran at 6-20 GB/s on a Zen 4 (13x13 planes the slowest),
-// about 8% of CaffeNet's bf16 iteration, and its small reorders for a Winograd batch's
-// products another 3%. The operand as items x blocks of one 2-D call each: item i, block b
-// reads src + i * src_item + b * src_block and writes dst + i * dst_item + b * dst_block,
-// rows x the block's columns (columns [b * block_cols, cols) clipped to block_cols, the rest
-// of the block zero: a blocked layout's padded channels).
-struct RoundPlan {
-  bool on = false;
-  int64_t items = 0, blocks = 1, src_item = 0, src_block = 0, dst_item = 0, dst_block = 0;
-  int64_t rows = 0, cols = 0, block_cols = 0, src_rs = 0, src_cs = 0, dst_ld = 0;
-
-  void run(const float* src, uint16_t* dst) const {
-    parallel_for(items * blocks, rows * block_cols, [&](int64_t begin, int64_t end) {
-      for (int64_t j = begin; j < end; ++j) {
-        const int64_t i = j / blocks, b = j % blocks;
-        const int64_t c0 = b * block_cols, nc = std::max<int64_t>(0, std::min(block_cols,
-                                                                               cols - c0));
-        round_to_bf16_daz_2d(src + i * src_item + b * src_block, rows, nc, src_rs, src_cs,
-                             dst + i * dst_item + b * dst_block, dst_ld, block_cols);
-      }
-    });
-  }
-};
-
-// What a memory descriptor says of its layout, where it is a plain or blocked one.
-struct Layout {
-  int ndims = 0, nblks = 0;
-  int64_t dims[12] = {}, padded[12] = {}, strides[12] = {}, blk = 1, idx = -1;
-  bool plain = false;  // float32 or bf16, blocked format, no submemory offset, <= 1 inner block
-};
-
-Layout layout_of(ConstMd md, int data_type) {
-  Layout l;
-  int type = 0, kind = 0;
-  int64_t offset = 0;
-  if (g_api.md_query(md, kQueryNdims, &l.ndims) != kSuccess || l.ndims > 12 ||
-      g_api.md_query(md, kQueryDataType, &type) != kSuccess || type != data_type ||
-      g_api.md_query(md, kQueryFormatKind, &kind) != kSuccess || kind != kFormatBlocked ||
-      g_api.md_query(md, kQuerySubmemoryOffset, &offset) != kSuccess || offset != 0 ||
-      g_api.md_query(md, kQueryInnerNblks, &l.nblks) != kSuccess || l.nblks > 1)
-    return l;
-  const int64_t *dims = nullptr, *padded = nullptr, *strides = nullptr, *blks = nullptr,
-                *idxs = nullptr;
-  if (g_api.md_query(md, kQueryDims, &dims) != kSuccess ||
-      g_api.md_query(md, kQueryPaddedDims, &padded) != kSuccess ||
-      g_api.md_query(md, kQueryMdStrides, &strides) != kSuccess)
-    return l;
-  if (l.nblks == 1 && (g_api.md_query(md, kQueryInnerBlks, &blks) != kSuccess ||
-                       g_api.md_query(md, kQueryInnerIdxs, &idxs) != kSuccess))
-    return l;
-  std::copy(dims, dims + l.ndims, l.dims);
-  std::copy(padded, padded + l.ndims, l.padded);
-  std::copy(strides, strides + l.ndims, l.strides);
-  if (l.nblks == 1) {
-    l.blk = blks[0];
-    l.idx = idxs[0];
-  }
-  l.plain = true;
-  return l;
-}
-
-// cct's plan for rounding a float32 blob (N x C x H x W, dense) into a convolution's bf16
-// operand layout, on a CPU with bf16 units (whose VCVTNEPS2BF16 oneDNN's reorders round with): channel blocks of B with each block's pixels dense (aBcd16b, aBcd8b), channels
-// last (acdb), or the blob's own order (abcd, a first layer's bottom). Off for other layouts,
-// which oneDNN's reorder rounds.
-RoundPlan conv_round_plan(ConstMd inner, const int64_t (&d)[4]) {
-  RoundPlan p;
-  if (!cpu_has_bf16_units()) return p;  // where oneDNN's reorders may round otherwise
-  const Layout l = layout_of(inner, kBf16);
-  if (!l.plain || l.ndims != 4 || !std::equal(d, d + 4, l.dims)) return p;
-  const int64_t n = d[0], c = d[1], h = d[2], w = d[3], hw = h * w;
-  const int64_t* s = l.strides;
-  if (l.padded[0] != n || l.padded[2] != h || l.padded[3] != w) return p;
-  p.items = n;
-  p.src_item = c * hw;
-  p.dst_item = s[0];
-  p.cols = c;
-  if (l.nblks == 1) {  // channel blocks: dst (pixel, channel in block) dense, per block
-    if (l.idx != 1 || s[3] != l.blk || s[2] != w * l.blk || l.padded[1] % l.blk != 0) return p;
-    p.blocks = l.padded[1] / l.blk;
-    p.src_block = l.blk * hw;
-    p.dst_block = s[1];
-    p.rows = hw;
-    p.block_cols = l.blk;
-    p.src_rs = 1;
-    p.src_cs = hw;
-    p.dst_ld = l.blk;
-  } else if (l.padded[1] != c) {
-    return p;
-  } else if (s[1] == 1 && s[3] == c && s[2] == w * c) {  // channels last
-    p.rows = hw;
-    p.block_cols = c;
-    p.src_rs = 1;
-    p.src_cs = hw;
-    p.dst_ld = c;
-  } else if (s[3] == 1 && s[2] == w && s[1] == hw) {  // the blob's own order
-    p.rows = c;
-    p.cols = p.block_cols = hw;
-    p.src_rs = hw;
-    p.src_cs = 1;
-    p.dst_ld = hw;
-  } else {
-    return p;
-  }
-  p.on = true;
-  return p;
-}
-
-// cct's plan for rounding a strided float32 matrix operand (items x rows x cols, user's
-// strides) into a dense bf16 one (abc), as oneDNN's matmul asks on AVX512-BF16; off for any
-// other layout.
-RoundPlan matrix_round_plan(ConstMd user, ConstMd inner) {
-  RoundPlan p;
-  if (!cpu_has_bf16_units()) return p;
-  const Layout u = layout_of(user, kF32), l = layout_of(inner, kBf16);
-  if (!u.plain || !l.plain || u.ndims != 3 || l.ndims != 3 || u.nblks != 0 || l.nblks != 0 ||
-      !std::equal(u.dims, u.dims + 3, l.dims) || !std::equal(l.dims, l.dims + 3, l.padded))
-    return p;
-  const int64_t items = l.dims[0], rows = l.dims[1], cols = l.dims[2];
-  if (l.strides[2] != 1 || l.strides[1] != cols || (items > 1 && l.strides[0] != rows * cols))
-    return p;
-  p.items = items;
-  p.src_item = u.strides[0];
-  p.dst_item = rows * cols;
-  p.rows = rows;
-  p.cols = p.block_cols = cols;
-  p.src_rs = u.strides[1];
-  p.src_cs = u.strides[2];
-  p.dst_ld = cols;
-  p.on = true;
-  return p;
-}
-
 // One tensor of a convolution: cct's float32 blob (user) and the layout the primitive wants
 // (inner). Where the two differ, the inner tensor lives in the calling thread's convolution
 // workspace (workspace.h: one buffer, grown to the largest layer's, not one per layer) at
@@ -307,14 +162,12 @@ RoundPlan matrix_round_plan(ConstMd user, ConstMd inner) {
 // result); else the primitive works on the blob itself.
 struct Operand {
   OwnedMd user;
-  int64_t blob_dims[4] = {};  // N x C x H x W where the blob is a 4-d activation (else 0s)
   ConstMd inner = nullptr;  // the primitive descriptor's
   OwnedMem user_mem, inner_mem;
   OwnedPd reorder_pd, sum_pd;
   OwnedPrim reorder, reorder_sum;  // reorder_sum: the result added into the blob
   bool direct = false;
   size_t offset = 0;  // in the workspace; the bytes after it are the inner tensor's
-  RoundPlan rounding;  // an operand cct rounds itself (conv_round_plan), where it can
 
   // into: the reorder runs user -> inner (an operand) or inner -> user (a result); with_sum
   // (results only): a second reorder that adds into the blob, for the weight diff's
@@ -327,7 +180,6 @@ struct Operand {
     direct = !with_sum && g_api.md_equal(user.h, inner);
     if (direct) return 0;
     check(g_api.memory_create(&inner_mem.h, inner, g_engine, nullptr), "memory");
-    if (into && blob_dims[0] > 0) rounding = conv_round_plan(inner, blob_dims);
     ConstMd src = into ? ConstMd(user.h) : inner, dst = into ? inner : ConstMd(user.h);
     check(g_api.reorder_pd(&reorder_pd.h, src, g_engine, dst, g_engine, nullptr), "reorder");
     check(g_api.primitive_create(&reorder.h, reorder_pd.h), "reorder");
@@ -344,21 +196,13 @@ struct Operand {
     return bytes;
   }
 
-  // Whether cct rounds this operand itself now (cct_round, before the primitive's team runs).
-  bool cct_rounds() const { return !direct && rounding.on && g_cct_rounds.load(); }
-
-  // Rounds the operand `blob` into the workspace on cct's threads, where cct_rounds().
-  void cct_round(const float* blob, char* workspace) const {
-    if (cct_rounds()) rounding.run(blob, reinterpret_cast<uint16_t*>(workspace + offset));
-  }
-
   // The memory the primitive reads or writes for `blob` (the inner tensor in `workspace`); an
-  // operand's data moved in first, unless cct_round has.
+  // operand's data moved in first.
   Mem bind(const float* blob, bool into, char* workspace, dnnl_stream* stream) {
     check(g_api.memory_set_handle(user_mem.h, const_cast<float*>(blob)), "memory handle");
     if (direct) return user_mem.h;
     check(g_api.memory_set_handle(inner_mem.h, workspace + offset), "memory handle");
-    if (into && !cct_rounds()) {
+    if (into) {
       const ExecArg args[] = {{kArgSrc, user_mem.h}, {kArgDst, inner_mem.h}};
       check(g_api.primitive_execute(reorder.h, stream, 2, args), "reorder");
     }
@@ -497,14 +341,6 @@ void prepare(Conv* conv, int kernel, const ConvGeom& g, bool bias) {
   make_md(&conv->a.user, kernel == 1 ? d.dst : d.src, kF32, kTagAbcd);
   make_md(&conv->b.user, kernel == 2 ? d.dst : d.weights, kF32,
           kernel != 2 && g.group > 1 ? kTagAbcde : kTagAbcd);
-  // The activations cct may round itself: a's (bottom or top diff) and, for the weight
-  // gradient, b's (top diff); the weights are left to oneDNN's reorder (small, and in layouts
-  // with two inner blocks).
-  const auto blob4 = [](Operand* op, const std::vector<int64_t>& dims) {
-    std::copy(dims.begin(), dims.end(), op->blob_dims);
-  };
-  blob4(&conv->a, kernel == 1 ? d.dst : d.src);
-  if (kernel == 2) blob4(&conv->b, d.dst);
   make_md(&conv->out.user, kernel == 0 ? d.dst : kernel == 1 ? d.src : d.weights, kF32,
           kernel == 2 && g.group > 1 ? kTagAbcde : kTagAbcd);
   const auto md = [&](int what) { return g_api.pd_query_md(conv->pd.h, what, 0); };
@@ -596,8 +432,6 @@ void execute(Conv* conv, int arg_a, const float* a, int arg_b, const float* b, i
   char* ws = reinterpret_cast<char*>((raw + kAlign - 1) / kAlign * kAlign);
   check(g_api.memory_set_handle(conv->scratchpad.h, ws + conv->scratchpad_offset),
         "memory handle");
-  conv->a.cct_round(a, ws);  // on cct's threads, before they are parked for oneDNN's
-  conv->b.cct_round(b, ws);
   park_workers();
   const Team team;
   std::vector<ExecArg> args = {{arg_a, conv->a.bind(a, true, ws, conv->stream)},
@@ -627,7 +461,6 @@ struct Matmul {
   ConstMd a_inner = nullptr, b_inner = nullptr, scratchpad = nullptr;  // the descriptor's
   OwnedPd pd, a_reorder_pd, b_reorder_pd;
   OwnedPrim prim, a_reorder, b_reorder;
-  RoundPlan a_rounding, b_rounding;  // where cct rounds an operand itself
   size_t b_offset = 0, scratchpad_offset = 0, bytes = 0;  // in the calling thread's buffer
 };
 
@@ -677,8 +510,6 @@ void build_matmul(Matmul* mm, const MatmulShape& s) {
   mm->a_inner = md(kQuerySrc);
   mm->b_inner = md(kQueryWeights);
   mm->scratchpad = md(kQueryScratchpad);
-  mm->a_rounding = matrix_round_plan(mm->a_user.h, mm->a_inner);
-  mm->b_rounding = matrix_round_plan(mm->b_user.h, mm->b_inner);
   check(g_api.reorder_pd(&mm->a_reorder_pd.h, mm->a_user.h, g_engine, mm->a_inner, g_engine,
                          nullptr),
         "reorder");
@@ -736,7 +567,6 @@ std::string load_onednn(const std::string& path) {
             bind(lib, "dnnl_matmul_primitive_desc_create", &api.matmul_pd) &&
             bind(lib, "dnnl_memory_desc_create_with_tag", &api.md_create) &&
             bind(lib, "dnnl_memory_desc_destroy", &api.md_destroy) &&
-            bind(lib, "dnnl_memory_desc_query", &api.md_query) &&
             bind(lib, "dnnl_memory_desc_get_size", &api.md_size) &&
             bind(lib, "dnnl_memory_desc_equal", &api.md_equal) &&
             bind(lib, "dnnl_memory_create", &api.memory_create) &&
@@ -866,46 +696,20 @@ bool onednn_matmul_bf16(const MatmulShape& s, const float* a, const float* b, fl
   make_memory(&a_inner, mm->a_inner, ws);
   make_memory(&b_inner, mm->b_inner, ws + mm->b_offset);
   make_memory(&scratchpad, mm->scratchpad, ws + mm->scratchpad_offset);
-  // cct's rounding where it knows the layout (on cct's threads: those of the call, or this
-  // one inside a partition), oneDNN's reorder elsewhere.
-  const bool cct_rounds = g_cct_rounds.load();
-  const bool round_a = cct_rounds && mm->a_rounding.on, round_b = cct_rounds && mm->b_rounding.on;
-  if (round_a) mm->a_rounding.run(a, reinterpret_cast<uint16_t*>(ws));
-  if (round_b) mm->b_rounding.run(b, reinterpret_cast<uint16_t*>(ws + mm->b_offset));
   if (call_threads() > 1) park_workers();  // inside a partition the call is this thread's
   const Team team;
   OwnedStream stream;
   check(g_api.stream_create(&stream.h, g_engine, kInOrder), "stream");
-  const ExecArg reorder_a[] = {{kArgSrc, a_user.h}, {kArgDst, a_inner.h}};
-  const ExecArg reorder_b[] = {{kArgSrc, b_user.h}, {kArgDst, b_inner.h}};
+  const ExecArg round_a[] = {{kArgSrc, a_user.h}, {kArgDst, a_inner.h}};
+  const ExecArg round_b[] = {{kArgSrc, b_user.h}, {kArgDst, b_inner.h}};
   const ExecArg product[] = {{kArgSrc, a_inner.h}, {kArgWeights, b_inner.h},
                              {kArgDst, c_user.h}, {kArgScratchpad, scratchpad.h}};
-  if (!round_a) check(g_api.primitive_execute(mm->a_reorder.h, stream.h, 2, reorder_a), "reorder");
-  if (!round_b) check(g_api.primitive_execute(mm->b_reorder.h, stream.h, 2, reorder_b), "reorder");
+  check(g_api.primitive_execute(mm->a_reorder.h, stream.h, 2, round_a), "reorder");
+  check(g_api.primitive_execute(mm->b_reorder.h, stream.h, 2, round_b), "reorder");
   check(g_api.primitive_execute(mm->prim.h, stream.h, 4, product), "matmul");
   check(g_api.stream_wait(stream.h), "stream");
   return true;
 }
-
-void set_onednn_cct_rounding(bool on) { g_cct_rounds = on; }
-
-int onednn_conv_cct_rounded(int kernel, const ConvGeom& g, bool bf16) {
-  int most = 0;  // a forward kernel's primitive is kept per bias and fused ReLU: any run one
-  for (int variant = 0; variant < (kernel == 0 ? 4 : 1); ++variant) {
-    Conv* conv = conv_for(kernel, g, bf16, variant & 1, variant & 2);
-    if (conv == nullptr || !conv->ready) continue;
-    std::lock_guard<std::mutex> lock(conv->mutex);
-    most = std::max(most, int(conv->a.cct_rounds()) + int(conv->b.cct_rounds()));
-  }
-  return most;
-}
-
-int onednn_matmul_cct_rounded(const MatmulShape& s) {
-  const Matmul* mm = matmul_for(s);
-  if (mm == nullptr || !mm->supported || !g_cct_rounds.load()) return 0;
-  return int(mm->a_rounding.on) + int(mm->b_rounding.on);
-}
-bool onednn_cct_rounding() { return g_cct_rounds.load(); }
 
 void onednn_release_matmul_buffer() { std::vector<char>().swap(matmul_buffer()); }
 

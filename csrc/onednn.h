@@ -74,27 +74,13 @@ bool onednn_matmul_applies(const MatmulShape& s);
 // The implementation oneDNN chose ("brg:avx512_core_amx", ...), or "" where it has none.
 std::string onednn_matmul_impl(const MatmulShape& s);
 // The product with bf16 operands and float32 accumulation and result, as cct's bf16 GEMMs:
-// A and B are rounded to bf16 as VCVTNEPS2BF16 rounds (to nearest even, a denormal to zero;
-// set_onednn_cct_rounding below: by cct where it knows the layout, else by oneDNN's reorders)
-// into buffers of the calling thread's, and its matmul multiplies them on the thread count of the call (1 inside a
+// oneDNN's reorders round A and B to bf16 (to nearest even, as cct's rounding does; a denormal
+// may become zero where they use AVX512-BF16's conversion instruction) into buffers of the
+// calling thread's, and its matmul multiplies them on the thread count of the call (1 inside a
 // batch partition; then several partitions run it at once). Its sums follow oneDNN's blocking:
 // its own bits, fixed per shape and thread count. Returns false, having run nothing, where
 // onednn_matmul_applies is false (one look-up of the shape's primitive for both answers).
 bool onednn_matmul_bf16(const MatmulShape& s, const float* a, const float* b, float* c);
-// Whether cct rounds the float32 operands of oneDNN's bf16 convolutions and matmul into the
-// layouts their primitives ask for (on by default), rather than oneDNN's reorders: for the
-// layouts it knows (a convolution's activations in channel blocks, channels last or plain; a
-// matmul's dense matrices), rounded as VCVTNEPS2BF16 rounds (to_bf16_daz, bf16.h), so that
-// the results have oneDNN's bits either way on the CPUs bf16 runs on (the tests compare the
-// two; off is for them and for bench/bench_onednn_rounding.py).
-void set_onednn_cct_rounding(bool on);
-bool onednn_cct_rounding();
-// How many of a kernel's two operands (forward: bottom, weights; backward data: top diff,
-// weights; weight gradient: bottom, top diff) cct rounds itself now; 0 before the kernel's
-// first run (its layouts are made then) and where oneDNN does not run it. The same for a
-// matmul's A and B.
-int onednn_conv_cct_rounded(int kernel, const ConvGeom& g, bool bf16);
-int onednn_matmul_cct_rounded(const MatmulShape& s);
 // Frees the calling thread's bf16 buffers of onednn_matmul_bf16 (a race oneDNN lost gives them
 // back; the next call that runs it grows them again).
 void onednn_release_matmul_buffer();

@@ -120,58 +120,6 @@ def test_bf16_kernels_are_bf16_operands_with_float32_sums(forced, bf16_gemms, ca
         close(g, w.astype(np.float32), np.float32)
 
 
-def awkward(a, seed):
-    """``a`` with values whose rounding to bf16 is easy to get wrong: ties to even, zeros of
-    both signs, and denormals, the largest among them (to_bf16 rounds it up to the smallest
-    normal; VCVTNEPS2BF16 reads it as zero)."""
-    bits = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x80000000, 0x00000000, 0x007FFFFF,
-                     0x807FFFFF, 0x00000001, 0x00400000], np.uint32).view(np.float32)
-    rng = np.random.default_rng(seed)
-    out = a.copy().reshape(-1)
-    where = rng.choice(out.size, size=min(out.size, 4 * bits.size), replace=False)
-    out[where] = np.resize(bits, where.size)
-    return out.reshape(a.shape)
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_cct_rounds_the_activations_to_onednns_bits(forced, bf16_gemms, case):
-    """Where cct rounds a bf16 kernel's activations into oneDNN's layout itself (the
-    default), every kernel gives the bits of oneDNN's own reorders: rounded as VCVTNEPS2BF16
-    rounds, channel blocks padded with zeros."""
-    x, weight, bias, dy, geom = conv_arrays(case, np.float32)
-    x, dy = awkward(x, 1), awkward(dy, 2)
-    start = np.random.default_rng(5).standard_normal(weight.shape).astype(np.float32)
-    assert _C.onednn_cct_rounding()
-    try:
-        _C.set_onednn_cct_rounding(False)
-        want = three_kernels(x, weight, bias, dy, geom, accumulate_into=start)
-        _C.set_onednn_cct_rounding(True)
-        got = three_kernels(x, weight, bias, dy, geom, accumulate_into=start)
-    finally:
-        _C.set_onednn_cct_rounding(True)
-    for g, w in zip(got, want):
-        np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
-
-
-def test_cct_rounds_the_layouts_it_knows(forced, bf16_gemms):
-    """On a CPU with bf16 units, cct rounds the activations of the kernels oneDNN runs: a
-    first layer's plain bottom, 13x13 planes in channel blocks, channels under one block."""
-    if not _C.cpu_has_bf16_units():
-        pytest.skip("this CPU has no bf16 units: oneDNN's reorders round every operand here")
-    cases = [(2, 3, 31, 31, 16, (11, 11), (4, 4), (0, 0), (1, 1), 1),
-             (2, 40, 13, 13, 48, (3, 3), (1, 1), (1, 1), (1, 1), 1),
-             (2, 64, 13, 13, 64, (3, 3), (1, 1), (1, 1), (1, 1), 2)]
-    for case in cases:
-        x, weight, bias, dy, geom = conv_arrays(case, np.float32)
-        three_kernels(x, weight, bias, dy, geom)
-        n, c, h, w, o, kernel, stride, pad, dilation, group = case
-        counts = [_C.onednn_conv_cct_rounded(k, (n, c, h, w), o, kernel, stride, pad,
-                                             dilation, group, True)
-                  if runs_onednn(case, k) else None for k in range(3)]
-        # forward: the bottom; backward data: the top diff; weight gradient: both
-        assert counts == [1, 1, 2], (case, counts)
-
-
 def test_a_plan_naming_oneDNN_runs_it(forced):
     """A plan table's layout 10 (a machine cache's, a snapshot's) runs oneDNN: the bits of
     the forced layout."""

@@ -17,7 +17,7 @@ from cct.backend import cpu, onednn, plans, precision, reference
 
 from .kernel_cases import conv_arrays
 from .test_bf16 import bf16_on, rounded
-from .test_conv_onednn import awkward, needs_onednn
+from .test_conv_onednn import needs_onednn
 
 ONEDNN = plans.ONEDNN_CHOICE
 POINTWISE_MODE = 2  # set_conv_layout's mode for the pointwise layout (1 + layout 1)
@@ -146,30 +146,6 @@ def test_a_whole_batch_is_bf16_operands_with_float32_sums(matmul, count, m, n, k
     assert_bf16_operands_float32_sums(got, a, b, trans_a, trans_b, start, accumulate)
     again = batched(a, b, trans_a, trans_b, start, accumulate, ONEDNN)
     np.testing.assert_array_equal(again.view(np.uint32), got.view(np.uint32))
-
-
-@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, True)])
-@pytest.mark.parametrize("count,m,n,k", [(1, 33, 65, 129), (16, 32, 49, 48), (3, 17, 30, 64)],
-                         ids=str)
-def test_cct_rounds_the_operands_to_onednns_bits(matmul, count, m, n, k, trans_a, trans_b):
-    """Where cct rounds A and B into the dense bf16 matrices the primitive takes (the
-    default, on CPUs with bf16 units), the product has the bits of oneDNN's own reorders:
-    rounded as VCVTNEPS2BF16 rounds, denormals and ties included."""
-    a, b, start = operands((count,) + ((k, m) if trans_a else (m, k)),
-                           (count,) + ((n, k) if trans_b else (k, n)), (count, m, n), count + k)
-    a, b = awkward(a, 3), awkward(b, 4)
-    assert _C.onednn_cct_rounding()
-    try:
-        _C.set_onednn_cct_rounding(False)
-        assert _C.onednn_matmul_cct_rounded(trans_a, trans_b, m, n, k, count) == 0
-        want = batched(a, b, trans_a, trans_b, start, False, ONEDNN)
-        _C.set_onednn_cct_rounding(True)
-        got = batched(a, b, trans_a, trans_b, start, False, ONEDNN)
-    finally:
-        _C.set_onednn_cct_rounding(True)
-    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
-    if _C.cpu_has_bf16_units():  # A at least: some shapes' B is blocked, oneDNN's to round
-        assert _C.onednn_matmul_cct_rounded(trans_a, trans_b, m, n, k, count) >= 1
 
 
 @pytest.mark.parametrize("parts", [1, 2], ids=["one partition", "one per thread"])
